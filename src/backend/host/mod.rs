@@ -1,0 +1,147 @@
+//! The host backend: a CPU emulation of a CUDA device.
+//!
+//! Device memory is 256-byte-aligned, zeroed host memory counted against a configurable
+//! capacity; a stream is an ordered queue run by a worker thread; an event is a position in a
+//! queue; stream-wait-event makes one queue wait for a position in another. It can inject
+//! delays (stand-ins for kernels) and allocation failures, which makes ordering, pressure and
+//! fault tests deterministic.
+
+mod memory;
+mod pool;
+mod stream;
+
+use std::sync::{Arc, OnceLock};
+
+pub use memory::HostControls;
+pub(crate) use memory::{system_allocate, system_free};
+
+use crate::backend::{Backend, BackendPool, BackendStream, MemoryInfo, MemoryKind, PoolConfig};
+use crate::device::DeviceId;
+use crate::error::Result;
+use crate::stream::CompletionStrategy;
+use memory::HostMemory;
+
+/// Configuration of a host-backend device ([`Device::host_with`](crate::Device::host_with)).
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CompletionStrategy, HostConfig};
+///
+/// let config = HostConfig::default()
+///     .capacity(64 << 20)
+///     .completion_strategy(CompletionStrategy::Poller);
+/// assert_eq!(config.get_capacity(), 64 << 20);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    capacity: Option<usize>,
+    completion_strategy: Option<CompletionStrategy>,
+}
+
+/// The emulated memory of a host device when none is configured: 16 GiB.
+pub const DEFAULT_HOST_CAPACITY: usize = 16 << 30;
+
+impl HostConfig {
+    /// Bytes of emulated device memory; allocations beyond it fail with out-of-memory.
+    pub fn capacity(mut self, bytes: usize) -> Self {
+        self.capacity = Some(bytes);
+        self
+    }
+
+    /// The emulated memory: [`DEFAULT_HOST_CAPACITY`] unless set.
+    pub fn get_capacity(&self) -> usize {
+        self.capacity.unwrap_or(DEFAULT_HOST_CAPACITY)
+    }
+
+    /// The device's completion strategy (default [`CompletionStrategy::HostFunction`]).
+    pub fn completion_strategy(mut self, strategy: CompletionStrategy) -> Self {
+        self.completion_strategy = Some(strategy);
+        self
+    }
+
+    pub(crate) fn get_completion_strategy(&self) -> CompletionStrategy {
+        self.completion_strategy.unwrap_or_default()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct HostBackend {
+    id: DeviceId,
+    controls: HostControls,
+    default_pool: OnceLock<Arc<dyn BackendPool>>,
+}
+
+impl HostBackend {
+    pub(crate) fn new(config: HostConfig, ordinal: u32) -> Self {
+        let id = DeviceId {
+            backend: super::BackendKind::Host,
+            ordinal,
+        };
+        HostBackend {
+            id,
+            controls: HostControls::new(Arc::new(HostMemory::new(id, config.get_capacity()))),
+            default_pool: OnceLock::new(),
+        }
+    }
+
+    fn memory(&self) -> &Arc<HostMemory> {
+        self.controls.memory()
+    }
+}
+
+impl Backend for HostBackend {
+    fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    fn name(&self) -> String {
+        "host emulation".into()
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        Ok(self.memory().info())
+    }
+
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
+        self.memory().allocate(kind, bytes)
+    }
+
+    unsafe fn free(
+        &self,
+        kind: MemoryKind,
+        ptr: u64,
+        bytes: usize,
+        stream: &dyn BackendStream,
+    ) -> Result<()> {
+        let memory = self.memory().clone();
+        memory.check_live(kind, ptr, bytes)?;
+        stream::as_host(stream)?.enqueue_call(Box::new(move || {
+            // SAFETY: the caller guarantees all work using the block is ordered before this point
+            // of the stream, which has now been reached.
+            if let Err(e) = unsafe { memory.free(kind, ptr, bytes) } {
+                tracing::error!(error = %e, "stream-ordered free failed");
+            }
+        }))
+    }
+
+    fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
+        Ok(Arc::new(stream::HostStream::new(self.id)))
+    }
+
+    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
+        let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
+        Ok(Arc::new(pool::HostPool::new(self.memory().clone())))
+    }
+
+    fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {
+        Ok(self
+            .default_pool
+            .get_or_init(|| Arc::new(pool::HostPool::new(self.memory().clone())))
+            .clone())
+    }
+
+    fn host_controls(&self) -> Option<&HostControls> {
+        Some(&self.controls)
+    }
+}

@@ -1,0 +1,66 @@
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::backend::{BackendPool, BackendStream, MemoryKind};
+use crate::error::Result;
+
+use super::memory::HostMemory;
+use super::stream::as_host;
+
+/// The host emulation of a driver pool: allocation is immediate, and a free takes effect when
+/// the stream reaches it, as with `cuMemFreeAsync`.
+#[derive(Debug)]
+pub(crate) struct HostPool {
+    memory: Arc<HostMemory>,
+    handle: u64,
+    reserved: Arc<AtomicUsize>,
+}
+
+impl HostPool {
+    pub(crate) fn new(memory: Arc<HostMemory>) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        HostPool {
+            memory,
+            handle: NEXT.fetch_add(1, Ordering::Relaxed),
+            reserved: Arc::default(),
+        }
+    }
+}
+
+impl BackendPool for HostPool {
+    fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64> {
+        as_host(stream)?;
+        let ptr = self.memory.allocate(MemoryKind::Device, bytes)?;
+        self.reserved.fetch_add(bytes.max(1), Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
+        let stream = as_host(stream)?;
+        self.memory.check_live(MemoryKind::Device, ptr, bytes)?;
+        let memory = self.memory.clone();
+        let reserved = self.reserved.clone();
+        stream.enqueue_call(Box::new(move || {
+            // SAFETY: the caller guarantees all work using the block is ordered before this
+            // point of the stream, which has now been reached.
+            match unsafe { memory.free(MemoryKind::Device, ptr, bytes) } {
+                Ok(()) => {
+                    reserved.fetch_sub(bytes.max(1), Ordering::Relaxed);
+                }
+                Err(e) => tracing::error!(error = %e, "stream-ordered free failed"),
+            }
+        }))
+    }
+
+    fn trim_to(&self, _keep: usize) -> Result<()> {
+        Ok(()) // nothing is cached beyond live blocks
+    }
+
+    fn reserved(&self) -> Result<usize> {
+        Ok(self.reserved.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,262 @@
+use std::any::Any;
+use std::collections::VecDeque;
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::device::DeviceId;
+use crate::error::{Error, Result};
+
+/// One queued operation of a host stream.
+enum Op {
+    Delay(Duration),
+    /// Wait until another queue has completed this many operations.
+    WaitFor(Arc<Queue>, u64),
+    Call(Box<dyn FnOnce() + Send>),
+    Notify(Arc<Completion>),
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    Set {
+        dst: u64,
+        value: u8,
+        bytes: usize,
+    },
+}
+
+/// The queue shared by a stream handle, its events and its worker thread.
+struct Queue {
+    state: Mutex<QueueState>,
+    /// Signalled when work is enqueued or the stream is dropped.
+    work: Condvar,
+    /// Signalled after every completed operation.
+    progress: Condvar,
+    /// Operations completed so far; the worker is the only writer.
+    completed: AtomicU64,
+}
+
+struct QueueState {
+    ops: VecDeque<Op>,
+    /// Operations enqueued so far; an event is a value of this counter.
+    enqueued: u64,
+    /// The stream handle is gone: run what is queued, then stop.
+    closed: bool,
+}
+
+impl Queue {
+    fn wait_for(&self, position: u64) {
+        if self.completed.load(Ordering::Acquire) >= position {
+            return;
+        }
+        let mut state = self.state.lock();
+        while self.completed.load(Ordering::Acquire) < position {
+            self.progress.wait(&mut state);
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            let op = {
+                let mut state = self.state.lock();
+                loop {
+                    if let Some(op) = state.ops.pop_front() {
+                        break op;
+                    }
+                    if state.closed {
+                        return;
+                    }
+                    self.work.wait(&mut state);
+                }
+            };
+            execute(op);
+            self.completed.fetch_add(1, Ordering::AcqRel);
+            let _state = self.state.lock();
+            self.progress.notify_all();
+        }
+    }
+}
+
+fn execute(op: Op) {
+    match op {
+        Op::Delay(d) => thread::sleep(d),
+        Op::WaitFor(queue, position) => queue.wait_for(position),
+        Op::Call(f) => {
+            // A panicking callback must not kill the worker: later work would never run.
+            if panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
+                tracing::error!("a host function panicked; the stream goes on");
+            }
+        }
+        Op::Notify(c) => c.complete(),
+        // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy completes
+        // (`BackendStream::copy`); `ptr::copy` allows overlap.
+        Op::Copy { dst, src, bytes } => unsafe {
+            std::ptr::copy(src as *const u8, dst as *mut u8, bytes)
+        },
+        // SAFETY: the enqueuing caller guaranteed the range valid (`BackendStream::memset`).
+        Op::Set { dst, value, bytes } => unsafe {
+            std::ptr::write_bytes(dst as *mut u8, value, bytes)
+        },
+    }
+}
+
+/// The host stream behind `stream`, or an error for a stream of another backend.
+pub(crate) fn as_host(stream: &dyn BackendStream) -> Result<&HostStream> {
+    stream.as_any().downcast_ref::<HostStream>().ok_or_else(|| {
+        Error::invalid("a host-backend operation was given a stream of another backend")
+    })
+}
+
+/// A host stream: an ordered queue run by its own worker thread.
+pub(crate) struct HostStream {
+    device: DeviceId,
+    handle: u64,
+    queue: Arc<Queue>,
+}
+
+impl HostStream {
+    pub(crate) fn new(device: DeviceId) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState {
+                ops: VecDeque::new(),
+                enqueued: 0,
+                closed: false,
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+            completed: AtomicU64::new(0),
+        });
+        let worker = queue.clone();
+        let handle = NEXT.fetch_add(1, Ordering::Relaxed);
+        thread::Builder::new()
+            .name(format!("streamalloc-host-stream-{handle}"))
+            .spawn(move || worker.run())
+            .expect("failed to spawn a host stream worker thread");
+        HostStream {
+            device,
+            handle,
+            queue,
+        }
+    }
+
+    fn enqueue(&self, op: Op) -> Result<()> {
+        let mut state = self.queue.state.lock();
+        state.ops.push_back(op);
+        state.enqueued += 1;
+        self.queue.work.notify_one();
+        Ok(())
+    }
+
+    pub(crate) fn enqueue_call(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.enqueue(Op::Call(f))
+    }
+}
+
+impl Drop for HostStream {
+    fn drop(&mut self) {
+        // The worker drains what is queued (frees, notifications) and then exits; nobody joins
+        // it, so dropping a stream never blocks.
+        self.queue.state.lock().closed = true;
+        self.queue.work.notify_one();
+    }
+}
+
+impl fmt::Debug for HostStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostStream")
+            .field("device", &self.device)
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl BackendStream for HostStream {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn raw_handle(&self) -> u64 {
+        self.handle
+    }
+
+    fn record(&self) -> Result<Arc<dyn BackendEvent>> {
+        let position = self.queue.state.lock().enqueued;
+        Ok(Arc::new(HostEvent {
+            queue: self.queue.clone(),
+            position,
+        }))
+    }
+
+    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()> {
+        let event = event.as_any().downcast_ref::<HostEvent>().ok_or_else(|| {
+            Error::invalid("a host stream was asked to wait on an event of another backend")
+        })?;
+        if event.query()? {
+            return Ok(());
+        }
+        self.enqueue(Op::WaitFor(event.queue.clone(), event.position))
+    }
+
+    fn notify(&self, completion: Arc<Completion>) -> Result<()> {
+        self.enqueue(Op::Notify(completion))
+    }
+
+    fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.enqueue(Op::Call(f))
+    }
+
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.enqueue(Op::Copy { dst, src, bytes })
+    }
+
+    unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        self.enqueue(Op::Set { dst, value, bytes })
+    }
+
+    fn delay(&self, duration: Duration) -> Result<()> {
+        self.enqueue(Op::Delay(duration))
+    }
+
+    fn synchronize_blocking(&self) -> Result<()> {
+        let position = self.queue.state.lock().enqueued;
+        self.queue.wait_for(position);
+        Ok(())
+    }
+}
+
+/// A position in a host stream's queue.
+struct HostEvent {
+    queue: Arc<Queue>,
+    position: u64,
+}
+
+impl fmt::Debug for HostEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostEvent")
+            .field("position", &self.position)
+            .finish()
+    }
+}
+
+impl BackendEvent for HostEvent {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn query(&self) -> Result<bool> {
+        Ok(self.queue.completed.load(Ordering::Acquire) >= self.position)
+    }
+
+    fn synchronize_blocking(&self) -> Result<()> {
+        self.queue.wait_for(self.position);
+        Ok(())
+    }
+}

@@ -1,0 +1,210 @@
+//! The seam to a driver: raw memory, streams, events and host notifications.
+//!
+//! Two implementations sit behind these object-safe traits: [`host`] (always built; device memory
+//! is 256-byte-aligned host memory and each stream is an ordered queue run by a worker thread) and
+//! `cuda` (feature `cuda`; cudarc's driver API, loaded at run time). Everything above this module
+//! is safe Rust over these traits; the `unsafe` that touches raw addresses lives here.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::Waker;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::device::DeviceId;
+use crate::error::{Error, Result};
+
+#[cfg(feature = "cuda-driver")]
+pub(crate) mod cuda;
+pub(crate) mod host;
+
+/// Which backend a device runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackendKind {
+    /// CPU emulation: device memory is host memory, streams are worker threads.
+    Host,
+    /// An NVIDIA GPU through the CUDA driver API.
+    Cuda,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// The kinds of memory a backend allocates directly (without a driver pool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum MemoryKind {
+    /// Device memory (`cuMemAlloc`).
+    Device,
+    /// Unified memory visible to host and device (`cuMemAllocManaged`).
+    Managed,
+    /// Page-locked host memory visible to the device (`cuMemHostAlloc`).
+    PinnedHost,
+}
+
+/// Free and total memory of a device, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes the device can still allocate.
+    pub free: usize,
+    /// Bytes the device has in all.
+    pub total: usize,
+}
+
+/// How a driver pool is set up (`cuMemPoolCreate`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolConfig {
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+    pub(crate) release_threshold: u64,
+    /// Bitmask of `CUmemAllocationHandleType` to allow exporting; 0 for none.
+    pub(crate) export_handle_types: u32,
+}
+
+/// A device as the layers above see it.
+pub(crate) trait Backend: Send + Sync + fmt::Debug {
+    fn id(&self) -> DeviceId;
+    fn name(&self) -> String;
+    fn memory_info(&self) -> Result<MemoryInfo>;
+    /// Allocates `bytes` (> 0) of `kind`, 256-byte aligned, synchronously.
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64>;
+    /// Frees what [`Backend::allocate`] returned, once `stream` reaches this point. (The CUDA
+    /// driver's plain frees synchronize the device, which gives the same guarantee.)
+    ///
+    /// # Safety
+    /// 1. `ptr` came from `allocate(kind, bytes)` on this backend and is not freed yet.
+    /// 2. All work that uses it is ordered before this point of `stream`.
+    unsafe fn free(
+        &self,
+        kind: MemoryKind,
+        ptr: u64,
+        bytes: usize,
+        stream: &dyn BackendStream,
+    ) -> Result<()>;
+    fn create_stream(&self) -> Result<Arc<dyn BackendStream>>;
+    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>>;
+    /// The device's default driver pool (`cuDeviceGetDefaultMemPool`).
+    fn default_pool(&self) -> Result<Arc<dyn BackendPool>>;
+    /// Fault injection and accounting, on the host backend only.
+    fn host_controls(&self) -> Option<&host::HostControls> {
+        None
+    }
+}
+
+/// An ordered queue of device work.
+pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
+    fn as_any(&self) -> &dyn Any;
+    /// The driver's handle (`CUstream` as an integer), for logs and interop.
+    fn raw_handle(&self) -> u64;
+    /// Records an event at the current end of the queue.
+    fn record(&self) -> Result<Arc<dyn BackendEvent>>;
+    /// Work enqueued after this call starts only once `event` has completed.
+    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()>;
+    /// Calls `completion.complete()` once the stream reaches this point. The call must not
+    /// block later work on other streams; on CUDA it runs on a driver thread.
+    fn notify(&self, completion: Arc<Completion>) -> Result<()>;
+    /// Runs `f` on a backend thread once the stream reaches this point. `f` must not call the
+    /// driver.
+    fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()>;
+    /// Enqueues a copy of `bytes` from `src` to `dst` (any mix of host and device addresses).
+    ///
+    /// # Safety
+    /// 1. Both ranges are valid for `bytes` from the time the copy runs until it completes.
+    /// 2. Nothing else writes `dst` or `src`'s range concurrently.
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Enqueues setting `bytes` bytes at `dst` to `value`.
+    ///
+    /// # Safety
+    /// `dst..dst + bytes` is valid device memory until the operation completes.
+    unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()>;
+    /// Enqueues an operation that takes `duration` (a stand-in for a kernel). Host backend only.
+    fn delay(&self, duration: Duration) -> Result<()>;
+    /// Blocks the calling thread until all enqueued work completes.
+    fn synchronize_blocking(&self) -> Result<()>;
+}
+
+/// A point in a stream.
+pub(crate) trait BackendEvent: Send + Sync + fmt::Debug {
+    fn as_any(&self) -> &dyn Any;
+    /// Non-blocking: has the stream passed this point?
+    fn query(&self) -> Result<bool>;
+    /// Blocks the calling thread until the stream passes this point.
+    fn synchronize_blocking(&self) -> Result<()>;
+}
+
+/// A driver-managed, stream-ordered pool (`CUmemoryPool`).
+pub(crate) trait BackendPool: Send + Sync + fmt::Debug {
+    /// The driver's handle (`CUmemoryPool` as an integer).
+    fn handle(&self) -> u64;
+    /// `cuMemAllocFromPoolAsync`: valid on `stream` in stream order.
+    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64>;
+    /// `cuMemFreeAsync`.
+    ///
+    /// # Safety
+    /// `ptr` came from `allocate_async(bytes, ..)` of this pool and is not freed yet; work that
+    /// uses it is ordered before this point of `stream`.
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()>;
+    /// Releases unused reserved memory down to `keep` bytes.
+    fn trim_to(&self, keep: usize) -> Result<()>;
+    /// Bytes the pool holds from the device (used and cached).
+    fn reserved(&self) -> Result<usize>;
+}
+
+/// The flag a backend sets when a stream reaches a point, with the wakers waiting for it.
+///
+/// `complete` stores the flag before it takes the waker list and `register` checks the flag
+/// while holding the list, so a waker registered before completion is always woken and one
+/// registered after sees the flag: no lost wake-up. `complete` takes no allocation and calls
+/// no driver function, so it is safe inside a CUDA host function.
+#[derive(Debug, Default)]
+pub(crate) struct Completion {
+    done: AtomicBool,
+    error: OnceLock<Error>,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Completion {
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn complete(&self) {
+        self.done.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut *self.wakers.lock());
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn fail(&self, error: Error) {
+        let _ = self.error.set(error);
+        self.complete();
+    }
+
+    /// The error the stream reported at this point, if any.
+    pub(crate) fn error(&self) -> Option<&Error> {
+        self.error.get()
+    }
+
+    /// Registers `waker` unless already complete; returns whether it is complete.
+    pub(crate) fn register(&self, waker: &Waker) -> bool {
+        if self.is_done() {
+            return true;
+        }
+        let mut wakers = self.wakers.lock();
+        if self.is_done() {
+            return true;
+        }
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+        false
+    }
+}

@@ -1,0 +1,275 @@
+//! Devices: which backend, which ordinal, how much memory, and how events are turned into
+//! wake-ups.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::backend::host::{HostBackend, HostConfig, HostControls};
+use crate::backend::{Backend, BackendKind, MemoryInfo};
+use crate::error::{Error, Result};
+use crate::stream::notify::{CompletionDriver, CompletionStrategy};
+
+/// Names a device: its backend and ordinal (`cuda:0`, `host:0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId {
+    /// The backend the device runs on.
+    pub backend: BackendKind,
+    /// The device's ordinal within its backend. Host devices are numbered in creation order;
+    /// `host:0` is the shared one that [`Device::host`] returns.
+    pub ordinal: u32,
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.backend, self.ordinal)
+    }
+}
+
+/// A device: a CUDA GPU or the host emulation of one. A cheap `Clone` handle.
+///
+/// Every stream, event and resource belongs to one device. Handles to the same device compare
+/// equal.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{BackendKind, Device};
+///
+/// let device = Device::host();
+/// assert_eq!(device.backend(), BackendKind::Host);
+/// let info = device.memory_info()?;
+/// assert!(info.free <= info.total);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    backend: Arc<dyn Backend>,
+    driver: CompletionDriver,
+    deferred_error: Mutex<Option<Error>>,
+}
+
+impl Device {
+    fn from_backend(backend: Arc<dyn Backend>, strategy: CompletionStrategy) -> Device {
+        Device {
+            inner: Arc::new(DeviceInner {
+                driver: CompletionDriver::new(strategy),
+                backend,
+                deferred_error: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The shared host-backend device `host:0` (16 GiB of emulated memory).
+    ///
+    /// ```
+    /// # use streamalloc::Device;
+    /// assert_eq!(Device::host(), Device::host());
+    /// assert_eq!(Device::host().id().to_string(), "host:0");
+    /// ```
+    pub fn host() -> Device {
+        static HOST: OnceLock<Device> = OnceLock::new();
+        HOST.get_or_init(|| Device::host_with_ordinal(HostConfig::default(), 0))
+            .clone()
+    }
+
+    /// A new, independent host-backend device with its own memory budget and fault injection.
+    ///
+    /// ```
+    /// use streamalloc::{Device, HostConfig};
+    ///
+    /// let device = Device::host_with(HostConfig::default().capacity(1 << 20));
+    /// assert_eq!(device.memory_info()?.total, 1 << 20);
+    /// assert_ne!(device, streamalloc::Device::host());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn host_with(config: HostConfig) -> Device {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let ordinal = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Device::host_with_ordinal(config, ordinal)
+    }
+
+    fn host_with_ordinal(config: HostConfig, ordinal: u32) -> Device {
+        let strategy = config.get_completion_strategy();
+        Device::from_backend(Arc::new(HostBackend::new(config, ordinal)), strategy)
+    }
+
+    /// The CUDA device with this ordinal, with its primary context.
+    ///
+    /// # Errors
+    /// [`Error::DriverUnavailable`] when `libcuda` cannot be loaded or initialised (or the crate
+    /// was built without a CUDA feature), [`Error::NoSuchDevice`] for an ordinal past the count.
+    ///
+    /// ```
+    /// # use streamalloc::Device;
+    /// // On a machine without a driver this is an error, never a panic.
+    /// match Device::cuda(0) {
+    ///     Ok(d) => println!("found {}", d.name()),
+    ///     Err(e) => println!("no GPU: {e}"),
+    /// }
+    /// ```
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        #[cfg(feature = "cuda-driver")]
+        {
+            static DEVICES: OnceLock<Mutex<Vec<Option<Device>>>> = OnceLock::new();
+            let count = crate::backend::cuda::device_count()?;
+            if ordinal >= count {
+                return Err(Error::NoSuchDevice { ordinal, count });
+            }
+            let mut devices = DEVICES.get_or_init(|| Mutex::new(vec![None; count])).lock();
+            if let Some(d) = &devices[ordinal] {
+                return Ok(d.clone());
+            }
+            let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
+            let d = Device::from_backend(Arc::new(backend), CompletionStrategy::default());
+            devices[ordinal] = Some(d.clone());
+            Ok(d)
+        }
+        #[cfg(not(feature = "cuda-driver"))]
+        {
+            let _ = ordinal;
+            Err(Error::DriverUnavailable(
+                "streamalloc was built without the `cuda` feature".into(),
+            ))
+        }
+    }
+
+    /// How many CUDA devices the driver reports; 0 when there is no driver.
+    ///
+    /// ```
+    /// let n = streamalloc::Device::cuda_device_count();
+    /// assert_eq!(n > 0, streamalloc::Device::cuda(0).is_ok());
+    /// ```
+    pub fn cuda_device_count() -> usize {
+        #[cfg(feature = "cuda-driver")]
+        {
+            crate::backend::cuda::device_count().unwrap_or(0)
+        }
+        #[cfg(not(feature = "cuda-driver"))]
+        {
+            0
+        }
+    }
+
+    /// The id of this device.
+    pub fn id(&self) -> DeviceId {
+        self.inner.backend.id()
+    }
+
+    /// The backend this device runs on.
+    pub fn backend(&self) -> BackendKind {
+        self.id().backend
+    }
+
+    /// A human-readable name (the GPU's marketing name, or `host emulation`).
+    pub fn name(&self) -> String {
+        self.inner.backend.name()
+    }
+
+    /// Free and total memory of the device (`cuMemGetInfo`).
+    ///
+    /// # Errors
+    /// A driver error when the query fails.
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        self.inner.backend.memory_info()
+    }
+
+    /// How this device's events wake the tasks that await them.
+    pub fn completion_strategy(&self) -> CompletionStrategy {
+        self.inner.driver.strategy()
+    }
+
+    /// Chooses how this device's events wake awaiting tasks, for events armed from now on.
+    ///
+    /// ```
+    /// use streamalloc::{CompletionStrategy, Device, HostConfig};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// device.set_completion_strategy(CompletionStrategy::Poller);
+    /// assert_eq!(device.completion_strategy(), CompletionStrategy::Poller);
+    /// ```
+    pub fn set_completion_strategy(&self, strategy: CompletionStrategy) {
+        self.inner.driver.set_strategy(strategy)
+    }
+
+    /// Fault injection and accounting; `Some` on the host backend only.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, HostConfig};
+    /// let device = Device::host_with(HostConfig::default());
+    /// assert!(device.host_controls().is_some());
+    /// ```
+    pub fn host_controls(&self) -> Option<&HostControls> {
+        self.inner.backend.host_controls()
+    }
+
+    /// Takes the first error that a `Drop` (which cannot return one) met on this device, such as
+    /// a failed stream-ordered free. Later errors are logged through `tracing` only.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, HostConfig};
+    /// assert!(Device::host_with(HostConfig::default()).take_deferred_error().is_none());
+    /// ```
+    pub fn take_deferred_error(&self) -> Option<Error> {
+        self.inner.deferred_error.lock().take()
+    }
+
+    /// Records an error met where it could not be returned (in a `Drop`).
+    pub(crate) fn defer_error(&self, error: Error) {
+        tracing::error!(device = %self.id(), %error, "deferred error");
+        let mut slot = self.inner.deferred_error.lock();
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+    }
+
+    pub(crate) fn raw(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    pub(crate) fn completion_driver(&self) -> &CompletionDriver {
+        &self.inner.driver
+    }
+}
+
+impl Default for Device {
+    /// CUDA device 0 when a driver and a device are present, else [`Device::host`]. Says which
+    /// through a `tracing` event.
+    fn default() -> Device {
+        match Device::cuda(0) {
+            Ok(d) => {
+                tracing::info!(device = %d.id(), name = %d.name(), "using CUDA device");
+                d
+            }
+            Err(e) => {
+                tracing::info!(reason = %e, "no CUDA device; using the host backend");
+                Device::host()
+            }
+        }
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Device {}
+
+impl std::hash::Hash for Device {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id().hash(state)
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device").field("id", &self.id()).finish()
+    }
+}

@@ -1,0 +1,121 @@
+//! The crate's error type.
+
+use std::time::Duration;
+
+use crate::device::DeviceId;
+
+/// The result type of every fallible operation in this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `streamalloc`.
+///
+/// Out-of-memory is always its own variant, distinct from every other failure, so a caller can
+/// tell "wait or shed load" apart from "something is broken":
+///
+/// ```
+/// use streamalloc::Error;
+///
+/// fn should_retry(e: &Error) -> bool {
+///     e.is_out_of_memory()
+/// }
+/// # let device = streamalloc::Device::host();
+/// let e = Error::OutOfMemory { requested: 1 << 50, available: Some(0), device: device.id() };
+/// assert!(should_retry(&e));
+/// assert!(e.to_string().contains("1125899906842624"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The resource cannot serve `requested` bytes now.
+    #[error("out of memory on {device}: requested {requested} bytes{}", fmt_available(*.available))]
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes the resource reported as still available, when it knows.
+        available: Option<usize>,
+        /// The device the resource allocates on.
+        device: DeviceId,
+    },
+    /// An awaited allocation did not complete before its deadline.
+    #[error("allocation of {requested} bytes on {device} timed out after {waited:?}")]
+    Timeout {
+        /// Bytes asked for.
+        requested: usize,
+        /// How long the request waited.
+        waited: Duration,
+        /// The device the resource allocates on.
+        device: DeviceId,
+    },
+    /// An argument is out of range or inconsistent with another.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The operation is not available on this backend or device.
+    #[error("unsupported on {device}: {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+        /// The device it was asked of.
+        device: DeviceId,
+    },
+    /// The CUDA driver library could not be found or initialised.
+    #[error("CUDA driver unavailable: {0}")]
+    DriverUnavailable(String),
+    /// There is no device with this ordinal.
+    #[error("no CUDA device {ordinal} (found {count})")]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices the driver reports.
+        count: usize,
+    },
+    /// A driver call failed with a code other than out-of-memory.
+    #[error("{call} failed on {device}: {name} ({code})")]
+    Driver {
+        /// The driver entry point, e.g. `cuEventRecord`.
+        call: &'static str,
+        /// The driver's numeric result code.
+        code: i32,
+        /// The driver's name for it, e.g. `CUDA_ERROR_INVALID_VALUE`.
+        name: String,
+        /// The device it happened on.
+        device: DeviceId,
+    },
+    /// A resource or stream was used with a device it does not belong to.
+    #[error("device mismatch: expected {expected}, got {actual}")]
+    DeviceMismatch {
+        /// The device of the resource.
+        expected: DeviceId,
+        /// The device of the stream or buffer passed in.
+        actual: DeviceId,
+    },
+}
+
+fn fmt_available(available: Option<usize>) -> String {
+    match available {
+        Some(a) => format!(" ({a} available)"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// True for [`Error::OutOfMemory`].
+    ///
+    /// ```
+    /// # use streamalloc::Error;
+    /// assert!(!Error::InvalidArgument("x".into()).is_out_of_memory());
+    /// ```
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. })
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+
+    pub(crate) fn unsupported(what: impl Into<String>, device: DeviceId) -> Self {
+        Error::Unsupported {
+            what: what.into(),
+            device,
+        }
+    }
+}

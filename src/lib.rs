@@ -1,0 +1,79 @@
+//! Stream-ordered GPU memory management for async Rust.
+//!
+//! `streamalloc` does what NVIDIA's RAPIDS Memory Manager (RMM) does for C++ — one
+//! memory-resource interface, a family of resources, RAII device buffers, per-device defaults —
+//! and makes allocation a future: `mr.allocate(bytes, &stream).await` completes at once when
+//! memory is there. Streams are async executors whose [`Event`]s are futures, and a
+//! [`DeviceBuffer`] handed from one stream to another gets its event waits inserted for you.
+//!
+//! Everything runs on two backends: CUDA (feature `cuda`, the driver loaded at run time) and a
+//! host emulation that needs no GPU, on which every example here runs.
+//!
+//! # A first example
+//!
+//! ```
+//! use streamalloc::{CudaAsyncResource, Device, DeviceBuffer, Stream};
+//!
+//! # futures::executor::block_on(async {
+//! let device = Device::default();            // CUDA device 0, or the host backend
+//! let mr = CudaAsyncResource::new(&device)?;
+//! let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+//!
+//! let mut buf = DeviceBuffer::new(1024, &a, mr).await?;
+//! buf.fill(7)?;                              // enqueued on `a`
+//! buf.set_stream(&b)?;                       // `b` now waits for `a`'s work on `buf`
+//! let host = buf.copy_to_host(vec![0u8; 1024]).await?;
+//! assert!(host.iter().all(|&x| x == 7));
+//! # Ok::<(), streamalloc::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Concepts
+//! - [`Device`]: a GPU or the host emulation; [`Device::default`] picks.
+//! - [`Stream`], [`Event`], [`StreamPool`]: ordered device work; events resolve as futures
+//!   through the device's completion driver ([`CompletionStrategy`]).
+//! - [`MemoryResource`]: `try_allocate` (never waits), `allocate` (a future), stream-ordered
+//!   `deallocate`. Leaf resources: [`CudaResource`], [`CudaAsyncResource`],
+//!   [`CudaAsyncViewResource`], [`ManagedResource`], [`PinnedHostResource`], [`HostResource`].
+//! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
+//!   read it, and orders its free after all of them.
+//! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`].
+//!
+//! # Feature flags
+//! - `cuda` (default): the CUDA backend over cudarc, bound to CUDA 13.0 (driver 580+).
+//! - `cuda-12080`, `cuda-12060`, `cuda-12040`: the same backend bound to older headers, with
+//!   `default-features = false`, for older drivers.
+//!
+//! Without a driver or device at run time, [`Device::cuda`] returns an error and
+//! [`Device::default`] falls back to the host backend; nothing panics.
+
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+#![warn(
+    missing_debug_implementations,
+    unreachable_pub,
+    clippy::undocumented_unsafe_blocks
+)]
+
+mod backend;
+mod buffer;
+mod device;
+mod error;
+mod resource;
+mod stream;
+
+pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
+pub use backend::{BackendKind, MemoryInfo};
+pub use buffer::DeviceBuffer;
+pub use device::{Device, DeviceId};
+pub use error::{Error, Result};
+pub use resource::registry::{
+    available_device_memory, current_device_resource, current_device_resource_for,
+    percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
+    set_current_device_resource_for,
+};
+pub use resource::{
+    Allocate, Availability, CudaAsyncResource, CudaAsyncResourceBuilder, CudaAsyncViewResource,
+    CudaResource, DevicePtr, ExportHandleType, HostResource, ManagedResource, MemoryResource,
+    PinnedHostResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
+};
+pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};

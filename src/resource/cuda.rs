@@ -1,0 +1,65 @@
+use crate::backend::{BackendKind, MemoryKind};
+use crate::device::Device;
+use crate::error::Result;
+use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
+use crate::stream::Stream;
+
+/// Plain device memory: `cuMemAlloc` / `cuMemFree` (RMM's `cuda_memory_resource`).
+///
+/// Every call goes to the driver, which is slow (tens of microseconds) and synchronizes the
+/// device on free; put a pool in front of it for anything hot. This is the initial per-device
+/// resource.
+///
+/// # Stream ordering
+/// The stream is only checked to belong to the device: the driver's allocation is usable on
+/// every stream, and its free waits for all work on the device.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = CudaResource::new(&device);
+/// let p = mr.try_allocate(4096, &stream)?;
+/// unsafe { mr.deallocate(p, 4096, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct CudaResource {
+    device: Device,
+}
+
+impl CudaResource {
+    /// A resource that allocates device memory of `device`.
+    pub fn new(device: &Device) -> Self {
+        CudaResource {
+            device: device.clone(),
+        }
+    }
+
+    /// The device it allocates on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+impl MemoryResource for CudaResource {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        leaf_allocate(&self.device, MemoryKind::Device, bytes, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { leaf_deallocate(&self.device, MemoryKind::Device, ptr, bytes, stream) }
+    }
+
+    fn properties(&self) -> Properties {
+        Properties {
+            device_accessible: true,
+            host_accessible: self.device.backend() == BackendKind::Host,
+            device: self.device.id(),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::{BackendKind, BackendPool, PoolConfig};
+use crate::device::Device;
+use crate::error::Result;
+use crate::resource::{check_stream, DevicePtr, MemoryResource, Properties};
+use crate::stream::Stream;
+
+/// Which OS handle a [`CudaAsyncResource`]'s memory can be exported as, for IPC
+/// (`CUmemAllocationHandleType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ExportHandleType {
+    /// No export (the default).
+    #[default]
+    None,
+    /// A POSIX file descriptor.
+    PosixFileDescriptor,
+    /// A Windows NT handle.
+    Win32,
+    /// A Windows KMT handle.
+    Win32Kmt,
+    /// A fabric handle (multi-node NVLink).
+    Fabric,
+}
+
+impl ExportHandleType {
+    pub(crate) fn bits(self) -> u32 {
+        match self {
+            ExportHandleType::None => 0,
+            ExportHandleType::PosixFileDescriptor => 1,
+            ExportHandleType::Win32 => 2,
+            ExportHandleType::Win32Kmt => 4,
+            ExportHandleType::Fabric => 8,
+        }
+    }
+}
+
+/// Stream-ordered allocation from a driver memory pool of its own: `cuMemAllocFromPoolAsync` /
+/// `cuMemFreeAsync` (RMM's `cuda_async_memory_resource`).
+///
+/// The pool keeps freed memory cached across synchronizations (release threshold `u64::MAX`
+/// unless set), so after warm-up allocations do not reach the OS. Clones share the pool, which
+/// is destroyed with the last clone (and the last [`CudaAsyncViewResource`] over it).
+///
+/// [`CudaAsyncViewResource`]: crate::CudaAsyncViewResource
+///
+/// # Stream ordering
+/// Memory is usable on the allocating stream at once; a free is reusable by work ordered after
+/// it, as the driver's pool guarantees.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaAsyncResource, Device, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = CudaAsyncResource::builder(&device).initial_pool_size(1 << 20).build()?;
+/// let p = mr.try_allocate(1 << 16, &stream)?;
+/// unsafe { mr.deallocate(p, 1 << 16, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CudaAsyncResource {
+    device: Device,
+    pool: Arc<dyn BackendPool>,
+}
+
+/// Settings of a [`CudaAsyncResource`]; `Option` fields with documented defaults.
+#[derive(Debug, Clone)]
+pub struct CudaAsyncResourceBuilder {
+    device: Device,
+    initial_pool_size: Option<usize>,
+    release_threshold: Option<u64>,
+    export_handle_type: Option<ExportHandleType>,
+}
+
+impl CudaAsyncResourceBuilder {
+    /// Primes the pool with this many bytes (allocated and freed once at construction).
+    /// Default: no priming.
+    pub fn initial_pool_size(mut self, bytes: usize) -> Self {
+        self.initial_pool_size = Some(bytes);
+        self
+    }
+
+    /// Bytes the pool keeps cached when the device synchronizes
+    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`). Default `u64::MAX`: keep everything.
+    pub fn release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// The OS handle type memory may be exported as. Default [`ExportHandleType::None`].
+    pub fn export_handle_type(mut self, kind: ExportHandleType) -> Self {
+        self.export_handle_type = Some(kind);
+        self
+    }
+
+    /// Creates the pool.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the device has no memory pools or cannot export the handle
+    /// type; out-of-memory when priming fails; driver errors.
+    pub fn build(self) -> Result<CudaAsyncResource> {
+        let config = PoolConfig {
+            release_threshold: self.release_threshold.unwrap_or(u64::MAX),
+            export_handle_types: self.export_handle_type.unwrap_or_default().bits(),
+        };
+        let pool = self.device.raw().create_pool(&config)?;
+        let mr = CudaAsyncResource {
+            device: self.device,
+            pool,
+        };
+        if let Some(bytes) = self.initial_pool_size.filter(|&b| b > 0) {
+            let stream = Stream::new(&mr.device)?;
+            let p = mr.try_allocate(bytes, &stream)?;
+            // SAFETY: just allocated from this resource on `stream`; nothing uses it.
+            unsafe { mr.deallocate(p, bytes, &stream) };
+            stream.synchronize_blocking()?;
+        }
+        Ok(mr)
+    }
+}
+
+impl CudaAsyncResource {
+    /// A resource over a new driver pool of `device` with the default settings.
+    ///
+    /// # Errors
+    /// As [`CudaAsyncResourceBuilder::build`].
+    pub fn new(device: &Device) -> Result<Self> {
+        Self::builder(device).build()
+    }
+
+    /// Settings for a new pool of `device`.
+    pub fn builder(device: &Device) -> CudaAsyncResourceBuilder {
+        CudaAsyncResourceBuilder {
+            device: device.clone(),
+            initial_pool_size: None,
+            release_threshold: None,
+            export_handle_type: None,
+        }
+    }
+
+    /// The driver's pool handle (`CUmemoryPool` as an integer on CUDA).
+    pub fn pool_handle(&self) -> u64 {
+        self.pool.handle()
+    }
+
+    /// Bytes the pool now holds from the device, in use or cached
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn reserved_bytes(&self) -> Result<usize> {
+        self.pool.reserved()
+    }
+
+    /// Returns cached memory to the device until the pool holds at most `keep` bytes
+    /// (`cuMemPoolTrimTo`).
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn trim_to(&self, keep: usize) -> Result<()> {
+        self.pool.trim_to(keep)
+    }
+
+    pub(crate) fn parts(&self) -> (&Device, &Arc<dyn BackendPool>) {
+        (&self.device, &self.pool)
+    }
+}
+
+/// `try_allocate` over a driver pool, shared with [`CudaAsyncViewResource`](crate::CudaAsyncViewResource).
+pub(crate) fn pool_allocate(
+    device: &Device,
+    pool: &dyn BackendPool,
+    bytes: usize,
+    stream: &Stream,
+) -> Result<DevicePtr> {
+    check_stream(device, stream)?;
+    if bytes == 0 {
+        return Ok(DevicePtr::NULL);
+    }
+    pool.allocate_async(bytes, stream.raw())
+        .map(DevicePtr::from_raw)
+}
+
+/// `deallocate` over a driver pool.
+///
+/// # Safety
+/// As [`MemoryResource::deallocate`], for memory from [`pool_allocate`] of the same pool.
+pub(crate) unsafe fn pool_deallocate(
+    device: &Device,
+    pool: &dyn BackendPool,
+    ptr: DevicePtr,
+    bytes: usize,
+    stream: &Stream,
+) {
+    if ptr.is_null() {
+        return;
+    }
+    // SAFETY: forwarded from the caller's contract.
+    if let Err(e) = unsafe { pool.free_async(ptr.addr(), bytes, stream.raw()) } {
+        device.defer_error(e);
+    }
+}
+
+pub(crate) fn pool_properties(device: &Device) -> Properties {
+    Properties {
+        device_accessible: true,
+        host_accessible: device.backend() == BackendKind::Host,
+        device: device.id(),
+    }
+}
+
+impl MemoryResource for CudaAsyncResource {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        pool_allocate(&self.device, &*self.pool, bytes, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { pool_deallocate(&self.device, &*self.pool, ptr, bytes, stream) }
+    }
+
+    fn properties(&self) -> Properties {
+        pool_properties(&self.device)
+    }
+}
+
+impl fmt::Debug for CudaAsyncResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaAsyncResource")
+            .field("device", &self.device.id())
+            .field("pool", &format_args!("{:#x}", self.pool.handle()))
+            .finish()
+    }
+}
+
+impl PartialEq for CudaAsyncResource {
+    /// Equal when they allocate from the same driver pool (clones are equal; two constructions
+    /// are not).
+    fn eq(&self, other: &Self) -> bool {
+        self.pool.handle() == other.pool.handle() && self.device == other.device
+    }
+}

@@ -1,0 +1,298 @@
+//! The memory-resource contract and the resources that implement it.
+
+mod allocate;
+mod cuda;
+mod cuda_async;
+mod cuda_async_view;
+mod host;
+mod managed;
+mod pinned_host;
+pub(crate) mod registry;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use allocate::Allocate;
+pub use cuda::CudaResource;
+pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
+pub use cuda_async_view::CudaAsyncViewResource;
+pub use host::HostResource;
+pub use managed::ManagedResource;
+pub use pinned_host::PinnedHostResource;
+
+use crate::device::{Device, DeviceId};
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+
+/// The alignment of every pointer a resource returns, as `cuMemAlloc` guarantees.
+pub const ALLOCATION_ALIGNMENT: usize = 256;
+
+/// An address in device (or device-visible) memory. A plain number: holding one owns nothing.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::DevicePtr;
+///
+/// let p = DevicePtr::from_raw(0x1000);
+/// assert_eq!(p.offset(0x100).addr(), 0x1100);
+/// assert!(p.is_aligned(256));
+/// assert!(DevicePtr::NULL.is_null());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct DevicePtr(u64);
+
+impl DevicePtr {
+    /// The null pointer, which resources return for 0-byte allocations.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// Wraps a raw address (a `CUdeviceptr`).
+    pub const fn from_raw(addr: u64) -> Self {
+        DevicePtr(addr)
+    }
+
+    /// The raw address (a `CUdeviceptr`).
+    pub const fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// True for [`DevicePtr::NULL`].
+    pub const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The address `bytes` further on.
+    ///
+    /// # Panics
+    /// On address overflow, which no valid allocation reaches.
+    pub fn offset(self, bytes: usize) -> Self {
+        DevicePtr(
+            self.0
+                .checked_add(bytes as u64)
+                .expect("device pointer overflow"),
+        )
+    }
+
+    /// Whether the address is a multiple of `align`.
+    pub fn is_aligned(self, align: usize) -> bool {
+        self.0 % align as u64 == 0
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DevicePtr({:#x})", self.0)
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// What a resource's memory is and where it lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Properties {
+    /// Device code can read and write it.
+    pub device_accessible: bool,
+    /// Host code can read and write it through the pointer.
+    pub host_accessible: bool,
+    /// The device the resource allocates for.
+    pub device: DeviceId,
+}
+
+/// The signal a resource fires when memory may have become available (a free, growth, a
+/// stream-ordered free becoming reusable). Waiting allocations listen to it.
+#[derive(Debug, Default)]
+pub struct Availability {
+    event: event_listener::Event,
+}
+
+impl Availability {
+    /// A new signal with no listeners.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wakes every waiting allocation so it retries.
+    pub fn notify(&self) {
+        self.event.notify(usize::MAX);
+    }
+
+    #[allow(dead_code)] // the waiting path of `Allocate` listens here
+    pub(crate) fn listen(&self) -> event_listener::EventListener {
+        self.event.listen()
+    }
+}
+
+/// A source of stream-ordered memory: RMM's `device_memory_resource`, made async.
+///
+/// Implementations are cheap `Clone` handles over shared state where they have state: a clone
+/// *is* the same resource.
+///
+/// # Stream ordering
+/// Memory returned by [`try_allocate`](MemoryResource::try_allocate) on stream `s` may be used
+/// by work on `s` enqueued after the call; other streams must first wait for an event of `s`.
+/// [`deallocate`](MemoryResource::deallocate) on `s` lets the memory be reused by work ordered
+/// after that point of `s`.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = CudaResource::new(&device);
+/// let ptr = mr.allocate(1 << 20, &stream).await?;
+/// assert!(ptr.is_aligned(256));
+/// // SAFETY: allocated above from `mr` with the same size, used by nothing else.
+/// unsafe { mr.deallocate(ptr, 1 << 20, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+pub trait MemoryResource: Send + Sync + fmt::Debug {
+    /// Allocates `bytes` for use on `stream`, 256-byte aligned, without waiting for memory and
+    /// without blocking the host. 0 bytes returns [`DevicePtr::NULL`].
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the memory is not there now; [`Error::DeviceMismatch`] when
+    /// `stream` belongs to another device; driver errors.
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr>;
+
+    /// Returns memory to the resource, stream-ordered on `stream`. Never blocks the host.
+    /// Failures cannot be returned; they are recorded on the device
+    /// ([`Device::take_deferred_error`]).
+    ///
+    /// # Safety
+    /// 1. `ptr` was returned by `try_allocate(bytes, ..)` (or `allocate`) of this resource (or a
+    ///    clone of it) and is not deallocated yet.
+    /// 2. All work that uses the memory is ordered before this point of `stream`.
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream);
+
+    /// Fired when memory may have become available; `None` for resources that never make
+    /// allocations wait.
+    fn availability(&self) -> Option<&Availability> {
+        None
+    }
+
+    /// The largest request that could ever succeed, when the resource knows one; larger
+    /// requests fail at once, even when awaited.
+    fn capacity_limit(&self) -> Option<usize> {
+        None
+    }
+
+    /// Where the memory lives and who can access it.
+    fn properties(&self) -> Properties;
+
+    /// Allocates `bytes` for use on `stream`; a future whose first poll is the synchronous
+    /// fast path ([`try_allocate`](MemoryResource::try_allocate)).
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it resolves leaves nothing allocated.
+    fn allocate<'a>(&'a self, bytes: usize, stream: &'a Stream) -> Allocate<'a, Self>
+    where
+        Self: Sized,
+    {
+        Allocate::new(self, bytes, stream)
+    }
+
+    /// [`allocate`](MemoryResource::allocate) for callers outside async code: blocks the
+    /// calling thread while the request waits. Do not call it on an async executor thread.
+    ///
+    /// # Errors
+    /// As [`try_allocate`](MemoryResource::try_allocate).
+    fn allocate_blocking(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr>
+    where
+        Self: Sized,
+    {
+        futures::executor::block_on(self.allocate(bytes, stream))
+    }
+}
+
+/// A type-erased, shared resource: what per-device defaults, containers and runtime-composed
+/// stacks hold.
+pub type SharedResource = Arc<dyn MemoryResource>;
+
+impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        (**self).try_allocate(bytes, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { (**self).deallocate(ptr, bytes, stream) }
+    }
+
+    fn availability(&self) -> Option<&Availability> {
+        (**self).availability()
+    }
+
+    fn capacity_limit(&self) -> Option<usize> {
+        (**self).capacity_limit()
+    }
+
+    fn properties(&self) -> Properties {
+        (**self).properties()
+    }
+}
+
+/// Checks that `stream` belongs to `device`, as every resource requires.
+pub(crate) fn check_stream(device: &Device, stream: &Stream) -> Result<()> {
+    if stream.device() == device {
+        Ok(())
+    } else {
+        Err(Error::DeviceMismatch {
+            expected: device.id(),
+            actual: stream.device().id(),
+        })
+    }
+}
+
+/// `try_allocate` of a leaf resource over the backend's raw allocator of `kind`.
+pub(crate) fn leaf_allocate(
+    device: &Device,
+    kind: crate::backend::MemoryKind,
+    bytes: usize,
+    stream: &Stream,
+) -> Result<DevicePtr> {
+    check_stream(device, stream)?;
+    if bytes == 0 {
+        return Ok(DevicePtr::NULL);
+    }
+    device.raw().allocate(kind, bytes).map(DevicePtr::from_raw)
+}
+
+/// `deallocate` of a leaf resource over the backend's raw allocator of `kind`.
+///
+/// # Safety
+/// As [`MemoryResource::deallocate`], for memory from [`leaf_allocate`] of the same `kind`.
+pub(crate) unsafe fn leaf_deallocate(
+    device: &Device,
+    kind: crate::backend::MemoryKind,
+    ptr: DevicePtr,
+    bytes: usize,
+    stream: &Stream,
+) {
+    if ptr.is_null() {
+        return;
+    }
+    // SAFETY: forwarded from the caller's contract.
+    if let Err(e) = unsafe { device.raw().free(kind, ptr.addr(), bytes, stream.raw()) } {
+        device.defer_error(e);
+    }
+}
+
+/// Type-erases a resource; a [`SharedResource`] passes through as it is instead of being
+/// wrapped a second time.
+pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource {
+    let mut slot = Some(mr);
+    if let Some(shared) =
+        (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<SharedResource>>()
+    {
+        return shared.take().expect("filled above");
+    }
+    Arc::new(slot.expect("filled above"))
+}

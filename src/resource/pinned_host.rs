@@ -1,0 +1,55 @@
+use crate::backend::MemoryKind;
+use crate::device::Device;
+use crate::error::Result;
+use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
+use crate::stream::Stream;
+
+/// Page-locked host memory that the device reads and writes directly and that async copies
+/// need to overlap with compute: `cuMemHostAlloc` (RMM's `pinned_host_memory_resource`).
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{Device, MemoryResource, PinnedHostResource, Stream};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = PinnedHostResource::new(&device);
+/// assert!(mr.properties().host_accessible);
+/// let p = mr.try_allocate(1000, &stream)?;
+/// assert!(p.is_aligned(256));
+/// unsafe { mr.deallocate(p, 1000, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PinnedHostResource {
+    device: Device,
+}
+
+impl PinnedHostResource {
+    /// A resource that allocates pinned host memory mapped for `device`.
+    pub fn new(device: &Device) -> Self {
+        PinnedHostResource {
+            device: device.clone(),
+        }
+    }
+}
+
+impl MemoryResource for PinnedHostResource {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        leaf_allocate(&self.device, MemoryKind::PinnedHost, bytes, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { leaf_deallocate(&self.device, MemoryKind::PinnedHost, ptr, bytes, stream) }
+    }
+
+    fn properties(&self) -> Properties {
+        Properties {
+            device_accessible: true,
+            host_accessible: true,
+            device: self.device.id(),
+        }
+    }
+}

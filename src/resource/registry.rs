@@ -1,0 +1,146 @@
+//! The per-device current resource (RMM's `get_current_device_resource` and friends).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::device::{Device, DeviceId};
+use crate::error::{Error, Result};
+use crate::resource::{CudaResource, SharedResource, ALLOCATION_ALIGNMENT};
+
+fn registry() -> &'static Mutex<HashMap<DeviceId, SharedResource>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<DeviceId, SharedResource>>> = OnceLock::new();
+    REGISTRY.get_or_init(Mutex::default)
+}
+
+fn initial(device: &Device) -> SharedResource {
+    Arc::new(CudaResource::new(device))
+}
+
+/// The current resource of [`Device::default()`]. See [`current_device_resource_for`].
+///
+/// ```
+/// use streamalloc::{current_device_resource, MemoryResource};
+/// let mr = current_device_resource();
+/// assert!(mr.properties().device_accessible);
+/// ```
+pub fn current_device_resource() -> SharedResource {
+    current_device_resource_for(&Device::default())
+}
+
+/// The resource that containers and helpers use on `device` when none is given: a
+/// [`CudaResource`] until [`set_current_device_resource_for`] installs another.
+///
+/// ```
+/// use streamalloc::{current_device_resource_for, Device, HostConfig, MemoryResource};
+/// let device = Device::host_with(HostConfig::default());
+/// assert_eq!(current_device_resource_for(&device).properties().device, device.id());
+/// ```
+pub fn current_device_resource_for(device: &Device) -> SharedResource {
+    registry()
+        .lock()
+        .entry(device.id())
+        .or_insert_with(|| initial(device))
+        .clone()
+}
+
+/// Installs `mr` as the current resource of [`Device::default()`]; returns the previous one.
+///
+/// # Errors
+/// [`Error::DeviceMismatch`] when `mr` allocates on another device.
+///
+/// ```
+/// use std::sync::Arc;
+/// use streamalloc::*;
+///
+/// let device = Device::default();
+/// let pool = Arc::new(CudaAsyncResource::new(&device)?);
+/// let previous = set_current_device_resource(pool)?;
+/// assert!(format!("{previous:?}").contains("CudaResource"));
+/// assert!(format!("{:?}", current_device_resource()).contains("CudaAsyncResource"));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn set_current_device_resource(mr: SharedResource) -> Result<SharedResource> {
+    set_current_device_resource_for(&Device::default(), mr)
+}
+
+/// Installs `mr` as the current resource of `device`; returns the previous one.
+///
+/// # Errors
+/// [`Error::DeviceMismatch`] when `mr` allocates on another device.
+pub fn set_current_device_resource_for(
+    device: &Device,
+    mr: SharedResource,
+) -> Result<SharedResource> {
+    let id = mr.properties().device;
+    if id != device.id() {
+        return Err(Error::DeviceMismatch {
+            expected: device.id(),
+            actual: id,
+        });
+    }
+    let mut map = registry().lock();
+    Ok(map.insert(id, mr).unwrap_or_else(|| initial(device)))
+}
+
+/// Puts `device` back on its initial resource (a [`CudaResource`]); returns the one that was
+/// current.
+///
+/// ```
+/// use std::sync::Arc;
+/// use streamalloc::*;
+///
+/// let device = Device::host_with(HostConfig::default());
+/// set_current_device_resource_for(&device, Arc::new(ManagedResource::new(&device)))?;
+/// let was = reset_current_device_resource_for(&device);
+/// assert!(format!("{was:?}").contains("ManagedResource"));
+/// assert!(format!("{:?}", current_device_resource_for(&device)).contains("CudaResource"));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn reset_current_device_resource_for(device: &Device) -> SharedResource {
+    registry()
+        .lock()
+        .remove(&device.id())
+        .unwrap_or_else(|| initial(device))
+}
+
+/// Free and total memory of `device` in bytes (RMM's `available_device_memory`).
+///
+/// # Errors
+/// Driver errors.
+///
+/// ```
+/// use streamalloc::{available_device_memory, Device};
+/// let (free, total) = available_device_memory(&Device::host())?;
+/// assert!(free <= total);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn available_device_memory(device: &Device) -> Result<(usize, usize)> {
+    let info = device.memory_info()?;
+    Ok((info.free, info.total))
+}
+
+/// `percent` % of `device`'s free memory, rounded down to a multiple of 256 bytes (RMM's
+/// `percent_of_free_device_memory`), e.g. for a pool's initial size.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `percent` exceeds 100; driver errors.
+///
+/// ```
+/// use streamalloc::{percent_of_free_device_memory, Device, HostConfig};
+/// let device = Device::host_with(HostConfig::default().capacity(1000 * 256));
+/// assert_eq!(percent_of_free_device_memory(&device, 50)?, 500 * 256);
+/// assert!(percent_of_free_device_memory(&device, 101).is_err());
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn percent_of_free_device_memory(device: &Device, percent: u32) -> Result<usize> {
+    if percent > 100 {
+        return Err(Error::invalid(format!(
+            "percent must be at most 100, got {percent}"
+        )));
+    }
+    let free = device.memory_info()?.free as u128;
+    let bytes = (free * u128::from(percent) / 100) as usize;
+    Ok(bytes / ALLOCATION_ALIGNMENT * ALLOCATION_ALIGNMENT)
+}

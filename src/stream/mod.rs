@@ -1,0 +1,233 @@
+//! Streams, events and the completion driver that turns device progress into task wake-ups.
+
+mod event;
+pub(crate) mod notify;
+mod pool;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub use event::Event;
+pub use notify::CompletionStrategy;
+pub use pool::StreamPool;
+
+use crate::backend::BackendStream;
+use crate::device::Device;
+use crate::error::Result;
+
+/// A process-unique stream number, stable for the stream's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream#{}", self.0)
+    }
+}
+
+/// An owned, ordered queue of device work on one device. A cheap `Clone` handle: clones are the
+/// same stream, which is destroyed when the last handle (and the last event on it) is dropped.
+///
+/// # Stream ordering
+/// Work enqueued on a stream runs in the order it was enqueued. Work on two streams is
+/// unordered unless one [`wait`](Stream::wait)s for an [`Event`] of the other.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{Device, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let a = Stream::new(&device)?;
+/// let b = Stream::new(&device)?;
+/// let done_on_a = a.record()?;
+/// b.wait(&done_on_a)?;          // b's later work runs after a's work so far
+/// b.synchronize().await?;       // resumes once b is idle; blocks no thread
+/// assert!(done_on_a.is_complete()?);
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+pub(crate) struct StreamInner {
+    id: StreamId,
+    device: Device,
+    raw: Arc<dyn BackendStream>,
+    /// The private stream on which host-function notifications run, so a user stream never
+    /// stalls behind a host callback. Created on first use.
+    shadow: OnceLock<Arc<dyn BackendStream>>,
+}
+
+impl Stream {
+    /// Creates a stream on `device` (non-blocking with respect to the legacy default stream).
+    ///
+    /// # Errors
+    /// A driver error when the stream cannot be created.
+    pub fn new(device: &Device) -> Result<Stream> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let raw = device.raw().create_stream()?;
+        Ok(Stream {
+            inner: Arc::new(StreamInner {
+                id: StreamId(NEXT.fetch_add(1, Ordering::Relaxed)),
+                device: device.clone(),
+                raw,
+                shadow: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// This stream's process-unique id.
+    pub fn id(&self) -> StreamId {
+        self.inner.id
+    }
+
+    /// The device this stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The driver's handle for this stream (`CUstream` as an integer on CUDA), for logs and
+    /// interop with other CUDA libraries.
+    pub fn raw_handle(&self) -> u64 {
+        self.inner.raw.raw_handle()
+    }
+
+    /// Records an event at the current end of this stream: it completes when all work enqueued
+    /// so far has completed.
+    ///
+    /// # Errors
+    /// A driver error when the event cannot be created or recorded.
+    pub fn record(&self) -> Result<Event> {
+        let raw = self.inner.raw.record()?;
+        Ok(Event::new(self.clone(), raw))
+    }
+
+    /// Makes work enqueued on this stream from now on wait until `event` completes, without
+    /// blocking the host.
+    ///
+    /// # Errors
+    /// A driver error; waiting on an event of another device's stream is allowed by CUDA and
+    /// by the host backend.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.inner.raw.wait_event(event.raw())
+    }
+
+    /// Resolves once all work enqueued so far has completed. Blocks no thread.
+    ///
+    /// # Errors
+    /// A driver error when recording fails or the stream reports a failure.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it resolves leaves the stream untouched.
+    pub async fn synchronize(&self) -> Result<()> {
+        self.record()?.await
+    }
+
+    /// Blocks the calling thread until all work enqueued so far has completed
+    /// (`cuStreamSynchronize`). Do not call it on an async executor thread.
+    ///
+    /// # Errors
+    /// A driver error reported by the stream.
+    pub fn synchronize_blocking(&self) -> Result<()> {
+        self.inner.raw.synchronize_blocking()
+    }
+
+    /// Runs `f` on a backend thread once the stream reaches this point.
+    ///
+    /// `f` must not call the CUDA driver (the driver forbids it inside host functions); it also
+    /// blocks later work on this stream while it runs, so keep it short.
+    ///
+    /// # Errors
+    /// A driver error when the callback cannot be enqueued.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Stream};
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let stream = Stream::new(&Device::host())?;
+    /// let ran = Arc::new(AtomicBool::new(false));
+    /// let flag = ran.clone();
+    /// stream.launch_host_fn(move || flag.store(true, Ordering::SeqCst))?;
+    /// stream.synchronize_blocking()?;
+    /// assert!(ran.load(Ordering::SeqCst));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn launch_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.inner.raw.host_fn(Box::new(f))
+    }
+
+    /// Enqueues an operation that occupies the stream for `duration`: a stand-in for a
+    /// long-running kernel in tests of ordering. Host backend only.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) on the CUDA backend.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Stream};
+    /// use std::time::Duration;
+    ///
+    /// let stream = Stream::new(&Device::host())?;
+    /// stream.enqueue_delay(Duration::from_millis(20))?;
+    /// let event = stream.record()?;
+    /// assert!(!event.is_complete()?);
+    /// event.synchronize_blocking()?;
+    /// assert!(event.is_complete()?);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn enqueue_delay(&self, duration: Duration) -> Result<()> {
+        self.inner.raw.delay(duration)
+    }
+
+    pub(crate) fn raw(&self) -> &dyn BackendStream {
+        &*self.inner.raw
+    }
+
+    pub(crate) fn inner(&self) -> &StreamInner {
+        &self.inner
+    }
+}
+
+impl StreamInner {
+    pub(crate) fn id(&self) -> StreamId {
+        self.id
+    }
+
+    pub(crate) fn shadow(&self) -> Result<&Arc<dyn BackendStream>> {
+        if let Some(s) = self.shadow.get() {
+            return Ok(s);
+        }
+        let created = self.device.raw().create_stream()?;
+        // A racing thread may have set it first; keep theirs and drop ours.
+        Ok(self.shadow.get_or_init(|| created))
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        self.inner.id == other.inner.id
+    }
+}
+
+impl Eq for Stream {}
+
+impl std::hash::Hash for Stream {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.inner.id.hash(state)
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.inner.id)
+            .field("device", &self.inner.device.id())
+            .finish()
+    }
+}
