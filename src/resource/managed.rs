@@ -1,11 +1,17 @@
 use crate::backend::MemoryKind;
 use crate::device::Device;
-use crate::error::Result;
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{Error, Result};
 use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
 /// Unified memory that host and device both access: `cuMemAllocManaged` (RMM's
 /// `managed_memory_resource`).
+///
+/// By default a single request may not exceed the device's total memory: asking the driver for
+/// far more managed memory than the GPU has can hang it on some systems. Call
+/// [`allow_oversubscription`](ManagedResource::allow_oversubscription) to lift the cap.
 ///
 /// # Examples
 ///
@@ -23,25 +29,66 @@ use crate::stream::Stream;
 #[derive(Debug, Clone)]
 pub struct ManagedResource {
     device: Device,
+    oversubscribe: bool,
+    /// The device's total memory, read on first use.
+    total: Arc<OnceLock<usize>>,
 }
 
 impl ManagedResource {
-    /// A resource that allocates managed memory attached to `device`.
+    /// A resource that allocates managed memory attached to `device`, one request at most the
+    /// device's total memory.
     pub fn new(device: &Device) -> Self {
         ManagedResource {
             device: device.clone(),
+            oversubscribe: false,
+            total: Arc::default(),
         }
+    }
+
+    /// Lets a single request exceed the device's total memory (pages then migrate on demand).
+    ///
+    /// ```
+    /// # use streamalloc::{Device, ManagedResource, MemoryResource};
+    /// let mr = ManagedResource::new(&Device::host()).allow_oversubscription();
+    /// assert_eq!(mr.capacity_limit(), None);
+    /// ```
+    pub fn allow_oversubscription(mut self) -> Self {
+        self.oversubscribe = true;
+        self
+    }
+
+    fn total(&self) -> Result<usize> {
+        if let Some(&t) = self.total.get() {
+            return Ok(t);
+        }
+        let t = self.device.memory_info()?.total;
+        Ok(*self.total.get_or_init(|| t))
     }
 }
 
 impl MemoryResource for ManagedResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !self.oversubscribe && bytes > self.total()? {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                available: None,
+                device: self.device.id(),
+            });
+        }
         leaf_allocate(&self.device, MemoryKind::Managed, bytes, stream)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { leaf_deallocate(&self.device, MemoryKind::Managed, ptr, bytes, stream) }
+    }
+
+    fn capacity_limit(&self) -> Option<usize> {
+        if self.oversubscribe {
+            None
+        } else {
+            self.total().ok()
+        }
     }
 
     fn properties(&self) -> Properties {

@@ -231,3 +231,6 @@ impl fmt::Debug for Stream {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests;

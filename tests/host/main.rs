@@ -1,1 +1,36 @@
+//! Integration tests on the host backend: they run everywhere, CI included.
 
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+
+use streamalloc::*;
+
+/// A fresh host device per test, so accounting and fault injection are the test's own.
+fn host() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+resource_suite!(cuda_resource, host(), |d| Arc::new(CudaResource::new(d)));
+resource_suite!(cuda_async_resource, host(), |d| Arc::new(
+    CudaAsyncResource::new(d).unwrap()
+));
+resource_suite!(cuda_async_view_resource, host(), |d| {
+    Arc::new(CudaAsyncViewResource::of(
+        &CudaAsyncResource::new(d).unwrap(),
+    ))
+});
+resource_suite!(cuda_async_view_of_default_pool, host(), |d| {
+    Arc::new(CudaAsyncViewResource::device_default(d).unwrap())
+});
+resource_suite!(managed_resource, host(), |d| Arc::new(
+    ManagedResource::new(d)
+));
+resource_suite!(pinned_host_resource, host(), |d| Arc::new(
+    PinnedHostResource::new(d)
+));
+resource_suite!(host_resource, host(), |d| Arc::new(HostResource::new(d)));
+resource_suite!(current_device_resource, host(), |d| {
+    current_device_resource_for(d)
+});

@@ -145,3 +145,6 @@ impl Backend for HostBackend {
         Some(&self.controls)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,99 @@
+use crate::{CudaResource, Device, Error, HostConfig, MemoryResource, Stream};
+
+#[test]
+fn capacity_bounds_allocations_with_figures_in_the_error() {
+    let d = Device::host_with(HostConfig::default().capacity(4096));
+    let s = Stream::new(&d).unwrap();
+    let mr = CudaResource::new(&d);
+    let p = mr.try_allocate(3000, &s).unwrap();
+    match mr.try_allocate(2000, &s) {
+        Err(Error::OutOfMemory {
+            requested,
+            available,
+            device,
+        }) => {
+            assert_eq!((requested, available, device), (2000, Some(1096), d.id()));
+        }
+        other => panic!("expected out-of-memory, got {other:?}"),
+    }
+    // SAFETY: allocated above with the same size; no work uses it.
+    unsafe { mr.deallocate(p, 3000, &s) };
+    s.synchronize_blocking().unwrap();
+    assert_eq!(d.memory_info().unwrap().free, 4096);
+}
+
+#[test]
+fn injected_failures_fail_exactly_that_many_allocations() {
+    let d = Device::host_with(HostConfig::default());
+    let s = Stream::new(&d).unwrap();
+    let mr = CudaResource::new(&d);
+    d.host_controls().unwrap().fail_next_allocations(2);
+    assert!(mr.try_allocate(256, &s).unwrap_err().is_out_of_memory());
+    assert!(mr.try_allocate(256, &s).unwrap_err().is_out_of_memory());
+    let p = mr.try_allocate(256, &s).unwrap();
+    // SAFETY: allocated above with the same size; no work uses it.
+    unsafe { mr.deallocate(p, 256, &s) };
+}
+
+#[test]
+fn a_bad_free_is_a_deferred_error_not_undefined_behaviour() {
+    let d = Device::host_with(HostConfig::default());
+    let s = Stream::new(&d).unwrap();
+    let mr = CudaResource::new(&d);
+    let p = mr.try_allocate(1024, &s).unwrap();
+    // SAFETY: deliberately wrong size; the host backend checks frees against its live map and
+    // refuses this one without touching memory.
+    unsafe { mr.deallocate(p, 512, &s) };
+    assert!(matches!(
+        d.take_deferred_error(),
+        Some(Error::InvalidArgument(_))
+    ));
+    assert_eq!(d.host_controls().unwrap().live_allocations(), 1);
+    // SAFETY: the right size this time.
+    unsafe { mr.deallocate(p, 1024, &s) };
+    s.synchronize_blocking().unwrap();
+    assert_eq!(d.host_controls().unwrap().live_allocations(), 0);
+    assert!(d.take_deferred_error().is_none());
+}
+
+#[test]
+fn frees_are_stream_ordered() {
+    let d = Device::host_with(HostConfig::default());
+    let s = Stream::new(&d).unwrap();
+    let mr = CudaResource::new(&d);
+    let p = mr.try_allocate(1 << 20, &s).unwrap();
+    s.enqueue_delay(std::time::Duration::from_millis(50))
+        .unwrap();
+    // SAFETY: allocated above; the queued work ahead of the free does not touch it.
+    unsafe { mr.deallocate(p, 1 << 20, &s) };
+    assert_eq!(
+        d.host_controls().unwrap().allocated_bytes(),
+        1 << 20,
+        "freed before the stream"
+    );
+    s.synchronize_blocking().unwrap();
+    assert_eq!(d.host_controls().unwrap().allocated_bytes(), 0);
+}
+
+#[test]
+fn streams_of_another_device_are_rejected() {
+    let (d1, d2) = (
+        Device::host_with(HostConfig::default()),
+        Device::host_with(HostConfig::default()),
+    );
+    let s2 = Stream::new(&d2).unwrap();
+    match CudaResource::new(&d1).try_allocate(256, &s2) {
+        Err(Error::DeviceMismatch { expected, actual }) => {
+            assert_eq!((expected, actual), (d1.id(), d2.id()))
+        }
+        other => panic!("expected a device mismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn default_device_is_host_without_a_gpu() {
+    if Device::cuda_device_count() == 0 {
+        assert_eq!(Device::default(), Device::host());
+        assert!(Device::cuda(0).is_err());
+    }
+}
