@@ -101,8 +101,8 @@ impl CudaAsyncResourceBuilder {
     /// Creates the pool.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when the device has no memory pools or cannot export the handle
-    /// type; out-of-memory when priming fails; driver errors.
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when the device has no memory pools or
+    /// cannot export the handle type; out-of-memory when priming fails; driver errors.
     pub fn build(self) -> Result<CudaAsyncResource> {
         let config = PoolConfig {
             release_threshold: self.release_threshold.unwrap_or(u64::MAX),

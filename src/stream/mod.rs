@@ -195,10 +195,6 @@ impl Stream {
 }
 
 impl StreamInner {
-    pub(crate) fn id(&self) -> StreamId {
-        self.id
-    }
-
     pub(crate) fn shadow(&self) -> Result<&Arc<dyn BackendStream>> {
         if let Some(s) = self.shadow.get() {
             return Ok(s);
