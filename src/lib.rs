@@ -54,13 +54,16 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+mod adaptor;
 mod backend;
 mod buffer;
 mod device;
 mod error;
 mod resource;
 mod stream;
+mod sync;
 
+pub use adaptor::LimitingAdaptor;
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::DeviceBuffer;

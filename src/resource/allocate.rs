@@ -2,49 +2,186 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use futures_timer::Delay;
+
+use crate::error::{Error, Result};
+use crate::resource::availability::Waiter;
 use crate::resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
+use crate::sync::Arc;
 
 /// The future of [`MemoryResource::allocate`].
 ///
 /// Its first poll is the synchronous fast path, [`MemoryResource::try_allocate`]: when memory
-/// is there it resolves at once, with no allocation or lock of its own.
+/// is there it resolves at once, with no allocation or lock of its own. When the resource is
+/// out of memory, the request could ever fit
+/// ([`capacity_limit`](MemoryResource::capacity_limit)) and the resource signals
+/// [`availability`](MemoryResource::availability), the future joins the resource's FIFO wait
+/// queue and resolves when memory comes back (see [`Availability`](crate::Availability) for the
+/// fairness policy). Otherwise it resolves to the out-of-memory error.
+///
+/// It works under any executor (tokio, `futures::executor::block_on`, …); deadlines use a
+/// runtime-independent timer.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] at once when the request can never fit or the resource cannot make
+/// it wait; [`Error::Timeout`] when a [`deadline`](Allocate::deadline) passes first; any other
+/// error of `try_allocate`.
 ///
 /// # Cancel safety
-/// Dropping it before it resolves leaves nothing allocated and nothing reserved.
+/// Dropping it before it resolves leaves nothing allocated, nothing reserved, and no waiter in
+/// the queue; if it was the oldest waiter, the next one is woken in its place.
 #[must_use = "futures do nothing unless awaited"]
-pub struct Allocate<'a, R: ?Sized> {
+pub struct Allocate<'a, R: MemoryResource + ?Sized> {
     mr: &'a R,
     bytes: usize,
     stream: &'a Stream,
+    deadline: Option<Instant>,
+    wait: Option<Wait>,
+}
+
+/// The state of a request that is queued.
+struct Wait {
+    waiter: Arc<Waiter>,
+    since: Instant,
+    timer: Option<Delay>,
 }
 
 impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     pub(crate) fn new(mr: &'a R, bytes: usize, stream: &'a Stream) -> Self {
-        Allocate { mr, bytes, stream }
+        Allocate {
+            mr,
+            bytes,
+            stream,
+            deadline: None,
+            wait: None,
+        }
     }
 
     /// The number of bytes requested.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    /// let held = mr.allocate(1024, &stream).await?;
+    /// let err = mr.allocate(256, &stream).deadline(Instant::now() + Duration::from_millis(10)).await;
+    /// assert!(matches!(err, Err(streamalloc::Error::Timeout { requested: 256, .. })));
+    /// unsafe { mr.deallocate(held, 1024, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Gives up with [`Error::Timeout`] if the memory is not there within `timeout`, counted
+    /// from this call.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.deadline(Instant::now() + timeout)
+    }
+
+    /// Whether a request of this size may wait for memory on this resource.
+    fn can_wait(&self) -> bool {
+        self.mr.availability().is_some()
+            && self
+                .mr
+                .capacity_limit()
+                .is_none_or(|limit| self.bytes <= limit)
+    }
+
+    fn timed_out(&self, since: Instant) -> Error {
+        Error::Timeout {
+            requested: self.bytes,
+            waited: since.elapsed(),
+            device: self.stream.device().id(),
+        }
+    }
+
+    fn leave_queue(&mut self) {
+        if let (Some(wait), Some(a)) = (self.wait.take(), self.mr.availability()) {
+            a.queue().remove(&wait.waiter);
+        }
+    }
 }
 
 impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
     type Output = Result<DevicePtr>;
 
-    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<DevicePtr>> {
-        Poll::Ready(self.mr.try_allocate(self.bytes, self.stream))
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<DevicePtr>> {
+        let this = &mut *self;
+        if this.wait.is_none() {
+            let queued = this.mr.availability().is_some_and(|a| a.has_waiters());
+            if !queued {
+                // The fast path.
+                match this.mr.try_allocate(this.bytes, this.stream) {
+                    Err(e) if e.is_out_of_memory() && this.can_wait() => {}
+                    done => return Poll::Ready(done),
+                }
+            } else if !this.can_wait() {
+                return Poll::Ready(this.mr.try_allocate(this.bytes, this.stream));
+            }
+            let Some(availability) = this.mr.availability() else {
+                unreachable!("can_wait")
+            };
+            let timer = this
+                .deadline
+                .map(|d| Delay::new(d.saturating_duration_since(Instant::now())));
+            this.wait = Some(Wait {
+                waiter: availability.queue().push(cx.waker()),
+                since: Instant::now(),
+                timer,
+            });
+        }
+        let availability = this.mr.availability().expect("queued on it");
+        let wait = this.wait.as_mut().expect("queued above");
+        wait.waiter.set_waker(cx.waker());
+        if availability.queue().is_head(&wait.waiter) {
+            // Queued before retrying: a free from now on finds this waiter and wakes it.
+            match this.mr.try_allocate(this.bytes, this.stream) {
+                Err(e) if e.is_out_of_memory() => {}
+                done => {
+                    this.leave_queue();
+                    return Poll::Ready(done);
+                }
+            }
+        }
+        let wait = this.wait.as_mut().expect("still queued");
+        if let Some(timer) = &mut wait.timer {
+            if Pin::new(timer).poll(cx).is_ready() {
+                let since = wait.since;
+                this.leave_queue();
+                return Poll::Ready(Err(this.timed_out(since)));
+            }
+        }
+        Poll::Pending
     }
 }
 
-impl<R: ?Sized> fmt::Debug for Allocate<'_, R> {
+impl<R: MemoryResource + ?Sized> Drop for Allocate<'_, R> {
+    fn drop(&mut self) {
+        self.leave_queue();
+    }
+}
+
+impl<R: MemoryResource + ?Sized> fmt::Debug for Allocate<'_, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Allocate")
             .field("bytes", &self.bytes)
             .field("stream", &self.stream.id())
+            .field("waiting", &self.wait.is_some())
             .finish()
     }
 }

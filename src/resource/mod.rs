@@ -1,6 +1,7 @@
 //! The memory-resource contract and the resources that implement it.
 
 mod allocate;
+mod availability;
 mod cuda;
 mod cuda_async;
 mod cuda_async_view;
@@ -13,6 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use allocate::Allocate;
+pub use availability::Availability;
 pub use cuda::CudaResource;
 pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
 pub use cuda_async_view::CudaAsyncViewResource;
@@ -100,30 +102,6 @@ pub struct Properties {
     pub host_accessible: bool,
     /// The device the resource allocates for.
     pub device: DeviceId,
-}
-
-/// The signal a resource fires when memory may have become available (a free, growth, a
-/// stream-ordered free becoming reusable). Waiting allocations listen to it.
-#[derive(Debug, Default)]
-pub struct Availability {
-    event: event_listener::Event,
-}
-
-impl Availability {
-    /// A new signal with no listeners.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Wakes every waiting allocation so it retries.
-    pub fn notify(&self) {
-        self.event.notify(usize::MAX);
-    }
-
-    #[allow(dead_code)] // the waiting path of `Allocate` listens here
-    pub(crate) fn listen(&self) -> event_listener::EventListener {
-        self.event.listen()
-    }
 }
 
 /// A source of stream-ordered memory: RMM's `device_memory_resource`, made async.
@@ -296,3 +274,6 @@ pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource 
     }
     Arc::new(slot.expect("filled above"))
 }
+
+#[cfg(test)]
+mod wait_tests;

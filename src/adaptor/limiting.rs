@@ -1,0 +1,177 @@
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::resource::{
+    Availability, DevicePtr, MemoryResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
+};
+use crate::stream::Stream;
+
+/// A byte budget over any upstream resource (RMM's `limiting_resource_adaptor`), which is itself
+/// awaitable: a request over the remaining budget *waits* for frees when awaited
+/// ([`MemoryResource::allocate`]), and a request over the whole limit fails at once.
+///
+/// Each allocation is charged its size rounded up to 256 bytes. A clone shares the budget.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] with the requested bytes and what is left of the budget from
+/// [`try_allocate`](MemoryResource::try_allocate); the upstream's errors pass through.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
+///
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// # rt.block_on(async {
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1 << 20);
+///
+/// let first = mr.allocate(1 << 20, &stream).await?;       // the whole budget
+/// assert!(mr.try_allocate(256, &stream).unwrap_err().is_out_of_memory());
+///
+/// let waiter = {
+///     let (mr, stream) = (mr.clone(), stream.clone());
+///     tokio::spawn(async move { mr.allocate(4096, &stream).await })
+/// };
+/// tokio::time::sleep(Duration::from_millis(10)).await;
+/// assert!(!waiter.is_finished());                          // it waits instead of failing
+/// unsafe { mr.deallocate(first, 1 << 20, &stream) };       // ...until memory comes back
+/// let second = waiter.await.unwrap()?;
+/// unsafe { mr.deallocate(second, 4096, &stream) };
+///
+/// // Beyond the whole limit: out-of-memory at once, even awaited.
+/// assert!(mr.allocate(2 << 20, &stream).await.unwrap_err().is_out_of_memory());
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+pub struct LimitingAdaptor<R: MemoryResource = SharedResource> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
+    upstream: R,
+    limit: usize,
+    /// Bytes charged against the budget (sizes rounded up to 256).
+    used: AtomicUsize,
+    availability: Arc<Availability>,
+}
+
+fn charge(bytes: usize) -> usize {
+    bytes.div_ceil(ALLOCATION_ALIGNMENT) * ALLOCATION_ALIGNMENT
+}
+
+impl<R: MemoryResource> LimitingAdaptor<R> {
+    /// Limits `upstream` to `limit` bytes outstanding.
+    pub fn new(upstream: R, limit: usize) -> Self {
+        let availability = Arc::new(Availability::new());
+        // Memory the upstream gets back may let a waiter here proceed too.
+        if let Some(up) = upstream.availability() {
+            up.add_follower(&availability);
+        }
+        LimitingAdaptor {
+            inner: Arc::new(Inner {
+                upstream,
+                limit,
+                used: AtomicUsize::new(0),
+                availability,
+            }),
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn allocation_limit(&self) -> usize {
+        self.inner.limit
+    }
+
+    /// Bytes charged now (each allocation rounded up to 256).
+    pub fn allocated_bytes(&self) -> usize {
+        self.inner.used.load(Ordering::Acquire)
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &R {
+        &self.inner.upstream
+    }
+
+    fn reserve(&self, requested: usize, stream: &Stream) -> Result<usize> {
+        let charged = charge(requested);
+        let limit = self.inner.limit;
+        self.inner
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(charged).filter(|&total| total <= limit)
+            })
+            .map(|_| charged)
+            .map_err(|used| Error::OutOfMemory {
+                requested,
+                available: Some(limit.saturating_sub(used)),
+                device: stream.device().id(),
+            })
+    }
+
+    /// Returns a charge. Only a real free notifies waiters: a charge returned because the
+    /// upstream failed frees nothing, and notifying then would wake the failing head waiter
+    /// itself, over and over.
+    fn release(&self, charged: usize, notify: bool) {
+        self.inner.used.fetch_sub(charged, Ordering::AcqRel);
+        if notify {
+            self.inner.availability.notify();
+        }
+    }
+}
+
+impl<R: MemoryResource> MemoryResource for LimitingAdaptor<R> {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        let charged = self.reserve(bytes, stream)?;
+        self.inner
+            .upstream
+            .try_allocate(bytes, stream)
+            .inspect_err(|_| self.release(charged, false))
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
+        self.release(charge(bytes), true);
+    }
+
+    fn availability(&self) -> Option<&Availability> {
+        Some(&self.inner.availability)
+    }
+
+    fn capacity_limit(&self) -> Option<usize> {
+        let limit = self.inner.limit;
+        Some(
+            self.inner
+                .upstream
+                .capacity_limit()
+                .map_or(limit, |up| up.min(limit)),
+        )
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.upstream.properties()
+    }
+}
+
+impl<R: MemoryResource> Clone for LimitingAdaptor<R> {
+    fn clone(&self) -> Self {
+        LimitingAdaptor {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: MemoryResource> fmt::Debug for LimitingAdaptor<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitingAdaptor")
+            .field("limit", &self.inner.limit)
+            .field("allocated", &self.allocated_bytes())
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}

@@ -1,0 +1,7 @@
+//! Adaptors: resources that wrap an upstream resource to add a behaviour (limits, statistics,
+//! logging, …). One file per adaptor; each is generic over its upstream, with the type-erased
+//! [`SharedResource`](crate::SharedResource) as the default.
+
+mod limiting;
+
+pub use limiting::LimitingAdaptor;

@@ -1,0 +1,189 @@
+//! The wait queue of a resource: how an awaited allocation that found no memory waits for some,
+//! first come, first served.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+use std::task::Waker;
+
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex};
+
+/// The signal a resource fires when memory may have become available (a free, growth, a
+/// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.
+///
+/// # Fairness
+/// Waiting allocations retry strictly in arrival order: only the oldest waiter retries when
+/// memory comes back; when it succeeds (or gives up) the next one retries at once. A new
+/// [`allocate`](crate::MemoryResource::allocate) that finds waiters queues behind them instead
+/// of taking the fast path, so a large request is never starved by a stream of small ones.
+/// ([`try_allocate`](crate::MemoryResource::try_allocate) never waits and does not queue.)
+///
+/// A resource that makes allocations wait implements
+/// [`MemoryResource::availability`](crate::MemoryResource::availability) and calls
+/// [`notify`](Availability::notify) whenever memory may have come back.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::Availability;
+///
+/// let a = Availability::new();
+/// assert!(!a.has_waiters());
+/// a.notify(); // nobody waits: a single atomic load
+/// ```
+#[derive(Default)]
+pub struct Availability {
+    queue: WaitQueue,
+    /// Availabilities of resources stacked on this one (adaptors with limits of their own):
+    /// memory coming back here may let their waiters proceed too.
+    followers: parking_lot::Mutex<Vec<Weak<Availability>>>,
+    has_followers: std::sync::atomic::AtomicBool,
+}
+
+impl Availability {
+    /// A signal with no waiters.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wakes the oldest waiting allocation (and those of resources following this one) so it
+    /// retries. Cheap when nobody waits.
+    pub fn notify(&self) {
+        self.queue.notify();
+        if self.has_followers.load(Ordering::Acquire) {
+            let mut followers = self.followers.lock();
+            followers.retain(|f| match f.upgrade() {
+                Some(f) => {
+                    f.notify();
+                    true
+                }
+                None => false,
+            });
+        }
+    }
+
+    /// Whether any allocation is waiting.
+    pub fn has_waiters(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Makes every [`notify`](Availability::notify) of `self` also notify `follower`, for as
+    /// long as `follower` lives. An adaptor with a limit of its own calls this on its upstream's
+    /// availability.
+    pub fn add_follower(&self, follower: &std::sync::Arc<Availability>) {
+        self.followers
+            .lock()
+            .push(std::sync::Arc::downgrade(follower));
+        self.has_followers.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn queue(&self) -> &WaitQueue {
+        &self.queue
+    }
+}
+
+impl fmt::Debug for Availability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Availability")
+            .field("waiters", &self.queue.len())
+            .finish()
+    }
+}
+
+/// One waiting allocation.
+#[derive(Debug, Default)]
+pub(crate) struct Waiter {
+    waker: Mutex<Option<Waker>>,
+    /// Set when the waiter was told to retry; cleared when it does.
+    notified: AtomicBool,
+}
+
+impl Waiter {
+    pub(crate) fn set_waker(&self, waker: &Waker) {
+        let mut slot = self.waker.lock();
+        match &*slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        }
+    }
+
+    fn wake(&self) {
+        self.notified.store(true, Ordering::Release);
+        let waker = self.waker.lock().clone();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn was_notified(&self) -> bool {
+        self.notified.load(Ordering::Acquire)
+    }
+}
+
+/// FIFO queue of waiters. Only the head retries; it is woken by `notify` and whenever the waiter
+/// before it leaves.
+///
+/// No lost wake-up: a waiter is pushed (with its waker) *before* its retry, so a free that lands
+/// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it.
+#[derive(Debug, Default)]
+pub(crate) struct WaitQueue {
+    /// Number of queued waiters; read without the lock on every fast path.
+    len: AtomicUsize,
+    waiters: Mutex<VecDeque<Arc<Waiter>>>,
+}
+
+impl WaitQueue {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Queues a new waiter at the back.
+    pub(crate) fn push(&self, waker: &Waker) -> Arc<Waiter> {
+        let waiter = Arc::new(Waiter::default());
+        waiter.set_waker(waker);
+        let mut waiters = self.waiters.lock();
+        waiters.push_back(waiter.clone());
+        self.len.store(waiters.len(), Ordering::Release);
+        waiter
+    }
+
+    /// Whether `waiter` is the oldest in the queue (the one allowed to retry).
+    pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
+        self.waiters
+            .lock()
+            .front()
+            .is_some_and(|h| Arc::ptr_eq(h, waiter))
+    }
+
+    /// Takes `waiter` out of the queue (served, timed out or cancelled). If it was the head,
+    /// the new head is woken to retry: memory it could use may be there already.
+    pub(crate) fn remove(&self, waiter: &Arc<Waiter>) {
+        let mut waiters = self.waiters.lock();
+        let Some(i) = waiters.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
+            return;
+        };
+        waiters.remove(i);
+        self.len.store(waiters.len(), Ordering::Release);
+        if i == 0 {
+            if let Some(head) = waiters.front() {
+                head.wake();
+            }
+        }
+    }
+
+    /// Wakes the head so it retries.
+    pub(crate) fn notify(&self) {
+        if self.is_empty() {
+            return;
+        }
+        if let Some(head) = self.waiters.lock().front() {
+            head.wake();
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Awaiting memory: the `Allocate` future's waiting path over a resource with a wait queue.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use std::future::Future;
+
+use crate::{CudaResource, Device, Error, HostConfig, LimitingAdaptor, MemoryResource, Stream};
+
+const KIB: usize = 1024;
+
+fn limited(limit: usize) -> (LimitingAdaptor<CudaResource>, Stream) {
+    let device = Device::host_with(HostConfig::default());
+    let stream = Stream::new(&device).unwrap();
+    (
+        LimitingAdaptor::new(CudaResource::new(&device), limit),
+        stream,
+    )
+}
+
+fn free(mr: &impl MemoryResource, p: crate::DevicePtr, bytes: usize, s: &Stream) {
+    // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
+    unsafe { mr.deallocate(p, bytes, s) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_allocation_resumes_when_memory_is_freed() {
+    let (mr, s) = limited(4 * KIB);
+    let held = mr.allocate(4 * KIB, &s).await.unwrap();
+    let task = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move { mr.allocate(2 * KIB, &s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!task.is_finished());
+    assert!(mr.availability().unwrap().has_waiters());
+    free(&mr, held, 4 * KIB, &s);
+    let p = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(mr.allocated_bytes(), 2 * KIB);
+    assert!(!mr.availability().unwrap().has_waiters());
+    free(&mr, p, 2 * KIB, &s);
+}
+
+#[test]
+fn waiting_works_without_a_runtime() {
+    let (mr, s) = limited(KIB);
+    let held = mr.allocate_blocking(KIB, &s).unwrap();
+    let freer = {
+        let (mr, s) = (mr.clone(), s.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            free(&mr, held, KIB, &s);
+        })
+    };
+    let start = Instant::now();
+    let p = futures::executor::block_on(mr.allocate(KIB, &s)).unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(20));
+    freer.join().unwrap();
+    free(&mr, p, KIB, &s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_request_is_not_starved_by_small_ones() {
+    let (mr, s) = limited(8 * KIB);
+    // Fill the budget with 1 KiB blocks.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(mr.allocate(KIB, &s).await.unwrap());
+    }
+    let order = Arc::new(AtomicUsize::new(0));
+    // A large request queues first...
+    let large = {
+        let (mr, s, order) = (mr.clone(), s.clone(), order.clone());
+        tokio::spawn(async move {
+            let p = mr.allocate(4 * KIB, &s).await.unwrap();
+            (order.fetch_add(1, Ordering::SeqCst), p)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // ...then small ones, each of which would fit in a single freed block.
+    let small: Vec<_> = (0..4)
+        .map(|_| {
+            let (mr, s, order) = (mr.clone(), s.clone(), order.clone());
+            tokio::spawn(async move {
+                let p = mr.allocate(KIB, &s).await.unwrap();
+                (order.fetch_add(1, Ordering::SeqCst), p)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Free one block at a time: under strict FIFO no small request may take one first.
+    for p in held.drain(..4) {
+        free(&mr, p, KIB, &s);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (rank, lp) = large.await.unwrap();
+    assert_eq!(rank, 0, "the large request was overtaken");
+    free(&mr, lp, 4 * KIB, &s);
+    for t in small {
+        let (rank, p) = t.await.unwrap();
+        assert!(rank >= 1);
+        free(&mr, p, KIB, &s);
+    }
+    for p in held {
+        free(&mr, p, KIB, &s);
+    }
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
+fn a_deadline_ends_the_wait_with_a_timeout_and_leaves_no_waiter() {
+    let (mr, s) = limited(KIB);
+    let held = mr.allocate_blocking(KIB, &s).unwrap();
+    let start = Instant::now();
+    let err = futures::executor::block_on(mr.allocate(512, &s).timeout(Duration::from_millis(30)))
+        .unwrap_err();
+    match err {
+        Error::Timeout {
+            requested, waited, ..
+        } => {
+            assert_eq!(requested, 512);
+            assert!(waited >= Duration::from_millis(25), "{waited:?}");
+        }
+        other => panic!("expected a timeout, got {other}"),
+    }
+    assert!(start.elapsed() >= Duration::from_millis(25));
+    assert!(!mr.availability().unwrap().has_waiters());
+    assert_eq!(mr.allocated_bytes(), KIB);
+    free(&mr, held, KIB, &s);
+}
+
+#[test]
+fn dropping_a_waiting_future_removes_it_and_wakes_the_next() {
+    let (mr, s) = limited(KIB);
+    let held = mr.allocate_blocking(KIB, &s).unwrap();
+    let mut first = Box::pin(mr.allocate(KIB, &s));
+    let mut second = Box::pin(mr.allocate(KIB, &s));
+    assert!(first.as_mut().now_or_never().is_none());
+    assert!(second.as_mut().now_or_never().is_none());
+    assert_eq!(
+        format!("{:?}", mr.availability().unwrap()),
+        "Availability { waiters: 2 }"
+    );
+    free(&mr, held, KIB, &s);
+    // The head was notified but is cancelled: the second must get the memory.
+    drop(first);
+    let p = second
+        .as_mut()
+        .now_or_never()
+        .expect("the next waiter is served")
+        .unwrap();
+    assert!(!mr.availability().unwrap().has_waiters());
+    drop(second);
+    assert_eq!(mr.allocated_bytes(), KIB);
+    free(&mr, p, KIB, &s);
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
+fn requests_that_can_never_fit_fail_at_once() {
+    let (mr, s) = limited(KIB);
+    let start = Instant::now();
+    let err = futures::executor::block_on(mr.allocate(2 * KIB, &s)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfMemory {
+                requested: 2048,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(!mr.availability().unwrap().has_waiters());
+}
+
+#[test]
+fn resources_without_a_wait_queue_fail_at_once() {
+    let device = Device::host_with(HostConfig::default().capacity(KIB));
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let err = futures::executor::block_on(mr.allocate(2 * KIB, &s)).unwrap_err();
+    assert!(err.is_out_of_memory());
+}
+
+#[test]
+fn the_budget_is_charged_in_256_byte_units_and_errors_carry_it() {
+    let (mr, s) = limited(KIB);
+    let p = mr.try_allocate(1, &s).unwrap();
+    assert_eq!(mr.allocated_bytes(), 256);
+    match mr.try_allocate(800, &s) {
+        Err(Error::OutOfMemory {
+            requested,
+            available,
+            ..
+        }) => {
+            assert_eq!((requested, available), (800, Some(768)))
+        }
+        other => panic!("{other:?}"),
+    }
+    free(&mr, p, 1, &s);
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
+fn an_upstream_failure_returns_the_charge() {
+    let device = Device::host_with(HostConfig::default());
+    let s = Stream::new(&device).unwrap();
+    let mr = LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB);
+    device.host_controls().unwrap().fail_next_allocations(1);
+    assert!(mr.try_allocate(KIB, &s).unwrap_err().is_out_of_memory());
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
+fn a_limit_over_a_limit_wakes_on_upstream_frees() {
+    // Inner budget 1 KiB, outer 4 KiB: the outer adaptor's waiter is blocked by the inner one
+    // and must be woken when memory returns to the inner one.
+    let device = Device::host_with(HostConfig::default());
+    let s = Stream::new(&device).unwrap();
+    let inner = LimitingAdaptor::new(CudaResource::new(&device), KIB);
+    let outer = LimitingAdaptor::new(inner.clone(), 4 * KIB);
+    let held = inner.allocate_blocking(KIB, &s).unwrap();
+    let mut waiting = Box::pin(outer.allocate(KIB, &s));
+    assert!(waiting.as_mut().now_or_never().is_none());
+    free(&inner, held, KIB, &s);
+    let p = waiting
+        .as_mut()
+        .now_or_never()
+        .expect("woken through the follower link")
+        .unwrap();
+    drop(waiting);
+    free(&outer, p, KIB, &s);
+    assert_eq!((inner.allocated_bytes(), outer.allocated_bytes()), (0, 0));
+}
+
+#[test]
+fn a_head_waiter_that_fails_upstream_is_not_woken_by_its_own_failure() {
+    // Outer budget has room, inner is full: the outer head's retry fails upstream. That failure
+    // must not count as memory coming back, or the head would spin.
+    let device = Device::host_with(HostConfig::default());
+    let s = Stream::new(&device).unwrap();
+    let inner = LimitingAdaptor::new(CudaResource::new(&device), KIB);
+    let outer = LimitingAdaptor::new(inner.clone(), 4 * KIB);
+    let held = inner.allocate_blocking(KIB, &s).unwrap();
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let waker = futures::task::waker(Arc::new(CountingWaker(wakes.clone())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut waiting = Box::pin(outer.allocate(KIB, &s));
+    for _ in 0..3 {
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    }
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        0,
+        "woken without any memory coming back"
+    );
+    free(&inner, held, KIB, &s);
+    assert!(wakes.load(Ordering::SeqCst) >= 1);
+    let p = match waiting.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(r) => r.unwrap(),
+        std::task::Poll::Pending => panic!("not served after the free"),
+    };
+    drop(waiting);
+    free(&outer, p, KIB, &s);
+}
+
+struct CountingWaker(Arc<AtomicUsize>);
+
+impl futures::task::ArcWake for CountingWaker {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
