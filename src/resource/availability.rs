@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::task::Waker;
 
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex};
+use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Mutex};
 
 /// The signal a resource fires when memory may have become available (a free, growth, a
 /// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.
@@ -126,7 +126,11 @@ impl Waiter {
 /// before it leaves.
 ///
 /// No lost wake-up: a waiter is pushed (with its waker) *before* its retry, so a free that lands
-/// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it.
+/// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it. The
+/// free side (resource state written, then `len` read) and the waiter side (`len` written, then
+/// resource state read) form a store-load pattern, so each side puts a `SeqCst` fence between
+/// its store and its load: at least one of them sees the other's store. (The loom model below
+/// found the lost wake-up that acquire/release alone allows.)
 #[derive(Debug, Default)]
 pub(crate) struct WaitQueue {
     /// Number of queued waiters; read without the lock on every fast path.
@@ -150,6 +154,9 @@ impl WaitQueue {
         let mut waiters = self.waiters.lock();
         waiters.push_back(waiter.clone());
         self.len.store(waiters.len(), Ordering::Release);
+        drop(waiters);
+        // Pairs with the fence in `notify`: the caller's retry after this reads resource state.
+        fence(Ordering::SeqCst);
         waiter
     }
 
@@ -179,11 +186,80 @@ impl WaitQueue {
 
     /// Wakes the head so it retries.
     pub(crate) fn notify(&self) {
+        // Pairs with the fence in `push`: the caller changed resource state before this.
+        fence(Ordering::SeqCst);
         if self.is_empty() {
             return;
         }
         if let Some(head) = self.waiters.lock().front() {
             head.wake();
         }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! `RUSTFLAGS="--cfg loom" cargo test --lib --release loom_tests`
+
+    use std::sync::atomic::Ordering::SeqCst;
+
+    use loom::sync::atomic::AtomicBool;
+
+    use super::WaitQueue;
+    use crate::sync::Arc;
+
+    struct WakeFlag(AtomicBool);
+
+    impl futures::task::ArcWake for WakeFlag {
+        fn wake_by_ref(arc_self: &std::sync::Arc<Self>) {
+            arc_self.0.store(true, SeqCst);
+        }
+    }
+
+    fn flag() -> (std::sync::Arc<WakeFlag>, std::task::Waker) {
+        let flag = std::sync::Arc::new(WakeFlag(AtomicBool::new(false)));
+        let waker = futures::task::waker(flag.clone());
+        (flag, waker)
+    }
+
+    /// A free racing with a waiter that has just failed its fast path: either the waiter's
+    /// retry after queueing sees the memory, or the free wakes it. Never neither.
+    #[test]
+    fn no_lost_wake_up_between_a_failed_try_and_queueing() {
+        loom::model(|| {
+            let queue = Arc::new(WaitQueue::default());
+            let memory = Arc::new(AtomicBool::new(false));
+            let (q, m) = (queue.clone(), memory.clone());
+            let freer = loom::thread::spawn(move || {
+                m.store(true, SeqCst);
+                q.notify();
+            });
+            let (woken, waker) = flag();
+            let waiter = queue.push(&waker);
+            let served = queue.is_head(&waiter) && memory.load(SeqCst);
+            freer.join().unwrap();
+            assert!(served || woken.0.load(SeqCst), "lost wake-up");
+        });
+    }
+
+    /// The head is cancelled while memory comes back: the next waiter is woken either way.
+    #[test]
+    fn a_cancelled_head_hands_its_wake_up_on() {
+        loom::model(|| {
+            let queue = Arc::new(WaitQueue::default());
+            let (_, waker1) = flag();
+            let (woken2, waker2) = flag();
+            let first = queue.push(&waker1);
+            let _second = queue.push(&waker2);
+            let q = queue.clone();
+            let freer = loom::thread::spawn(move || q.notify());
+            queue.remove(&first);
+            freer.join().unwrap();
+            assert!(
+                woken2.0.load(SeqCst),
+                "the next waiter was never told to retry"
+            );
+            assert_eq!(queue.len(), 1);
+        });
     }
 }
