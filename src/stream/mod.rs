@@ -195,6 +195,7 @@ impl Stream {
 }
 
 impl StreamInner {
+    #[allow(dead_code)] // not called yet
     pub(crate) fn id(&self) -> StreamId {
         self.id
     }
