@@ -3,8 +3,6 @@
 //!
 //! The kernel is hand-written PTX, JIT-compiled by the driver on first use, for device 0 only.
 #![cfg(feature = "cuda-driver")]
-// The suites in `main.rs` use these as they are written.
-#![allow(dead_code)]
 
 use std::ffi::{c_uint, c_void};
 use std::sync::OnceLock;
@@ -186,5 +184,44 @@ pub fn launch_spin_then_fill(
             stream.raw_handle() as sys::CUstream,
             &mut params,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use streamalloc::{Device, MemoryResource, PinnedHostResource, Stream};
+
+    use super::launch_spin_then_fill;
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn spin_then_fill_writes_after_spinning() {
+        let device = Device::cuda(0).expect("CUDA device 0");
+        let stream = Stream::new(&device).unwrap();
+        // Pinned host memory: the device writes it, the host reads it back directly.
+        let mr = PinnedHostResource::new(&device);
+        let n = 3 << 20;
+        let p = mr.try_allocate(n, &stream).unwrap();
+        // SAFETY: `p` is `n` bytes of host-accessible memory that nothing uses yet.
+        unsafe { std::ptr::write_bytes(p.addr() as *mut u8, 0, n) };
+
+        let start = Instant::now();
+        launch_spin_then_fill(&stream, p.addr(), n, 0x7e, 20_000_000).unwrap();
+        let filled = stream.record().unwrap();
+        assert!(!filled.is_complete().unwrap(), "the kernel did not spin");
+        // Await through the completion driver (host function on a shadow stream).
+        futures::executor::block_on(filled).unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        // SAFETY: the kernel has completed; nothing else writes the block.
+        let bytes = unsafe { std::slice::from_raw_parts(p.addr() as *const u8, n) };
+        assert!(bytes.iter().all(|&b| b == 0x7e));
+
+        // A launch on a stream of another backend is refused, not sent to the driver.
+        let host_stream = Stream::new(&Device::host()).unwrap();
+        assert!(launch_spin_then_fill(&host_stream, p.addr(), n, 1, 0).is_err());
+        // SAFETY: from this resource on `stream`; the kernel that used it has completed.
+        unsafe { mr.deallocate(p, n, &stream) };
     }
 }

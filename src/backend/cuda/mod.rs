@@ -17,6 +17,8 @@
 mod pool;
 mod spin;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
