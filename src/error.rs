@@ -112,6 +112,7 @@ impl Error {
         Error::InvalidArgument(msg.into())
     }
 
+    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))] // only the CUDA backend refuses
     pub(crate) fn unsupported(what: impl Into<String>, device: DeviceId) -> Self {
         Error::Unsupported {
             what: what.into(),

@@ -80,3 +80,9 @@ pub use resource::{
     PinnedHostResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
+
+/// The cudarc version this crate is built against, for test support and interop (raw kernel
+/// launches on a [`Stream::raw_handle`]). Not part of the stable API.
+#[cfg(feature = "cuda-driver")]
+#[doc(hidden)]
+pub use cudarc;

@@ -21,15 +21,6 @@ pub(crate) struct Mutex<T> {
 }
 
 impl<T> Mutex<T> {
-    pub(crate) fn new(value: T) -> Self {
-        Mutex {
-            #[cfg(loom)]
-            inner: loom::sync::Mutex::new(value),
-            #[cfg(not(loom))]
-            inner: parking_lot::Mutex::new(value),
-        }
-    }
-
     #[cfg(loom)]
     pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
         self.inner

@@ -61,10 +61,12 @@ impl MemoryResource for HostResource {
             return;
         }
         let addr = ptr.addr();
-        // SAFETY (inside): the caller guarantees `ptr` came from `try_allocate(bytes)` and that
-        // all its users are ordered before this point of `stream`, which the host function waits
-        // for.
-        let free = move || unsafe { system_free(addr, bytes) };
+        let free = move || {
+            // SAFETY: the caller guarantees `ptr` came from `try_allocate(bytes)` and that all
+            // its users are ordered before this point of `stream`, which the host function
+            // waits for.
+            unsafe { system_free(addr, bytes) }
+        };
         if let Err(e) = stream.launch_host_fn(free) {
             // The memory is leaked rather than freed under a possible reader.
             self.device.defer_error(e);

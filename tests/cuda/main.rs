@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod kernels;
 
 use std::sync::Arc;
 

@@ -145,6 +145,7 @@ impl Drop for HostMemory {
 /// let p = mr.try_allocate(1024, &stream)?;
 /// assert_eq!(controls.allocated_bytes(), 1024);
 /// unsafe { mr.deallocate(p, 1024, &stream) };
+/// stream.synchronize_blocking()?; // the free is stream-ordered
 /// assert_eq!(controls.live_allocations(), 0);
 /// # Ok::<(), streamalloc::Error>(())
 /// ```

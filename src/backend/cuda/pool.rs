@@ -1,0 +1,202 @@
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::ptr;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use crate::backend::{BackendPool, BackendStream, PoolConfig};
+use crate::error::{Error, Result};
+
+use super::stream::{as_cuda, CudaStream};
+use super::{DeviceContext, RawPool};
+
+/// A driver memory pool (`CUmemoryPool`): one this crate created (destroyed on drop) or the
+/// device's default pool (never destroyed).
+pub(crate) struct CudaPool {
+    ctx: Arc<DeviceContext>,
+    raw: RawPool,
+    /// Created by `cuMemPoolCreate`, so destroyed on drop.
+    owned: bool,
+}
+
+impl CudaPool {
+    /// A new pool of pinned device memory on `ctx`'s device (`cuMemPoolCreate`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the device has no memory pools or cannot export the
+    /// requested handle types; driver errors.
+    pub(crate) fn create(ctx: Arc<DeviceContext>, config: &PoolConfig) -> Result<CudaPool> {
+        ctx.bind()?;
+        let id = ctx.id();
+        let pools =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        if pools == 0 {
+            return Err(Error::unsupported("memory pools (cuMemPoolCreate)", id));
+        }
+        let export = config.export_handle_types;
+        if export != 0 {
+            let supported = ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+            )? as u32;
+            if supported & export != export {
+                return Err(Error::unsupported(
+                    format!(
+                        "exporting pool memory as handle types {export:#x} (the device \
+                         supports {supported:#x})"
+                    ),
+                    id,
+                ));
+            }
+        }
+        let location_id = c_int::try_from(id.ordinal)
+            .map_err(|_| Error::invalid("device ordinal out of range"))?;
+
+        // SAFETY: `CUmemPoolProps` is a plain C struct for which all-zero bytes are valid: its
+        // enums have a 0 variant (`..._INVALID`), the handle-type field is an integer newtype,
+        // the pointer may be null, and zero in `maxSize`/`usage`/`reserved` means "default".
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType(export);
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = location_id;
+
+        let mut raw: sys::CUmemoryPool = ptr::null_mut();
+        // SAFETY: the context is current; `props` is a valid, initialised `CUmemPoolProps` and
+        // `raw` a valid out-pointer.
+        let r = unsafe { sys::cuMemPoolCreate(&mut raw, &props) };
+        ctx.check("cuMemPoolCreate", r)?;
+        // From here on `pool` owns the driver pool and destroys it if setup fails.
+        let pool = CudaPool {
+            ctx,
+            raw: RawPool(raw),
+            owned: true,
+        };
+        let mut threshold: u64 = config.release_threshold;
+        // SAFETY: the pool is live; `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` takes a pointer to a
+        // `cuuint64_t`, which `threshold` is, and the driver only reads it during the call.
+        let r = unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool.raw.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                ptr::addr_of_mut!(threshold).cast::<c_void>(),
+            )
+        };
+        pool.ctx.check("cuMemPoolSetAttribute", r)?;
+        Ok(pool)
+    }
+
+    /// The device's default pool (`cuDeviceGetDefaultMemPool`); never destroyed.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the device has no memory pools; driver errors.
+    pub(crate) fn device_default(ctx: Arc<DeviceContext>) -> Result<CudaPool> {
+        ctx.bind()?;
+        let pools =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        if pools == 0 {
+            return Err(Error::unsupported(
+                "memory pools (cuDeviceGetDefaultMemPool)",
+                ctx.id(),
+            ));
+        }
+        let mut raw: sys::CUmemoryPool = ptr::null_mut();
+        // SAFETY: the context is current; `ctx.device` came from `cuDeviceGet`; `raw` is a
+        // valid out-pointer.
+        let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut raw, ctx.device) };
+        ctx.check("cuDeviceGetDefaultMemPool", r)?;
+        Ok(CudaPool {
+            ctx,
+            raw: RawPool(raw),
+            owned: false,
+        })
+    }
+
+    /// The CUDA stream behind `stream`, checked to belong to this pool's device.
+    fn stream<'s>(&self, stream: &'s dyn BackendStream) -> Result<&'s CudaStream> {
+        let stream = as_cuda(stream)?;
+        let (expected, actual) = (self.ctx.id(), stream.context().id());
+        if expected != actual {
+            return Err(Error::DeviceMismatch { expected, actual });
+        }
+        Ok(stream)
+    }
+}
+
+impl Drop for CudaPool {
+    fn drop(&mut self) {
+        if !self.owned {
+            return; // the device's default pool belongs to the driver
+        }
+        self.ctx.bind_in_drop("a memory pool");
+        // SAFETY: the pool was created by `cuMemPoolCreate` and is destroyed only here. Blocks
+        // still allocated or frees still pending keep its memory alive: the driver then
+        // releases it once they are done, without blocking.
+        let r = unsafe { sys::cuMemPoolDestroy(self.raw.0) };
+        if let Err(error) = self.ctx.check("cuMemPoolDestroy", r) {
+            tracing::error!(%error, "destroying a memory pool");
+        }
+    }
+}
+
+impl fmt::Debug for CudaPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaPool")
+            .field("device", &self.ctx.id())
+            .field("raw", &self.raw)
+            .field("owned", &self.owned)
+            .finish()
+    }
+}
+
+impl BackendPool for CudaPool {
+    fn handle(&self) -> u64 {
+        self.raw.0 as u64
+    }
+
+    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64> {
+        let stream = self.stream(stream)?;
+        self.ctx.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current; pool and stream are live handles of this device;
+        // `ptr` is a valid out-pointer. The driver rejects 0 bytes; callers ask for more.
+        let r = unsafe {
+            sys::cuMemAllocFromPoolAsync(&mut ptr, bytes.max(1), self.raw.0, stream.raw())
+        };
+        self.ctx.check_alloc("cuMemAllocFromPoolAsync", r, bytes)?;
+        Ok(ptr)
+    }
+
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
+        let _ = bytes;
+        let stream = self.stream(stream)?;
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the stream live; `ptr` came from this pool and is
+        // not freed yet, and work using it is ordered before this point of `stream` (caller).
+        let r = unsafe { sys::cuMemFreeAsync(ptr, stream.raw()) };
+        self.ctx.check("cuMemFreeAsync", r)
+    }
+
+    fn trim_to(&self, keep: usize) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the pool live.
+        let r = unsafe { sys::cuMemPoolTrimTo(self.raw.0, keep) };
+        self.ctx.check("cuMemPoolTrimTo", r)
+    }
+
+    fn reserved(&self) -> Result<usize> {
+        self.ctx.bind()?;
+        let mut value: u64 = 0;
+        // SAFETY: the context is current and the pool live;
+        // `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` writes a `cuuint64_t`, which `value` is.
+        let r = unsafe {
+            sys::cuMemPoolGetAttribute(
+                self.raw.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                ptr::addr_of_mut!(value).cast::<c_void>(),
+            )
+        };
+        self.ctx.check("cuMemPoolGetAttribute", r)?;
+        Ok(usize::try_from(value).unwrap_or(usize::MAX))
+    }
+}

@@ -1,0 +1,274 @@
+use std::any::Any;
+use std::ffi::{c_uint, c_void};
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::sys;
+
+use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::error::{Error, Result};
+
+use super::{DeviceContext, RawEvent, RawStream};
+
+/// The CUDA stream behind `stream`, or an error for a stream of another backend.
+pub(crate) fn as_cuda(stream: &dyn BackendStream) -> Result<&CudaStream> {
+    stream.as_any().downcast_ref::<CudaStream>().ok_or_else(|| {
+        Error::invalid("a CUDA-backend operation was given a stream of another backend")
+    })
+}
+
+/// A `CUstream` created with `CU_STREAM_NON_BLOCKING`, destroyed on drop.
+pub(crate) struct CudaStream {
+    ctx: Arc<DeviceContext>,
+    raw: RawStream,
+}
+
+impl CudaStream {
+    pub(crate) fn new(ctx: Arc<DeviceContext>) -> Result<Self> {
+        ctx.bind()?;
+        let mut raw: sys::CUstream = ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+        // SAFETY: the context is current; `raw` is a valid out-pointer.
+        let r = unsafe { sys::cuStreamCreate(&mut raw, flags) };
+        ctx.check("cuStreamCreate", r)?;
+        Ok(CudaStream {
+            ctx,
+            raw: RawStream(raw),
+        })
+    }
+
+    /// The driver's handle, valid while `self` lives.
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.raw.0
+    }
+
+    pub(crate) fn context(&self) -> &DeviceContext {
+        &self.ctx
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        self.ctx.bind_in_drop("a stream");
+        // SAFETY: the stream was created by `cuStreamCreate` and is destroyed only here. Work
+        // still queued on it (frees, host functions) runs to completion: the driver releases
+        // the stream's resources once it is idle, without blocking this thread.
+        let r = unsafe { sys::cuStreamDestroy_v2(self.raw.0) };
+        if let Err(error) = self.ctx.check("cuStreamDestroy", r) {
+            tracing::error!(%error, "destroying a stream");
+        }
+    }
+}
+
+impl fmt::Debug for CudaStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaStream")
+            .field("device", &self.ctx.id())
+            .field("raw", &self.raw)
+            .finish()
+    }
+}
+
+/// Drops a panic payload caught on a driver thread without letting anything unwind further.
+fn report_panic(payload: Box<dyn Any + Send>, what: &'static str) {
+    // Logging and dropping the payload run arbitrary code; a second panic is caught and its
+    // payload forgotten, so nothing ever unwinds into the driver.
+    let outcome = panic::catch_unwind(AssertUnwindSafe(move || {
+        tracing::error!("{what} panicked on a CUDA driver thread; the stream goes on");
+        drop(payload);
+    }));
+    if let Err(payload) = outcome {
+        std::mem::forget(payload);
+    }
+}
+
+/// The host function of [`CudaStream::notify`].
+///
+/// # Safety
+/// 1. `user_data` came from `Arc::<Completion>::into_raw` and this call owns that reference
+///    (the driver calls each host function exactly once).
+unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: by this function's contract, `user_data` is an owned `Arc<Completion>`
+        // reference leaked by `notify`; it is reclaimed exactly once, here.
+        let completion = unsafe { Arc::from_raw(user_data.cast_const().cast::<Completion>()) };
+        completion.complete();
+    }));
+    if let Err(payload) = outcome {
+        report_panic(payload, "a completion");
+    }
+}
+
+/// The boxed closure of [`CudaStream::host_fn`], behind a thin pointer.
+type HostFn = Box<dyn FnOnce() + Send>;
+
+/// The host function of [`CudaStream::host_fn`].
+///
+/// # Safety
+/// 1. `user_data` came from `Box::<HostFn>::into_raw` and this call owns it (the driver calls
+///    each host function exactly once).
+unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: by this function's contract, `user_data` is an owned `Box<HostFn>` leaked by
+        // `host_fn`; it is reclaimed exactly once, here.
+        let f = unsafe { Box::from_raw(user_data.cast::<HostFn>()) };
+        f();
+    }));
+    if let Err(payload) = outcome {
+        report_panic(payload, "a host function");
+    }
+}
+
+impl BackendStream for CudaStream {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn raw_handle(&self) -> u64 {
+        self.raw.0 as u64
+    }
+
+    fn record(&self) -> Result<Arc<dyn BackendEvent>> {
+        self.ctx.bind()?;
+        let event = CudaEvent {
+            raw: self.ctx.take_event()?,
+            ctx: self.ctx.clone(),
+        };
+        // SAFETY: the context is current; the event and the stream are live handles of it. On
+        // failure `event` drops and goes back to the idle list.
+        let r = unsafe { sys::cuEventRecord(event.raw.0, self.raw.0) };
+        self.ctx.check("cuEventRecord", r)?;
+        Ok(Arc::new(event))
+    }
+
+    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()> {
+        let event = event.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
+            Error::invalid("a CUDA stream was asked to wait on an event of another backend")
+        })?;
+        self.ctx.bind()?;
+        // SAFETY: the context is current; both handles are live (the event is borrowed). The
+        // driver may wait on an event of another device's context.
+        let r = unsafe { sys::cuStreamWaitEvent(self.raw.0, event.raw.0, 0) };
+        self.ctx.check("cuStreamWaitEvent", r)
+    }
+
+    fn notify(&self, completion: Arc<Completion>) -> Result<()> {
+        self.ctx.bind()?;
+        let user_data = Arc::into_raw(completion).cast_mut().cast::<c_void>();
+        // SAFETY: the context is current and the stream live. `complete_trampoline` matches
+        // `CUhostFn`, makes no driver call, cannot unwind, and takes ownership of `user_data`
+        // (an `Arc<Completion>` reference) when the driver runs it, exactly once.
+        let r = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(complete_trampoline), user_data) };
+        if let Err(e) = r.result() {
+            // SAFETY: the launch failed, so the driver will never run the trampoline: the
+            // reference leaked above is still ours, and is reclaimed once, here.
+            drop(unsafe { Arc::from_raw(user_data.cast_const().cast::<Completion>()) });
+            return Err(self.ctx.error("cuLaunchHostFunc", e));
+        }
+        Ok(())
+    }
+
+    fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.ctx.bind()?;
+        let user_data = Box::into_raw(Box::new(f)).cast::<c_void>();
+        // SAFETY: the context is current and the stream live. `host_fn_trampoline` matches
+        // `CUhostFn`, cannot unwind, and takes ownership of `user_data` (a `Box<HostFn>`) when
+        // the driver runs it, exactly once. That `f` calls no driver function is the caller's
+        // contract (`BackendStream::host_fn`).
+        let r = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(host_fn_trampoline), user_data) };
+        if let Err(e) = r.result() {
+            // SAFETY: the launch failed, so the driver will never run the trampoline: the box
+            // leaked above is still ours, and is reclaimed once, here.
+            drop(unsafe { Box::from_raw(user_data.cast::<HostFn>()) });
+            return Err(self.ctx.error("cuLaunchHostFunc", e));
+        }
+        Ok(())
+    }
+
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the stream live; both ranges are valid until the
+        // copy completes and nothing else writes them (caller, 1 and 2). With unified
+        // addressing the driver infers the direction, pageable host memory included.
+        let r = unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.raw.0) };
+        self.ctx.check("cuMemcpyAsync", r)
+    }
+
+    unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the stream live; the range is valid device memory
+        // until the operation completes (caller).
+        let r = unsafe { sys::cuMemsetD8Async(dst, value, bytes, self.raw.0) };
+        self.ctx.check("cuMemsetD8Async", r)
+    }
+
+    fn delay(&self, duration: Duration) -> Result<()> {
+        self.ctx.bind()?;
+        let kernel = self.ctx.spin_kernel()?;
+        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: the context is current; the kernel belongs to it (its module stays loaded
+        // while `self.ctx` lives) and the stream is live.
+        unsafe { kernel.launch(self.raw.0, ns) }.map_err(|e| self.ctx.error("cuLaunchKernel", e))
+    }
+
+    fn synchronize_blocking(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the stream live.
+        let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
+        self.ctx.check("cuStreamSynchronize", r)
+    }
+}
+
+/// A recorded `CUevent` (`CU_EVENT_DISABLE_TIMING`); goes back to its device's idle list on drop.
+pub(crate) struct CudaEvent {
+    ctx: Arc<DeviceContext>,
+    raw: RawEvent,
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        // Binds (and destroys) only when the idle list is full.
+        self.ctx.recycle_event(self.raw);
+    }
+}
+
+impl fmt::Debug for CudaEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaEvent")
+            .field("device", &self.ctx.id())
+            .field("raw", &self.raw)
+            .finish()
+    }
+}
+
+impl BackendEvent for CudaEvent {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn query(&self) -> Result<bool> {
+        self.ctx.bind()?;
+        // SAFETY: the context is current; the event is live while `self` is.
+        match unsafe { sys::cuEventQuery(self.raw.0) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => self.ctx.check("cuEventQuery", r).map(|()| false),
+        }
+    }
+
+    fn synchronize_blocking(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the context is current; the event is live while `self` is.
+        let r = unsafe { sys::cuEventSynchronize(self.raw.0) };
+        self.ctx.check("cuEventSynchronize", r)
+    }
+}

@@ -1,0 +1,351 @@
+//! Tests of the CUDA backend at the trait level. All but the first need a GPU and are ignored
+//! elsewhere; `.gpu/run.sh` runs them with `--include-ignored`.
+//!
+//! No test asks for more managed or pinned host memory than a machine has: oversubscribing
+//! managed memory can hang a GPU, and pinning can wake the OOM killer where the kernel
+//! overcommits. Out-of-memory is checked on device memory and pools only.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::backend::{BackendEvent, Completion};
+
+/// One backend for the whole test process, so tests never release the primary context under
+/// each other.
+fn backend() -> &'static CudaBackend {
+    static BACKEND: OnceLock<CudaBackend> = OnceLock::new();
+    BACKEND.get_or_init(|| CudaBackend::new(0).expect("CUDA device 0"))
+}
+
+fn stream() -> Arc<dyn BackendStream> {
+    backend().create_stream().expect("cuStreamCreate")
+}
+
+/// Copies `bytes` at `src` (any memory kind) into a new host vector, through `stream`.
+fn read_back(stream: &dyn BackendStream, src: u64, bytes: usize) -> Vec<u8> {
+    let mut host = vec![0u8; bytes];
+    // SAFETY: `host` is valid for `bytes` and outlives the copy (synchronized below); `src` is
+    // a live allocation of at least `bytes` (caller).
+    unsafe { stream.copy(host.as_mut_ptr() as u64, src, bytes) }.expect("cuMemcpyAsync");
+    stream.synchronize_blocking().expect("cuStreamSynchronize");
+    host
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[test]
+fn device_count_never_panics() {
+    // SAFETY: only opens and closes the library.
+    let present = unsafe { sys::is_culib_present() };
+    match device_count() {
+        Ok(_) => assert!(present),
+        Err(Error::DriverUnavailable(_)) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+    if !present {
+        assert!(matches!(
+            CudaBackend::new(0),
+            Err(Error::DriverUnavailable(_))
+        ));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn driver_loads_and_describes_the_device() {
+    assert!(device_count().expect("driver") >= 1);
+    let b = backend();
+    assert_eq!(b.id().backend, BackendKind::Cuda);
+    assert_eq!(b.id().ordinal, 0);
+    assert!(!b.name().is_empty());
+    let info = b.memory_info().expect("cuMemGetInfo");
+    assert!(info.total > 0 && info.free <= info.total, "{info:?}");
+    let past = device_count().unwrap();
+    assert!(matches!(
+        CudaBackend::new(past),
+        Err(Error::NoSuchDevice { .. })
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_memory_kind_holds_data() {
+    let s = stream();
+    let n = 1 << 20;
+    for kind in [
+        MemoryKind::Device,
+        MemoryKind::Managed,
+        MemoryKind::PinnedHost,
+    ] {
+        let p = backend().allocate(kind, n).expect("allocate");
+        assert_eq!(p % 256, 0, "{kind:?} is not 256-byte aligned");
+        // SAFETY: `p` is a live allocation of `n` bytes until freed below, after a sync.
+        unsafe { s.memset(p, 0x5a, n) }.expect("cuMemsetD8Async");
+        assert!(read_back(&*s, p, n).iter().all(|&b| b == 0x5a), "{kind:?}");
+
+        let pattern: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        // SAFETY: `pattern` outlives the copy (synchronized in `read_back`); `p` is live.
+        unsafe { s.copy(p, pattern.as_ptr() as u64, n) }.expect("cuMemcpyAsync");
+        assert_eq!(read_back(&*s, p, n), pattern, "{kind:?}");
+
+        // SAFETY: allocated above with the same kind and size; all work on it is synchronized.
+        unsafe { backend().free(kind, p, n, &*s) }.expect("free");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn too_large_device_requests_are_out_of_memory() {
+    let s = stream();
+    let huge = 1usize << 50; // 1 PiB
+    let e = backend().allocate(MemoryKind::Device, huge).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfMemory { requested, .. } if requested == huge),
+        "{e}"
+    );
+    let pool = backend().create_pool(&PoolConfig::default()).unwrap();
+    let e = pool.allocate_async(huge, &*s).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let e = backend()
+        .default_pool()
+        .unwrap()
+        .allocate_async(huge, &*s)
+        .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    // The device is still usable after the failures.
+    let p = backend().allocate(MemoryKind::Device, 4096).unwrap();
+    // SAFETY: just allocated, unused.
+    unsafe { backend().free(MemoryKind::Device, p, 4096, &*s) }.unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn delay_occupies_the_stream() {
+    let s = stream();
+    let start = Instant::now();
+    s.delay(Duration::from_millis(50)).expect("delay kernel");
+    let e = s.record().unwrap();
+    assert!(!e.query().unwrap(), "the event completed before the delay");
+    e.synchronize_blocking().unwrap();
+    assert!(e.query().unwrap());
+    assert!(start.elapsed() >= Duration::from_millis(50));
+    // A zero delay is a no-op kernel.
+    s.delay(Duration::ZERO).unwrap();
+    s.synchronize_blocking().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn wait_event_orders_work_across_streams() {
+    let (a, b) = (stream(), stream());
+    let n = 4096;
+    let p = backend().allocate(MemoryKind::Device, n).unwrap();
+    // SAFETY: `p` is live until the free below.
+    unsafe { a.memset(p, 0, n) }.unwrap();
+    a.synchronize_blocking().unwrap();
+
+    let start = Instant::now();
+    a.delay(Duration::from_millis(100)).unwrap();
+    // SAFETY: as above.
+    unsafe { a.memset(p, 7, n) }.unwrap();
+    let written = a.record().unwrap();
+    b.wait_event(&*written).unwrap();
+    let after = b.record().unwrap();
+    assert!(!after.query().unwrap(), "b did not wait for a");
+    // Read on `b`: must see `a`'s memset, ordered by the wait alone.
+    assert!(read_back(&*b, p, n).iter().all(|&x| x == 7));
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    assert!(after.query().unwrap());
+    // SAFETY: all work on `p` is done (synchronized through `b`, which waited for `a`).
+    unsafe { backend().free(MemoryKind::Device, p, n, &*a) }.unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn foreign_streams_and_events_are_rejected() {
+    let s = stream();
+    let host = crate::Device::host_with(crate::HostConfig::default());
+    let host_stream = host.raw().create_stream().unwrap();
+    let host_event = host_stream.record().unwrap();
+    assert!(matches!(
+        s.wait_event(&*host_event),
+        Err(Error::InvalidArgument(_))
+    ));
+    let pool = backend().default_pool().unwrap();
+    assert!(matches!(
+        pool.allocate_async(256, &*host_stream),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn notify_completes_after_preceding_work_and_leaks_nothing() {
+    let s = stream();
+    let start = Instant::now();
+    s.delay(Duration::from_millis(30)).unwrap();
+    let completion = Arc::new(Completion::default());
+    s.notify(completion.clone()).unwrap();
+    assert!(!completion.is_done());
+    wait_until("the completion", Duration::from_secs(5), || {
+        completion.is_done()
+    });
+    assert!(start.elapsed() >= Duration::from_millis(30));
+    // The trampoline drops its reference right after completing.
+    wait_until(
+        "the host function's reference",
+        Duration::from_secs(5),
+        || Arc::strong_count(&completion) == 1,
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn host_functions_run_in_order_and_survive_a_panic() {
+    let s = stream();
+    let order = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicBool::new(false));
+    s.delay(Duration::from_millis(10)).unwrap();
+    let first = order.clone();
+    s.host_fn(Box::new(move || {
+        first.store(1, Ordering::SeqCst);
+        panic!("deliberate panic in a host function");
+    }))
+    .unwrap();
+    let (second, flag) = (order.clone(), seen.clone());
+    s.host_fn(Box::new(move || {
+        flag.store(second.load(Ordering::SeqCst) == 1, Ordering::SeqCst);
+    }))
+    .unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(seen.load(Ordering::SeqCst));
+    // The stream still works.
+    s.delay(Duration::from_millis(1)).unwrap();
+    s.synchronize_blocking().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn pools_allocate_free_and_trim() {
+    let s = stream();
+    let pool = backend()
+        .create_pool(&PoolConfig {
+            release_threshold: u64::MAX,
+            export_handle_types: 0,
+        })
+        .unwrap();
+    assert_ne!(pool.handle(), 0);
+    let n = 64 << 20;
+    let p = pool.allocate_async(n, &*s).unwrap();
+    assert_eq!(p % 256, 0);
+    // SAFETY: `p` is valid on `s` in stream order until the free below.
+    unsafe { s.memset(p, 3, n) }.unwrap();
+    assert!(read_back(&*s, p, n).iter().all(|&x| x == 3));
+    // SAFETY: from this pool, not freed, all use ordered before on `s`.
+    unsafe { pool.free_async(p, n, &*s) }.unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(
+        pool.reserved().unwrap() >= n,
+        "the threshold should keep it"
+    );
+    pool.trim_to(0).unwrap();
+    assert_eq!(pool.reserved().unwrap(), 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn pools_export_handles_or_say_unsupported() {
+    let config = PoolConfig {
+        release_threshold: 0,
+        export_handle_types: 1, // POSIX file descriptor
+    };
+    match backend().create_pool(&config) {
+        Ok(pool) => {
+            let s = stream();
+            let p = pool.allocate_async(1 << 20, &*s).unwrap();
+            // SAFETY: unused, from this pool.
+            unsafe { pool.free_async(p, 1 << 20, &*s) }.unwrap();
+            s.synchronize_blocking().unwrap();
+        }
+        Err(Error::Unsupported { .. }) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+    let bogus = PoolConfig {
+        release_threshold: 0,
+        export_handle_types: 1 << 30,
+    };
+    assert!(matches!(
+        backend().create_pool(&bogus),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_default_pool_is_shared_and_never_destroyed() {
+    let s = stream();
+    let a = backend().default_pool().unwrap();
+    let b = backend().default_pool().unwrap();
+    assert_eq!(a.handle(), b.handle());
+    let p = a.allocate_async(1 << 20, &*s).unwrap();
+    // SAFETY: from the default pool, unused.
+    unsafe { b.free_async(p, 1 << 20, &*s) }.unwrap();
+    s.synchronize_blocking().unwrap();
+    drop((a, b));
+    let c = backend().default_pool().unwrap();
+    let p = c.allocate_async(1 << 20, &*s).unwrap();
+    // SAFETY: as above.
+    unsafe { c.free_async(p, 1 << 20, &*s) }.unwrap();
+    s.synchronize_blocking().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn events_are_recycled() {
+    let s = stream();
+    for _ in 0..3 * MAX_IDLE_EVENTS {
+        let e = s.record().unwrap();
+        let _ = e.query().unwrap();
+    }
+    let events: Vec<Arc<dyn BackendEvent>> = (0..2 * MAX_IDLE_EVENTS)
+        .map(|_| s.record().unwrap())
+        .collect();
+    s.synchronize_blocking().unwrap();
+    assert!(events.iter().all(|e| e.query().unwrap()));
+    drop(events);
+    let idle = backend().ctx.idle_events.lock().len();
+    assert!(idle > 0 && idle <= MAX_IDLE_EVENTS, "{idle}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn threads_bind_the_context_themselves() {
+    let handles: Vec<_> = (0..8u8)
+        .map(|i| {
+            thread::spawn(move || {
+                let s = backend().create_stream().unwrap();
+                let n = 1 << 16;
+                let p = backend().allocate(MemoryKind::Device, n).unwrap();
+                // SAFETY: `p` is live until the free below.
+                unsafe { s.memset(p, i, n) }.unwrap();
+                assert!(read_back(&*s, p, n).iter().all(|&x| x == i));
+                // SAFETY: all work on `p` is synchronized.
+                unsafe { backend().free(MemoryKind::Device, p, n, &*s) }.unwrap();
+                // Dropping the stream on this thread binds here too.
+                drop(s);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
