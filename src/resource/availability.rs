@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::task::Waker;
 
-use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Mutex};
+use crate::sync::{fence, Arc, AtomicUsize, Mutex};
 
 /// The signal a resource fires when memory may have become available (a free, growth, a
 /// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.
@@ -95,8 +95,6 @@ impl fmt::Debug for Availability {
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
     waker: Mutex<Option<Waker>>,
-    /// Set when the waiter was told to retry; cleared when it does.
-    notified: AtomicBool,
 }
 
 impl Waiter {
@@ -109,16 +107,10 @@ impl Waiter {
     }
 
     fn wake(&self) {
-        self.notified.store(true, Ordering::Release);
         let waker = self.waker.lock().clone();
         if let Some(w) = waker {
             w.wake();
         }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn was_notified(&self) -> bool {
-        self.notified.load(Ordering::Acquire)
     }
 }
 
