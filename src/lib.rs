@@ -66,7 +66,7 @@ mod sync;
 pub use adaptor::LimitingAdaptor;
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
-pub use buffer::DeviceBuffer;
+pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
 pub use device::{Device, DeviceId};
 pub use error::{Error, Result};
 pub use resource::registry::{

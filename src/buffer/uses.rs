@@ -1,0 +1,146 @@
+//! The use state of a buffer: which stream owns it and where other streams last read it.
+//!
+//! This is the algorithm behind [`DeviceBuffer`](super::DeviceBuffer)'s automatic waits; the
+//! buffer only decides *when* to call it.
+
+use crate::error::Result;
+use crate::stream::{Event, Stream};
+
+/// Which stream owns a buffer and which reads by other streams its owner is not yet ordered
+/// after.
+///
+/// Invariants:
+/// - `readers` holds at most one event per stream (the latest: events of one stream complete in
+///   order, so a newer one covers an older one).
+/// - No event in `readers` is of `owner`: the owner's own work is ordered by the stream itself.
+/// - Every read of the buffer on a stream other than `owner` that has been enqueued through the
+///   buffer's API is ordered before one of `readers`, or before a point of `owner` that the
+///   owner's work from now on follows.
+#[derive(Debug)]
+pub(crate) struct Uses {
+    owner: Stream,
+    readers: Vec<Event>,
+    /// `false` only in negative-control tests: hand-offs and reads skip their waits.
+    handoff_waits: bool,
+}
+
+impl Uses {
+    pub(crate) fn new(owner: Stream) -> Self {
+        Uses {
+            owner,
+            readers: Vec::new(),
+            handoff_waits: true,
+        }
+    }
+
+    pub(crate) fn owner(&self) -> &Stream {
+        &self.owner
+    }
+
+    /// The number of outstanding reader events (for tests and `Debug`).
+    pub(crate) fn reader_count(&self) -> usize {
+        self.readers.len()
+    }
+
+    pub(crate) fn handoff_waits(&self) -> bool {
+        self.handoff_waits
+    }
+
+    pub(crate) fn disable_handoff_waits(&mut self) {
+        self.handoff_waits = false;
+    }
+
+    /// Records that the buffer was read on `event`'s stream up to `event`.
+    pub(crate) fn add_read(&mut self, event: Event) {
+        debug_assert!(
+            self.readers
+                .iter()
+                .filter(|e| e.stream() == event.stream())
+                .count()
+                <= 1,
+            "more than one reader event for one stream"
+        );
+        if event.stream() == &self.owner {
+            return;
+        }
+        if let Some(slot) = self
+            .readers
+            .iter_mut()
+            .find(|e| e.stream() == event.stream())
+        {
+            *slot = event;
+            return;
+        }
+        // A new stream: drop the entries that are already complete before growing (a query is
+        // cheap and keeps the list as short as the set of streams still reading).
+        self.readers
+            .retain(|e| !matches!(e.is_complete(), Ok(true)));
+        self.readers.push(event);
+    }
+
+    /// Records an event on `reader` after a read that this crate enqueued there itself and adds
+    /// it as a read. If the event cannot be recorded, falls back to blocking until `reader` is
+    /// idle (the read is then complete and nothing need be recorded), because letting the
+    /// owner free memory under a pending copy is not an option.
+    pub(crate) fn add_read_now(&mut self, reader: &Stream) -> Result<()> {
+        if reader == &self.owner {
+            return Ok(());
+        }
+        match reader.record() {
+            Ok(event) => {
+                self.add_read(event);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, stream = %reader.id(),
+                    "recording a read failed; synchronizing the reading stream instead");
+                reader.synchronize_blocking()
+            }
+        }
+    }
+
+    /// Makes `stream` wait for the owner's work enqueued so far; nothing when `stream` is the
+    /// owner.
+    pub(crate) fn order_after_owner(&self, stream: &Stream) -> Result<()> {
+        if stream != &self.owner {
+            let event = self.owner.record()?;
+            stream.wait(&event)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the owner wait for every outstanding read, then forgets them: the owner may then
+    /// write or free the memory. On error nothing is forgotten (extra waits are harmless).
+    pub(crate) fn order_owner_after_readers(&mut self) -> Result<()> {
+        for event in &self.readers {
+            self.owner.wait(event)?;
+        }
+        self.readers.clear();
+        Ok(())
+    }
+
+    /// Hands ownership to `new_owner`: it waits for the old owner's work so far and for every
+    /// outstanding read. On error the state is unchanged.
+    pub(crate) fn hand_to(&mut self, new_owner: &Stream) -> Result<()> {
+        if !self.handoff_waits {
+            // Negative control: skip the waits, but keep the old owner's last point as a read
+            // so that the free stays ordered after it.
+            if new_owner != &self.owner {
+                let last = self.owner.record()?;
+                self.owner = new_owner.clone();
+                self.add_read(last);
+            }
+            self.readers.retain(|e| e.stream() != new_owner);
+            return Ok(());
+        }
+        self.order_after_owner(new_owner)?;
+        for event in &self.readers {
+            if event.stream() != new_owner {
+                new_owner.wait(event)?;
+            }
+        }
+        self.readers.clear();
+        self.owner = new_owner.clone();
+        Ok(())
+    }
+}
