@@ -119,13 +119,11 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// # Safety
     /// 1. Both ranges are valid for `bytes` from the time the copy runs until it completes.
     /// 2. Nothing else writes `dst` or `src`'s range concurrently.
-    #[allow(dead_code)] // not called yet: buffers' host copies will
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
     /// Enqueues setting `bytes` bytes at `dst` to `value`.
     ///
     /// # Safety
     /// `dst..dst + bytes` is valid device memory until the operation completes.
-    #[allow(dead_code)] // not called yet: buffers' fill will
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()>;
     /// Enqueues an operation that takes `duration` (a stand-in for a kernel). Host backend only.
     fn delay(&self, duration: Duration) -> Result<()>;

@@ -265,7 +265,6 @@ pub(crate) unsafe fn leaf_deallocate(
 
 /// Type-erases a resource; a [`SharedResource`] passes through as it is instead of being
 /// wrapped a second time.
-#[allow(dead_code)] // not called yet
 pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource {
     let mut slot = Some(mr);
     if let Some(shared) =

@@ -20,13 +20,11 @@ enum Op {
     WaitFor(Arc<Queue>, u64),
     Call(Box<dyn FnOnce() + Send>),
     Notify(Arc<Completion>),
-    #[allow(dead_code)] // built by `copy`, which nothing calls yet
     Copy {
         dst: u64,
         src: u64,
         bytes: usize,
     },
-    #[allow(dead_code)] // built by `memset`, which nothing calls yet
     Set {
         dst: u64,
         value: u8,
