@@ -120,6 +120,20 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// 1. Both ranges are valid for `bytes` from the time the copy runs until it completes.
     /// 2. Nothing else writes `dst` or `src`'s range concurrently.
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Enqueues a copy between device memory and ordinary, pageable host memory (the host side
+    /// is `dst` when `to_host`, else `src`) without making the caller wait for the stream.
+    ///
+    /// The CUDA driver's own copies to or from pageable memory return only once the stream has
+    /// reached them, which would block an executor thread; the CUDA backend stages them through
+    /// pinned memory instead. The default is [`copy`](BackendStream::copy).
+    ///
+    /// # Safety
+    /// As [`copy`](BackendStream::copy).
+    unsafe fn copy_pageable(&self, dst: u64, src: u64, bytes: usize, to_host: bool) -> Result<()> {
+        let _ = to_host;
+        // SAFETY: the same contract as `copy`, forwarded from the caller.
+        unsafe { self.copy(dst, src, bytes) }
+    }
     /// Enqueues setting `bytes` bytes at `dst` to `value`.
     ///
     /// # Safety

@@ -333,7 +333,7 @@ impl<B: HostBuffer> CopyToHost<B> {
             // SAFETY: `dst` is the start of the host buffer, at least `bytes` long (checked
             // above), owned by the transfer until an event after this copy completes; `src` is
             // valid and not written concurrently by this function's contract.
-            unsafe { stream.raw().copy(dst, src.addr(), bytes) }
+            unsafe { stream.raw().copy_pageable(dst, src.addr(), bytes, true) }
         });
         CopyToHost { transfer }
     }
@@ -415,7 +415,7 @@ impl<B: HostBuffer> CopyFromHost<B> {
             // SAFETY: `src` is the start of the host buffer, `bytes` long, owned by the transfer
             // until an event after this copy completes; `dst` holds at least `bytes` (checked
             // above) and is not accessed concurrently by this function's contract.
-            unsafe { stream.raw().copy(dst.addr(), src, bytes) }
+            unsafe { stream.raw().copy_pageable(dst.addr(), src, bytes, false) }
         });
         CopyFromHost { transfer }
     }

@@ -6,6 +6,8 @@ use std::ptr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use cudarc::driver::sys;
 
 use crate::backend::{BackendEvent, BackendStream, Completion};
@@ -20,10 +22,17 @@ pub(crate) fn as_cuda(stream: &dyn BackendStream) -> Result<&CudaStream> {
     })
 }
 
+/// Bytes of pinned memory a stream keeps for staging copies to and from pageable memory.
+const STAGING_BYTES: usize = 4 << 20;
+
 /// A `CUstream` created with `CU_STREAM_NON_BLOCKING`, destroyed on drop.
 pub(crate) struct CudaStream {
     ctx: Arc<DeviceContext>,
     raw: RawStream,
+    /// Pinned staging memory for pageable copies, allocated on first use. The lock is held while
+    /// a staged copy is enqueued, so two copies never interleave their pieces in it; pieces on
+    /// one stream run in order, so one buffer serves them all.
+    staging: Mutex<Option<u64>>,
 }
 
 impl CudaStream {
@@ -37,7 +46,21 @@ impl CudaStream {
         Ok(CudaStream {
             ctx,
             raw: RawStream(raw),
+            staging: Mutex::new(None),
         })
+    }
+
+    /// The stream's pinned staging buffer, allocated on first use.
+    fn staging(&self, slot: &mut Option<u64>) -> Result<u64> {
+        if let Some(p) = *slot {
+            return Ok(p);
+        }
+        let mut p: *mut c_void = ptr::null_mut();
+        // SAFETY: the context is current (callers bind first); `p` is a valid out-pointer.
+        let r = unsafe { sys::cuMemHostAlloc(&mut p, STAGING_BYTES, 0) };
+        self.ctx.check_alloc("cuMemHostAlloc", r, STAGING_BYTES)?;
+        *slot = Some(p as u64);
+        Ok(p as u64)
     }
 
     /// The driver's handle, valid while `self` lives.
@@ -53,12 +76,30 @@ impl CudaStream {
 impl Drop for CudaStream {
     fn drop(&mut self) {
         self.ctx.bind_in_drop("a stream");
+        let staging = self.staging.get_mut().take();
+        if staging.is_some() {
+            // Staged pieces still queued read or write the staging buffer: let them finish
+            // before it is freed. Only streams that made pageable copies block here.
+            // SAFETY: the context is current and the stream live.
+            let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
+            if let Err(error) = self.ctx.check("cuStreamSynchronize", r) {
+                tracing::error!(%error, "draining a stream with a staging buffer; leaking it");
+                return;
+            }
+        }
         // SAFETY: the stream was created by `cuStreamCreate` and is destroyed only here. Work
         // still queued on it (frees, host functions) runs to completion: the driver releases
         // the stream's resources once it is idle, without blocking this thread.
         let r = unsafe { sys::cuStreamDestroy_v2(self.raw.0) };
         if let Err(error) = self.ctx.check("cuStreamDestroy", r) {
             tracing::error!(%error, "destroying a stream");
+        }
+        if let Some(p) = staging {
+            // SAFETY: `p` came from `cuMemHostAlloc`; the stream that used it has drained.
+            let r = unsafe { sys::cuMemFreeHost(p as *mut c_void) };
+            if let Err(error) = self.ctx.check("cuMemFreeHost", r) {
+                tracing::error!(%error, "freeing a staging buffer");
+            }
         }
     }
 }
@@ -198,6 +239,46 @@ impl BackendStream for CudaStream {
         // addressing the driver infers the direction, pageable host memory included.
         let r = unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.raw.0) };
         self.ctx.check("cuMemcpyAsync", r)
+    }
+
+    unsafe fn copy_pageable(&self, dst: u64, src: u64, bytes: usize, to_host: bool) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let mut slot = self.staging.lock();
+        let stage = self.staging(&mut slot)?;
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(STAGING_BYTES);
+            let (d, s) = (dst + done as u64, src + done as u64);
+            if to_host {
+                // SAFETY: the context is current; `s..s + n` is device memory valid until the
+                // copy completes (caller) and the staging buffer is ours, pinned, and not touched
+                // by anything else while the lock is held and the stream runs pieces in order.
+                let r = unsafe { sys::cuMemcpyAsync(stage, s, n, self.raw.0) };
+                self.ctx.check("cuMemcpyAsync", r)?;
+                let unstage = move || {
+                    // SAFETY: runs after the piece above reached the staging buffer; `d` is
+                    // pageable host memory valid until the copy completes (caller).
+                    unsafe { ptr::copy_nonoverlapping(stage as *const u8, d as *mut u8, n) }
+                };
+                self.host_fn(Box::new(unstage))?;
+            } else {
+                let stage_in = move || {
+                    // SAFETY: runs when the stream reaches it, before the piece below reads the
+                    // staging buffer; `s` is host memory valid until the copy completes (caller).
+                    unsafe { ptr::copy_nonoverlapping(s as *const u8, stage as *mut u8, n) }
+                };
+                self.host_fn(Box::new(stage_in))?;
+                // SAFETY: the context is current; the staging buffer holds this piece by the
+                // time the stream runs the copy; `d..d + n` is valid device memory (caller).
+                let r = unsafe { sys::cuMemcpyAsync(d, stage, n, self.raw.0) };
+                self.ctx.check("cuMemcpyAsync", r)?;
+            }
+            done += n;
+        }
+        Ok(())
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {

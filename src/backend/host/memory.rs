@@ -197,12 +197,13 @@ impl fmt::Debug for HostControls {
     }
 }
 
-/// Allocates `bytes` (> 0) of pageable system memory, 256-byte aligned; `None` when the system
-/// allocator refuses.
+/// Allocates `bytes` (> 0) of zeroed pageable system memory, 256-byte aligned; `None` when the
+/// system allocator refuses. Zeroed, so that copying a fresh block to the host never reads
+/// uninitialised bytes (large blocks come zeroed from the OS anyway).
 pub(crate) fn system_allocate(bytes: usize) -> Option<u64> {
     let layout = Layout::from_size_align(bytes.max(1), ALIGNMENT).ok()?;
     // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { alloc::alloc(layout) };
+    let ptr = unsafe { alloc::alloc_zeroed(layout) };
     (!ptr.is_null()).then_some(ptr as u64)
 }
 
