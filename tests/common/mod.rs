@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod buffer_suite;
 pub mod suite;
 
 /// SplitMix64, as in the shared benchmark workloads: deterministic and dependency-free.

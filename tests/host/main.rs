@@ -34,3 +34,5 @@ resource_suite!(host_resource, host(), |d| Arc::new(HostResource::new(d)));
 resource_suite!(current_device_resource, host(), |d| {
     current_device_resource_for(d)
 });
+
+buffer_suite!(buffers, host());
