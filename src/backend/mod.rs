@@ -139,7 +139,7 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// # Safety
     /// `dst..dst + bytes` is valid device memory until the operation completes.
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()>;
-    /// Enqueues an operation that takes `duration` (a stand-in for a kernel). Host backend only.
+    /// Enqueues an operation that takes `duration` (a stand-in for a kernel).
     fn delay(&self, duration: Duration) -> Result<()>;
     /// Blocks the calling thread until all enqueued work completes.
     fn synchronize_blocking(&self) -> Result<()>;

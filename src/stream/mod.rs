@@ -164,10 +164,11 @@ impl Stream {
     }
 
     /// Enqueues an operation that occupies the stream for `duration`: a stand-in for a
-    /// long-running kernel in tests of ordering. Host backend only.
+    /// long-running kernel in tests of ordering. On the host backend the stream's worker sleeps;
+    /// on CUDA a one-thread kernel spins on the GPU's global timer.
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) on the CUDA backend.
+    /// A driver error when the spin kernel cannot be loaded or launched.
     ///
     /// ```
     /// # use streamalloc::{Device, Stream};
