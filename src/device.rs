@@ -2,7 +2,8 @@
 //! wake-ups.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
@@ -56,13 +57,24 @@ struct DeviceInner {
 
 impl Device {
     fn from_backend(backend: Arc<dyn Backend>, strategy: CompletionStrategy) -> Device {
-        Device {
+        let device = Device {
             inner: Arc::new(DeviceInner {
                 driver: CompletionDriver::new(strategy),
                 backend,
                 deferred_error: Mutex::new(None),
             }),
-        }
+        };
+        let mut live = live_devices().lock();
+        live.retain(|_, d| d.strong_count() > 0);
+        live.insert(device.id(), Arc::downgrade(&device.inner));
+        device
+    }
+
+    /// The live device with this id, for layers that only know a resource's
+    /// [`Properties::device`](crate::Properties::device).
+    pub(crate) fn from_id(id: DeviceId) -> Option<Device> {
+        let inner = live_devices().lock().get(&id)?.upgrade()?;
+        Some(Device { inner })
     }
 
     /// The shared host-backend device `host:0` (16 GiB of emulated memory).
@@ -235,6 +247,12 @@ impl Device {
     pub(crate) fn completion_driver(&self) -> &CompletionDriver {
         &self.inner.driver
     }
+}
+
+/// Every device created so far that is still alive, by id.
+fn live_devices() -> &'static Mutex<HashMap<DeviceId, Weak<DeviceInner>>> {
+    static LIVE: OnceLock<Mutex<HashMap<DeviceId, Weak<DeviceInner>>>> = OnceLock::new();
+    LIVE.get_or_init(Mutex::default)
 }
 
 impl Default for Device {
