@@ -8,6 +8,7 @@ mod cuda_async_view;
 mod host;
 mod managed;
 mod pinned_host;
+pub(crate) mod pool;
 pub(crate) mod registry;
 
 use std::fmt;
