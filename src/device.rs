@@ -1,8 +1,8 @@
 //! Devices: which backend, which ordinal, how much memory, and how events are turned into
 //! wake-ups.
 
-use std::fmt;
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;

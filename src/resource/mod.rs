@@ -22,6 +22,7 @@ pub use cuda_async_view::CudaAsyncViewResource;
 pub use host::HostResource;
 pub use managed::ManagedResource;
 pub use pinned_host::PinnedHostResource;
+pub use pool::{PoolResource, PoolStatistics};
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};

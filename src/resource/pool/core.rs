@@ -347,7 +347,7 @@ impl PoolCore {
             .unwrap_or_else(|| panic!("pool chunk {base:#x}+{size:#x} wraps around"));
         let below = self.chunks.range(..end).next_back();
         assert!(
-            below.map_or(true, |(&b, c)| b + c.size <= base),
+            below.is_none_or(|(&b, c)| b + c.size <= base),
             "pool chunk {base:#x}+{size:#x} overlaps a chunk of the pool"
         );
         let id = ChunkId(self.next_chunk_id);
@@ -467,8 +467,9 @@ impl PoolCore {
     }
 
     /// Removes every chunk that is wholly free (one free block spanning it) and returns its
-    /// `(base, size)`, in address order, for the wrapper to give back to the upstream.
-    pub(crate) fn release_empty_chunks(&mut self) -> Vec<(u64, usize)> {
+    /// `(base, size, owner)`, in address order, for the wrapper to give back to the upstream on
+    /// the stream that owns the free memory.
+    pub(crate) fn release_empty_chunks(&mut self) -> Vec<(u64, usize, StreamKey)> {
         let empty: Vec<(u64, Chunk)> = self
             .chunks
             .iter()
@@ -478,8 +479,10 @@ impl PoolCore {
             })
             .map(|(&base, &c)| (base, c))
             .collect();
+        let mut owners = Vec::with_capacity(empty.len());
         for &(base, chunk) in &empty {
             let slot = self.blocks[chunk.first as usize].stream;
+            owners.push(self.stream(slot).key);
             self.unlink(chunk.first);
             self.drop_block(chunk.first);
             self.sub_free_bytes(slot, chunk.size);
@@ -488,7 +491,8 @@ impl PoolCore {
         }
         empty
             .into_iter()
-            .map(|(base, chunk)| (base, chunk.size as usize))
+            .zip(owners)
+            .map(|((base, chunk), owner)| (base, chunk.size as usize, owner))
             .collect()
     }
 

@@ -463,7 +463,8 @@ fn fully_freed_pool_coalesces_back_to_its_chunks_and_releases_them() {
     assert_eq!(pool.free_blocks(), expected);
     assert_eq!(pool.free_bytes(), pool.chunk_bytes());
     let released = pool.release_empty_chunks();
-    assert_eq!(released, chunks.to_vec());
+    let with_owner: Vec<_> = chunks.iter().map(|&(b, s)| (b, s, A)).collect();
+    assert_eq!(released, with_owner);
     pool.check_invariants();
     assert_eq!(pool.chunk_count(), 0);
     assert_eq!(pool.chunk_bytes(), 0);
@@ -482,7 +483,7 @@ fn release_keeps_chunks_in_use() {
     pool.check_invariants();
     assert_eq!(pool.chunk_bytes(), 4 * KIB);
     pool.free(p, 4 * KIB, A);
-    assert_eq!(pool.release_empty_chunks(), vec![(p, 4 * KIB)]);
+    assert_eq!(pool.release_empty_chunks(), vec![(p, 4 * KIB, A)]);
     pool.check_invariants();
     // Released ranges may come back as new chunks.
     pool.add_chunk(p, 4 * KIB, B);
@@ -805,14 +806,14 @@ fn run_ops(ops: Vec<Op>) {
             }
             Op::Release => {
                 let released = pool.release_empty_chunks();
-                let expected: Vec<(u64, usize)> = model
+                let expected: Vec<(u64, usize, StreamKey)> = model
                     .chunks
                     .iter()
                     .filter(|&(b, &n)| model.free.get(b).is_some_and(|v| v.0 == n))
-                    .map(|(&b, &n)| (b, n as usize))
+                    .map(|(&b, &n)| (b, n as usize, model.free[&b].1))
                     .collect();
                 assert_eq!(released, expected, "released chunks differ from the model");
-                for (b, _) in released {
+                for (b, _, _) in released {
                     model.chunks.remove(&b);
                     model.free.remove(&b);
                 }
