@@ -53,6 +53,8 @@ struct DeviceInner {
     backend: Arc<dyn Backend>,
     driver: CompletionDriver,
     deferred_error: Mutex<Option<Error>>,
+    /// Total memory, asked of the backend once: it does not change while the device lives.
+    total_memory: OnceLock<usize>,
 }
 
 impl Device {
@@ -62,6 +64,7 @@ impl Device {
                 driver: CompletionDriver::new(strategy),
                 backend,
                 deferred_error: Mutex::new(None),
+                total_memory: OnceLock::new(),
             }),
         };
         let mut live = live_devices().lock();
@@ -189,6 +192,28 @@ impl Device {
     /// A driver error when the query fails.
     pub fn memory_info(&self) -> Result<MemoryInfo> {
         self.inner.backend.memory_info()
+    }
+
+    /// Total memory of the device, queried once and then cached.
+    ///
+    /// Resources that hand out device memory report it as their
+    /// [`capacity_limit`](crate::MemoryResource::capacity_limit), so a request larger than the
+    /// device fails at once instead of waiting for memory that can never come.
+    ///
+    /// ```
+    /// let device = streamalloc::Device::host();
+    /// assert_eq!(device.total_memory()?, device.memory_info()?.total);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A driver error when the first query fails.
+    pub fn total_memory(&self) -> Result<usize> {
+        if let Some(&total) = self.inner.total_memory.get() {
+            return Ok(total);
+        }
+        let total = self.memory_info()?.total;
+        Ok(*self.inner.total_memory.get_or_init(|| total))
     }
 
     /// How this device's events wake the tasks that await them.

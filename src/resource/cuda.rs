@@ -55,6 +55,11 @@ impl MemoryResource for CudaResource {
         unsafe { leaf_deallocate(&self.device, MemoryKind::Device, ptr, bytes, stream) }
     }
 
+    /// The device's total memory: no single request can be larger.
+    fn capacity_limit(&self) -> Option<usize> {
+        self.device.total_memory().ok()
+    }
+
     fn properties(&self) -> Properties {
         Properties {
             device_accessible: true,

@@ -70,6 +70,11 @@ impl MemoryResource for CudaAsyncViewResource {
         unsafe { pool_deallocate(&self.device, &*self.pool, ptr, bytes, stream) }
     }
 
+    /// The device's total memory: no single request can be larger.
+    fn capacity_limit(&self) -> Option<usize> {
+        self.device.total_memory().ok()
+    }
+
     fn properties(&self) -> Properties {
         pool_properties(&self.device)
     }

@@ -1,6 +1,5 @@
 use crate::backend::MemoryKind;
 use crate::device::Device;
-use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
@@ -30,8 +29,6 @@ use crate::stream::Stream;
 pub struct ManagedResource {
     device: Device,
     oversubscribe: bool,
-    /// The device's total memory, read on first use.
-    total: Arc<OnceLock<usize>>,
 }
 
 impl ManagedResource {
@@ -41,7 +38,6 @@ impl ManagedResource {
         ManagedResource {
             device: device.clone(),
             oversubscribe: false,
-            total: Arc::default(),
         }
     }
 
@@ -58,11 +54,7 @@ impl ManagedResource {
     }
 
     fn total(&self) -> Result<usize> {
-        if let Some(&t) = self.total.get() {
-            return Ok(t);
-        }
-        let t = self.device.memory_info()?.total;
-        Ok(*self.total.get_or_init(|| t))
+        self.device.total_memory()
     }
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod buffer_suite;
+pub mod pool_suite;
 pub mod suite;
 
 /// SplitMix64, as in the shared benchmark workloads: deterministic and dependency-free.

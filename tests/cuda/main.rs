@@ -83,3 +83,23 @@ fn kernel_then_move(value: u8, automatic_wait: bool) -> Vec<u8> {
     a.synchronize_blocking().unwrap();
     host
 }
+
+resource_suite!(
+    pool_over_cuda_resource,
+    gpu(),
+    |d| Arc::new(PoolResource::new(CudaResource::new(d), 1 << 20, None).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    bounded_pool_over_cuda_async_resource,
+    gpu(),
+    |d| Arc::new(PoolResource::new(CudaAsyncResource::new(d).unwrap(), 0, Some(8 << 30)).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    limiting_adaptor,
+    gpu(),
+    |d| Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30)),
+    #[ignore = "needs a CUDA device"]
+);
+pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);

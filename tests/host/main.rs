@@ -36,3 +36,14 @@ resource_suite!(current_device_resource, host(), |d| {
 });
 
 buffer_suite!(buffers, host());
+
+resource_suite!(pool_over_cuda_resource, host(), |d| {
+    Arc::new(PoolResource::new(CudaResource::new(d), 1 << 20, None).unwrap())
+});
+resource_suite!(bounded_pool_over_host_resource, host(), |d| {
+    Arc::new(PoolResource::new(HostResource::new(d), 0, Some(8 << 30)).unwrap())
+});
+resource_suite!(limiting_adaptor, host(), |d| {
+    Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30))
+});
+pool_suite!(pools, host());

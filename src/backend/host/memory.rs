@@ -26,8 +26,51 @@ pub(crate) struct HostMemory {
 
 #[derive(Default)]
 struct Live {
-    blocks: HashMap<u64, (usize, MemoryKind)>,
+    /// address → (bytes, kind, the allocation it was carved from).
+    blocks: HashMap<u64, (usize, MemoryKind, RawBlock)>,
     bytes: usize,
+}
+
+/// What the global allocator returned for one block: a 16-byte-aligned allocation with room
+/// to align its start up to 256 bytes.
+#[derive(Clone, Copy)]
+struct RawBlock {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: a `RawBlock` is an owned allocation of the global allocator, which may be freed from
+// any thread; the pointer is only dereferenced by the stream operations their callers order.
+unsafe impl Send for RawBlock {}
+
+/// Bytes added to every request so its start can be aligned up to 256 and still leave 8 bytes
+/// in front (where `system_allocate` keeps the offset back to the allocation).
+const HEADROOM: usize = ALIGNMENT + 8;
+
+/// Allocates `bytes` of zeroed memory whose start is 256-byte aligned.
+///
+/// The allocation asks only for 16-byte alignment, so the global allocator takes its `calloc`
+/// path: large blocks come as fresh, lazily zeroed pages from the OS. (Asking for 256-byte
+/// alignment would make it allocate and then `memset` the whole block: seconds and real memory
+/// for the multi-GiB blocks that tests of a 16 GiB emulated device allocate.)
+fn allocate_zeroed_aligned(bytes: usize) -> Option<(u64, RawBlock)> {
+    let layout = Layout::from_size_align(bytes.checked_add(HEADROOM)?, 16).ok()?;
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    let aligned = (ptr as u64 + 8).next_multiple_of(ALIGNMENT as u64);
+    Some((aligned, RawBlock { ptr, layout }))
+}
+
+/// Frees a block from [`allocate_zeroed_aligned`].
+///
+/// # Safety
+/// `raw` came from `allocate_zeroed_aligned` and nothing uses its memory any more.
+unsafe fn free_raw(raw: RawBlock) {
+    // SAFETY: by the caller's contract, `raw.ptr` came from `alloc_zeroed(raw.layout)`.
+    unsafe { alloc::dealloc(raw.ptr, raw.layout) }
 }
 
 impl HostMemory {
@@ -67,15 +110,9 @@ impl HostMemory {
         if injected || bytes > available {
             return Err(self.out_of_memory(bytes, available));
         }
-        let layout = Layout::from_size_align(bytes, ALIGNMENT)
-            .map_err(|_| self.out_of_memory(bytes, available))?;
-        // SAFETY: `layout` has a non-zero size (bytes >= 1).
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(self.out_of_memory(bytes, available));
-        }
-        let addr = ptr as u64;
-        live.blocks.insert(addr, (bytes, kind));
+        let (addr, raw) =
+            allocate_zeroed_aligned(bytes).ok_or_else(|| self.out_of_memory(bytes, available))?;
+        live.blocks.insert(addr, (bytes, kind, raw));
         live.bytes += bytes;
         Ok(addr)
     }
@@ -87,8 +124,8 @@ impl HostMemory {
 
     fn check(live: &Live, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
         match live.blocks.get(&ptr) {
-            Some(&(b, k)) if b == bytes && k == kind => Ok(()),
-            Some(&(b, k)) => Err(Error::invalid(format!(
+            Some(&(b, k, _)) if b == bytes && k == kind => Ok(()),
+            Some(&(b, k, _)) => Err(Error::invalid(format!(
                 "free of {ptr:#x} as {bytes} bytes of {kind:?}; it was allocated as {b} bytes of \
                  {k:?}"
             ))),
@@ -104,13 +141,12 @@ impl HostMemory {
         let bytes = bytes.max(1);
         let mut live = self.live.lock();
         Self::check(&live, kind, ptr, bytes)?;
-        live.blocks.remove(&ptr);
+        let (_, _, raw) = live.blocks.remove(&ptr).expect("checked above");
         live.bytes -= bytes;
         drop(live);
-        let layout = Layout::from_size_align(bytes, ALIGNMENT).expect("checked at allocation");
-        // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout (checked against the live
-        // map above) and the caller guarantees nothing uses it any more.
-        unsafe { alloc::dealloc(ptr as *mut u8, layout) };
+        // SAFETY: `raw` is the allocation behind `ptr` (from the live map) and the caller
+        // guarantees nothing uses it any more.
+        unsafe { free_raw(raw) };
         Ok(())
     }
 }
@@ -118,11 +154,9 @@ impl HostMemory {
 impl Drop for HostMemory {
     fn drop(&mut self) {
         let live = std::mem::take(&mut self.live.get_mut().blocks);
-        for (ptr, (bytes, _)) in live {
-            let layout = Layout::from_size_align(bytes, ALIGNMENT).expect("checked at allocation");
-            // SAFETY: the device is gone, so no stream or resource can use its memory any more;
-            // each block came from `alloc_zeroed` with this layout.
-            unsafe { alloc::dealloc(ptr as *mut u8, layout) };
+        for (_, (_, _, raw)) in live {
+            // SAFETY: the device is gone, so no stream or resource can use its memory any more.
+            unsafe { free_raw(raw) };
         }
     }
 }
@@ -199,12 +233,16 @@ impl fmt::Debug for HostControls {
 
 /// Allocates `bytes` (> 0) of zeroed pageable system memory, 256-byte aligned; `None` when the
 /// system allocator refuses. Zeroed, so that copying a fresh block to the host never reads
-/// uninitialised bytes (large blocks come zeroed from the OS anyway).
+/// uninitialised bytes (large blocks come lazily zeroed from the OS anyway).
 pub(crate) fn system_allocate(bytes: usize) -> Option<u64> {
-    let layout = Layout::from_size_align(bytes.max(1), ALIGNMENT).ok()?;
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { alloc::alloc_zeroed(layout) };
-    (!ptr.is_null()).then_some(ptr as u64)
+    let (aligned, raw) = allocate_zeroed_aligned(bytes.max(1))?;
+    // The offset back to the allocation goes in the 8 bytes in front of the block, which
+    // `allocate_zeroed_aligned` always leaves.
+    let offset = aligned - raw.ptr as u64;
+    // SAFETY: `aligned - 8 .. aligned` lies inside the allocation (HEADROOM leaves 8 bytes in
+    // front) and is 8-byte aligned, since `aligned` is 256-byte aligned.
+    unsafe { ((aligned - 8) as *mut u64).write(offset) };
+    Some(aligned)
 }
 
 /// Frees what [`system_allocate`] returned.
@@ -213,7 +251,14 @@ pub(crate) fn system_allocate(bytes: usize) -> Option<u64> {
 /// 1. `ptr` came from `system_allocate(bytes)` and is not freed yet.
 /// 2. Nothing reads or writes it any more.
 pub(crate) unsafe fn system_free(ptr: u64, bytes: usize) {
-    let layout = Layout::from_size_align(bytes.max(1), ALIGNMENT).expect("checked at allocation");
-    // SAFETY: by the caller's contract, `ptr` came from `alloc` with this layout.
-    unsafe { alloc::dealloc(ptr as *mut u8, layout) }
+    // SAFETY: `system_allocate` wrote the offset in the 8 bytes before `ptr` (caller, 1).
+    let offset = unsafe { ((ptr - 8) as *const u64).read() };
+    let layout =
+        Layout::from_size_align(bytes.max(1) + HEADROOM, 16).expect("checked at allocation");
+    let raw = RawBlock {
+        ptr: (ptr - offset) as *mut u8,
+        layout,
+    };
+    // SAFETY: `raw` is the allocation `system_allocate` made for `ptr` with this layout.
+    unsafe { free_raw(raw) }
 }

@@ -82,6 +82,12 @@ struct Inner<R: MemoryResource> {
 
 struct State {
     core: PoolCore,
+    /// Upstream chunk base → the size asked of the upstream. RMM's growth halves without
+    /// rounding (5120, 2560, 1280, 640), so a chunk can be larger than the 256-byte multiple
+    /// the core uses of it; it goes back upstream with the size it came with.
+    chunks: FxHashMap<u64, usize>,
+    /// The sum of `chunks`: RMM's `pool_size`.
+    upstream_bytes: usize,
     /// Every stream that owns free blocks in the core or has freed into it, with what is
     /// needed to hand its memory to another stream.
     streams: FxHashMap<StreamKey, StreamSlot>,
@@ -165,6 +171,8 @@ impl<R: MemoryResource> PoolResource<R> {
                 maximum: maximum_size,
                 state: Mutex::new(State {
                     core: PoolCore::new(),
+                    chunks: FxHashMap::default(),
+                    upstream_bytes: 0,
                     streams: FxHashMap::default(),
                 }),
                 availability,
@@ -180,7 +188,7 @@ impl<R: MemoryResource> PoolResource<R> {
 
     /// Bytes held from the upstream: every chunk, allocated or free (RMM's `pool_size`).
     pub fn pool_size(&self) -> usize {
-        self.inner.state.lock().core.chunk_bytes()
+        self.inner.state.lock().upstream_bytes
     }
 
     /// The maximum pool size, if any.
@@ -198,7 +206,7 @@ impl<R: MemoryResource> PoolResource<R> {
         let state = self.inner.state.lock();
         let core = &state.core;
         PoolStatistics {
-            pool_size: core.chunk_bytes(),
+            pool_size: state.upstream_bytes,
             free_bytes: core.free_bytes(),
             largest_free_block: core.largest_free_block(),
             free_blocks: core.free_block_count(),
@@ -245,11 +253,15 @@ impl<R: MemoryResource> PoolResource<R> {
             match self.inner.upstream.try_allocate(try_size, stream) {
                 Ok(p) => {
                     state.slot(stream);
-                    state.core.add_chunk(p.addr(), try_size, key(stream));
+                    state
+                        .core
+                        .add_chunk(p.addr(), try_size / ALIGN * ALIGN, key(stream));
+                    state.chunks.insert(p.addr(), try_size);
+                    state.upstream_bytes += try_size;
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && try_size > min_size => {
-                    try_size = align_up(try_size / 2).unwrap_or(min_size).max(min_size);
+                    try_size = (try_size / 2).max(min_size);
                 }
                 Err(e) => return Err(e),
             }
@@ -370,7 +382,7 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         if let Some(p) = self.steal(&mut state, size, stream)? {
             return Ok(DevicePtr::from_raw(p));
         }
-        let grow = self.size_to_grow(size, state.core.chunk_bytes());
+        let grow = self.size_to_grow(size, state.upstream_bytes);
         if grow == 0 {
             return Err(self.out_of_memory(bytes, &state));
         }
@@ -440,9 +452,15 @@ impl<R: MemoryResource> Inner<R> {
         let released = {
             let mut state = self.state.lock();
             let chunks = state.core.release_empty_chunks();
+            let state = &mut *state;
             let released: Vec<_> = chunks
                 .into_iter()
-                .map(|(base, size, owner)| {
+                .map(|(base, _, owner)| {
+                    let size = state
+                        .chunks
+                        .remove(&base)
+                        .expect("every core chunk is recorded");
+                    state.upstream_bytes -= size;
                     (
                         base,
                         size,
