@@ -1,236 +1,725 @@
-//! Completion-driver measurements: how fast an awaited event wakes its task, whether awaiting
-//! events stalls the user stream, and what the poller costs in CPU, for each strategy.
+//! The completion driver's benchmark: the figures that choose between
+//! `CompletionStrategy::HostFunction` and `CompletionStrategy::Poller`.
 //!
-//! `cargo bench --bench completion` (host backend here; CUDA device 0 in the GPU bundle, run as
-//! `.gpu/bench/completion --bench`). With `STREAMALLOC_BENCH_OUT=path` the report is also
-//! written there as Markdown.
+//! For each strategy, on `Device::default()` (CUDA device 0, else the host emulation):
+//! 1. Wake latency: an idle stream runs a 20 µs delay (a stand-in for a short kernel), an event
+//!    is recorded after it and awaited, under a tokio current-thread runtime and under
+//!    `futures::executor::block_on`. Timed from just after `record()` to the code after `.await`.
+//!    A busy-spin `is_complete()` loop, timed from the same point, gives the kernel's own share;
+//!    the difference of the medians is the notification overhead.
+//! 2. Stream stall: 1,000 delays of 2 µs on one stream, (a) alone and (b) with an event recorded
+//!    after each and all 1,000 awaited at once by tokio tasks. The stream is held behind a gate
+//!    (an event of another stream) until everything is enqueued and armed, and the time is taken
+//!    from the gate opening to the stream finishing: device time, not host enqueue time.
+//! 3. CPU cost: process CPU time per wall second while the main thread sleeps for 1 s, with no
+//!    event pending and with one armed event pending behind a longer delay.
+//!
+//! Run: `cargo bench --bench completion` (or the built binary with `--bench`; other arguments
+//! are ignored). Set `STREAMALLOC_BENCH_OUT=path.md` to also get the report as Markdown.
 
-use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Context;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::task::noop_waker;
+use futures::task::noop_waker_ref;
+use futures::FutureExt;
 use streamalloc::{CompletionStrategy, Device, Event, Stream};
 
-const STRATEGIES: [CompletionStrategy; 2] =
-    [CompletionStrategy::HostFunction, CompletionStrategy::Poller];
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
+const STRATEGIES: [(CompletionStrategy, &str); 2] = [
+    (CompletionStrategy::HostFunction, "host-function"),
+    (CompletionStrategy::Poller, "poller"),
+];
 
-struct Dist {
-    median: f64,
-    p90: f64,
-    p99: f64,
-    max: f64,
-}
+/// Wake latency: measured iterations per series, after untimed warm-up ones.
+const WAKE_ITERS: usize = 2_000;
+const WAKE_WARMUP: usize = 50;
+/// The stand-in for a short kernel.
+const WAKE_KERNEL: Duration = Duration::from_micros(20);
+/// A series stops early past this (its `n` says so), so a slow backend stays within a minute.
+const WAKE_SERIES_BUDGET: Duration = Duration::from_secs(3);
 
-fn dist(mut v: Vec<f64>) -> Dist {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Dist {
-        median: percentile(&v, 0.5),
-        p90: percentile(&v, 0.9),
-        p99: percentile(&v, 0.99),
-        max: *v.last().unwrap(),
-    }
-}
+/// Stream stall: operations per run, each a delay of `STALL_OP`.
+const STALL_OPS: usize = 1_000;
+const STALL_OP: Duration = Duration::from_micros(2);
+/// Holds the stream until all operations are enqueued and all events armed.
+const STALL_GATE: Duration = Duration::from_millis(50);
+/// Runs of each variant, alternated; the median is reported.
+const STALL_REPS: usize = 5;
 
-/// Polls `event` once so the completion driver is armed for it, without waiting.
-fn arm(event: &mut Event) {
-    let waker = noop_waker();
-    let _ = Pin::new(event).poll(&mut Context::from_waker(&waker));
-}
-
-fn spin_until_complete(event: &Event) -> Instant {
-    while !event.is_complete().unwrap() {
-        std::hint::spin_loop();
-    }
-    Instant::now()
-}
-
-/// µs from just after `record` to the awaiting task resuming, behind a short device operation.
-fn wake_latency(stream: &Stream, iterations: usize, op: Duration) -> (Dist, Dist, Dist) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (mut spin, mut tokio_await, mut block_on_await) = (vec![], vec![], vec![]);
-    for i in 0..iterations * 3 {
-        stream.enqueue_delay(op).unwrap();
-        let event = stream.record().unwrap();
-        let t0 = Instant::now();
-        let t1 = match i % 3 {
-            0 => spin_until_complete(&event),
-            1 => rt.block_on(async {
-                event.await.unwrap();
-                Instant::now()
-            }),
-            _ => {
-                futures::executor::block_on(event).unwrap();
-                Instant::now()
-            }
-        };
-        let us = (t1 - t0).as_secs_f64() * 1e6;
-        [&mut spin, &mut tokio_await, &mut block_on_await][i % 3].push(us);
-    }
-    (dist(spin), dist(tokio_await), dist(block_on_await))
-}
-
-/// Device time of 1,000 small operations, with and without an armed event after each. A long
-/// gate first holds the stream while everything is enqueued, so host enqueue cost is excluded.
-fn stream_stall(device: &Device, ops: usize, op: Duration) -> (f64, f64, f64) {
-    let mut result = [0.0; 2];
-    let mut last_wake_after = 0.0;
-    for (k, with_events) in [false, true].into_iter().enumerate() {
-        let s = Stream::new(device).unwrap();
-        s.enqueue_delay(Duration::from_millis(100)).unwrap();
-        let gate = s.record().unwrap();
-        let mut events = Vec::with_capacity(ops);
-        for _ in 0..ops {
-            s.enqueue_delay(op).unwrap();
-            if with_events {
-                let mut e = s.record().unwrap();
-                arm(&mut e);
-                events.push(e);
-            }
-        }
-        let last = s.record().unwrap();
-        assert!(
-            !gate.is_complete().unwrap(),
-            "enqueueing outlasted the gate; raise it"
-        );
-        let t0 = spin_until_complete(&gate);
-        let t1 = spin_until_complete(&last);
-        result[k] = (t1 - t0).as_secs_f64() * 1e3;
-        if with_events {
-            futures::executor::block_on(futures::future::join_all(events));
-            last_wake_after = (Instant::now() - t1).as_secs_f64() * 1e3;
-        }
-    }
-    (result[0], result[1], last_wake_after)
-}
-
-/// CPU time of all threads of this process, in ms (sum of /proc/self/task/*/schedstat).
-fn process_cpu_ms() -> Option<f64> {
-    let mut total_ns = 0u64;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = task.ok()?.path().join("schedstat");
-        let text = std::fs::read_to_string(path).ok()?;
-        total_ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(total_ns as f64 / 1e6)
-}
-
-/// CPU ms per wall second while the main thread sleeps: idle, and with one event pending.
-fn poller_cpu(device: &Device) -> Option<(f64, f64)> {
-    let s = Stream::new(device).unwrap();
-    // Start whatever the strategy needs (shadow stream, poller thread) and let it go idle.
-    s.enqueue_delay(Duration::from_millis(1)).unwrap();
-    futures::executor::block_on(s.record().unwrap()).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    let window = Duration::from_secs(1);
-    let c0 = process_cpu_ms()?;
-    std::thread::sleep(window);
-    let idle = process_cpu_ms()? - c0;
-    s.enqueue_delay(window + Duration::from_millis(300))
-        .unwrap();
-    let mut pending = s.record().unwrap();
-    arm(&mut pending);
-    std::thread::sleep(Duration::from_millis(50));
-    let c0 = process_cpu_ms()?;
-    std::thread::sleep(window);
-    let busy = process_cpu_ms()? - c0;
-    futures::executor::block_on(pending).unwrap();
-    Some((idle / window.as_secs_f64(), busy / window.as_secs_f64()))
-}
+/// CPU cost: the measured window, and the delay the busy case's event waits behind (longer than
+/// the window, so the event stays pending throughout).
+const CPU_WINDOW: Duration = Duration::from_secs(1);
+const CPU_BUSY_DELAY: Duration = Duration::from_millis(1_200);
 
 fn main() {
+    // `--bench` (and anything else the bundle runner or cargo passes) is ignored.
+    if let Err(e) = run() {
+        eprintln!("completion bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), BoxError> {
+    let started = Instant::now();
     let device = Device::default();
-    let host = device.backend() == streamalloc::BackendKind::Host;
-    let (iterations, op) = if host {
-        (300, Duration::from_micros(20))
-    } else {
-        (2000, Duration::from_micros(20))
-    };
-    let (ops, small_op) = (1000, Duration::from_micros(2));
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "device: {} ({}, {} backend)\n",
+    let mut report = Report::default();
+    report.line(format!(
+        "device: {} ({}); {} host CPUs; {} build",
         device.id(),
         device.name(),
-        device.backend()
-    );
-    let _ = writeln!(
-        md,
-        "wake latency: µs from `record()` to the task running again, behind a {} µs device \
-         operation, {iterations} samples each\n",
-        op.as_micros()
-    );
-    let _ = writeln!(
-        md,
-        "| strategy | how | median | p90 | p99 | max |\n|---|---|---|---|---|---|"
-    );
-    let mut stall_rows = String::new();
-    let mut cpu_rows = String::new();
-    for strategy in STRATEGIES {
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    ));
+    report.line(format!(
+        "wake latency: {WAKE_ITERS} iterations per series (fewer past {}s) of a {}µs delay; \
+         timed from just after record() to the code after .await (spin: to is_complete() first \
+         true); overhead = await p50 - spin p50",
+        WAKE_SERIES_BUDGET.as_secs(),
+        WAKE_KERNEL.as_micros(),
+    ));
+    report.line(format!(
+        "stream stall: {STALL_OPS} delays of {}µs, device time from a {}ms gate opening to the \
+         stream's end, median of {STALL_REPS} runs; (b) records an event after each op and \
+         awaits all of them in tokio tasks",
+        STALL_OP.as_micros(),
+        STALL_GATE.as_millis(),
+    ));
+    report.line(format!(
+        "CPU: process CPU time over a {}s window while the main thread sleeps; busy = one armed \
+         event pending behind a {}ms delay",
+        CPU_WINDOW.as_secs(),
+        CPU_BUSY_DELAY.as_millis(),
+    ));
+    eprintln!("completion bench on {} ({})", device.id(), device.name());
+
+    let stream = Stream::new(&device)?;
+    let gate_stream = Stream::new(&device)?;
+    let mut summaries = Vec::new();
+    for (strategy, name) in STRATEGIES {
         device.set_completion_strategy(strategy);
-        let s = Stream::new(&device).unwrap();
-        // Warm up: shadow stream, poller thread, spin kernel module, event cache.
-        let _ = wake_latency(&s, 20, op);
-        let (spin, tokio_await, block_on_await) = wake_latency(&s, iterations, op);
-        for (how, d) in [
-            ("spin on is_complete", &spin),
-            ("tokio .await", &tokio_await),
-            ("block_on", &block_on_await),
-        ] {
-            let _ = writeln!(
-                md,
-                "| {strategy:?} | {how} | {:.1} | {:.1} | {:.1} | {:.1} |",
-                d.median, d.p90, d.p99, d.max
-            );
-        }
-        let _ = writeln!(
-            md,
-            "| {strategy:?} | notification overhead (tokio median − spin median) | {:.1} | | | |",
-            tokio_await.median - spin.median
-        );
-        let (plain, with_events, last_wake) = stream_stall(&device, ops, small_op);
-        let _ = writeln!(
-            stall_rows,
-            "| {strategy:?} | {plain:.2} | {with_events:.2} | {:.3} | {last_wake:.3} |",
-            with_events / plain
-        );
-        match poller_cpu(&device) {
-            Some((idle, busy)) => {
-                let _ = writeln!(cpu_rows, "| {strategy:?} | {idle:.1} | {busy:.1} |");
-            }
-            None => {
-                let _ = writeln!(cpu_rows, "| {strategy:?} | n/a | n/a |");
-            }
+        eprintln!("[{name}] wake latency ...");
+        let wake = WakeResults::measure(&stream)?;
+        eprintln!("[{name}] stream stall ...");
+        let stall = StallResults::measure(&stream, &gate_stream)?;
+        eprintln!("[{name}] CPU cost ...");
+        let cpu = CpuResults::measure(&stream)?;
+        report.table(wake.table(name));
+        report.table(stall.table(name));
+        report.table(cpu.table(name));
+        summaries.push((name, wake, stall, cpu));
+    }
+    device.set_completion_strategy(CompletionStrategy::default());
+
+    report.table(summary_table(&summaries));
+    report.line(format!(
+        "total bench time: {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    println!("{}", report.text());
+    if let Some(path) = std::env::var_os("STREAMALLOC_BENCH_OUT") {
+        std::fs::write(&path, report.markdown())?;
+        println!("markdown report written to {}", path.to_string_lossy());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Wake latency
+
+/// Polls an event, counting polls; bumps `armed` once its first poll is over (by then a pending
+/// event has asked the completion driver for a wake-up).
+struct Watched {
+    event: Event,
+    polls: u32,
+    armed: Option<Arc<AtomicUsize>>,
+}
+
+impl Watched {
+    fn new(event: Event, armed: Option<Arc<AtomicUsize>>) -> Self {
+        Watched {
+            event,
+            polls: 0,
+            armed,
         }
     }
-    let _ = writeln!(
-        md,
-        "\nstream stall: device time (ms) of {ops} operations of {} µs on one stream, without \
-         and with an awaited event after each (all enqueued behind a gate, so host enqueue cost \
-         is excluded)\n",
-        small_op.as_micros()
+}
+
+impl Future for Watched {
+    /// How many polls it took.
+    type Output = streamalloc::Result<u32>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        this.polls += 1;
+        let out = this.event.poll_unpin(cx);
+        if this.polls == 1 {
+            if let Some(armed) = &this.armed {
+                armed.fetch_add(1, Ordering::Release);
+            }
+        }
+        out.map(|r| r.map(|()| this.polls))
+    }
+}
+
+/// Latencies of one series.
+struct Series {
+    samples: Vec<Duration>,
+    /// Iterations whose event was already complete at the first poll (no wake-up involved).
+    ready_at_first_poll: usize,
+}
+
+impl Series {
+    /// Runs `one` for warm-up and then for `WAKE_ITERS` measured iterations, or fewer when the
+    /// series outlasts `WAKE_SERIES_BUDGET`. `one` returns a latency and whether the event was
+    /// complete at once.
+    async fn collect<F>(mut one: impl FnMut() -> F) -> Result<Series, BoxError>
+    where
+        F: Future<Output = Result<(Duration, bool), BoxError>>,
+    {
+        for _ in 0..WAKE_WARMUP {
+            one().await?;
+        }
+        let mut series = Series {
+            samples: Vec::with_capacity(WAKE_ITERS),
+            ready_at_first_poll: 0,
+        };
+        let start = Instant::now();
+        while series.samples.len() < WAKE_ITERS && start.elapsed() < WAKE_SERIES_BUDGET {
+            let (latency, at_once) = one().await?;
+            series.samples.push(latency);
+            series.ready_at_first_poll += usize::from(at_once);
+        }
+        series.samples.sort_unstable();
+        Ok(series)
+    }
+
+    /// Nearest-rank percentile, `p` in 1..=100.
+    fn percentile(&self, p: usize) -> Duration {
+        let n = self.samples.len();
+        let rank = (p * n).div_ceil(100).clamp(1, n);
+        self.samples[rank - 1]
+    }
+
+    fn median(&self) -> Duration {
+        self.percentile(50)
+    }
+
+    fn max(&self) -> Duration {
+        *self.samples.last().expect("a series has samples")
+    }
+}
+
+/// One awaited iteration: a short delay on the idle stream, an event after it, awaited.
+async fn await_once(stream: &Stream) -> Result<(Duration, bool), BoxError> {
+    stream.enqueue_delay(WAKE_KERNEL)?;
+    let event = stream.record()?;
+    let t0 = Instant::now();
+    let polls = Watched::new(event, None).await?;
+    Ok((t0.elapsed(), polls == 1))
+}
+
+/// One spinning iteration: the same, with `is_complete()` queried in a busy loop.
+fn spin_once(stream: &Stream) -> Result<(Duration, bool), BoxError> {
+    stream.enqueue_delay(WAKE_KERNEL)?;
+    let event = stream.record()?;
+    let t0 = Instant::now();
+    let mut queries = 0u32;
+    while !event.is_complete()? {
+        queries += 1;
+        std::hint::spin_loop();
+    }
+    Ok((t0.elapsed(), queries == 0))
+}
+
+struct WakeResults {
+    tokio: Series,
+    block_on: Series,
+    spin: Series,
+}
+
+impl WakeResults {
+    fn measure(stream: &Stream) -> Result<WakeResults, BoxError> {
+        let rt = tokio::runtime::Builder::new_current_thread().build()?;
+        let tokio = rt.block_on(Series::collect(|| await_once(stream)))?;
+        let block_on = futures::executor::block_on(Series::collect(|| await_once(stream)))?;
+        // Nothing in this series awaits; `block_on` only drives the shared loop.
+        let spin =
+            futures::executor::block_on(Series::collect(|| std::future::ready(spin_once(stream))))?;
+        Ok(WakeResults {
+            tokio,
+            block_on,
+            spin,
+        })
+    }
+
+    /// Median latency of `awaited` beyond the spin-query median: the wake path's own cost.
+    fn overhead(&self, awaited: &Series) -> f64 {
+        us(awaited.median()) - us(self.spin.median())
+    }
+
+    fn table(&self, strategy: &str) -> Table {
+        let mut t = Table::new(
+            format!("[{strategy}] wake latency (µs, from just after record)"),
+            &[
+                "waiter",
+                "n",
+                "median",
+                "p90",
+                "p99",
+                "max",
+                "ready at 1st poll",
+                "overhead vs spin (median)",
+            ],
+        );
+        for (name, s, overhead) in [
+            (
+                "tokio current-thread",
+                &self.tokio,
+                Some(self.overhead(&self.tokio)),
+            ),
+            (
+                "futures block_on",
+                &self.block_on,
+                Some(self.overhead(&self.block_on)),
+            ),
+            ("spin on is_complete", &self.spin, None),
+        ] {
+            t.row(vec![
+                name.into(),
+                s.samples.len().to_string(),
+                fmt_us(s.median()),
+                fmt_us(s.percentile(90)),
+                fmt_us(s.percentile(99)),
+                fmt_us(s.max()),
+                s.ready_at_first_poll.to_string(),
+                overhead.map_or("-".into(), |o| format!("{o:.1}")),
+            ]);
+        }
+        t
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Stream stall
+
+struct StallRun {
+    /// Device time of the operations: from the gate opening to the stream's end.
+    device: Duration,
+    /// Host time to enqueue the operations (and records, and spawn the awaiting tasks).
+    enqueue: Duration,
+    /// Whether everything was enqueued and armed before the gate opened.
+    gated: bool,
+    /// When the last awaiting task resumed, relative to the stream's end (µs; may be < 0).
+    last_wake_after_end_us: Option<f64>,
+}
+
+/// One run: gate the stream, enqueue the operations (with an awaited event after each when
+/// `awaiters` is given), open the gate, time the stream.
+fn stall_run(
+    stream: &Stream,
+    gate_stream: &Stream,
+    awaiters: Option<&tokio::runtime::Runtime>,
+) -> Result<StallRun, BoxError> {
+    gate_stream.enqueue_delay(STALL_GATE)?;
+    let gate = gate_stream.record()?;
+    stream.wait(&gate)?;
+
+    let armed = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    let t_enqueue = Instant::now();
+    for _ in 0..STALL_OPS {
+        stream.enqueue_delay(STALL_OP)?;
+        if let Some(rt) = awaiters {
+            let watched = Watched::new(stream.record()?, Some(armed.clone()));
+            tasks.push(rt.spawn(async move {
+                watched.await?;
+                Ok::<Instant, streamalloc::Error>(Instant::now())
+            }));
+        }
+    }
+    let enqueue = t_enqueue.elapsed();
+    while armed.load(Ordering::Acquire) < tasks.len() {
+        std::thread::yield_now();
+    }
+    let gated = !gate.is_complete()?;
+    while !gate.is_complete()? {
+        std::hint::spin_loop();
+    }
+    let t_open = Instant::now();
+    stream.synchronize_blocking()?;
+    let t_end = Instant::now();
+
+    let last_wake_after_end_us = match awaiters {
+        None => None,
+        Some(rt) => {
+            let mut last = None::<Instant>;
+            for task in tasks {
+                let woke = rt.block_on(task)??;
+                last = Some(last.map_or(woke, |l| l.max(woke)));
+            }
+            last.map(|l| signed_us(l, t_end))
+        }
+    };
+    Ok(StallRun {
+        device: t_end - t_open,
+        enqueue,
+        gated,
+        last_wake_after_end_us,
+    })
+}
+
+struct StallResults {
+    alone: Vec<StallRun>,
+    awaited: Vec<StallRun>,
+}
+
+impl StallResults {
+    fn measure(stream: &Stream, gate_stream: &Stream) -> Result<StallResults, BoxError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()?;
+        // One untimed run of each warms the streams, the shadow stream and the poller.
+        stall_run(stream, gate_stream, None)?;
+        stall_run(stream, gate_stream, Some(&rt))?;
+        let mut results = StallResults {
+            alone: Vec::new(),
+            awaited: Vec::new(),
+        };
+        for _ in 0..STALL_REPS {
+            results.alone.push(stall_run(stream, gate_stream, None)?);
+            results
+                .awaited
+                .push(stall_run(stream, gate_stream, Some(&rt))?);
+        }
+        Ok(results)
+    }
+
+    fn median_device(runs: &[StallRun]) -> Duration {
+        median(runs.iter().map(|r| r.device))
+    }
+
+    fn ratio(&self) -> f64 {
+        Self::median_device(&self.awaited).as_secs_f64()
+            / Self::median_device(&self.alone).as_secs_f64()
+    }
+
+    fn table(&self, strategy: &str) -> Table {
+        let mut t = Table::new(
+            format!("[{strategy}] stream stall ({STALL_OPS} ops, device time)"),
+            &[
+                "variant",
+                "median ms",
+                "min ms",
+                "max ms",
+                "enqueue ms (median)",
+                "gate held",
+                "last wake after end µs (median)",
+            ],
+        );
+        for (name, runs) in [
+            ("(a) ops alone", &self.alone),
+            ("(b) + 1,000 awaited events", &self.awaited),
+        ] {
+            let mut wakes: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.last_wake_after_end_us)
+                .collect();
+            wakes.sort_unstable_by(f64::total_cmp);
+            let gated = runs.iter().filter(|r| r.gated).count();
+            t.row(vec![
+                name.into(),
+                fmt_ms(Self::median_device(runs)),
+                fmt_ms(runs.iter().map(|r| r.device).min().unwrap_or_default()),
+                fmt_ms(runs.iter().map(|r| r.device).max().unwrap_or_default()),
+                fmt_ms(median(runs.iter().map(|r| r.enqueue))),
+                format!("{gated}/{}", runs.len()),
+                wakes
+                    .get(wakes.len() / 2)
+                    .map_or("-".into(), |w| format!("{w:.0}")),
+            ]);
+        }
+        t.row(vec![
+            "ratio (b)/(a)".into(),
+            format!("{:.3}", self.ratio()),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+        t
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. CPU cost
+
+/// CPU time used by the whole process so far, all threads included.
+fn process_cpu_time() -> Option<Duration> {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Process CPU milliseconds per wall second while this thread sleeps for `CPU_WINDOW`.
+fn cpu_ms_per_s_while_sleeping() -> Option<f64> {
+    let (cpu0, wall0) = (process_cpu_time()?, Instant::now());
+    std::thread::sleep(CPU_WINDOW);
+    let (cpu1, wall1) = (process_cpu_time()?, Instant::now());
+    Some((cpu1 - cpu0).as_secs_f64() * 1e3 / (wall1 - wall0).as_secs_f64())
+}
+
+struct CpuResults {
+    idle: Option<f64>,
+    busy: Option<f64>,
+    /// Whether the busy case's event was armed (pending at its first poll) and still pending
+    /// at the end of the window.
+    busy_valid: bool,
+}
+
+impl CpuResults {
+    fn measure(stream: &Stream) -> Result<CpuResults, BoxError> {
+        let idle = cpu_ms_per_s_while_sleeping();
+
+        stream.enqueue_delay(CPU_BUSY_DELAY)?;
+        let event = stream.record()?;
+        let mut cx = Context::from_waker(noop_waker_ref());
+        // One poll arms the completion driver; the future is then dropped, the driver keeps
+        // watching the event.
+        let armed = event.clone().poll_unpin(&mut cx).is_pending();
+        let busy = cpu_ms_per_s_while_sleeping();
+        let still_pending = !event.is_complete()?;
+        stream.synchronize_blocking()?;
+        Ok(CpuResults {
+            idle,
+            busy,
+            busy_valid: armed && still_pending,
+        })
+    }
+
+    fn table(&self, strategy: &str) -> Table {
+        let mut t = Table::new(
+            format!("[{strategy}] process CPU while the main thread sleeps"),
+            &["case", "CPU ms per wall s", "note"],
+        );
+        t.row(vec![
+            "idle (nothing pending)".into(),
+            fmt_opt(self.idle),
+            String::new(),
+        ]);
+        t.row(vec![
+            "busy (1 armed event pending)".into(),
+            fmt_opt(self.busy),
+            if self.busy_valid {
+                String::new()
+            } else {
+                "INVALID: the event was not pending throughout".into()
+            },
+        ]);
+        t
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Table {
+    let mut t = Table::new(
+        "summary",
+        &[
+            "strategy",
+            "tokio p50/p99 µs",
+            "block_on p50/p99 µs",
+            "spin p50 µs",
+            "overhead tokio/block_on µs",
+            "stall (a) ms",
+            "stall (b) ms",
+            "(b)/(a)",
+            "CPU idle ms/s",
+            "CPU busy ms/s",
+        ],
     );
-    let _ = writeln!(md, "| strategy | plain ms | with events ms | ratio | last wake after stream done, ms |\n|---|---|---|---|---|");
-    md.push_str(&stall_rows);
-    let _ = writeln!(
-        md,
-        "\nCPU ms per wall second of the whole process while the main thread sleeps\n"
-    );
-    let _ = writeln!(md, "| strategy | idle | one event pending |\n|---|---|---|");
-    md.push_str(&cpu_rows);
-    println!("{md}");
-    if let Ok(path) = std::env::var("STREAMALLOC_BENCH_OUT") {
-        std::fs::write(&path, &md).unwrap_or_else(|e| eprintln!("writing {path}: {e}"));
+    for (name, wake, stall, cpu) in rows {
+        t.row(vec![
+            name.to_string(),
+            format!(
+                "{} / {}",
+                fmt_us(wake.tokio.median()),
+                fmt_us(wake.tokio.percentile(99))
+            ),
+            format!(
+                "{} / {}",
+                fmt_us(wake.block_on.median()),
+                fmt_us(wake.block_on.percentile(99))
+            ),
+            fmt_us(wake.spin.median()),
+            format!(
+                "{:.1} / {:.1}",
+                wake.overhead(&wake.tokio),
+                wake.overhead(&wake.block_on)
+            ),
+            fmt_ms(StallResults::median_device(&stall.alone)),
+            fmt_ms(StallResults::median_device(&stall.awaited)),
+            format!("{:.3}", stall.ratio()),
+            fmt_opt(cpu.idle),
+            fmt_opt(cpu.busy),
+        ]);
+    }
+    t
+}
+
+/// The upper median of a non-empty sequence.
+fn median<T: Ord>(values: impl Iterator<Item = T>) -> T {
+    let mut v: Vec<T> = values.collect();
+    v.sort_unstable();
+    v.swap_remove(v.len() / 2)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn signed_us(later: Instant, earlier: Instant) -> f64 {
+    if later >= earlier {
+        us(later - earlier)
+    } else {
+        -us(earlier - later)
+    }
+}
+
+fn fmt_us(d: Duration) -> String {
+    format!("{:.1}", us(d))
+}
+
+fn fmt_ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.2}"))
+}
+
+struct Table {
+    title: String,
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(title: impl Into<String>, headers: &[&str]) -> Table {
+        Table {
+            title: title.into(),
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.headers.len());
+        self.rows.push(cells);
+    }
+
+    fn text(&self) -> String {
+        let widths: Vec<usize> = (0..self.headers.len())
+            .map(|i| {
+                std::iter::once(&self.headers[i])
+                    .chain(self.rows.iter().map(|r| &r[i]))
+                    .map(|c| c.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            padded.join("  ").trim_end().to_string()
+        };
+        let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+        let mut lines = vec![self.title.clone(), line(&self.headers), line(&rule)];
+        lines.extend(self.rows.iter().map(|r| line(r)));
+        lines.join("\n") + "\n"
+    }
+
+    fn markdown(&self) -> String {
+        let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
+        let rule = vec!["---".to_string(); self.headers.len()];
+        let mut lines = vec![
+            format!("### {}\n", self.title),
+            line(&self.headers),
+            line(&rule),
+        ];
+        lines.extend(self.rows.iter().map(|r| line(r)));
+        lines.join("\n") + "\n"
+    }
+}
+
+enum Block {
+    Line(String),
+    Table(Table),
+}
+
+/// The report, rendered as plain text (stdout) and as Markdown (`STREAMALLOC_BENCH_OUT`).
+#[derive(Default)]
+struct Report {
+    blocks: Vec<Block>,
+}
+
+impl Report {
+    fn line(&mut self, s: String) {
+        self.blocks.push(Block::Line(s));
+    }
+
+    fn table(&mut self, t: Table) {
+        self.blocks.push(Block::Table(t));
+    }
+
+    fn render(&self, head: &str, line: fn(&str) -> String, table: fn(&Table) -> String) -> String {
+        let mut out = head.to_string();
+        for b in &self.blocks {
+            out.push_str(&match b {
+                Block::Line(s) => line(s),
+                Block::Table(t) => table(t),
+            });
+        }
+        out
+    }
+
+    fn text(&self) -> String {
+        self.render(
+            "streamalloc completion-driver benchmark\n",
+            |s| format!("{s}\n"),
+            |t| format!("\n{}", t.text()),
+        )
+    }
+
+    fn markdown(&self) -> String {
+        self.render(
+            "## streamalloc completion-driver benchmark\n\n",
+            |s| format!("- {s}\n"),
+            |t| format!("\n{}", t.markdown()),
+        )
     }
 }
