@@ -46,8 +46,10 @@ const WAKE_SERIES_BUDGET: Duration = Duration::from_secs(3);
 /// Stream stall: operations per run, each a delay of `STALL_OP`.
 const STALL_OPS: usize = 1_000;
 const STALL_OP: Duration = Duration::from_micros(2);
-/// Holds the stream until all operations are enqueued and all events armed.
-const STALL_GATE: Duration = Duration::from_millis(50);
+/// Holds the stream until all operations are enqueued and all events armed: long enough for
+/// either strategy (on an H100, arming 1,000 events through host functions took ~62 ms, which
+/// outlasted a 50 ms gate).
+const STALL_GATE: Duration = Duration::from_millis(250);
 /// Runs of each variant, alternated; the median is reported.
 const STALL_REPS: usize = 5;
 
