@@ -7,10 +7,14 @@
 //!    `futures::executor::block_on`. Timed from just after `record()` to the code after `.await`.
 //!    A busy-spin `is_complete()` loop, timed from the same point, gives the kernel's own share;
 //!    the difference of the medians is the notification overhead.
-//! 2. Stream stall: 1,000 delays of 2 µs on one stream, (a) alone and (b) with an event recorded
-//!    after each and all 1,000 awaited at once by tokio tasks. The stream is held behind a gate
-//!    (an event of another stream) until everything is enqueued and armed, and the time is taken
-//!    from the gate opening to the stream finishing: device time, not host enqueue time.
+//! 2. Stream stall: 1,000 delays on one stream, (a) alone and (b) with an event recorded after
+//!    each and all 1,000 awaited at once by tokio tasks, in two set-ups. *Gated*: 2 µs delays,
+//!    the stream held behind a gate (an event of another stream) until everything is enqueued
+//!    and armed, timed from the gate opening to the stream finishing: device time, not host
+//!    enqueue time. This holds only if enqueueing and arming finish before the gate opens, which
+//!    the report says per run. *Ungated*: 20 µs delays, long enough that the device, not the
+//!    host, sets the pace, timed from the first enqueue to the stream finishing, so whatever
+//!    arming costs the host or the stream shows.
 //! 3. CPU cost: process CPU time per wall second while the main thread sleeps for 1 s, with no
 //!    event pending and with one armed event pending behind a longer delay.
 //!
@@ -43,13 +47,17 @@ const WAKE_KERNEL: Duration = Duration::from_micros(20);
 /// A series stops early past this (its `n` says so), so a slow backend stays within a minute.
 const WAKE_SERIES_BUDGET: Duration = Duration::from_secs(3);
 
-/// Stream stall: operations per run, each a delay of `STALL_OP`.
+/// Stream stall: operations per run.
 const STALL_OPS: usize = 1_000;
+/// The gated set-up: each operation a delay of `STALL_OP`, the stream held by a `STALL_GATE`
+/// delay on another stream until everything is enqueued and armed. (On an H100 under the
+/// host-function strategy, enqueueing with 1,000 armed events lasted until the gate opened,
+/// whether the gate was 50 or 250 ms: the ungated set-up measures that case.)
 const STALL_OP: Duration = Duration::from_micros(2);
-/// Holds the stream until all operations are enqueued and all events armed: long enough for
-/// either strategy (on an H100, arming 1,000 events through host functions took ~62 ms, which
-/// outlasted a 50 ms gate).
 const STALL_GATE: Duration = Duration::from_millis(250);
+/// The ungated set-up: each operation a delay of `STALL_OP_UNGATED`, longer than enqueueing
+/// one operation and one event takes the host.
+const STALL_OP_UNGATED: Duration = Duration::from_micros(20);
 /// Runs of each variant, alternated; the median is reported.
 const STALL_REPS: usize = 5;
 
@@ -89,11 +97,13 @@ fn run() -> Result<(), BoxError> {
         WAKE_KERNEL.as_micros(),
     ));
     report.line(format!(
-        "stream stall: {STALL_OPS} delays of {}µs, device time from a {}ms gate opening to the \
-         stream's end, median of {STALL_REPS} runs; (b) records an event after each op and \
-         awaits all of them in tokio tasks",
+        "stream stall: {STALL_OPS} ops, median of {STALL_REPS} runs; (b) records an event after \
+         each op and awaits all of them in tokio tasks. gated: delays of {}µs, device time from \
+         a {}ms gate opening to the stream's end (valid only where the gate held). ungated: \
+         delays of {}µs, time from the first enqueue to the stream's end",
         STALL_OP.as_micros(),
         STALL_GATE.as_millis(),
+        STALL_OP_UNGATED.as_micros(),
     ));
     report.line(format!(
         "CPU: process CPU time over a {}s window while the main thread sleeps; busy = one armed \
@@ -314,32 +324,44 @@ impl WakeResults {
 // 2. Stream stall
 
 struct StallRun {
-    /// Device time of the operations: from the gate opening to the stream's end.
-    device: Duration,
+    /// Gated: from the gate opening to the stream's end (device time). Ungated: from the first
+    /// enqueue to the stream's end.
+    timed: Duration,
     /// Host time to enqueue the operations (and records, and spawn the awaiting tasks).
     enqueue: Duration,
-    /// Whether everything was enqueued and armed before the gate opened.
+    /// Whether everything was enqueued and armed before the gate opened (ungated: always).
     gated: bool,
     /// When the last awaiting task resumed, relative to the stream's end (µs; may be < 0).
     last_wake_after_end_us: Option<f64>,
 }
 
-/// One run: gate the stream, enqueue the operations (with an awaited event after each when
-/// `awaiters` is given), open the gate, time the stream.
+/// One run: optionally gate the stream, enqueue the operations (with an awaited event after
+/// each when `awaiters` is given), open the gate, time the stream.
 fn stall_run(
     stream: &Stream,
-    gate_stream: &Stream,
+    gate_stream: Option<&Stream>,
     awaiters: Option<&tokio::runtime::Runtime>,
 ) -> Result<StallRun, BoxError> {
-    gate_stream.enqueue_delay(STALL_GATE)?;
-    let gate = gate_stream.record()?;
-    stream.wait(&gate)?;
+    let op = if gate_stream.is_some() {
+        STALL_OP
+    } else {
+        STALL_OP_UNGATED
+    };
+    let gate = match gate_stream {
+        Some(g) => {
+            g.enqueue_delay(STALL_GATE)?;
+            let gate = g.record()?;
+            stream.wait(&gate)?;
+            Some(gate)
+        }
+        None => None,
+    };
 
     let armed = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     let t_enqueue = Instant::now();
     for _ in 0..STALL_OPS {
-        stream.enqueue_delay(STALL_OP)?;
+        stream.enqueue_delay(op)?;
         if let Some(rt) = awaiters {
             let watched = Watched::new(stream.record()?, Some(armed.clone()));
             tasks.push(rt.spawn(async move {
@@ -349,14 +371,19 @@ fn stall_run(
         }
     }
     let enqueue = t_enqueue.elapsed();
-    while armed.load(Ordering::Acquire) < tasks.len() {
-        std::thread::yield_now();
-    }
-    let gated = !gate.is_complete()?;
-    while !gate.is_complete()? {
-        std::hint::spin_loop();
-    }
-    let t_open = Instant::now();
+    let (gated, t_start) = match &gate {
+        Some(gate) => {
+            while armed.load(Ordering::Acquire) < tasks.len() {
+                std::thread::yield_now();
+            }
+            let gated = !gate.is_complete()?;
+            while !gate.is_complete()? {
+                std::hint::spin_loop();
+            }
+            (gated, Instant::now())
+        }
+        None => (true, t_enqueue),
+    };
     stream.synchronize_blocking()?;
     let t_end = Instant::now();
 
@@ -372,61 +399,69 @@ fn stall_run(
         }
     };
     Ok(StallRun {
-        device: t_end - t_open,
+        timed: t_end - t_start,
         enqueue,
         gated,
         last_wake_after_end_us,
     })
 }
 
-struct StallResults {
+/// The runs of one set-up (gated or ungated), alone and with awaited events.
+struct StallSetup {
     alone: Vec<StallRun>,
     awaited: Vec<StallRun>,
 }
 
-impl StallResults {
-    fn measure(stream: &Stream, gate_stream: &Stream) -> Result<StallResults, BoxError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .build()?;
+impl StallSetup {
+    fn measure(
+        stream: &Stream,
+        gate_stream: Option<&Stream>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<StallSetup, BoxError> {
         // One untimed run of each warms the streams, the shadow stream and the poller.
         stall_run(stream, gate_stream, None)?;
-        stall_run(stream, gate_stream, Some(&rt))?;
-        let mut results = StallResults {
+        stall_run(stream, gate_stream, Some(rt))?;
+        let mut setup = StallSetup {
             alone: Vec::new(),
             awaited: Vec::new(),
         };
         for _ in 0..STALL_REPS {
-            results.alone.push(stall_run(stream, gate_stream, None)?);
-            results
+            setup.alone.push(stall_run(stream, gate_stream, None)?);
+            setup
                 .awaited
-                .push(stall_run(stream, gate_stream, Some(&rt))?);
+                .push(stall_run(stream, gate_stream, Some(rt))?);
         }
-        Ok(results)
+        Ok(setup)
     }
 
-    fn median_device(runs: &[StallRun]) -> Duration {
-        median(runs.iter().map(|r| r.device))
+    fn median_timed(runs: &[StallRun]) -> Duration {
+        median(runs.iter().map(|r| r.timed))
     }
 
     fn ratio(&self) -> f64 {
-        Self::median_device(&self.awaited).as_secs_f64()
-            / Self::median_device(&self.alone).as_secs_f64()
+        Self::median_timed(&self.awaited).as_secs_f64()
+            / Self::median_timed(&self.alone).as_secs_f64()
     }
 
-    fn table(&self, strategy: &str) -> Table {
-        let mut t = Table::new(
-            format!("[{strategy}] stream stall ({STALL_OPS} ops, device time)"),
-            &[
-                "variant",
-                "median ms",
-                "min ms",
-                "max ms",
-                "enqueue ms (median)",
-                "gate held",
-                "last wake after end µs (median)",
-            ],
-        );
+    /// Whether every run held its gate, so the figures are device time.
+    fn valid(&self) -> bool {
+        self.alone.iter().chain(&self.awaited).all(|r| r.gated)
+    }
+
+    /// `(a) ms`, `(b) ms` and the ratio, or why there are none.
+    fn summary(&self) -> [String; 3] {
+        if !self.valid() {
+            let why = "gate not held".to_string();
+            return [why.clone(), why, "-".into()];
+        }
+        [
+            fmt_ms(Self::median_timed(&self.alone)),
+            fmt_ms(Self::median_timed(&self.awaited)),
+            format!("{:.3}", self.ratio()),
+        ]
+    }
+
+    fn rows(&self, setup: &str, t: &mut Table) {
         for (name, runs) in [
             ("(a) ops alone", &self.alone),
             ("(b) + 1,000 awaited events", &self.awaited),
@@ -438,10 +473,10 @@ impl StallResults {
             wakes.sort_unstable_by(f64::total_cmp);
             let gated = runs.iter().filter(|r| r.gated).count();
             t.row(vec![
-                name.into(),
-                fmt_ms(Self::median_device(runs)),
-                fmt_ms(runs.iter().map(|r| r.device).min().unwrap_or_default()),
-                fmt_ms(runs.iter().map(|r| r.device).max().unwrap_or_default()),
+                format!("{setup} {name}"),
+                fmt_ms(Self::median_timed(runs)),
+                fmt_ms(runs.iter().map(|r| r.timed).min().unwrap_or_default()),
+                fmt_ms(runs.iter().map(|r| r.timed).max().unwrap_or_default()),
                 fmt_ms(median(runs.iter().map(|r| r.enqueue))),
                 format!("{gated}/{}", runs.len()),
                 wakes
@@ -449,15 +484,43 @@ impl StallResults {
                     .map_or("-".into(), |w| format!("{w:.0}")),
             ]);
         }
-        t.row(vec![
-            "ratio (b)/(a)".into(),
-            format!("{:.3}", self.ratio()),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-        ]);
+        let mut ratio = vec![format!("{setup} ratio (b)/(a)"), self.summary()[2].clone()];
+        ratio.resize(7, String::new());
+        t.row(ratio);
+    }
+}
+
+struct StallResults {
+    gated: StallSetup,
+    ungated: StallSetup,
+}
+
+impl StallResults {
+    fn measure(stream: &Stream, gate_stream: &Stream) -> Result<StallResults, BoxError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()?;
+        Ok(StallResults {
+            gated: StallSetup::measure(stream, Some(gate_stream), &rt)?,
+            ungated: StallSetup::measure(stream, None, &rt)?,
+        })
+    }
+
+    fn table(&self, strategy: &str) -> Table {
+        let mut t = Table::new(
+            format!("[{strategy}] stream stall ({STALL_OPS} ops)"),
+            &[
+                "set-up, variant",
+                "median ms",
+                "min ms",
+                "max ms",
+                "enqueue ms (median)",
+                "gate held",
+                "last wake after end µs (median)",
+            ],
+        );
+        self.gated.rows("gated", &mut t);
+        self.ungated.rows("ungated", &mut t);
         t
     }
 }
@@ -554,14 +617,18 @@ fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Tabl
             "block_on p50/p99 µs",
             "spin p50 µs",
             "overhead tokio/block_on µs",
-            "stall (a) ms",
-            "stall (b) ms",
-            "(b)/(a)",
+            "gated stall (a) / (b) ms",
+            "gated (b)/(a)",
+            "ungated stall (a) / (b) ms",
+            "ungated (b)/(a)",
             "CPU idle ms/s",
             "CPU busy ms/s",
         ],
     );
     for (name, wake, stall, cpu) in rows {
+        let [ga, gb, gated_ratio] = stall.gated.summary();
+        let [ua, ub, ungated_ratio] = stall.ungated.summary();
+        let (gated_ab, ungated_ab) = (format!("{ga} / {gb}"), format!("{ua} / {ub}"));
         t.row(vec![
             name.to_string(),
             format!(
@@ -580,9 +647,10 @@ fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Tabl
                 wake.overhead(&wake.tokio),
                 wake.overhead(&wake.block_on)
             ),
-            fmt_ms(StallResults::median_device(&stall.alone)),
-            fmt_ms(StallResults::median_device(&stall.awaited)),
-            format!("{:.3}", stall.ratio()),
+            gated_ab,
+            gated_ratio,
+            ungated_ab,
+            ungated_ratio,
             fmt_opt(cpu.idle),
             fmt_opt(cpu.busy),
         ]);

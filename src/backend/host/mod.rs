@@ -54,7 +54,7 @@ impl HostConfig {
         self.capacity.unwrap_or(DEFAULT_HOST_CAPACITY)
     }
 
-    /// The device's completion strategy (default [`CompletionStrategy::HostFunction`]).
+    /// The device's completion strategy (default [`CompletionStrategy::Poller`]).
     pub fn completion_strategy(mut self, strategy: CompletionStrategy) -> Self {
         self.completion_strategy = Some(strategy);
         self
