@@ -47,18 +47,24 @@
 //! block only slightly larger than the request (say, the last free chunk of a bounded pool) is
 //! still found. Free blocks are never scanned beyond that.
 //!
-//! # Stream ownership and the merge-on-steal rule
+//! # Stream ownership, taking and merging
 //! A block freed on stream S is owned by S: S may reuse it at once, because any later work on S
 //! is ordered after the free. Another stream T may not touch it until T has waited for an event
-//! recorded on S after the free. [`PoolCore::allocate`] therefore serves a stream only from its
-//! own blocks, and blocks of different streams never coalesce. When T needs memory that only S
-//! holds ([`PoolCore::stream_with_block`]), the wrapper records one event on S, makes T wait on
-//! it, and calls [`PoolCore::merge_stream`]`(S, T)`: *every* free block of S becomes T's and
-//! coalesces with T's neighbours. Taking them all, rather than the one block RMM's pool steals
-//! first, is sound because that single wait already orders T after every free on S so far; and
-//! it is what keeps memory freed on a stream that then goes quiet from being stranded there
-//! (RMM issue #2039: per-stream lists that strand memory cause out-of-memory with two or more
-//! streams). One event covers every free on S before it, so frees never record events.
+//! recorded on S after the free. [`PoolCore::allocate`] therefore serves a stream from its own
+//! blocks only, and blocks of different streams never coalesce. The wrapper decides when memory
+//! crosses streams, with two operations of the core:
+//! - *take*: when T's own blocks cannot serve a request and another stream S has a block that
+//!   can ([`PoolCore::streams_with_block`]), the wrapper makes T wait for an event of S and calls
+//!   [`PoolCore::allocate`]`(size, S)`: the piece is carved from S's block, the rest stays S's,
+//!   and when T frees the piece it becomes T's. So memory freed on a stream that then goes
+//!   quiet is never stranded there (RMM issue #2039), and busy streams do not hand their whole
+//!   free lists back and forth.
+//! - *merge*: when no single stream has a block big enough, [`PoolCore::merge_stream`]`(S, T)`
+//!   makes *every* free block of S T's, coalescing with T's neighbours, after the same kind of
+//!   wait; it is the remedy against fragmentation across streams, and how a trim gathers free
+//!   memory so that wholly free chunks become single blocks again.
+//!
+//! One event of S covers every free on S before it, so frees never record events.
 //!
 //! # Complexity
 //! | operation | cost |
@@ -71,10 +77,6 @@
 //! | [`release_empty_chunks`](PoolCore::release_empty_chunks) | O(chunks) |
 //! | [`largest_free_block`](PoolCore::largest_free_block) | O(streams + blocks in each stream's largest class) |
 //! | the other statistics | O(1) |
-
-// The public `PoolResource` wrapper that calls this core is written separately; until it lands
-// most of this module has no caller outside its tests.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -183,6 +185,7 @@ struct Block {
 }
 
 impl Block {
+    #[cfg(test)]
     fn end(&self) -> u64 {
         self.start + self.size
     }
@@ -250,6 +253,8 @@ impl StreamFree {
 /// A chunk obtained from the upstream resource.
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
+    /// For tests; the wrapper keys chunks by base address.
+    #[cfg_attr(not(test), allow(dead_code))]
     id: ChunkId,
     size: u64,
     /// The slab slot of the chunk's first block (at the chunk's base); it never changes while
@@ -398,12 +403,12 @@ impl PoolCore {
 
     /// Returns the block at `addr`, allocated with `size` bytes, to the pool, owned by
     /// `stream` from now on, and coalesces it at once with the free neighbours of the same
-    /// stream in its chunk.
+    /// stream in its chunk. Returns `stream`'s slot (see [`stream_slot`](Self::stream_slot)).
     ///
     /// # Panics
     /// When `addr` is not a block allocated from this pool and not freed since (a double
     /// free, or a foreign pointer), or `size` does not round to that block's size.
-    pub(crate) fn free(&mut self, addr: u64, size: usize, stream: StreamKey) {
+    pub(crate) fn free(&mut self, addr: u64, size: usize, stream: StreamKey) -> u32 {
         let idx = self
             .live
             .remove(&addr)
@@ -417,6 +422,7 @@ impl PoolCore {
         self.blocks[idx as usize].stream = slot;
         self.coalesce_and_link(idx);
         self.add_free_bytes(slot, block_size);
+        slot
     }
 
     /// Another stream than `exclude` whose own free blocks can serve `size` bytes, as
@@ -426,30 +432,44 @@ impl PoolCore {
     ///
     /// # Panics
     /// When `size` is 0.
+    #[cfg(test)]
     pub(crate) fn stream_with_block(&self, size: usize, exclude: StreamKey) -> Option<StreamKey> {
+        self.streams_with_block(size, exclude)
+            .max_by_key(|&(key, _, bytes)| (bytes, std::cmp::Reverse(key)))
+            .map(|(key, _, _)| key)
+    }
+
+    /// Every stream other than `exclude` whose own free blocks can serve `size` bytes, as
+    /// [`allocate`](Self::allocate) would find them, with its slot and its free bytes.
+    ///
+    /// # Panics
+    /// When `size` is 0.
+    pub(crate) fn streams_with_block(
+        &self,
+        size: usize,
+        exclude: StreamKey,
+    ) -> impl Iterator<Item = (StreamKey, u32, usize)> + '_ {
         assert!(size != 0, "the pool core does not serve 0-byte requests");
-        let size = align_up(size)? as u64;
-        (0..self.streams.len() as u32)
-            .filter_map(|slot| {
-                let s = self.streams[slot as usize].as_ref()?;
-                (s.key != exclude && self.find_block(slot, size).is_some())
-                    .then_some((s.free_bytes, s.key))
-            })
-            .max_by_key(|&(bytes, key)| (bytes, std::cmp::Reverse(key)))
-            .map(|(_, key)| key)
+        let size = align_up(size).map(|s| s as u64);
+        (0..self.streams.len() as u32).filter_map(move |slot| {
+            let s = self.streams[slot as usize].as_ref()?;
+            (s.key != exclude && self.find_block(slot, size?).is_some()).then_some((
+                s.key,
+                slot,
+                s.free_bytes as usize,
+            ))
+        })
     }
 
     /// Gives every free block of `from` to `into`, coalescing each with `into`'s neighbours,
     /// and forgets `from` (which then owns nothing). The caller must first have made `into`
     /// wait for an event recorded on `from` after all of `from`'s frees so far. A no-op when
-    /// `from == into` or `from` owns nothing.
-    pub(crate) fn merge_stream(&mut self, from: StreamKey, into: StreamKey) {
+    /// `from == into` or `from` has no slot. Returns the slot `from` had, now vacant.
+    pub(crate) fn merge_stream(&mut self, from: StreamKey, into: StreamKey) -> Option<u32> {
         if from == into {
-            return;
+            return None;
         }
-        let Some(from_slot) = self.slot_of(from) else {
-            return;
-        };
+        let from_slot = self.slot_of(from)?;
         let into_slot = self.slot_or_insert(into);
         let moved = self.stream(from_slot).free_bytes;
         // Blocks of `from` that are not moved yet have another owner than `into`, so a moved
@@ -464,6 +484,41 @@ impl PoolCore {
         self.stream_mut(from_slot).free_bytes = 0;
         self.stream_mut(into_slot).free_bytes += moved;
         self.remove_stream(from_slot);
+        Some(from_slot)
+    }
+
+    /// Forgets every stream that owns no free block, except `keep`, if given; returns their slots, now
+    /// vacant. (A stream's index is kept while it is empty, so that a stream that allocates
+    /// and frees in turn does not rebuild it each time; the wrapper calls this off the fast
+    /// path.)
+    pub(crate) fn remove_idle_streams(&mut self, keep: Option<StreamKey>) -> Vec<u32> {
+        let idle: Vec<u32> = (0..self.streams.len() as u32)
+            .filter(|&slot| {
+                self.streams[slot as usize]
+                    .as_ref()
+                    .is_some_and(|s| s.blocks == 0 && Some(s.key) != keep)
+            })
+            .collect();
+        for &slot in &idle {
+            self.remove_stream(slot);
+        }
+        idle
+    }
+
+    /// The slot of `stream`'s index, while it has one: a small integer, stable until the
+    /// stream is removed ([`merge_stream`](Self::merge_stream),
+    /// [`remove_idle_streams`](Self::remove_idle_streams)), that the wrapper uses to index its
+    /// own per-stream data. Slots of removed streams are reused.
+    pub(crate) fn stream_slot(&self, stream: StreamKey) -> Option<u32> {
+        if self.last_stream.1 != NIL && self.last_stream.0 == stream {
+            return Some(self.last_stream.1);
+        }
+        self.stream_slots.get(&stream.0).copied()
+    }
+
+    /// The number of stream slots, vacant or not: every slot is below it.
+    pub(crate) fn stream_slot_bound(&self) -> usize {
+        self.streams.len()
     }
 
     /// Removes every chunk that is wholly free (one free block spanning it) and returns its
@@ -518,6 +573,7 @@ impl PoolCore {
     }
 
     /// The size of `stream`'s largest free block; 0 when it has none.
+    #[cfg(test)]
     pub(crate) fn largest_free_block_of(&self, stream: StreamKey) -> usize {
         self.stream_slots
             .get(&stream.0)

@@ -35,11 +35,13 @@ use crate::stream::{Event, Stream};
 /// A block freed on stream S is reusable at once by later work on S. Another stream T takes
 /// memory freed on S only after T waits for an event recorded on S after the free. That event
 /// is recorded lazily — when T actually needs S's memory, not on every free (which is what
-/// costs RMM's pool ~0.4 µs per free) — and one event covers every free on S before it. When T
-/// takes from S it takes *all* of S's free blocks, so memory freed on a stream that then goes
-/// quiet is not stranded there (RMM issues #2039, #850). The pool keeps a handle to each stream
-/// that has freed memory into it, so such a stream outlives its last user while its free blocks
-/// are in the pool.
+/// costs RMM's pool ~0.4 µs per free) — and one event covers every free on S before it; a
+/// stream that has waited on it does not wait again until S frees more. T first takes just
+/// the piece it needs from one of S's blocks; only when no single stream has a block big
+/// enough does T take over every other stream's free memory at once, so that it coalesces.
+/// Memory freed on a stream that then goes quiet is therefore never stranded there (RMM issues
+/// #2039, #850). The pool keeps a handle to each stream that owns free memory in it, so such a
+/// stream outlives its last user while its free blocks are in the pool.
 ///
 /// # Awaiting memory
 /// The pool has a wait queue ([`Availability`]): an awaited [`allocate`](MemoryResource::allocate)
@@ -88,18 +90,29 @@ struct State {
     chunks: FxHashMap<u64, usize>,
     /// The sum of `chunks`: RMM's `pool_size`.
     upstream_bytes: usize,
-    /// Every stream that owns free blocks in the core or has freed into it, with what is
-    /// needed to hand its memory to another stream.
-    streams: FxHashMap<StreamKey, StreamSlot>,
+    /// What the pool needs to hand a stream's free memory to another stream, indexed by the
+    /// stream's slot in the core: `slots[i]` is `Some` exactly when core slot `i` is in use.
+    /// (Indexing by slot, which the core's operations return, keeps hash lookups off the free
+    /// path.)
+    slots: Vec<Option<StreamSlot>>,
 }
 
 struct StreamSlot {
     stream: Stream,
-    /// Frees on this stream so far.
+    /// Frees on this stream so far, and other changes that need this stream's ordering before
+    /// another stream may use its free memory (a chunk allocated on it, blocks merged into it).
     frees: u64,
-    /// The latest event recorded on this stream for a steal, and how many frees it covers.
+    /// The latest event recorded on this stream for other streams to wait on, and how many of
+    /// `frees` it covers.
     event: Option<(Event, u64)>,
+    /// The streams that have waited on `event` since it was recorded: they need not wait again
+    /// while it covers every free. Bounded by [`MAX_WAITERS`].
+    waiters: Vec<StreamKey>,
 }
+
+/// How many streams a stream's slot remembers as having waited on its latest event; past
+/// that, the list restarts (a later steal may then wait once more, which is harmless).
+const MAX_WAITERS: usize = 32;
 
 /// A snapshot of a pool's accounting ([`PoolResource::statistics`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +186,7 @@ impl<R: MemoryResource> PoolResource<R> {
                     core: PoolCore::new(),
                     chunks: FxHashMap::default(),
                     upstream_bytes: 0,
-                    streams: FxHashMap::default(),
+                    slots: Vec::new(),
                 }),
                 availability,
             }),
@@ -219,8 +232,12 @@ impl<R: MemoryResource> PoolResource<R> {
     /// never shrinks.
     ///
     /// # Stream ordering
-    /// Each chunk goes back to the upstream on the stream that owns its free memory, so work
-    /// that used it is ordered before the upstream reuses it.
+    /// Free memory is first gathered on one stream (the one that owns the most), which waits
+    /// for an event of each other stream that owns free memory, so that blocks freed on
+    /// different streams coalesce; each chunk then goes back to the upstream on that stream,
+    /// so work that used it is ordered before the upstream reuses it. Other streams that
+    /// allocate from the pool afterwards wait once for that stream, as for any memory that
+    /// crosses streams.
     ///
     /// ```
     /// use streamalloc::{CudaResource, Device, HostConfig, MemoryResource, PoolResource, Stream};
@@ -252,10 +269,12 @@ impl<R: MemoryResource> PoolResource<R> {
         loop {
             match self.inner.upstream.try_allocate(try_size, stream) {
                 Ok(p) => {
-                    state.slot(stream);
                     state
                         .core
                         .add_chunk(p.addr(), try_size / ALIGN * ALIGN, key(stream));
+                    // The upstream memory is ordered on `stream`: another stream must wait
+                    // for it before taking any of it.
+                    state.changed(stream);
                     state.chunks.insert(p.addr(), try_size);
                     state.upstream_bytes += try_size;
                     return Ok(());
@@ -294,71 +313,176 @@ impl<R: MemoryResource> PoolResource<R> {
 
     /// Serves `size` (aligned) for `stream` from memory other streams freed, after making
     /// `stream` wait for an event that covers their frees.
+    ///
+    /// First from one other stream that alone has a block big enough: the piece is carved
+    /// from its block, and the rest stays with it. Among several such streams the cheapest is
+    /// taken: one whose covering event `stream` has already waited on, then one whose latest
+    /// event still covers its frees (nothing to record), then the one with the most free bytes.
+    /// Failing that, against fragmentation, every other stream's free memory becomes
+    /// `stream`'s at once (it may coalesce into a block big enough).
     fn steal(&self, state: &mut State, size: usize, stream: &Stream) -> Result<Option<u64>> {
         let me = key(stream);
-        // First a stream that alone has a block big enough; then, against fragmentation,
-        // every other stream's free memory at once (it may coalesce).
-        let victims: Vec<StreamKey> = match state.core.stream_with_block(size, me) {
-            Some(victim) => vec![victim],
-            None => {
-                let others: Vec<StreamKey> =
-                    state.streams.keys().copied().filter(|&k| k != me).collect();
-                let free_elsewhere: usize =
-                    others.iter().map(|&k| state.core.free_bytes_of(k)).sum();
-                if free_elsewhere + state.core.free_bytes_of(me) < size {
-                    return Ok(None);
-                }
-                others
-                    .into_iter()
-                    .filter(|&k| state.core.free_bytes_of(k) > 0)
-                    .collect()
-            }
-        };
-        for victim in victims {
-            let event = state.covering_event(victim)?;
-            stream.wait(&event)?;
-            state.core.merge_stream(victim, me);
-            state.slot(stream);
+        let victim = state
+            .core
+            .streams_with_block(size, me)
+            .max_by_key(|&(victim, slot, bytes)| {
+                let cost = state.slots[slot as usize]
+                    .as_ref()
+                    .expect("a stream with free blocks has a slot")
+                    .wait_cost(me);
+                (std::cmp::Reverse(cost), bytes, std::cmp::Reverse(victim))
+            })
+            .map(|(victim, slot, _)| (victim, slot));
+        if let Some((victim, slot)) = victim {
+            state.order_after(slot, stream)?;
+            let p = state.core.allocate(size, victim);
+            debug_assert!(p.is_some(), "the victim had a block that fits");
+            state.forget_idle_streams(Some(me));
+            return Ok(p);
         }
-        state.forget_idle_streams();
+        let others: Vec<(StreamKey, u32)> = (0..state.core.stream_slot_bound() as u32)
+            .filter_map(|slot| {
+                let s = state.slots[slot as usize].as_ref()?;
+                let k = key(&s.stream);
+                (k != me && state.core.free_bytes_of(k) > 0).then_some((k, slot))
+            })
+            .collect();
+        let free_elsewhere: usize = others
+            .iter()
+            .map(|&(k, _)| state.core.free_bytes_of(k))
+            .sum();
+        if free_elsewhere + state.core.free_bytes_of(me) < size {
+            return Ok(None);
+        }
+        for (victim, slot) in others {
+            state.order_after(slot, stream)?;
+            let vacated = state.core.merge_stream(victim, me);
+            debug_assert_eq!(vacated, Some(slot));
+            state.slots[slot as usize] = None;
+            // The merged blocks are `stream`'s now, ordered after its wait: a third stream
+            // must wait for an event of `stream` recorded after this point.
+            state.changed(stream);
+        }
+        state.forget_idle_streams(Some(me));
         Ok(state.core.allocate(size, me))
     }
 }
 
+/// How much it costs a stream to wait for another's free memory: nothing, one wait, or a record
+/// and a wait.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum WaitCost {
+    AlreadyWaited,
+    Wait,
+    RecordAndWait,
+}
+
+impl StreamSlot {
+    fn wait_cost(&self, waiter: StreamKey) -> WaitCost {
+        match &self.event {
+            Some((_, covered)) if *covered == self.frees => {
+                if self.waiters.contains(&waiter) {
+                    WaitCost::AlreadyWaited
+                } else {
+                    WaitCost::Wait
+                }
+            }
+            _ => WaitCost::RecordAndWait,
+        }
+    }
+}
+
 impl State {
-    /// The slot of `stream`, created on first use.
-    fn slot(&mut self, stream: &Stream) -> &mut StreamSlot {
-        self.streams
-            .entry(key(stream))
-            .or_insert_with(|| StreamSlot {
-                stream: stream.clone(),
-                frees: 0,
-                event: None,
-            })
+    /// The pool's data for `stream`, which must own a slot in the core; made on first use.
+    fn slot_at(&mut self, slot: u32, stream: &Stream) -> &mut StreamSlot {
+        let slot = slot as usize;
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, || None);
+        }
+        let entry = self.slots[slot].get_or_insert_with(|| StreamSlot {
+            stream: stream.clone(),
+            frees: 0,
+            event: None,
+            waiters: Vec::new(),
+        });
+        debug_assert!(entry.stream == *stream, "slot {slot} holds another stream");
+        entry
     }
 
-    /// An event on `victim` recorded after all its frees so far: the latest one if no free
-    /// came since, else a new one.
-    fn covering_event(&mut self, victim: StreamKey) -> Result<Event> {
+    /// Notes that `stream`'s free memory changed in a way other streams must be ordered after.
+    fn changed(&mut self, stream: &Stream) {
         let slot = self
-            .streams
-            .get_mut(&victim)
+            .core
+            .stream_slot(key(stream))
+            .expect("the stream was just given memory");
+        self.slot_at(slot, stream).frees += 1;
+    }
+
+    /// Makes `waiter` wait for an event on the stream in `slot` recorded after all its frees so
+    /// far: the latest one if no free came since, else a new one; no wait at all if `waiter`
+    /// already waited on that event.
+    fn order_after(&mut self, slot: u32, waiter: &Stream) -> Result<()> {
+        let victim = self.slots[slot as usize]
+            .as_mut()
             .expect("a stream with free blocks has a slot");
-        if let Some((event, covered)) = &slot.event {
-            if *covered == slot.frees {
-                return Ok(event.clone());
+        let me = key(waiter);
+        match victim.wait_cost(me) {
+            WaitCost::AlreadyWaited => return Ok(()),
+            WaitCost::Wait => {}
+            WaitCost::RecordAndWait => {
+                victim.event = Some((victim.stream.record()?, victim.frees));
+                victim.waiters.clear();
             }
         }
-        let event = slot.stream.record()?;
-        slot.event = Some((event.clone(), slot.frees));
-        Ok(event)
+        let (event, _) = victim.event.as_ref().expect("recorded above");
+        waiter.wait(event)?;
+        if victim.waiters.len() == MAX_WAITERS {
+            victim.waiters.clear();
+        }
+        victim.waiters.push(me);
+        Ok(())
     }
 
-    /// Drops the handles of streams that own no free memory any more, so the pool does not
-    /// keep them alive.
-    fn forget_idle_streams(&mut self) {
-        let core = &self.core;
-        self.streams.retain(|&k, _| core.free_bytes_of(k) > 0);
+    /// Moves all free memory to the stream that owns the most, after it waits for each other
+    /// owner, so that blocks freed on different streams coalesce (for [`PoolResource::trim`]).
+    fn gather_free(&mut self) -> Result<()> {
+        let owners: Vec<(usize, u32)> = (0..self.core.stream_slot_bound() as u32)
+            .filter_map(|slot| {
+                let s = self.slots[slot as usize].as_ref()?;
+                let bytes = self.core.free_bytes_of(key(&s.stream));
+                (bytes > 0).then_some((bytes, slot))
+            })
+            .collect();
+        let Some(&(_, target)) = owners.iter().max() else {
+            return Ok(());
+        };
+        let target = self.stream_of(target).expect("an owner has a slot").clone();
+        for (_, slot) in owners {
+            let Some(victim) = self.stream_of(slot).map(key) else {
+                continue;
+            };
+            if victim == key(&target) {
+                continue;
+            }
+            self.order_after(slot, &target)?;
+            self.core.merge_stream(victim, key(&target));
+            self.slots[slot as usize] = None;
+            self.changed(&target);
+        }
+        Ok(())
+    }
+
+    /// Drops the handles of streams (other than `keep`) that own no free memory any more, so
+    /// the pool does not keep them alive.
+    fn forget_idle_streams(&mut self, keep: Option<StreamKey>) {
+        for slot in self.core.remove_idle_streams(keep) {
+            self.slots[slot as usize] = None;
+        }
+    }
+
+    /// The stream of the core's slot `slot`.
+    fn stream_of(&self, slot: u32) -> Option<&Stream> {
+        self.slots.get(slot as usize)?.as_ref().map(|s| &s.stream)
     }
 }
 
@@ -404,8 +528,8 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         }
         {
             let mut state = self.inner.state.lock();
-            state.core.free(ptr.addr(), bytes, key(stream));
-            state.slot(stream).frees += 1;
+            let slot = state.core.free(ptr.addr(), bytes, key(stream));
+            state.slot_at(slot, stream).frees += 1;
         }
         self.inner.availability.notify();
     }
@@ -451,6 +575,10 @@ impl<R: MemoryResource> Inner<R> {
     fn release_empty_chunks(&self) -> usize {
         let released = {
             let mut state = self.state.lock();
+            if let Err(error) = state.gather_free() {
+                // What was gathered before the failure is still released below.
+                tracing::error!(%error, "gathering the pool's free memory on one stream");
+            }
             let chunks = state.core.release_empty_chunks();
             let state = &mut *state;
             let released: Vec<_> = chunks
@@ -461,14 +589,15 @@ impl<R: MemoryResource> Inner<R> {
                         .remove(&base)
                         .expect("every core chunk is recorded");
                     state.upstream_bytes -= size;
-                    (
-                        base,
-                        size,
-                        state.streams.get(&owner).map(|s| s.stream.clone()),
-                    )
+                    let stream = state
+                        .core
+                        .stream_slot(owner)
+                        .and_then(|slot| state.stream_of(slot))
+                        .cloned();
+                    (base, size, stream)
                 })
                 .collect();
-            state.forget_idle_streams();
+            state.forget_idle_streams(None);
             released
         };
         let mut bytes = 0;
@@ -510,3 +639,6 @@ impl<R: MemoryResource> Drop for Inner<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

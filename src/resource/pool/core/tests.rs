@@ -676,6 +676,7 @@ enum Op {
     Merge { from: u8, into: u8 },
     Release,
     StreamWithBlock { size: usize, exclude: u8 },
+    RemoveIdle { keep: Option<u8> },
 }
 
 fn any_size() -> impl Strategy<Value = usize> {
@@ -691,7 +692,8 @@ fn any_op() -> impl Strategy<Value = Op> {
         10 => (any::<usize>(), stream.clone()).prop_map(|(pick, stream)| Op::Free { pick, stream }),
         2 => (stream.clone(), stream.clone()).prop_map(|(from, into)| Op::Merge { from, into }),
         1 => Just(Op::Release),
-        2 => (any_size(), stream).prop_map(|(size, exclude)| Op::StreamWithBlock { size, exclude }),
+        2 => (any_size(), stream.clone()).prop_map(|(size, exclude)| Op::StreamWithBlock { size, exclude }),
+        1 => prop::option::of(stream).prop_map(|keep| Op::RemoveIdle { keep }),
     ]
 }
 
@@ -820,6 +822,22 @@ fn run_ops(ops: Vec<Op>) {
             }
             Op::StreamWithBlock { size, exclude } => {
                 let rounded = align_up(size).unwrap() as u64;
+                let candidates: Vec<StreamKey> = pool
+                    .streams_with_block(size, key(exclude))
+                    .map(|(k, slot, bytes)| {
+                        assert_eq!(pool.stream_slot(k), Some(slot));
+                        assert_eq!(bytes, pool.free_bytes_of(k));
+                        k
+                    })
+                    .collect();
+                for s in (0..3).map(key).filter(|&s| s != key(exclude)) {
+                    if model.must_serve(s, rounded) {
+                        assert!(candidates.contains(&s), "{s:?} can serve {rounded}");
+                    }
+                    if candidates.contains(&s) {
+                        assert!(model.can_serve(s, rounded), "{s:?} cannot serve {rounded}");
+                    }
+                }
                 match pool.stream_with_block(size, key(exclude)) {
                     Some(t) => {
                         assert_ne!(t, key(exclude));
@@ -831,6 +849,23 @@ fn run_ops(ops: Vec<Op>) {
                         for s in (0..3).map(key).filter(|&s| s != key(exclude)) {
                             assert!(!model.must_serve(s, rounded), "{s:?} could serve {rounded}");
                         }
+                    }
+                }
+            }
+            Op::RemoveIdle { keep } => {
+                let keep = keep.map(key);
+                let before: Vec<Option<u32>> = (0..3).map(|s| pool.stream_slot(key(s))).collect();
+                let removed = pool.remove_idle_streams(keep);
+                for s in 0..3u8 {
+                    let owns = model.free_of(key(s)).next().is_some();
+                    let slot = pool.stream_slot(key(s));
+                    if owns || keep == Some(key(s)) {
+                        assert_eq!(slot, before[s as usize], "{s} lost its slot");
+                    } else {
+                        assert_eq!(slot, None, "{s} owns nothing but keeps a slot");
+                    }
+                    if let Some(old) = before[s as usize] {
+                        assert_eq!(removed.contains(&old), slot.is_none());
                     }
                 }
             }

@@ -1,0 +1,263 @@
+//! The pool wrapper on the host backend: stream ordering when memory crosses streams, and a
+//! model-based test of random operations on several streams with trims.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::PoolResource;
+use crate::{CudaResource, Device, DevicePtr, HostConfig, MemoryResource, Stream};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn host() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
+    // SAFETY: every caller frees what it allocated from `mr` with `bytes`; the streams' work
+    // on it is ordered before the free by the test's construction.
+    unsafe { mr.deallocate(p, bytes, s) }
+}
+
+/// When `stream` reaches this point, as seen by the host.
+fn reached(stream: &Stream) -> Arc<Mutex<Option<Instant>>> {
+    let at = Arc::new(Mutex::new(None));
+    let slot = at.clone();
+    stream
+        .launch_host_fn(move || *slot.lock().unwrap() = Some(Instant::now()))
+        .unwrap();
+    at
+}
+
+fn when(at: &Arc<Mutex<Option<Instant>>>) -> Instant {
+    at.lock().unwrap().expect("the stream reached the point")
+}
+
+/// A "kernel" on `stream` (a delay) that uses memory about to be freed on it, and when it ends.
+fn busy(stream: &Stream, ms: u64) -> Arc<Mutex<Option<Instant>>> {
+    stream.enqueue_delay(Duration::from_millis(ms)).unwrap();
+    reached(stream)
+}
+
+/// A block freed on S and taken by T: T's later work runs only after S's work before the free.
+#[test]
+fn memory_taken_from_another_stream_is_ordered_after_its_work() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), 2 * MIB, Some(2 * MIB)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let a = pool.try_allocate(2 * MIB, &s).unwrap();
+    let s_done = busy(&s, 100);
+    free(&pool, a, 2 * MIB, &s);
+    let b = pool.try_allocate(2 * MIB, &t).unwrap();
+    assert_eq!(b, a, "T is served from S's free, not by growing");
+    let t_uses = reached(&t);
+    t.synchronize_blocking().unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(
+        when(&t_uses) >= when(&s_done),
+        "T used S's memory before S was done with it"
+    );
+    free(&pool, b, 2 * MIB, &t);
+}
+
+/// T waited for S once; S then frees more after more work: taking that memory waits again,
+/// even though no event was needed for S's earlier frees.
+#[test]
+fn a_new_free_needs_a_new_wait() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), 2 * MIB, Some(2 * MIB)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let a = pool.try_allocate(MIB, &s).unwrap();
+    let b = pool.try_allocate(MIB, &s).unwrap();
+    free(&pool, a, MIB, &s);
+    let first = pool.try_allocate(MIB, &t).unwrap();
+    assert_eq!(first, a);
+    s.synchronize_blocking().unwrap();
+    let s_done = busy(&s, 100);
+    free(&pool, b, MIB, &s);
+    let second = pool.try_allocate(MIB, &t).unwrap();
+    assert_eq!(second, b);
+    let t_uses = reached(&t);
+    t.synchronize_blocking().unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(
+        when(&t_uses) >= when(&s_done),
+        "the second take did not wait for S"
+    );
+    free(&pool, first, MIB, &t);
+    free(&pool, second, MIB, &t);
+}
+
+/// Memory merged from V into T (against fragmentation) and then taken by U: U waits for an
+/// event of T recorded after T's wait for V, not an older event of T that predates the merge.
+#[test]
+fn memory_merged_into_a_stream_is_ordered_for_the_next_taker() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), 2 * MIB, Some(2 * MIB)).unwrap();
+    let [t, v, w, u] = std::array::from_fn(|_| Stream::new(&device).unwrap());
+    // T and V each take half of the chunk; T frees its half.
+    let a = pool.try_allocate(MIB, &t).unwrap();
+    let b = pool.try_allocate(MIB, &v).unwrap();
+    free(&pool, a, MIB, &t);
+    // W takes a quarter of T's half: T gets an event, which W waits on.
+    let c = pool.try_allocate(MIB / 2, &w).unwrap();
+    t.synchronize_blocking().unwrap();
+    // V frees its half after long work on it.
+    let v_done = busy(&v, 150);
+    free(&pool, b, MIB, &v);
+    // T needs more than any one stream's block: V's half merges into T and coalesces.
+    let d = pool.try_allocate(MIB + MIB / 4, &t).unwrap();
+    let stats = pool.statistics();
+    assert_eq!(
+        stats.pool_size,
+        2 * MIB,
+        "served by merging, not by growing"
+    );
+    assert_eq!(stats.free_bytes, MIB / 4);
+    // U takes what is left of it: memory that V's work may still use.
+    let e = pool.try_allocate(MIB / 4, &u).unwrap();
+    let u_uses = reached(&u);
+    for s in [&t, &v, &w, &u] {
+        s.synchronize_blocking().unwrap();
+    }
+    assert!(
+        when(&u_uses) >= when(&v_done),
+        "U used V's memory before V was done with it"
+    );
+    free(&pool, c, MIB / 2, &w);
+    free(&pool, d, MIB + MIB / 4, &t);
+    free(&pool, e, MIB / 4, &u);
+    assert_eq!(pool.statistics().free_bytes, 2 * MIB);
+}
+
+/// A stream that frees and then goes quiet does not strand its memory.
+#[test]
+fn memory_freed_on_a_quiet_stream_serves_the_others() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), 4 * MIB, Some(4 * MIB)).unwrap();
+    let quiet = Stream::new(&device).unwrap();
+    let blocks: Vec<_> = (0..16)
+        .map(|_| pool.try_allocate(256 * KIB, &quiet).unwrap())
+        .collect();
+    for &p in &blocks {
+        free(&pool, p, 256 * KIB, &quiet);
+    }
+    drop(quiet);
+    let others: Vec<Stream> = (0..4).map(|_| Stream::new(&device).unwrap()).collect();
+    let taken: Vec<_> = others
+        .iter()
+        .map(|s| (pool.try_allocate(MIB, s).unwrap(), s))
+        .collect();
+    assert_eq!(pool.pool_size(), 4 * MIB);
+    for (p, s) in taken {
+        free(&pool, p, MIB, s);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Allocate { size: usize, stream: usize },
+    Free { pick: usize, stream: usize },
+    Trim,
+}
+
+fn any_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1..=512 * KIB, 0..3usize).prop_map(|(size, stream)| Op::Allocate { size, stream }),
+        5 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => Just(Op::Trim),
+    ]
+}
+
+/// Random allocations and frees on three streams, with trims, against a shadow model of the
+/// live ranges: no overlap, alignment, exact accounting, and a pool that coalesces back to its
+/// chunks and gives them all back once everything is freed.
+fn run_ops(ops: Vec<Op>) {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), MIB, Some(4 * MIB)).unwrap();
+    let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
+    let mut live: BTreeMap<u64, usize> = BTreeMap::new();
+    let rounded = |n: usize| n.div_ceil(256) * 256;
+    for op in ops {
+        match op {
+            Op::Allocate { size, stream } => {
+                let before = pool.statistics();
+                match pool.try_allocate(size, &streams[stream]) {
+                    Ok(p) => {
+                        assert!(p.is_aligned(256), "{p:?}");
+                        let (start, end) = (p.addr(), p.addr() + rounded(size) as u64);
+                        if let Some((&s, &n)) = live.range(..end).next_back() {
+                            let s_end = s + rounded(n) as u64;
+                            assert!(s_end <= start, "{p:?}+{size} overlaps {s:#x}+{n}");
+                        }
+                        live.insert(start, size);
+                    }
+                    Err(e) => {
+                        assert!(e.is_out_of_memory(), "{e}");
+                        // Refused only when no free block fits and the pool cannot grow by it.
+                        assert!(before.largest_free_block < rounded(size), "{before:?}");
+                        assert!(before.pool_size + rounded(size) > 4 * MIB, "{before:?}");
+                    }
+                }
+            }
+            Op::Free { pick, stream } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let (&p, &n) = live.iter().nth(pick % live.len()).unwrap();
+                live.remove(&p);
+                free(&pool, DevicePtr::from_raw(p), n, &streams[stream]);
+            }
+            Op::Trim => {
+                let before = pool.pool_size();
+                let released = pool.trim();
+                assert_eq!(pool.pool_size(), before - released);
+            }
+        }
+        let stats = pool.statistics();
+        let used: usize = live.values().map(|&n| rounded(n)).sum();
+        assert_eq!(stats.live_allocations, live.len());
+        assert_eq!(
+            stats.free_bytes + used,
+            stats.pool_size,
+            "bytes lost or made up"
+        );
+        assert!(stats.pool_size <= 4 * MIB);
+    }
+    for (&p, &n) in &live {
+        free(&pool, DevicePtr::from_raw(p), n, &streams[0]);
+    }
+    let stats = pool.statistics();
+    assert_eq!(stats.free_bytes, stats.pool_size);
+    // Fully freed, on whichever streams: trim coalesces every chunk and gives it all back.
+    assert_eq!(pool.trim(), stats.pool_size);
+    assert_eq!(pool.pool_size(), 0);
+    drop(pool);
+    // The chunks go back on the streams that owned them (the pool's own among them): wait for
+    // those frees to run.
+    let controls = device.host_controls().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while controls.allocated_bytes() != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        controls.allocated_bytes(),
+        0,
+        "chunks not given back upstream"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn random_operations_on_several_streams_match_the_model(
+        ops in prop::collection::vec(any_op(), 1..120)
+    ) {
+        run_ops(ops);
+    }
+}
