@@ -1,0 +1,193 @@
+//! The allocation workloads W1–W3 of `../shared/bench/WORKLOADS.md`, shared by the criterion
+//! bench (`benches/pool.rs`) and the side-by-side table (`benches/workloads.rs`). They must stay
+//! identical to `../shared/anchors/rmm/rmm_bench.cpp`, which RMM runs in the same GPU run.
+
+#![allow(dead_code)] // each bench binary uses part of it
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use streamalloc::{DevicePtr, MemoryResource, Stream};
+
+/// SplitMix64, exactly as WORKLOADS.md gives it.
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+pub const MIB: usize = 1 << 20;
+pub const GIB: usize = 1 << 30;
+
+/// W1's 64 sizes in `1..=1 MiB` (seed 42).
+pub fn pair_sizes() -> [usize; 64] {
+    let mut rng = SplitMix64(42);
+    std::array::from_fn(|_| 1 + (rng.next() % (1 << 20)) as usize)
+}
+
+fn alloc<R: MemoryResource + ?Sized>(mr: &R, bytes: usize, stream: &Stream) -> DevicePtr {
+    mr.try_allocate(bytes, stream)
+        .unwrap_or_else(|e| panic!("allocating {bytes} bytes: {e}"))
+}
+
+fn free<R: MemoryResource + ?Sized>(mr: &R, p: DevicePtr, bytes: usize, stream: &Stream) {
+    // SAFETY: every caller frees a pointer it allocated from `mr` with `bytes`, which no device
+    // work uses (the workloads launch none).
+    unsafe { mr.deallocate(p, bytes, stream) }
+}
+
+/// One W1 step: allocate `sizes[i % 64]` and free it at once.
+#[inline(always)]
+pub fn pair_step<R: MemoryResource + ?Sized>(
+    mr: &R,
+    stream: &Stream,
+    sizes: &[usize; 64],
+    i: usize,
+) {
+    let n = sizes[i & 63];
+    let p = alloc(mr, n, stream);
+    free(mr, std::hint::black_box(p), n, stream);
+}
+
+/// W1 `pair`: 1,000 warm-up pairs, then `iters` timed ones. Returns ns per pair.
+pub fn pair<R: MemoryResource + ?Sized>(mr: &R, stream: &Stream, iters: usize) -> f64 {
+    let sizes = pair_sizes();
+    for i in 0..1_000 {
+        pair_step(mr, stream, &sizes, i);
+    }
+    let t = Instant::now();
+    for i in 0..iters {
+        pair_step(mr, stream, &sizes, i);
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// W1 through the allocation future: `mr.allocate(..).await` inside one `block_on`, each
+/// completing at its first poll. Returns ns per pair.
+pub fn pair_awaited<R: MemoryResource>(mr: &R, stream: &Stream, iters: usize) -> f64 {
+    let sizes = pair_sizes();
+    futures::executor::block_on(async {
+        for i in 0..1_000 {
+            let n = sizes[i & 63];
+            let p = mr.allocate(n, stream).await.expect("allocate");
+            free(mr, p, n, stream);
+        }
+        let t = Instant::now();
+        for i in 0..iters {
+            let n = sizes[i & 63];
+            let p = mr.allocate(n, stream).await.expect("allocate");
+            free(mr, std::hint::black_box(p), n, stream);
+        }
+        t.elapsed().as_nanos() as f64 / iters as f64
+    })
+}
+
+/// W2's parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct Random {
+    pub n: usize,
+    pub max: usize,
+    pub seed: u64,
+    pub cap: usize,
+}
+
+/// W2 `rand1MiB`.
+pub const RAND_1MIB: Random = Random {
+    n: 10_000,
+    max: MIB,
+    seed: 1,
+    cap: 16 * GIB,
+};
+/// W2 `rand64MiB`.
+pub const RAND_64MIB: Random = Random {
+    n: 1_000,
+    max: 64 * MIB,
+    seed: 2,
+    cap: 16 * GIB,
+};
+
+/// W2 `random`: RMM's random_allocations, restated. Returns the total time; the figure is that
+/// over `2 n`.
+pub fn random<R: MemoryResource + ?Sized>(mr: &R, stream: &Stream, w: Random) -> Duration {
+    let mut rng = SplitMix64(w.seed);
+    let mut live: Vec<(DevicePtr, usize)> = Vec::with_capacity(w.n);
+    let (mut made, mut used) = (0usize, 0usize);
+    let t = Instant::now();
+    for _ in 0..2 * w.n {
+        let mut do_alloc = made < w.n && (live.is_empty() || rng.next() % 100 < 73);
+        if do_alloc {
+            let bytes = 1 + (rng.next() % w.max as u64) as usize;
+            if used + bytes > w.cap {
+                do_alloc = false;
+            } else {
+                match mr.try_allocate(bytes, stream) {
+                    Ok(p) => {
+                        live.push((p, bytes));
+                        made += 1;
+                        used += bytes;
+                    }
+                    Err(e) if e.is_out_of_memory() => do_alloc = false,
+                    Err(e) => panic!("allocating {bytes} bytes: {e}"),
+                }
+            }
+        }
+        if !do_alloc && !live.is_empty() {
+            let k = (rng.next() % live.len() as u64) as usize;
+            let (p, bytes) = live.swap_remove(k);
+            free(mr, p, bytes, stream);
+            used -= bytes;
+        }
+    }
+    for (p, bytes) in live {
+        free(mr, p, bytes, stream);
+    }
+    t.elapsed()
+}
+
+/// W2 as a figure: ns per loop iteration.
+pub fn random_ns<R: MemoryResource + ?Sized>(mr: &R, stream: &Stream, w: Random) -> f64 {
+    random(mr, stream, w).as_nanos() as f64 / (2 * w.n) as f64
+}
+
+/// W3 `mtT`: `threads` threads, each on its own stream, warm up with W2 (n = 1,000, seed 7 + i),
+/// then start together and run W2 (n = 5,000, seed 100 + i, cap 16 GiB / T). Returns the
+/// aggregate ns per operation: wall time / (2 × 5,000 × T).
+pub fn threaded<R: MemoryResource + ?Sized>(mr: &R, streams: &[Stream]) -> f64 {
+    const N: usize = 5_000;
+    let threads = streams.len();
+    let barrier = Barrier::new(threads + 1);
+    let wall = std::thread::scope(|scope| {
+        for (i, stream) in streams.iter().enumerate() {
+            let barrier = &barrier;
+            scope.spawn(move || {
+                let warm = Random {
+                    n: 1_000,
+                    max: MIB,
+                    seed: 7 + i as u64,
+                    cap: 16 * GIB,
+                };
+                random(mr, stream, warm);
+                barrier.wait();
+                let timed = Random {
+                    n: N,
+                    max: MIB,
+                    seed: 100 + i as u64,
+                    cap: 16 * GIB / threads,
+                };
+                random(mr, stream, timed);
+                barrier.wait();
+            });
+        }
+        barrier.wait();
+        let t = Instant::now();
+        barrier.wait();
+        t.elapsed()
+    });
+    wall.as_nanos() as f64 / (2 * N * threads) as f64
+}

@@ -1,0 +1,466 @@
+//! The side-by-side table: workloads W1–W3 (`../shared/bench/WORKLOADS.md`) on this crate's
+//! resources, on raw `cuMemAllocFromPoolAsync` and, when the RMM anchor is bundled
+//! (`ANCHORS=1 ../shared/gpu/bundle.sh`), on RMM's resources in the same run, with the ratios.
+//!
+//! Run: `cargo bench --bench workloads` (the host backend here), or on the GPU machine the
+//! bundled binary with `--bench` from the checkout's root (`bash .gpu/run.sh` does). Set
+//! `STREAMALLOC_RMM=0` to skip RMM (its run builds it with nvcc first), and
+//! `STREAMALLOC_WORKLOADS_OUT=path.md` to also get the report as Markdown.
+//!
+//! Besides the table it measures, on the pool: the allocation future's ready path against
+//! `try_allocate` (W1 with `allocate().await` in one `block_on`), and the wake latency from a
+//! free to a task waiting for that memory resuming (tokio, one worker thread).
+
+#[path = "common/workloads.rs"]
+mod workloads;
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "cuda-driver")]
+use streamalloc::BackendKind;
+use streamalloc::{
+    percent_of_free_device_memory, CudaAsyncResource, CudaResource, Device, MemoryResource,
+    PoolResource, Stream,
+};
+
+use workloads::{pair, pair_awaited, random_ns, threaded, RAND_1MIB, RAND_64MIB};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const PAIR_ITERS: usize = 200_000;
+/// Wake latency samples, after untimed warm-up ones.
+const WAKE_ITERS: usize = 2_000;
+const WAKE_WARMUP: usize = 50;
+
+/// The figures of one resource, ns per operation (W1: per pair).
+#[derive(Clone, Debug)]
+struct Row {
+    name: String,
+    /// W1, W2 rand1MiB, W2 rand64MiB, W3 mt1, mt4, mt16.
+    ns: [Option<f64>; 6],
+}
+
+const COLUMNS: [&str; 6] = ["pair", "rand1MiB", "rand64MiB", "mt1", "mt4", "mt16"];
+
+/// Runs W1–W3 on `mr`, each on fresh streams of `device`.
+fn measure<R: MemoryResource>(name: &str, mr: &R, device: &Device) -> Result<Row, BoxError> {
+    eprintln!("[{name}] W1 ...");
+    let stream = Stream::new(device)?;
+    let p = pair(mr, &stream, PAIR_ITERS);
+    eprintln!("[{name}] W2 ...");
+    let r1 = random_ns(mr, &stream, RAND_1MIB);
+    let r64 = random_ns(mr, &stream, RAND_64MIB);
+    let mut mt = [0.0; 3];
+    for (i, threads) in [1, 4, 16].into_iter().enumerate() {
+        eprintln!("[{name}] W3 mt{threads} ...");
+        let streams: Vec<Stream> = (0..threads)
+            .map(|_| Stream::new(device))
+            .collect::<Result<_, _>>()?;
+        mt[i] = threaded(mr, &streams);
+        for s in &streams {
+            s.synchronize_blocking()?;
+        }
+    }
+    stream.synchronize_blocking()?;
+    Ok(Row {
+        name: name.into(),
+        ns: [p, r1, r64, mt[0], mt[1], mt[2]].map(Some),
+    })
+}
+
+/// The pool of WORKLOADS.md: over plain device memory, 50 % of free memory, no maximum.
+fn workload_pool(device: &Device) -> Result<PoolResource<CudaResource>, BoxError> {
+    let initial = percent_of_free_device_memory(device, 50)?;
+    Ok(PoolResource::new(CudaResource::new(device), initial, None)?)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("workloads bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), BoxError> {
+    let device = Device::default();
+    let mut out = String::new();
+    writeln!(
+        out,
+        "streamalloc allocation workloads (W1-W3 of WORKLOADS.md) on {} ({}, {} backend); {} host CPUs",
+        device.id(),
+        device.name(),
+        device.backend(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    )?;
+    writeln!(
+        out,
+        "ns per operation (pair: per allocate+free); mtT: aggregate wall time / (2 x 5,000 x T)"
+    )?;
+
+    // Made first: on the host backend, memory the big pools free reaches the device only when
+    // their streams get there.
+    let wake_pool = PoolResource::new(CudaResource::new(&device), WAKE_SIZE, Some(WAKE_SIZE))?;
+    let mut rows = Vec::new();
+    #[cfg(feature = "cuda-driver")]
+    if device.backend() == BackendKind::Cuda {
+        let mr = raw::RawAsync::new(&device)?;
+        rows.push(measure("raw cuMemAllocFromPoolAsync", &mr, &device)?);
+    }
+    {
+        let mr = CudaAsyncResource::new(&device)?;
+        rows.push(measure("streamalloc CudaAsyncResource", &mr, &device)?);
+    }
+    let awaited = {
+        let mr = workload_pool(&device)?;
+        rows.push(measure("streamalloc PoolResource", &mr, &device)?);
+        let stream = Stream::new(&device)?;
+        eprintln!("[streamalloc PoolResource] allocate().await ...");
+        let try_ns = pair(&mr, &stream, PAIR_ITERS);
+        let await_ns = pair_awaited(&mr, &stream, PAIR_ITERS);
+        (try_ns, await_ns)
+    };
+    eprintln!("[streamalloc PoolResource] wake latency ...");
+    let wake = wake_latency(&wake_pool)?;
+
+    let rmm = rmm_rows(&mut out);
+    rows.extend(rmm.iter().cloned());
+
+    writeln!(out)?;
+    table(&mut out, &rows, |_, v| {
+        v.map_or("-".into(), |v| format!("{v:.1}"))
+    })?;
+
+    let counterpart = |name: &str| -> Option<&str> {
+        Some(match name {
+            "streamalloc CudaAsyncResource" => "rmm.cuda_async",
+            "streamalloc PoolResource" => "rmm.pool",
+            "streamalloc ArenaResource" => "rmm.arena",
+            "streamalloc BinningResource" => "rmm.binning",
+            _ => return None,
+        })
+    };
+    let ours: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.name.starts_with("streamalloc"))
+        .cloned()
+        .collect();
+    if let Some(raw) = rows.iter().find(|r| r.name.starts_with("raw")).cloned() {
+        writeln!(
+            out,
+            "\nratio to raw cuMemAllocFromPoolAsync in this run (< 1: faster)"
+        )?;
+        let ratios: Vec<Row> = ours.iter().map(|r| ratio_row(r, &raw)).collect();
+        table(&mut out, &ratios, |_, v| {
+            v.map_or("-".into(), |v| format!("{v:.3}"))
+        })?;
+    }
+    if !rmm.is_empty() {
+        writeln!(
+            out,
+            "\nratio to RMM's counterpart in this run (< 1: faster)"
+        )?;
+        let ratios: Vec<Row> = ours
+            .iter()
+            .filter_map(|r| {
+                let theirs = rmm
+                    .iter()
+                    .find(|x| Some(x.name.as_str()) == counterpart(&r.name))?;
+                let mut row = ratio_row(r, theirs);
+                row.name = format!("{} / {}", r.name, theirs.name);
+                Some(row)
+            })
+            .collect();
+        table(&mut out, &ratios, |_, v| {
+            v.map_or("-".into(), |v| format!("{v:.3}"))
+        })?;
+    }
+
+    let (try_ns, await_ns) = awaited;
+    writeln!(
+        out,
+        "\nPoolResource W1 pair: try_allocate {try_ns:.1} ns, allocate().await {await_ns:.1} ns: \
+         ratio {:.3} (target <= 1.25)",
+        await_ns / try_ns
+    )?;
+    writeln!(
+        out,
+        "PoolResource wake latency, free -> waiting task resumed (tokio, 1 worker, {} samples): \
+         median {:.1} us, p90 {:.1} us, p99 {:.1} us, max {:.1} us",
+        wake.len(),
+        us(percentile(&wake, 50)),
+        us(percentile(&wake, 90)),
+        us(percentile(&wake, 99)),
+        us(percentile(&wake, 100)),
+    )?;
+    print!("{out}");
+    if let Some(path) = std::env::var_os("STREAMALLOC_WORKLOADS_OUT") {
+        std::fs::write(&path, format!("```text\n{out}```\n"))?;
+        println!("report written to {}", path.to_string_lossy());
+    }
+    Ok(())
+}
+
+fn ratio_row(r: &Row, base: &Row) -> Row {
+    let mut ns = [None; 6];
+    for (i, v) in ns.iter_mut().enumerate() {
+        *v = match (r.ns[i], base.ns[i]) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+    }
+    Row {
+        name: r.name.clone(),
+        ns,
+    }
+}
+
+fn table(
+    out: &mut String,
+    rows: &[Row],
+    cell: impl Fn(usize, Option<f64>) -> String,
+) -> std::fmt::Result {
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(8).max(8);
+    write!(out, "{:<width$}", "resource")?;
+    for c in COLUMNS {
+        write!(out, " {c:>11}")?;
+    }
+    writeln!(out)?;
+    for r in rows {
+        write!(out, "{:<width$}", r.name)?;
+        for (i, v) in r.ns.iter().enumerate() {
+            write!(out, " {:>11}", cell(i, *v))?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// RMM's rows, from running the bundled anchor (`.gpu/rmm/run.sh`) now, when it is there, or
+/// from a saved output of it named by `STREAMALLOC_RMM_OUTPUT`.
+fn rmm_rows(out: &mut String) -> Vec<Row> {
+    let text = if let Some(saved) = std::env::var_os("STREAMALLOC_RMM_OUTPUT") {
+        match std::fs::read_to_string(&saved) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = writeln!(out, "RMM: cannot read {}: {e}", saved.to_string_lossy());
+                return Vec::new();
+            }
+        }
+    } else {
+        let script = std::path::Path::new(".gpu/rmm/run.sh");
+        if std::env::var("STREAMALLOC_RMM").is_ok_and(|v| v == "0") || !script.exists() {
+            let _ = writeln!(
+                out,
+                "RMM: not run (no .gpu/rmm/run.sh, or STREAMALLOC_RMM=0)"
+            );
+            return Vec::new();
+        }
+        eprintln!("[rmm] building and running the RMM anchor ...");
+        match Command::new("bash").arg(script).output() {
+            Ok(o) => {
+                eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+                String::from_utf8_lossy(&o.stdout).into_owned()
+            }
+            Err(e) => {
+                let _ = writeln!(out, "RMM: could not run {}: {e}", script.display());
+                return Vec::new();
+            }
+        }
+    };
+    eprintln!("{text}");
+    let rows = parse_rmm(&text);
+    if rows.is_empty() {
+        let _ = writeln!(out, "RMM: the anchor printed no figures");
+    } else if let Some(l) = text.lines().find(|l| l.starts_with("device free=")) {
+        let _ = writeln!(out, "RMM anchor (librmm 26.10, same machine): {l}");
+    }
+    for r in rows.iter().filter(|r| r.ns.contains(&None)) {
+        let _ = writeln!(
+            out,
+            "RMM: {} has figures missing (the anchor stopped early)",
+            r.name
+        );
+    }
+    rows
+}
+
+/// Parses the anchor's output. It prints progress lines (`  rmm.pool pair 544.6`, for pair, r1,
+/// r64, mt1 and mt4) and then a summary row per resource (a name and seven figures: pair,
+/// rand1MiB, rand64MiB, rand10k_1MiB, mt1, mt4, mt16). Progress lines fill in a resource whose
+/// summary row never came (the anchor aborted in its mt16 run).
+fn parse_rmm(text: &str) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let Some(&name) = parts.first().filter(|n| n.starts_with("rmm.")) else {
+            continue;
+        };
+        let i = rows.iter().position(|r| r.name == name).unwrap_or_else(|| {
+            rows.push(Row {
+                name: name.into(),
+                ns: [None; 6],
+            });
+            rows.len() - 1
+        });
+        let figures: Vec<f64> = parts[1..].iter().filter_map(|x| x.parse().ok()).collect();
+        if line.starts_with("rmm.") && figures.len() == 7 {
+            // mt figures of 0 mean "not run" in the anchor.
+            let v = [
+                figures[0], figures[1], figures[2], figures[4], figures[5], figures[6],
+            ];
+            rows[i].ns = v.map(|x| (x > 0.0).then_some(x));
+        } else if let (Some(metric), [value]) = (parts.get(1), figures.as_slice()) {
+            // The progress metrics, in the order of the table's first five columns.
+            if let Some(c) = ["pair", "r1", "r64", "mt1", "mt4"]
+                .iter()
+                .position(|m| m == metric)
+            {
+                rows[i].ns[c] = Some(*value);
+            }
+        }
+    }
+    rows
+}
+
+/// The size of the wake-latency pool, and of each request in it.
+const WAKE_SIZE: usize = 1 << 20;
+
+/// Latency from freeing the memory a task waits for to that task resuming: `mr`, a pool of
+/// `WAKE_SIZE` bytes, is full, a task awaits an allocation of the whole pool, the main thread
+/// frees.
+fn wake_latency(mr: &PoolResource<CudaResource>) -> Result<Vec<Duration>, BoxError> {
+    const SIZE: usize = WAKE_SIZE;
+    let stream = Stream::new(mr.upstream().device())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let mut samples = Vec::with_capacity(WAKE_ITERS);
+    for i in 0..WAKE_WARMUP + WAKE_ITERS {
+        let held = mr.try_allocate(SIZE, &stream)?;
+        let waiter = {
+            let (mr, stream) = (mr.clone(), stream.clone());
+            rt.spawn(async move {
+                let p = mr.allocate(SIZE, &stream).await?;
+                Ok::<_, streamalloc::Error>((Instant::now(), p))
+            })
+        };
+        // Wait until the task has found the pool full and queued.
+        let availability = mr.availability().expect("pools have a wait queue");
+        while !availability.has_waiters() {
+            std::hint::spin_loop();
+        }
+        let freed = Instant::now();
+        // SAFETY: `held` was allocated above with SIZE bytes and is used by nothing.
+        unsafe { mr.deallocate(held, SIZE, &stream) };
+        let (resumed, p) = rt.block_on(waiter)??;
+        // SAFETY: the task allocated `p` with SIZE bytes; nothing uses it.
+        unsafe { mr.deallocate(p, SIZE, &stream) };
+        if i >= WAKE_WARMUP {
+            samples.push(resumed - freed);
+        }
+    }
+    samples.sort_unstable();
+    Ok(samples)
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    sorted[((sorted.len() - 1) * p / 100).min(sorted.len() - 1)]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The baseline: the driver's stream-ordered allocator called directly, on a pool of its own
+/// with RMM's cuda_async settings (release threshold `u64::MAX`).
+#[cfg(feature = "cuda-driver")]
+mod raw {
+    use std::cell::Cell;
+
+    use streamalloc::cudarc::driver::sys;
+    use streamalloc::{
+        CudaAsyncResource, Device, DevicePtr, Error, MemoryResource, Properties, Result, Stream,
+    };
+
+    thread_local! {
+        static BOUND: Cell<bool> = const { Cell::new(false) };
+    }
+
+    #[derive(Debug)]
+    pub struct RawAsync {
+        /// Owns the driver pool (created with a `u64::MAX` release threshold).
+        pool: CudaAsyncResource,
+        /// The device's primary context, as the crate made it current on this thread.
+        ctx: usize,
+        device: Device,
+    }
+
+    impl RawAsync {
+        pub fn new(device: &Device) -> std::result::Result<Self, super::BoxError> {
+            let pool = CudaAsyncResource::new(device)?;
+            // Creating the pool made the device's context current on this thread.
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: `ctx` is a valid out-pointer.
+            let r = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+            if r != sys::CUresult::CUDA_SUCCESS || ctx.is_null() {
+                return Err(format!("cuCtxGetCurrent: {r:?}").into());
+            }
+            BOUND.with(|b| b.set(true));
+            Ok(RawAsync {
+                pool,
+                ctx: ctx as usize,
+                device: device.clone(),
+            })
+        }
+
+        fn bind(&self) {
+            if !BOUND.with(Cell::get) {
+                // SAFETY: the primary context is retained by `self.pool`'s device.
+                let r = unsafe { sys::cuCtxSetCurrent(self.ctx as sys::CUcontext) };
+                assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuCtxSetCurrent");
+                BOUND.with(|b| b.set(true));
+            }
+        }
+    }
+
+    impl MemoryResource for RawAsync {
+        fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+            self.bind();
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: the context is current; the pool and the stream are live handles of it;
+            // `ptr` is a valid out-pointer.
+            let r = unsafe {
+                sys::cuMemAllocFromPoolAsync(
+                    &mut ptr,
+                    bytes.max(1),
+                    self.pool.pool_handle() as sys::CUmemoryPool,
+                    stream.raw_handle() as sys::CUstream,
+                )
+            };
+            match r {
+                sys::CUresult::CUDA_SUCCESS => Ok(DevicePtr::from_raw(ptr)),
+                sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(Error::OutOfMemory {
+                    requested: bytes,
+                    available: None,
+                    device: self.device.id(),
+                }),
+                other => panic!("cuMemAllocFromPoolAsync: {other:?}"),
+            }
+        }
+
+        unsafe fn deallocate(&self, ptr: DevicePtr, _bytes: usize, stream: &Stream) {
+            self.bind();
+            // SAFETY: `ptr` came from this pool (caller's contract) and the stream is live.
+            let r =
+                unsafe { sys::cuMemFreeAsync(ptr.addr(), stream.raw_handle() as sys::CUstream) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemFreeAsync");
+        }
+
+        fn properties(&self) -> Properties {
+            self.pool.properties()
+        }
+    }
+}
