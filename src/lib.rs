@@ -87,3 +87,24 @@ pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
 #[cfg(feature = "cuda-driver")]
 #[doc(hidden)]
 pub use cudarc;
+
+/// The user guide's examples run as doctests, so the book cannot drift from the code.
+#[cfg(doctest)]
+mod book {
+    macro_rules! pages {
+        ($($name:ident => $file:literal),* $(,)?) => {$(
+            #[doc = include_str!(concat!("../book/src/", $file))]
+            struct $name;
+        )*};
+    }
+    pages! {
+        Introduction => "introduction.md",
+        GettingStarted => "getting-started.md",
+        Backends => "backends.md",
+        Completion => "completion.md",
+        Resources => "resources.md",
+        Awaiting => "awaiting.md",
+        Pool => "pool.md",
+        Buffers => "buffers.md",
+    }
+}
