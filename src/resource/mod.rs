@@ -10,6 +10,7 @@ mod managed;
 mod pinned_host;
 pub(crate) mod pool;
 pub(crate) mod registry;
+mod stream_order;
 
 use std::fmt;
 use std::sync::Arc;

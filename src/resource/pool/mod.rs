@@ -11,10 +11,11 @@ use rustc_hash::FxHashMap;
 use self::core::{align_up, PoolCore, StreamKey, ALIGN};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
     check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
 };
-use crate::stream::{Event, Stream};
+use crate::stream::Stream;
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
 /// stream-ordered, fast, and awaitable.
@@ -94,25 +95,8 @@ struct State {
     /// stream's slot in the core: `slots[i]` is `Some` exactly when core slot `i` is in use.
     /// (Indexing by slot, which the core's operations return, keeps hash lookups off the free
     /// path.)
-    slots: Vec<Option<StreamSlot>>,
+    slots: Vec<Option<FreeOrder>>,
 }
-
-struct StreamSlot {
-    stream: Stream,
-    /// Frees on this stream so far, and other changes that need this stream's ordering before
-    /// another stream may use its free memory (a chunk allocated on it, blocks merged into it).
-    frees: u64,
-    /// The latest event recorded on this stream for other streams to wait on, and how many of
-    /// `frees` it covers.
-    event: Option<(Event, u64)>,
-    /// The streams that have waited on `event` since it was recorded: they need not wait again
-    /// while it covers every free. Bounded by [`MAX_WAITERS`].
-    waiters: Vec<StreamKey>,
-}
-
-/// How many streams a stream's slot remembers as having waited on its latest event; past
-/// that, the list restarts (a later steal may then wait once more, which is harmless).
-const MAX_WAITERS: usize = 32;
 
 /// A snapshot of a pool's accounting ([`PoolResource::statistics`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +313,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 let cost = state.slots[slot as usize]
                     .as_ref()
                     .expect("a stream with free blocks has a slot")
-                    .wait_cost(me);
+                    .wait_cost(stream.id());
                 (std::cmp::Reverse(cost), bytes, std::cmp::Reverse(victim))
             })
             .map(|(victim, slot, _)| (victim, slot));
@@ -343,7 +327,7 @@ impl<R: MemoryResource> PoolResource<R> {
         let others: Vec<(StreamKey, u32)> = (0..state.core.stream_slot_bound() as u32)
             .filter_map(|slot| {
                 let s = state.slots[slot as usize].as_ref()?;
-                let k = key(&s.stream);
+                let k = key(s.stream());
                 (k != me && state.core.free_bytes_of(k) > 0).then_some((k, slot))
             })
             .collect();
@@ -368,44 +352,15 @@ impl<R: MemoryResource> PoolResource<R> {
     }
 }
 
-/// How much it costs a stream to wait for another's free memory: nothing, one wait, or a record
-/// and a wait.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum WaitCost {
-    AlreadyWaited,
-    Wait,
-    RecordAndWait,
-}
-
-impl StreamSlot {
-    fn wait_cost(&self, waiter: StreamKey) -> WaitCost {
-        match &self.event {
-            Some((_, covered)) if *covered == self.frees => {
-                if self.waiters.contains(&waiter) {
-                    WaitCost::AlreadyWaited
-                } else {
-                    WaitCost::Wait
-                }
-            }
-            _ => WaitCost::RecordAndWait,
-        }
-    }
-}
-
 impl State {
     /// The pool's data for `stream`, which must own a slot in the core; made on first use.
-    fn slot_at(&mut self, slot: u32, stream: &Stream) -> &mut StreamSlot {
+    fn slot_at(&mut self, slot: u32, stream: &Stream) -> &mut FreeOrder {
         let slot = slot as usize;
         if self.slots.len() <= slot {
             self.slots.resize_with(slot + 1, || None);
         }
-        let entry = self.slots[slot].get_or_insert_with(|| StreamSlot {
-            stream: stream.clone(),
-            frees: 0,
-            event: None,
-            waiters: Vec::new(),
-        });
-        debug_assert!(entry.stream == *stream, "slot {slot} holds another stream");
+        let entry = self.slots[slot].get_or_insert_with(|| FreeOrder::new(stream));
+        debug_assert!(entry.stream() == stream, "slot {slot} holds another stream");
         entry
     }
 
@@ -415,32 +370,15 @@ impl State {
             .core
             .stream_slot(key(stream))
             .expect("the stream was just given memory");
-        self.slot_at(slot, stream).frees += 1;
+        self.slot_at(slot, stream).changed();
     }
 
-    /// Makes `waiter` wait for an event on the stream in `slot` recorded after all its frees so
-    /// far: the latest one if no free came since, else a new one; no wait at all if `waiter`
-    /// already waited on that event.
+    /// Makes `waiter` wait, if it must, for the frees of the stream in `slot`.
     fn order_after(&mut self, slot: u32, waiter: &Stream) -> Result<()> {
-        let victim = self.slots[slot as usize]
+        self.slots[slot as usize]
             .as_mut()
-            .expect("a stream with free blocks has a slot");
-        let me = key(waiter);
-        match victim.wait_cost(me) {
-            WaitCost::AlreadyWaited => return Ok(()),
-            WaitCost::Wait => {}
-            WaitCost::RecordAndWait => {
-                victim.event = Some((victim.stream.record()?, victim.frees));
-                victim.waiters.clear();
-            }
-        }
-        let (event, _) = victim.event.as_ref().expect("recorded above");
-        waiter.wait(event)?;
-        if victim.waiters.len() == MAX_WAITERS {
-            victim.waiters.clear();
-        }
-        victim.waiters.push(me);
-        Ok(())
+            .expect("a stream with free blocks has a slot")
+            .order(waiter)
     }
 
     /// Moves all free memory to the stream that owns the most, after it waits for each other
@@ -449,7 +387,7 @@ impl State {
         let owners: Vec<(usize, u32)> = (0..self.core.stream_slot_bound() as u32)
             .filter_map(|slot| {
                 let s = self.slots[slot as usize].as_ref()?;
-                let bytes = self.core.free_bytes_of(key(&s.stream));
+                let bytes = self.core.free_bytes_of(key(s.stream()));
                 (bytes > 0).then_some((bytes, slot))
             })
             .collect();
@@ -482,7 +420,10 @@ impl State {
 
     /// The stream of the core's slot `slot`.
     fn stream_of(&self, slot: u32) -> Option<&Stream> {
-        self.slots.get(slot as usize)?.as_ref().map(|s| &s.stream)
+        self.slots
+            .get(slot as usize)?
+            .as_ref()
+            .map(FreeOrder::stream)
     }
 }
 
@@ -529,7 +470,7 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         {
             let mut state = self.inner.state.lock();
             let slot = state.core.free(ptr.addr(), bytes, key(stream));
-            state.slot_at(slot, stream).frees += 1;
+            state.slot_at(slot, stream).changed();
         }
         self.inner.availability.notify();
     }
