@@ -76,8 +76,8 @@ pub use resource::registry::{
 };
 pub use resource::{
     Allocate, Availability, CudaAsyncResource, CudaAsyncResourceBuilder, CudaAsyncViewResource,
-    CudaResource, DevicePtr, ExportHandleType, HostResource, ManagedResource, MemoryResource,
-    PinnedHostResource, PoolResource, PoolStatistics, Properties, SharedResource,
+    CudaResource, DevicePtr, ExportHandleType, FixedSizeResource, HostResource, ManagedResource,
+    MemoryResource, PinnedHostResource, PoolResource, PoolStatistics, Properties, SharedResource,
     ALLOCATION_ALIGNMENT,
 };
 pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};

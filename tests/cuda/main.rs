@@ -103,3 +103,9 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);
+resource_suite!(
+    fixed_size_over_cuda_resource,
+    gpu(),
+    |d| Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);

@@ -47,3 +47,6 @@ resource_suite!(limiting_adaptor, host(), |d| {
     Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30))
 });
 pool_suite!(pools, host());
+resource_suite!(fixed_size_over_cuda_resource, host(), |d| {
+    Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap())
+});

@@ -1,0 +1,297 @@
+//! `FixedSizeResource` on the host backend.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::FixedSizeResource;
+use crate::{
+    CudaResource, Device, DevicePtr, Error, HostConfig, LimitingAdaptor, MemoryResource, Stream,
+};
+
+const KIB: usize = 1 << 10;
+
+fn host() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
+    // SAFETY: every caller frees a block it allocated from `mr`, with no work left on it that
+    // is not ordered before the free.
+    unsafe { mr.deallocate(p, bytes, s) }
+}
+
+#[test]
+fn sizes_are_checked_and_rounded() {
+    let up = CudaResource::new(&host());
+    assert_eq!(
+        FixedSizeResource::new(up.clone(), 1, 2)
+            .unwrap()
+            .block_size(),
+        256
+    );
+    for (size, count) in [(0, 4), (KIB, 0), (usize::MAX - 10, 1), (1 << 40, 1 << 40)] {
+        let r = FixedSizeResource::new(up.clone(), size, count);
+        assert!(
+            matches!(r, Err(Error::InvalidArgument(_))),
+            "{size} x {count}: {r:?}"
+        );
+    }
+    let d = FixedSizeResource::with_defaults(up).unwrap();
+    assert_eq!((d.block_size(), d.blocks_to_preallocate()), (1 << 20, 128));
+}
+
+#[test]
+fn requests_up_to_the_block_get_a_block_larger_ones_fail_at_once() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device), 4 * KIB, 4).unwrap();
+    assert_eq!(mr.try_allocate(0, &s).unwrap(), DevicePtr::NULL);
+    let err = mr.try_allocate(4 * KIB + 1, &s).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { requested, .. } if requested == 4 * KIB + 1),
+        "{err}"
+    );
+    // Awaited too: it could never fit, so it does not wait.
+    let err = futures::executor::block_on(mr.allocate(8 * KIB, &s)).unwrap_err();
+    assert!(err.is_out_of_memory());
+    let blocks: Vec<_> = (0..4).map(|_| mr.try_allocate(1, &s).unwrap()).collect();
+    let distinct: BTreeSet<_> = blocks.iter().map(|p| p.addr()).collect();
+    assert_eq!(distinct.len(), 4);
+    for w in distinct.iter().collect::<Vec<_>>().windows(2) {
+        assert!(w[1] - w[0] >= 4 * KIB as u64, "blocks overlap");
+    }
+    assert!(blocks.iter().all(|p| p.is_aligned(256)));
+    for p in blocks {
+        free(&mr, p, 1, &s);
+    }
+}
+
+#[test]
+fn an_empty_resource_grows_by_the_same_count() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device), 64 * KIB, 8).unwrap();
+    let controls = device.host_controls().unwrap();
+    assert_eq!((mr.total_blocks(), mr.free_blocks()), (8, 8));
+    assert_eq!(controls.allocated_bytes(), 8 * 64 * KIB);
+    let blocks: Vec<_> = (0..9)
+        .map(|_| mr.try_allocate(64 * KIB, &s).unwrap())
+        .collect();
+    assert_eq!((mr.total_blocks(), mr.free_blocks()), (16, 7));
+    assert_eq!(controls.allocated_bytes(), 16 * 64 * KIB);
+    for p in blocks {
+        free(&mr, p, 64 * KIB, &s);
+    }
+    assert_eq!(mr.free_blocks(), 16);
+    drop(mr);
+    s.synchronize_blocking().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while controls.allocated_bytes() != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        controls.allocated_bytes(),
+        0,
+        "chunks not given back on drop"
+    );
+}
+
+#[test]
+#[should_panic(expected = "double free")]
+fn a_double_free_panics() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 2).unwrap();
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    free(&mr, p, KIB, &s);
+    free(&mr, p, KIB, &s);
+}
+
+fn reached(stream: &Stream) -> Arc<Mutex<Option<Instant>>> {
+    let at = Arc::new(Mutex::new(None));
+    let slot = at.clone();
+    stream
+        .launch_host_fn(move || *slot.lock().unwrap() = Some(Instant::now()))
+        .unwrap();
+    at
+}
+
+fn when(at: &Arc<Mutex<Option<Instant>>>) -> Instant {
+    at.lock().unwrap().expect("the stream reached the point")
+}
+
+/// Blocks freed on S and taken by T: T's later work runs after S's work before the frees, and
+/// T takes half of S's free blocks, leaving S the rest.
+#[test]
+fn blocks_taken_from_another_stream_are_ordered_after_its_work() {
+    let device = host();
+    let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 8).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let blocks: Vec<_> = (0..8).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
+    s.enqueue_delay(Duration::from_millis(100)).unwrap();
+    let s_done = reached(&s);
+    for &p in &blocks {
+        free(&mr, p, KIB, &s);
+    }
+    let q = mr.try_allocate(KIB, &t).unwrap();
+    assert!(blocks.contains(&q), "served from S's frees, not by growing");
+    assert_eq!(mr.total_blocks(), 8);
+    let t_uses = reached(&t);
+    // S kept half of its blocks, so it serves four without growing or waiting.
+    let mine: Vec<_> = (0..4).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
+    assert_eq!(mr.total_blocks(), 8);
+    t.synchronize_blocking().unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(
+        when(&t_uses) >= when(&s_done),
+        "T used S's block before S was done"
+    );
+    free(&mr, q, KIB, &t);
+    for p in mine {
+        free(&mr, p, KIB, &s);
+    }
+}
+
+/// Blocks that moved from S to T and then to U: U waits for an event of T recorded after T's
+/// wait for S.
+#[test]
+fn blocks_passed_on_stay_ordered() {
+    let device = host();
+    let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 4).unwrap();
+    let [s, t, u] = std::array::from_fn(|_| Stream::new(&device).unwrap());
+    let blocks: Vec<_> = (0..4).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
+    // T gets an event of its own first, so a stale one would be there to misuse.
+    let first = mr.try_allocate(KIB, &t);
+    assert!(first.is_ok(), "grows: {first:?}");
+    let first = first.unwrap();
+    free(&mr, first, KIB, &t);
+    let w = mr.try_allocate(KIB, &u).unwrap(); // takes from T: T records an event
+    s.enqueue_delay(Duration::from_millis(100)).unwrap();
+    let s_done = reached(&s);
+    for &p in &blocks {
+        free(&mr, p, KIB, &s);
+    }
+    // T drains its own list, then takes two of S's four blocks (after waiting for S).
+    let mut on_t = Vec::new();
+    while mr.free_blocks() > 0 && on_t.len() < 16 {
+        on_t.push(mr.try_allocate(KIB, &t).unwrap());
+        if on_t.iter().any(|p| blocks.contains(p)) {
+            break;
+        }
+    }
+    assert!(
+        on_t.iter().any(|p| blocks.contains(p)),
+        "T never took S's blocks"
+    );
+    // U now takes what T holds of S's blocks.
+    let mut on_u = Vec::new();
+    loop {
+        let p = mr.try_allocate(KIB, &u).unwrap();
+        on_u.push(p);
+        if blocks.contains(&p) {
+            break;
+        }
+        assert!(on_u.len() < 16, "U never reached S's blocks");
+    }
+    let u_uses = reached(&u);
+    for st in [&s, &t, &u] {
+        st.synchronize_blocking().unwrap();
+    }
+    assert!(
+        when(&u_uses) >= when(&s_done),
+        "U used S's block before S was done"
+    );
+    free(&mr, w, KIB, &u);
+    for p in on_t {
+        free(&mr, p, KIB, &t);
+    }
+    for p in on_u {
+        free(&mr, p, KIB, &u);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_resource_makes_an_awaited_allocation_wait_for_a_free() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    // The upstream allows one batch of four blocks: the resource cannot grow.
+    let up = LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB);
+    let mr = FixedSizeResource::new(up, KIB, 4).unwrap();
+    let held: Vec<_> = (0..4).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
+    assert!(mr.try_allocate(KIB, &s).unwrap_err().is_out_of_memory());
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move { mr.allocate(KIB, &s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!waiter.is_finished(), "it must wait, not fail");
+    free(&mr, held[2], KIB, &s);
+    let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(p, held[2]);
+    free(&mr, p, KIB, &s);
+    for &q in [held[0], held[1], held[3]].iter() {
+        free(&mr, q, KIB, &s);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Allocate { size: usize, stream: usize },
+    Free { pick: usize, stream: usize },
+}
+
+fn any_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..=2 * KIB, 0..3usize).prop_map(|(size, stream)| Op::Allocate { size, stream }),
+        2 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random allocations and frees on three streams against a model: live blocks never
+    /// overlap, are aligned and within a chunk's block grid, oversized requests fail, and the
+    /// block accounting is exact.
+    #[test]
+    fn random_operations_match_the_model(ops in prop::collection::vec(any_op(), 1..150)) {
+        let device = host();
+        let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 4).unwrap();
+        let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
+        let mut live: Vec<(DevicePtr, usize)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Allocate { size, stream } => match mr.try_allocate(size, &streams[stream]) {
+                    Ok(p) if size == 0 => prop_assert!(p.is_null()),
+                    Ok(p) => {
+                        prop_assert!(size <= KIB);
+                        prop_assert!(p.is_aligned(256));
+                        for &(q, _) in &live {
+                            prop_assert!(p.addr().abs_diff(q.addr()) >= KIB as u64, "{p:?} overlaps {q:?}");
+                        }
+                        live.push((p, size));
+                    }
+                    Err(e) => prop_assert!(e.is_out_of_memory() && size > KIB, "{e}"),
+                },
+                Op::Free { pick, stream } => {
+                    if !live.is_empty() {
+                        let (p, size) = live.swap_remove(pick % live.len());
+                        free(&mr, p, size, &streams[stream]);
+                    }
+                }
+            }
+            prop_assert_eq!(mr.free_blocks() + live.len(), mr.total_blocks());
+        }
+        for (p, size) in live {
+            free(&mr, p, size, &streams[0]);
+        }
+        prop_assert_eq!(mr.free_blocks(), mr.total_blocks());
+    }
+}
