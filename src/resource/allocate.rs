@@ -112,7 +112,7 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
 
     fn leave_queue(&mut self) {
         if let (Some(wait), Some(a)) = (self.wait.take(), self.mr.availability()) {
-            a.queue().remove(&wait.waiter);
+            a.remove(&wait.waiter);
         }
     }
 }
@@ -140,7 +140,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
                 .deadline
                 .map(|d| Delay::new(d.saturating_duration_since(Instant::now())));
             this.wait = Some(Wait {
-                waiter: availability.queue().push(cx.waker()),
+                waiter: availability.push(cx.waker()),
                 since: Instant::now(),
                 timer,
             });
@@ -148,7 +148,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         let availability = this.mr.availability().expect("queued on it");
         let wait = this.wait.as_mut().expect("queued above");
         wait.waiter.set_waker(cx.waker());
-        if availability.queue().is_head(&wait.waiter) {
+        if availability.is_head(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             match this.mr.try_allocate(this.bytes, this.stream) {
                 Err(e) if e.is_out_of_memory() => {}

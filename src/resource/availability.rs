@@ -38,7 +38,44 @@ pub struct Availability {
     /// Availabilities of resources stacked on this one (adaptors with limits of their own):
     /// memory coming back here may let their waiters proceed too.
     followers: parking_lot::Mutex<Vec<Weak<Availability>>>,
-    has_followers: std::sync::atomic::AtomicBool,
+    /// Whether anyone waits here or at a follower, so that a notify with nobody waiting reads
+    /// one counter instead of locking and walking the followers.
+    waiting: std::sync::Arc<Waiting>,
+}
+
+/// How many wait queues at or below an availability have waiters: its own queue (while it has
+/// any) and each follower whose own count is above 0. Shared with the availabilities it follows,
+/// which it tells when its count leaves 0 or returns to it.
+#[derive(Debug, Default)]
+struct Waiting {
+    count: std::sync::atomic::AtomicUsize,
+    /// The counts of the availabilities this one follows. Its lock is held while `count`
+    /// changes, so a follower added meanwhile is counted exactly once.
+    leaders: parking_lot::Mutex<Vec<std::sync::Arc<Waiting>>>,
+}
+
+impl Waiting {
+    fn up(&self) {
+        let leaders = self.leaders.lock();
+        if self.count.fetch_add(1, Ordering::SeqCst) == 0 {
+            for l in leaders.iter() {
+                l.up();
+            }
+        }
+    }
+
+    fn down(&self) {
+        let leaders = self.leaders.lock();
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            for l in leaders.iter() {
+                l.down();
+            }
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.count.load(Ordering::SeqCst) > 0
+    }
 }
 
 impl Availability {
@@ -48,10 +85,12 @@ impl Availability {
     }
 
     /// Wakes the oldest waiting allocation (and those of resources following this one) so it
-    /// retries. Cheap when nobody waits.
+    /// retries. Cheap when nobody waits: a fence and two loads.
     pub fn notify(&self) {
+        // The fence in `queue.notify` also orders the caller's state change before the load of
+        // `waiting` (see `WaitQueue`): a waiter at a follower counts itself before its retry.
         self.queue.notify();
-        if self.has_followers.load(Ordering::Acquire) {
+        if self.waiting.any() {
             let mut followers = self.followers.lock();
             followers.retain(|f| match f.upgrade() {
                 Some(f) => {
@@ -75,11 +114,27 @@ impl Availability {
         self.followers
             .lock()
             .push(std::sync::Arc::downgrade(follower));
-        self.has_followers.store(true, Ordering::Release);
+        let mut leaders = follower.waiting.leaders.lock();
+        leaders.push(self.waiting.clone());
+        if follower.waiting.count.load(Ordering::SeqCst) > 0 {
+            self.waiting.up();
+        }
     }
 
-    pub(crate) fn queue(&self) -> &WaitQueue {
-        &self.queue
+    /// Queues a new waiter at the back.
+    pub(crate) fn push(&self, waker: &Waker) -> Arc<Waiter> {
+        self.queue.push(waker, || self.waiting.up())
+    }
+
+    /// Whether `waiter` is the oldest in the queue (the one allowed to retry).
+    pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
+        self.queue.is_head(waiter)
+    }
+
+    /// Takes `waiter` out of the queue (served, timed out or cancelled), waking the next one if
+    /// it was the head.
+    pub(crate) fn remove(&self, waiter: &Arc<Waiter>) {
+        self.queue.remove(waiter, || self.waiting.down());
     }
 }
 
@@ -139,14 +194,19 @@ impl WaitQueue {
         self.len.load(Ordering::Acquire)
     }
 
-    /// Queues a new waiter at the back.
-    pub(crate) fn push(&self, waker: &Waker) -> Arc<Waiter> {
+    /// Queues a new waiter at the back; calls `first` (before the fence) if the queue was
+    /// empty.
+    pub(crate) fn push(&self, waker: &Waker, first: impl FnOnce()) -> Arc<Waiter> {
         let waiter = Arc::new(Waiter::default());
         waiter.set_waker(waker);
         let mut waiters = self.waiters.lock();
         waiters.push_back(waiter.clone());
         self.len.store(waiters.len(), Ordering::Release);
+        let was_empty = waiters.len() == 1;
         drop(waiters);
+        if was_empty {
+            first();
+        }
         // Pairs with the fence in `notify`: the caller's retry after this reads resource state.
         fence(Ordering::SeqCst);
         waiter
@@ -160,9 +220,10 @@ impl WaitQueue {
             .is_some_and(|h| Arc::ptr_eq(h, waiter))
     }
 
-    /// Takes `waiter` out of the queue (served, timed out or cancelled). If it was the head,
-    /// the new head is woken to retry: memory it could use may be there already.
-    pub(crate) fn remove(&self, waiter: &Arc<Waiter>) {
+    /// Takes `waiter` out of the queue (served, timed out or cancelled); calls `emptied` if
+    /// the queue is empty now. If it was the head, the new head is woken to retry: memory it
+    /// could use may be there already.
+    pub(crate) fn remove(&self, waiter: &Arc<Waiter>, emptied: impl FnOnce()) {
         let mut waiters = self.waiters.lock();
         let Some(i) = waiters.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
             return;
@@ -173,6 +234,11 @@ impl WaitQueue {
             if let Some(head) = waiters.front() {
                 head.wake();
             }
+        }
+        let is_empty = waiters.is_empty();
+        drop(waiters);
+        if is_empty {
+            emptied();
         }
     }
 
@@ -227,7 +293,7 @@ mod loom_tests {
                 q.notify();
             });
             let (woken, waker) = flag();
-            let waiter = queue.push(&waker);
+            let waiter = queue.push(&waker, || {});
             let served = queue.is_head(&waiter) && memory.load(SeqCst);
             freer.join().unwrap();
             assert!(served || woken.0.load(SeqCst), "lost wake-up");
@@ -241,11 +307,11 @@ mod loom_tests {
             let queue = Arc::new(WaitQueue::default());
             let (_, waker1) = flag();
             let (woken2, waker2) = flag();
-            let first = queue.push(&waker1);
-            let _second = queue.push(&waker2);
+            let first = queue.push(&waker1, || {});
+            let _second = queue.push(&waker2, || {});
             let q = queue.clone();
             let freer = loom::thread::spawn(move || q.notify());
-            queue.remove(&first);
+            queue.remove(&first, || {});
             freer.join().unwrap();
             assert!(
                 woken2.0.load(SeqCst),
