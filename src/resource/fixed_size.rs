@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -77,6 +77,7 @@ struct Inner<R: MemoryResource> {
     device: Device,
     block_size: usize,
     blocks_per_chunk: usize,
+    geometry: Geometry,
     state: Mutex<State>,
     availability: Arc<Availability>,
 }
@@ -91,10 +92,12 @@ struct State {
     last: Option<(StreamId, u32)>,
     /// Vacant slots of `lists`.
     vacant: Vec<u32>,
-    /// Every block handed out and not taken back.
-    live: FxHashSet<u64>,
-    /// The base of every upstream chunk.
-    chunks: Vec<u64>,
+    /// Every upstream chunk, sorted by base, with a bit per block that is in use: a free finds
+    /// its block's bit with a binary search over the chunks, which is how a foreign pointer or
+    /// a double free is caught without a hash per operation.
+    chunks: Vec<Chunk>,
+    /// Blocks in use.
+    live: usize,
     /// Blocks on all free lists.
     free_blocks: usize,
 }
@@ -102,6 +105,35 @@ struct State {
 struct FreeList {
     order: FreeOrder,
     blocks: Vec<u64>,
+}
+
+struct Chunk {
+    base: u64,
+    /// Bit `i` is set while block `i` is in use.
+    in_use: Box<[u64]>,
+}
+
+/// Where a block lies: `(chunk index, block index)`, when `addr` is a block of these chunks.
+#[inline]
+fn locate(chunks: &[Chunk], geometry: &Geometry, addr: u64) -> Option<(usize, usize)> {
+    let c = chunks.partition_point(|c| c.base <= addr).checked_sub(1)?;
+    let offset = addr - chunks[c].base;
+    if offset >= geometry.chunk_bytes {
+        return None;
+    }
+    let block = match geometry.block_shift {
+        Some(shift) => (offset & ((1 << shift) - 1) == 0).then_some((offset >> shift) as usize)?,
+        None => (offset % geometry.block_size == 0)
+            .then_some((offset / geometry.block_size) as usize)?,
+    };
+    Some((c, block))
+}
+
+/// The sizes `locate` needs, with a shift in place of a division for power-of-two blocks.
+struct Geometry {
+    block_size: u64,
+    block_shift: Option<u32>,
+    chunk_bytes: u64,
 }
 
 impl<R: MemoryResource> FixedSizeResource<R> {
@@ -149,13 +181,18 @@ impl<R: MemoryResource> FixedSizeResource<R> {
                 device,
                 block_size: rounded,
                 blocks_per_chunk: blocks_to_preallocate,
+                geometry: Geometry {
+                    block_size: rounded as u64,
+                    block_shift: rounded.is_power_of_two().then(|| rounded.trailing_zeros()),
+                    chunk_bytes: (rounded * blocks_to_preallocate) as u64,
+                },
                 state: Mutex::new(State {
                     lists: Vec::new(),
                     slots: FxHashMap::default(),
                     last: None,
                     vacant: Vec::new(),
-                    live: FxHashSet::default(),
                     chunks: Vec::new(),
+                    live: 0,
                     free_blocks: 0,
                 }),
                 availability,
@@ -205,7 +242,14 @@ impl<R: MemoryResource> Inner<R> {
     fn grow(&self, state: &mut State, stream: &Stream) -> Result<()> {
         let bytes = self.block_size * self.blocks_per_chunk;
         let base = self.upstream.try_allocate(bytes, stream)?.addr();
-        state.chunks.push(base);
+        let at = state.chunks.partition_point(|c| c.base < base);
+        state.chunks.insert(
+            at,
+            Chunk {
+                base,
+                in_use: vec![0; self.blocks_per_chunk.div_ceil(64)].into_boxed_slice(),
+            },
+        );
         let slot = state.slot_or_insert(stream);
         let list = state.list(slot);
         // Highest address first, so blocks are handed out in address order.
@@ -260,7 +304,7 @@ impl<R: MemoryResource> Inner<R> {
     /// Gives every chunk back to the upstream when no block is in use; says whether it did.
     fn release_all(&self) -> bool {
         let mut state = self.state.lock();
-        if !state.live.is_empty() {
+        if state.live != 0 {
             return false;
         }
         // Every block is on some list. The chunks go back on one stream that first waits for
@@ -283,7 +327,7 @@ impl<R: MemoryResource> Inner<R> {
             }
         }
         let bytes = self.block_size * self.blocks_per_chunk;
-        for base in state.chunks.drain(..) {
+        for Chunk { base, .. } in state.chunks.drain(..) {
             // SAFETY: the chunk came from `upstream.try_allocate(bytes, ..)` in `grow`; no block
             // of it is in use, and `release_on` waited for every stream that freed one.
             unsafe {
@@ -312,7 +356,16 @@ impl State {
         Some(slot)
     }
 
+    #[inline]
     fn slot_or_insert(&mut self, stream: &Stream) -> u32 {
+        match self.last {
+            Some((s, slot)) if s == stream.id() => slot,
+            _ => self.slot_or_insert_slow(stream),
+        }
+    }
+
+    #[cold]
+    fn slot_or_insert_slow(&mut self, stream: &Stream) -> u32 {
         if let Some(slot) = self.slot_of(stream.id()) {
             return slot;
         }
@@ -335,6 +388,7 @@ impl State {
         slot
     }
 
+    #[inline]
     fn list(&mut self, slot: u32) -> &mut FreeList {
         self.lists[slot as usize]
             .as_mut()
@@ -396,7 +450,9 @@ impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
             }
         };
         state.free_blocks -= 1;
-        state.live.insert(block);
+        state.live += 1;
+        let (c, i) = locate(&state.chunks, &inner.geometry, block).expect("a block of a chunk");
+        state.chunks[c].in_use[i / 64] |= 1 << (i % 64);
         Ok(DevicePtr::from_raw(block))
     }
 
@@ -406,10 +462,18 @@ impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
         }
         {
             let mut state = self.inner.state.lock();
+            let bit = locate(&state.chunks, &self.inner.geometry, ptr.addr()).and_then(|(c, i)| {
+                let word = &mut state.chunks[c].in_use[i / 64];
+                let mask = 1 << (i % 64);
+                let was = *word & mask != 0;
+                *word &= !mask;
+                was.then_some(())
+            });
             assert!(
-                state.live.remove(&ptr.addr()),
+                bit.is_some(),
                 "{ptr} ({bytes} bytes) is not a block of this fixed-size resource in use (double free?)"
             );
+            state.live -= 1;
             let slot = state.slot_or_insert(stream);
             let list = state.list(slot);
             list.blocks.push(ptr.addr());
@@ -447,7 +511,7 @@ impl<R: MemoryResource> fmt::Debug for FixedSizeResource<R> {
             .field("device", &self.inner.device.id())
             .field("block_size", &self.inner.block_size)
             .field("free_blocks", &state.free_blocks)
-            .field("live_blocks", &state.live.len())
+            .field("live_blocks", &state.live)
             .finish()
     }
 }
@@ -458,7 +522,7 @@ impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
         if !self.release_all() {
             tracing::error!(
-                live = self.state.get_mut().live.len(),
+                live = self.state.get_mut().live,
                 "fixed-size resource dropped with blocks in use; its chunks are leaked"
             );
         }

@@ -2,6 +2,7 @@
 
 mod allocate;
 mod availability;
+mod binning;
 mod cuda;
 mod cuda_async;
 mod cuda_async_view;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 pub use allocate::Allocate;
 pub use availability::Availability;
+pub use binning::BinningResource;
 pub use cuda::CudaResource;
 pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
 pub use cuda_async_view::CudaAsyncViewResource;
@@ -223,6 +225,7 @@ impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 }
 
 /// Checks that `stream` belongs to `device`, as every resource requires.
+#[inline]
 pub(crate) fn check_stream(device: &Device, stream: &Stream) -> Result<()> {
     if stream.device() == device {
         Ok(())

@@ -104,6 +104,15 @@ resource_suite!(
 );
 pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);
 resource_suite!(
+    binning_over_pool,
+    gpu(),
+    |d| {
+        let pool = PoolResource::new(CudaResource::new(d), 0, None).unwrap();
+        Arc::new(BinningResource::with_range(pool, 18, 22).unwrap())
+    },
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
     fixed_size_over_cuda_resource,
     gpu(),
     |d| Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap()),

@@ -47,6 +47,10 @@ resource_suite!(limiting_adaptor, host(), |d| {
     Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30))
 });
 pool_suite!(pools, host());
+resource_suite!(binning_over_pool, host(), |d| {
+    let pool = PoolResource::new(CudaResource::new(d), 0, None).unwrap();
+    Arc::new(BinningResource::with_range(pool, 18, 22).unwrap())
+});
 resource_suite!(fixed_size_over_cuda_resource, host(), |d| {
     Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap())
 });

@@ -1,0 +1,259 @@
+//! `BinningResource`: requests routed by size to bins, the rest to an upstream resource.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::resource::{
+    Availability, DevicePtr, FixedSizeResource, MemoryResource, Properties, SharedResource,
+};
+use crate::stream::Stream;
+
+/// How many blocks each fixed-size bin takes from the upstream at a time (RMM's default).
+const BIN_BLOCKS: usize = 128;
+
+/// Routes each request by size (RMM's `binning_memory_resource`): the smallest bin whose size
+/// holds it serves it, and requests larger than every bin go to the upstream resource.
+///
+/// Bins are usually [`FixedSizeResource`]s over the same upstream, one per power of two
+/// ([`with_range`](BinningResource::with_range)), which serve small requests with a list pop
+/// instead of a search; [`add_bin`](BinningResource::add_bin) adds a bin of any size, served by
+/// a new fixed-size resource or by a resource of your choice. A 0-byte request goes to the
+/// smallest bin.
+///
+/// # Stream ordering
+/// As the resource that serves each request: the bins and the upstream each keep their own
+/// stream order. `deallocate` must be given the size the memory was allocated with, which
+/// routes it back to the same resource.
+///
+/// # Awaiting memory
+/// The resource has one wait queue ([`Availability`]) that every bin and the upstream wake,
+/// so an awaited allocation waits for memory wherever its request is routed, first come,
+/// first served across all sizes. [`capacity_limit`](MemoryResource::capacity_limit) is the
+/// upstream's: a request larger than every bin and than the upstream could ever hold fails at
+/// once.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{BinningResource, CudaResource, Device, MemoryResource, PoolResource, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let pool = PoolResource::new(CudaResource::new(&device), 64 << 20, None)?;
+/// // Bins of 4 KiB, 8 KiB, ..., 1 MiB over the pool; larger requests go to the pool itself.
+/// let mr = BinningResource::with_range(pool, 12, 20)?;
+/// let small = mr.allocate(3000, &stream).await?;        // the 4 KiB bin
+/// let large = mr.allocate(8 << 20, &stream).await?;     // the pool
+/// unsafe {
+///     mr.deallocate(small, 3000, &stream);
+///     mr.deallocate(large, 8 << 20, &stream);
+/// }
+/// assert_eq!(mr.bin_sizes(), (12..=20).map(|e| 1 << e).collect::<Vec<usize>>());
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+pub struct BinningResource<R: MemoryResource + Clone = SharedResource> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R: MemoryResource + Clone> {
+    upstream: R,
+    /// Sorted by size, sizes distinct.
+    bins: Vec<Bin<R>>,
+    availability: Arc<Availability>,
+}
+
+struct Bin<R: MemoryResource + Clone> {
+    /// The largest request the bin serves.
+    size: usize,
+    resource: BinResource<R>,
+}
+
+/// A bin's resource: a fixed-size resource made for it (statically dispatched), or one given.
+enum BinResource<R: MemoryResource + Clone> {
+    Fixed(FixedSizeResource<R>),
+    Given(SharedResource),
+}
+
+impl<R: MemoryResource + Clone> BinResource<R> {
+    fn resource(&self) -> &dyn MemoryResource {
+        match self {
+            BinResource::Fixed(r) => r,
+            BinResource::Given(r) => r,
+        }
+    }
+}
+
+impl<R: MemoryResource + Clone> BinningResource<R> {
+    /// A binning resource with no bins yet: every request goes to `upstream` until bins are
+    /// added with [`add_bin`](BinningResource::add_bin).
+    pub fn new(upstream: R) -> Self {
+        let availability = Arc::new(Availability::new());
+        if let Some(up) = upstream.availability() {
+            up.add_follower(&availability);
+        }
+        BinningResource {
+            inner: Arc::new(Inner {
+                upstream,
+                bins: Vec::new(),
+                availability,
+            }),
+        }
+    }
+
+    /// A binning resource with a fixed-size bin (of 128 blocks at a time) for every power of
+    /// two from `2^min_exp` to `2^max_exp` bytes, over `upstream`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `min_exp > max_exp` or `max_exp` is 48 or more (a bin's
+    /// batch would not be allocatable); the upstream's error when a bin's first batch cannot be
+    /// allocated.
+    pub fn with_range(upstream: R, min_exp: u32, max_exp: u32) -> Result<Self> {
+        if min_exp > max_exp || max_exp >= 48 {
+            return Err(Error::invalid(format!(
+                "bin exponents {min_exp}..={max_exp}: the minimum must not exceed the maximum, \
+                 which must be below 48"
+            )));
+        }
+        let mut mr = Self::new(upstream);
+        for exp in min_exp..=max_exp {
+            mr.add_bin(1 << exp, None)?;
+        }
+        Ok(mr)
+    }
+
+    /// Adds a bin for requests of up to `size` bytes (and above the next smaller bin's size),
+    /// served by `resource`, or by a new [`FixedSizeResource`] of `size`-byte blocks over the
+    /// upstream when `resource` is `None`.
+    ///
+    /// Bins can be added only while this handle is the only one: before the resource is
+    /// cloned (or after every clone is dropped), so that routing never takes a lock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `size` is 0, a bin of that size exists, or the resource
+    /// is shared; [`Error::DeviceMismatch`] when `resource` is of another device than the
+    /// upstream; the upstream's error when a new fixed-size bin's first batch cannot be
+    /// allocated.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use streamalloc::{BinningResource, CudaResource, Device, Error, HostResource};
+    ///
+    /// let device = Device::host();
+    /// let mut mr = BinningResource::new(CudaResource::new(&device));
+    /// mr.add_bin(4096, None)?;                                       // fixed-size blocks
+    /// mr.add_bin(1 << 20, Some(Arc::new(HostResource::new(&device))))?; // a resource of yours
+    /// assert_eq!(mr.bin_sizes(), vec![4096, 1 << 20]);
+    /// let shared = mr.clone();
+    /// assert!(matches!(mr.add_bin(64, None), Err(Error::InvalidArgument(_))));
+    /// # drop(shared);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn add_bin(&mut self, size: usize, resource: Option<SharedResource>) -> Result<()> {
+        if size == 0 {
+            return Err(Error::invalid("a bin of 0 bytes"));
+        }
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            Error::invalid("bins can only be added before the binning resource is shared")
+        })?;
+        let at = match inner.bins.binary_search_by_key(&size, |b| b.size) {
+            Ok(_) => return Err(Error::invalid(format!("a bin of {size} bytes exists"))),
+            Err(at) => at,
+        };
+        let resource = match resource {
+            Some(r) => {
+                let (expected, actual) =
+                    (inner.upstream.properties().device, r.properties().device);
+                if expected != actual {
+                    return Err(Error::DeviceMismatch { expected, actual });
+                }
+                BinResource::Given(r)
+            }
+            None => BinResource::Fixed(FixedSizeResource::new(
+                inner.upstream.clone(),
+                size,
+                BIN_BLOCKS,
+            )?),
+        };
+        if let Some(a) = resource.resource().availability() {
+            a.add_follower(&inner.availability);
+        }
+        inner.bins.insert(at, Bin { size, resource });
+        Ok(())
+    }
+
+    /// The bins' sizes, ascending.
+    pub fn bin_sizes(&self) -> Vec<usize> {
+        self.inner.bins.iter().map(|b| b.size).collect()
+    }
+
+    /// The upstream resource, which serves requests larger than every bin.
+    pub fn upstream(&self) -> &R {
+        &self.inner.upstream
+    }
+}
+
+impl<R: MemoryResource + Clone> Inner<R> {
+    /// The bin that serves `bytes`, if any: the smallest that holds it.
+    #[inline]
+    fn bin(&self, bytes: usize) -> Option<&BinResource<R>> {
+        let i = self.bins.partition_point(|b| b.size < bytes);
+        self.bins.get(i).map(|b| &b.resource)
+    }
+}
+
+impl<R: MemoryResource + Clone> MemoryResource for BinningResource<R> {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        match self.inner.bin(bytes) {
+            Some(BinResource::Fixed(r)) => r.try_allocate(bytes, stream),
+            Some(BinResource::Given(r)) => r.try_allocate(bytes, stream),
+            None => self.inner.upstream.try_allocate(bytes, stream),
+        }
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract; `bytes` routes the memory back to the
+        // resource that allocated it.
+        unsafe {
+            match self.inner.bin(bytes) {
+                Some(BinResource::Fixed(r)) => r.deallocate(ptr, bytes, stream),
+                Some(BinResource::Given(r)) => r.deallocate(ptr, bytes, stream),
+                None => self.inner.upstream.deallocate(ptr, bytes, stream),
+            }
+        }
+    }
+
+    fn availability(&self) -> Option<&Availability> {
+        Some(&self.inner.availability)
+    }
+
+    fn capacity_limit(&self) -> Option<usize> {
+        self.inner.upstream.capacity_limit()
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.upstream.properties()
+    }
+}
+
+impl<R: MemoryResource + Clone> Clone for BinningResource<R> {
+    fn clone(&self) -> Self {
+        BinningResource {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: MemoryResource + Clone> fmt::Debug for BinningResource<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BinningResource")
+            .field("bins", &self.bin_sizes())
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! `BinningResource` on the host backend.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::BinningResource;
+use crate::{
+    CudaResource, Device, DevicePtr, Error, HostConfig, LimitingAdaptor, MemoryResource,
+    PoolResource, Properties, Result, Stream,
+};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn host() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
+    // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
+    unsafe { mr.deallocate(p, bytes, s) }
+}
+
+/// A resource that counts the requests it sees (sizes included) and serves them upstream.
+#[derive(Debug, Clone)]
+struct Counting {
+    upstream: CudaResource,
+    allocations: Arc<AtomicUsize>,
+    zero_byte: Arc<AtomicUsize>,
+    frees: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    fn new(device: &Device) -> Self {
+        Counting {
+            upstream: CudaResource::new(device),
+            allocations: Arc::default(),
+            zero_byte: Arc::default(),
+            frees: Arc::default(),
+        }
+    }
+}
+
+impl MemoryResource for Counting {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.allocations.fetch_add(1, Ordering::SeqCst);
+        if bytes == 0 {
+            self.zero_byte.fetch_add(1, Ordering::SeqCst);
+        }
+        self.upstream.try_allocate(bytes, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        self.frees.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }
+    }
+
+    fn properties(&self) -> Properties {
+        self.upstream.properties()
+    }
+}
+
+#[test]
+fn the_smallest_bin_that_fits_serves_and_larger_requests_go_upstream() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let up = Counting::new(&device);
+    let mr = BinningResource::with_range(up.clone(), 12, 14).unwrap();
+    assert_eq!(mr.bin_sizes(), vec![4 * KIB, 8 * KIB, 16 * KIB]);
+    // Each bin took one batch of 128 blocks from the upstream when it was made.
+    assert_eq!(up.allocations.load(Ordering::SeqCst), 3);
+    let controls = device.host_controls().unwrap();
+    let before = controls.allocated_bytes();
+    let a = mr.try_allocate(4 * KIB, &s).unwrap();
+    let b = mr.try_allocate(4 * KIB + 1, &s).unwrap();
+    let c = mr.try_allocate(16 * KIB, &s).unwrap();
+    assert_eq!(
+        up.allocations.load(Ordering::SeqCst),
+        3,
+        "bins served these"
+    );
+    assert_eq!(controls.allocated_bytes(), before);
+    let d = mr.try_allocate(16 * KIB + 1, &s).unwrap();
+    assert_eq!(
+        up.allocations.load(Ordering::SeqCst),
+        4,
+        "the upstream served this"
+    );
+    for (p, n) in [
+        (a, 4 * KIB),
+        (b, 4 * KIB + 1),
+        (c, 16 * KIB),
+        (d, 16 * KIB + 1),
+    ] {
+        free(&mr, p, n, &s);
+    }
+    assert_eq!(
+        up.frees.load(Ordering::SeqCst),
+        1,
+        "only the large one went upstream"
+    );
+}
+
+/// RMM's `ExplicitBinMR` and `ZeroSizeAllocation`: a bin with a resource of its own serves its
+/// sizes, and a 0-byte request goes to the smallest bin.
+#[test]
+fn an_explicit_bin_resource_serves_its_sizes_and_zero_bytes() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let up = Counting::new(&device);
+    let bin = Counting::new(&device);
+    let mut mr = BinningResource::new(up.clone());
+    mr.add_bin(KIB, Some(Arc::new(bin.clone()))).unwrap();
+    mr.add_bin(64 * KIB, None).unwrap();
+    let p = mr.try_allocate(0, &s).unwrap();
+    assert_eq!(
+        bin.zero_byte.load(Ordering::SeqCst),
+        1,
+        "0 bytes use the smallest bin"
+    );
+    free(&mr, p, 0, &s);
+    let q = mr.try_allocate(1000, &s).unwrap();
+    assert_eq!(bin.allocations.load(Ordering::SeqCst), 2);
+    free(&mr, q, 1000, &s);
+    assert_eq!(bin.frees.load(Ordering::SeqCst), 2);
+    let r = mr.try_allocate(2 * KIB, &s).unwrap(); // the 64 KiB fixed-size bin
+    assert_eq!(bin.allocations.load(Ordering::SeqCst), 2);
+    free(&mr, r, 2 * KIB, &s);
+}
+
+#[test]
+fn bins_are_checked() {
+    let device = host();
+    let up = CudaResource::new(&device);
+    for (min, max) in [(20, 12), (12, 48)] {
+        let r = BinningResource::with_range(up.clone(), min, max);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{min}..={max}");
+    }
+    let mut mr = BinningResource::new(up.clone());
+    assert!(matches!(
+        mr.add_bin(0, None),
+        Err(Error::InvalidArgument(_))
+    ));
+    mr.add_bin(KIB, None).unwrap();
+    assert!(matches!(
+        mr.add_bin(KIB, None),
+        Err(Error::InvalidArgument(_))
+    ));
+    let other = CudaResource::new(&host());
+    let r = mr.add_bin(2 * KIB, Some(Arc::new(other)));
+    assert!(matches!(r, Err(Error::DeviceMismatch { .. })), "{r:?}");
+    let _shared = mr.clone();
+    assert!(matches!(
+        mr.add_bin(4 * KIB, None),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+/// An awaited request waits for memory wherever its size routes it: here a bin whose upstream
+/// budget is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_awaited_request_waits_for_its_bin() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    // Room for one batch of the 4 KiB bin (128 blocks) and nothing more.
+    let up = LimitingAdaptor::new(CudaResource::new(&device), 128 * 4 * KIB);
+    let mr = BinningResource::with_range(up, 12, 12).unwrap();
+    let held: Vec<_> = (0..128)
+        .map(|_| mr.try_allocate(4 * KIB, &s).unwrap())
+        .collect();
+    assert!(mr.try_allocate(100, &s).unwrap_err().is_out_of_memory());
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move { mr.allocate(100, &s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!waiter.is_finished(), "it must wait, not fail");
+    free(&mr, held[5], 4 * KIB, &s);
+    let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the bin's free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(p, held[5]);
+    free(&mr, p, 100, &s);
+    for (i, &q) in held.iter().enumerate() {
+        if i != 5 {
+            free(&mr, q, 4 * KIB, &s);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Random sizes across the bins and the upstream (a pool), on two streams: no overlap,
+    /// alignment, and everything back in the pool at the end.
+    #[test]
+    fn random_operations_never_overlap(
+        ops in prop::collection::vec((0..=3 * MIB, any::<usize>(), any::<bool>(), 0..2usize), 1..120)
+    ) {
+        let device = host();
+        let pool = PoolResource::new(CudaResource::new(&device), 0, None).unwrap();
+        let mr = BinningResource::with_range(pool.clone(), 10, 20).unwrap();
+        let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+        let mut live: Vec<(DevicePtr, usize)> = Vec::new();
+        for (size, pick, alloc, stream) in ops {
+            if alloc || live.is_empty() {
+                let p = mr.try_allocate(size, &streams[stream]).unwrap();
+                if size == 0 {
+                    continue;
+                }
+                prop_assert!(p.is_aligned(256));
+                for &(q, n) in &live {
+                    let disjoint = p.addr() + size as u64 <= q.addr() || q.addr() + n as u64 <= p.addr();
+                    prop_assert!(disjoint, "{p:?}+{size} overlaps {q:?}+{n}");
+                }
+                live.push((p, size));
+            } else {
+                let (p, n) = live.swap_remove(pick % live.len());
+                free(&mr, p, n, &streams[stream]);
+            }
+        }
+        for (p, n) in live {
+            free(&mr, p, n, &streams[0]);
+        }
+        prop_assert_eq!(pool.statistics().live_allocations, 11, "one batch per bin stays in the pool");
+    }
+}
