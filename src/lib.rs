@@ -69,6 +69,7 @@ pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
 pub use device::{Device, DeviceId};
 pub use error::{Error, Result};
+pub use resource::CallbackResource;
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,

@@ -5,3 +5,6 @@
 mod limiting;
 
 pub use limiting::LimitingAdaptor;
+
+#[cfg(test)]
+pub(crate) mod test_support;
