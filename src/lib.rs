@@ -64,17 +64,18 @@ mod stream;
 mod sync;
 
 pub use adaptor::LimitingAdaptor;
+pub use adaptor::{AllocationFailure, FailureCallbackAdaptor};
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
 pub use device::{Device, DeviceId};
 pub use error::{Error, Result};
-pub use resource::CallbackResource;
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
     set_current_device_resource_for,
 };
+pub use resource::CallbackResource;
 pub use resource::{
     Allocate, Availability, CudaAsyncResource, CudaAsyncResourceBuilder, CudaAsyncViewResource,
     CudaResource, DevicePtr, ExportHandleType, HostResource, ManagedResource, MemoryResource,

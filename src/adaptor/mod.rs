@@ -2,8 +2,10 @@
 //! logging, …). One file per adaptor; each is generic over its upstream, with the type-erased
 //! [`SharedResource`](crate::SharedResource) as the default.
 
+mod failure_callback;
 mod limiting;
 
+pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
 
 #[cfg(test)]
