@@ -2,9 +2,11 @@
 //! logging, …). One file per adaptor; each is generic over its upstream, with the type-erased
 //! [`SharedResource`](crate::SharedResource) as the default.
 
+mod aligned;
 mod failure_callback;
 mod limiting;
 
+pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
 
