@@ -5,10 +5,12 @@
 mod aligned;
 mod failure_callback;
 mod limiting;
+mod prefetch;
 
 pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
+pub use prefetch::PrefetchAdaptor;
 
 #[cfg(test)]
 pub(crate) mod test_support;

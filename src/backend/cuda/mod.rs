@@ -105,6 +105,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemAllocManaged",
+    "cuMemPrefetchAsync_v2",
     "cuMemHostAlloc",
     "cuMemFree_v2",
     "cuMemFreeHost",
@@ -407,6 +408,8 @@ pub(crate) struct CudaBackend {
     name: String,
     /// The wrapper of the device's default pool, created on first use.
     default_pool: OnceLock<Arc<dyn BackendPool>>,
+    /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`, read on the first prefetch.
+    concurrent_managed_access: OnceLock<bool>,
 }
 
 impl CudaBackend {
@@ -480,7 +483,19 @@ impl CudaBackend {
             ctx,
             name,
             default_pool: OnceLock::new(),
+            concurrent_managed_access: OnceLock::new(),
         })
+    }
+
+    /// Whether the device can prefetch managed memory (and access it while the host does). The
+    /// caller has bound the context.
+    fn concurrent_managed_access(&self) -> Result<bool> {
+        if let Some(&yes) = self.concurrent_managed_access.get() {
+            return Ok(yes);
+        }
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
+        let yes = self.ctx.attribute(attribute)? != 0;
+        Ok(*self.concurrent_managed_access.get_or_init(|| yes))
     }
 }
 
@@ -568,6 +583,36 @@ impl Backend for CudaBackend {
                 let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
                 self.ctx.check("cuMemFreeHost", r)
             }
+        }
+    }
+
+    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+        if bytes == 0 {
+            return Ok(false);
+        }
+        let stream = as_cuda(stream)?;
+        self.ctx.bind()?;
+        // Without concurrent managed access (Windows, some virtualised GPUs) the driver
+        // refuses prefetches; RMM skips them there, and so does this.
+        if !self.concurrent_managed_access()? {
+            return Ok(false);
+        }
+        // The `_v2` entry point (CUDA 12.2+; the only one in CUDA 13 headers, where it is
+        // spelled `cuMemPrefetchAsync`) takes a location instead of a device ordinal.
+        let location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.ctx.device,
+        };
+        // SAFETY: the context is current and the stream live (borrowed). The driver checks the
+        // range and only migrates pages of it, leaving their contents unchanged; flags must be
+        // 0.
+        let r = unsafe { sys::cuMemPrefetchAsync_v2(ptr, bytes, location, 0, stream.raw()) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            // What the driver says for memory that is not managed (`cuMemAlloc`, pinned host):
+            // nothing to migrate. RMM treats it as a no-op too.
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => Ok(false),
+            r => self.ctx.check("cuMemPrefetchAsync", r).map(|()| false),
         }
     }
 
