@@ -64,7 +64,9 @@ mod stream;
 mod sync;
 
 pub use adaptor::LimitingAdaptor;
-pub use adaptor::{AlignedAdaptor, AllocationFailure, FailureCallbackAdaptor, PrefetchAdaptor};
+pub use adaptor::{
+    AlignedAdaptor, AllocationFailure, FailureCallbackAdaptor, PrefetchAdaptor, TracingAdaptor,
+};
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};

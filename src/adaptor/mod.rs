@@ -6,11 +6,13 @@ mod aligned;
 mod failure_callback;
 mod limiting;
 mod prefetch;
+mod tracing_adaptor;
 
 pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
 pub use prefetch::PrefetchAdaptor;
+pub use tracing_adaptor::TracingAdaptor;
 
 #[cfg(test)]
 pub(crate) mod test_support;
