@@ -6,6 +6,19 @@ use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, Share
 use crate::stream::Stream;
 
 /// What the callback of a [`FailureCallbackAdaptor`] learns about a failed attempt.
+///
+/// # Examples
+///
+/// A policy that retries small requests up to three times and large ones never:
+///
+/// ```
+/// use streamalloc::{AllocationFailure, CudaResource, Device, FailureCallbackAdaptor};
+///
+/// fn policy(f: &AllocationFailure<'_>) -> bool {
+///     f.bytes < (1 << 20) && f.attempt <= 3
+/// }
+/// let mr = FailureCallbackAdaptor::new(CudaResource::new(&Device::host()), policy);
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct AllocationFailure<'a> {
