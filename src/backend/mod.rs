@@ -93,7 +93,7 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// (`cuMemPrefetchAsync`), a hint that spares the device's first accesses their page
     /// faults. Returns whether a prefetch was enqueued: a range that is not managed memory, and
     /// a device that cannot prefetch (no concurrent managed access), make it a no-op that
-    /// returns `false`, as in RMM's `prefetch`.
+    /// returns `false`, as in RMM's `prefetch` (on CUDA, so does a driver older than 12.2).
     ///
     /// Safe: a prefetch moves pages without changing their contents, and the driver checks the
     /// range.

@@ -105,7 +105,6 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemAllocManaged",
-    "cuMemPrefetchAsync_v2",
     "cuMemHostAlloc",
     "cuMemFree_v2",
     "cuMemFreeHost",
@@ -408,8 +407,8 @@ pub(crate) struct CudaBackend {
     name: String,
     /// The wrapper of the device's default pool, created on first use.
     default_pool: OnceLock<Arc<dyn BackendPool>>,
-    /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`, read on the first prefetch.
-    concurrent_managed_access: OnceLock<bool>,
+    /// Whether prefetches can run here, found out on the first one.
+    can_prefetch: OnceLock<bool>,
 }
 
 impl CudaBackend {
@@ -483,19 +482,24 @@ impl CudaBackend {
             ctx,
             name,
             default_pool: OnceLock::new(),
-            concurrent_managed_access: OnceLock::new(),
+            can_prefetch: OnceLock::new(),
         })
     }
 
-    /// Whether the device can prefetch managed memory (and access it while the host does). The
-    /// caller has bound the context.
-    fn concurrent_managed_access(&self) -> Result<bool> {
-        if let Some(&yes) = self.concurrent_managed_access.get() {
+    /// Whether prefetches can run here: the driver has `cuMemPrefetchAsync_v2` (CUDA 12.2+;
+    /// looked up here rather than required at load, so older drivers keep everything else) and
+    /// the device has concurrent managed access (without it the driver refuses prefetches; RMM
+    /// skips them there). The caller has bound the context.
+    fn can_prefetch(&self) -> Result<bool> {
+        if let Some(&yes) = self.can_prefetch.get() {
             return Ok(yes);
         }
+        // SAFETY: the library is loaded (this backend exists, so `device_count` found it);
+        // the symbol is only looked up, never called through this pointer type.
+        let entry_point = unsafe { sys::culib().get::<*const c_void>("cuMemPrefetchAsync_v2") };
         let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
-        let yes = self.ctx.attribute(attribute)? != 0;
-        Ok(*self.concurrent_managed_access.get_or_init(|| yes))
+        let yes = entry_point.is_ok() && self.ctx.attribute(attribute)? != 0;
+        Ok(*self.can_prefetch.get_or_init(|| yes))
     }
 }
 
@@ -592,9 +596,7 @@ impl Backend for CudaBackend {
         }
         let stream = as_cuda(stream)?;
         self.ctx.bind()?;
-        // Without concurrent managed access (Windows, some virtualised GPUs) the driver
-        // refuses prefetches; RMM skips them there, and so does this.
-        if !self.concurrent_managed_access()? {
+        if !self.can_prefetch()? {
             return Ok(false);
         }
         // The `_v2` entry point (CUDA 12.2+; the only one in CUDA 13 headers, where it is

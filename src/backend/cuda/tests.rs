@@ -137,7 +137,7 @@ fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
     assert_eq!(last_prefetch_location(managed, n), -2, "CU_DEVICE_INVALID");
     let enqueued = b.prefetch(managed, n, &*s).expect("cuMemPrefetchAsync");
     b.ctx.bind().unwrap();
-    let supported = b.concurrent_managed_access().unwrap();
+    let supported = b.can_prefetch().unwrap();
     assert_eq!(
         enqueued, supported,
         "prefetch enqueued iff the device supports it"
@@ -149,7 +149,7 @@ fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
         // A piece of the range, as a sub-allocator hands out, prefetches too.
         assert!(b.prefetch(managed + 4096, 4096, &*s).unwrap());
     } else {
-        println!("no concurrent managed access: prefetches are skipped");
+        println!("no concurrent managed access or no cuMemPrefetchAsync_v2: prefetch skipped");
     }
     // The data survives the migration.
     // SAFETY: `managed` is live for `n` bytes until freed below, after a sync.
