@@ -63,7 +63,10 @@ mod resource;
 mod stream;
 mod sync;
 
-pub use adaptor::LimitingAdaptor;
+pub use adaptor::{
+    AlignedAdaptor, AllocationFailure, FailureCallbackAdaptor, LimitingAdaptor, PrefetchAdaptor,
+    TracingAdaptor,
+};
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
@@ -75,10 +78,10 @@ pub use resource::registry::{
     set_current_device_resource_for,
 };
 pub use resource::{
-    Allocate, Availability, BinningResource, CudaAsyncResource, CudaAsyncResourceBuilder,
-    CudaAsyncViewResource, CudaResource, DevicePtr, ExportHandleType, FixedSizeResource,
-    HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
-    PoolStatistics, Properties, SharedResource, ALLOCATION_ALIGNMENT,
+    Allocate, Availability, BinningResource, CallbackResource, CudaAsyncResource,
+    CudaAsyncResourceBuilder, CudaAsyncViewResource, CudaResource, DevicePtr, ExportHandleType,
+    FixedSizeResource, HostResource, ManagedResource, MemoryResource, PinnedHostResource,
+    PoolResource, PoolStatistics, Properties, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
 
@@ -105,6 +108,7 @@ mod book {
         Resources => "resources.md",
         Awaiting => "awaiting.md",
         Pool => "pool.md",
+        MoreAdaptors => "more-adaptors.md",
         Buffers => "buffers.md",
     }
 }

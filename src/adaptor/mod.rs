@@ -2,6 +2,17 @@
 //! logging, …). One file per adaptor; each is generic over its upstream, with the type-erased
 //! [`SharedResource`](crate::SharedResource) as the default.
 
+mod aligned;
+mod failure_callback;
 mod limiting;
+mod prefetch;
+mod tracing_adaptor;
 
+pub use aligned::AlignedAdaptor;
+pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
+pub use prefetch::PrefetchAdaptor;
+pub use tracing_adaptor::TracingAdaptor;
+
+#[cfg(test)]
+pub(crate) mod test_support;

@@ -89,6 +89,15 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         bytes: usize,
         stream: &dyn BackendStream,
     ) -> Result<()>;
+    /// Enqueues on `stream` a migration of `ptr..ptr + bytes` to this device's memory
+    /// (`cuMemPrefetchAsync`), a hint that spares the device's first accesses their page
+    /// faults. Returns whether a prefetch was enqueued: a range that is not managed memory, and
+    /// a device that cannot prefetch (no concurrent managed access), make it a no-op that
+    /// returns `false`, as in RMM's `prefetch` (on CUDA, so does a driver older than 12.2).
+    ///
+    /// Safe: a prefetch moves pages without changing their contents, and the driver checks the
+    /// range.
+    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool>;
     fn create_stream(&self) -> Result<Arc<dyn BackendStream>>;
     fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>>;
     /// The device's default driver pool (`cuDeviceGetDefaultMemPool`).

@@ -3,6 +3,7 @@
 mod allocate;
 mod availability;
 mod binning;
+mod callback;
 mod cuda;
 mod cuda_async;
 mod cuda_async_view;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 pub use allocate::Allocate;
 pub use availability::Availability;
 pub use binning::BinningResource;
+pub use callback::CallbackResource;
 pub use cuda::CudaResource;
 pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
 pub use cuda_async_view::CudaAsyncViewResource;

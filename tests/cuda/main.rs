@@ -1,6 +1,8 @@
 //! Integration tests on the CUDA backend: the host suites instantiated for device 0. Ignored
 //! where there is no GPU (CI shows them as ignored, never as passed); the GPU bundle runs them
-//! with `--include-ignored`.
+//! with `--include-ignored`. Without the CUDA backend (`--no-default-features`) there is nothing
+//! to instantiate them for, so the binary is empty.
+#![cfg(feature = "cuda-driver")]
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -118,3 +120,99 @@ resource_suite!(
     |d| Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap()),
     #[ignore = "needs a CUDA device"]
 );
+resource_suite!(
+    failure_callback_adaptor,
+    gpu(),
+    |d| Arc::new(FailureCallbackAdaptor::new(CudaResource::new(d), |f| f.attempt < 2)),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    aligned_adaptor,
+    gpu(),
+    |d| Arc::new(AlignedAdaptor::new(CudaAsyncResource::new(d).unwrap(), 4096, 64 << 10).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    prefetch_adaptor_over_managed,
+    gpu(),
+    |d| Arc::new(PrefetchAdaptor::new(ManagedResource::new(d))),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    prefetch_adaptor_over_device_memory,
+    gpu(),
+    |d| Arc::new(PrefetchAdaptor::new(CudaResource::new(d))),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    tracing_adaptor,
+    gpu(),
+    |d| Arc::new(TracingAdaptor::new(CudaResource::new(d))),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    callback_resource,
+    gpu(),
+    |d| {
+        let upstream = CudaAsyncResource::new(d).unwrap();
+        let freeing = upstream.clone();
+        Arc::new(CallbackResource::new(
+            upstream.properties(),
+            move |bytes, stream| upstream.try_allocate(bytes, stream),
+            // SAFETY: called only under `deallocate`'s contract; the pointer came from
+            // `upstream`, a clone of `freeing`.
+            move |ptr, bytes, stream| unsafe { freeing.deallocate(ptr, bytes, stream) },
+        ))
+    },
+    #[ignore = "needs a CUDA device"]
+);
+
+/// The prefetch adaptor on a GPU, through the public API: managed memory it hands out was
+/// last prefetched to the device (RMM's `PointerAndSize`), and data written there survives.
+#[cfg(feature = "cuda-driver")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefetch_adaptor_moves_managed_memory_to_the_device() {
+    use streamalloc::cudarc::driver::sys;
+
+    let device = gpu();
+    let stream = Stream::new(&device).unwrap();
+    let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+    let n = 12345;
+    let mut buf = DeviceBuffer::try_new(n, &stream, mr).unwrap();
+    stream.synchronize_blocking().unwrap();
+    let mut concurrent: std::ffi::c_int = 0;
+    let mut location: std::ffi::c_int = 0;
+    // SAFETY: the device's context is current on this thread (the stream's creation and
+    // synchronization bound it); both out-pointers are valid `int`s; the range is live managed
+    // memory of the buffer.
+    unsafe {
+        let mut dev: sys::CUdevice = 0;
+        sys::cuDeviceGet(&mut dev, 0).result().unwrap();
+        sys::cuDeviceGetAttribute(
+            &mut concurrent,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+            dev,
+        )
+        .result()
+        .unwrap();
+        sys::cuMemRangeGetAttribute(
+            (&mut location as *mut std::ffi::c_int).cast(),
+            std::mem::size_of::<std::ffi::c_int>(),
+            sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+            buf.ptr().addr(),
+            n,
+        )
+        .result()
+        .unwrap();
+    }
+    if concurrent != 0 {
+        assert_eq!(location, 0, "last prefetched to device 0");
+    } else {
+        println!("no concurrent managed access: prefetch is skipped");
+    }
+    assert!(device.take_deferred_error().is_none());
+    buf.fill(0x42).unwrap();
+    let host = futures::executor::block_on(buf.copy_to_host(vec![0u8; n])).unwrap();
+    assert!(host.iter().all(|&x| x == 0x42));
+}

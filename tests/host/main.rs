@@ -54,3 +54,31 @@ resource_suite!(binning_over_pool, host(), |d| {
 resource_suite!(fixed_size_over_cuda_resource, host(), |d| {
     Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap())
 });
+resource_suite!(failure_callback_adaptor, host(), |d| {
+    Arc::new(FailureCallbackAdaptor::new(CudaResource::new(d), |f| {
+        f.attempt < 2
+    }))
+});
+resource_suite!(aligned_adaptor, host(), |d| {
+    Arc::new(AlignedAdaptor::new(CudaResource::new(d), 4096, 64 << 10).unwrap())
+});
+resource_suite!(prefetch_adaptor_over_managed, host(), |d| {
+    Arc::new(PrefetchAdaptor::new(ManagedResource::new(d)))
+});
+resource_suite!(prefetch_adaptor_over_device_memory, host(), |d| {
+    Arc::new(PrefetchAdaptor::new(CudaResource::new(d)))
+});
+resource_suite!(tracing_adaptor, host(), |d| {
+    Arc::new(TracingAdaptor::new(CudaResource::new(d)))
+});
+resource_suite!(callback_resource, host(), |d| {
+    let upstream = CudaResource::new(d);
+    let freeing = upstream.clone();
+    Arc::new(CallbackResource::new(
+        upstream.properties(),
+        move |bytes, stream| upstream.try_allocate(bytes, stream),
+        // SAFETY: called only under `deallocate`'s contract; the pointer came from `upstream`,
+        // a clone of `freeing`.
+        move |ptr, bytes, stream| unsafe { freeing.deallocate(ptr, bytes, stream) },
+    ))
+});

@@ -407,6 +407,8 @@ pub(crate) struct CudaBackend {
     name: String,
     /// The wrapper of the device's default pool, created on first use.
     default_pool: OnceLock<Arc<dyn BackendPool>>,
+    /// Whether prefetches can run here, found out on the first one.
+    can_prefetch: OnceLock<bool>,
 }
 
 impl CudaBackend {
@@ -480,7 +482,24 @@ impl CudaBackend {
             ctx,
             name,
             default_pool: OnceLock::new(),
+            can_prefetch: OnceLock::new(),
         })
+    }
+
+    /// Whether prefetches can run here: the driver has `cuMemPrefetchAsync_v2` (CUDA 12.2+;
+    /// looked up here rather than required at load, so older drivers keep everything else) and
+    /// the device has concurrent managed access (without it the driver refuses prefetches; RMM
+    /// skips them there). The caller has bound the context.
+    fn can_prefetch(&self) -> Result<bool> {
+        if let Some(&yes) = self.can_prefetch.get() {
+            return Ok(yes);
+        }
+        // SAFETY: the library is loaded (this backend exists, so `device_count` found it);
+        // the symbol is only looked up, never called through this pointer type.
+        let entry_point = unsafe { sys::culib().get::<*const c_void>("cuMemPrefetchAsync_v2") };
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
+        let yes = entry_point.is_ok() && self.ctx.attribute(attribute)? != 0;
+        Ok(*self.can_prefetch.get_or_init(|| yes))
     }
 }
 
@@ -568,6 +587,34 @@ impl Backend for CudaBackend {
                 let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
                 self.ctx.check("cuMemFreeHost", r)
             }
+        }
+    }
+
+    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+        if bytes == 0 {
+            return Ok(false);
+        }
+        let stream = as_cuda(stream)?;
+        self.ctx.bind()?;
+        if !self.can_prefetch()? {
+            return Ok(false);
+        }
+        // The `_v2` entry point (CUDA 12.2+; the only one in CUDA 13 headers, where it is
+        // spelled `cuMemPrefetchAsync`) takes a location instead of a device ordinal.
+        let location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.ctx.device,
+        };
+        // SAFETY: the context is current and the stream live (borrowed). The driver checks the
+        // range and only migrates pages of it, leaving their contents unchanged; flags must be
+        // 0.
+        let r = unsafe { sys::cuMemPrefetchAsync_v2(ptr, bytes, location, 0, stream.raw()) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            // What the driver says for memory that is not managed (`cuMemAlloc`, pinned host):
+            // nothing to migrate. RMM treats it as a no-op too.
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => Ok(false),
+            r => self.ctx.check("cuMemPrefetchAsync", r).map(|()| false),
         }
     }
 

@@ -102,6 +102,75 @@ fn every_memory_kind_holds_data() {
     }
 }
 
+/// Where `ptr..ptr + bytes` was last prefetched to: a device ordinal, `CU_DEVICE_CPU` (-1) or
+/// `CU_DEVICE_INVALID` (-2) when it never was (`CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`,
+/// which RMM's prefetch tests read through the runtime API).
+fn last_prefetch_location(ptr: u64, bytes: usize) -> c_int {
+    backend().ctx.bind().expect("bind");
+    let mut location: c_int = 0;
+    let attribute = sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION;
+    // SAFETY: the context is current; `location` is a valid out-pointer of the 4 bytes this
+    // attribute writes; the range is a live managed allocation (caller).
+    let r = unsafe {
+        sys::cuMemRangeGetAttribute(
+            (&mut location as *mut c_int).cast(),
+            std::mem::size_of::<c_int>(),
+            attribute,
+            ptr,
+            bytes,
+        )
+    };
+    r.result().expect("cuMemRangeGetAttribute");
+    location
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
+    let b = backend();
+    let s = stream();
+    let n = 1 << 20;
+    let managed = b
+        .allocate(MemoryKind::Managed, n)
+        .expect("cuMemAllocManaged");
+    // RMM's `NotPrefetchedWithoutAdaptor`: a fresh range was never prefetched.
+    assert_eq!(last_prefetch_location(managed, n), -2, "CU_DEVICE_INVALID");
+    let enqueued = b.prefetch(managed, n, &*s).expect("cuMemPrefetchAsync");
+    b.ctx.bind().unwrap();
+    let supported = b.can_prefetch().unwrap();
+    assert_eq!(
+        enqueued, supported,
+        "prefetch enqueued iff the device supports it"
+    );
+    s.synchronize_blocking().unwrap();
+    if supported {
+        // RMM's `PointerAndSize`: the range was last prefetched to this device.
+        assert_eq!(last_prefetch_location(managed, n), b.ctx.device);
+        // A piece of the range, as a sub-allocator hands out, prefetches too.
+        assert!(b.prefetch(managed + 4096, 4096, &*s).unwrap());
+    } else {
+        println!("no concurrent managed access or no cuMemPrefetchAsync_v2: prefetch skipped");
+    }
+    // The data survives the migration.
+    // SAFETY: `managed` is live for `n` bytes until freed below, after a sync.
+    unsafe { s.memset(managed, 0x3c, n) }.unwrap();
+    assert!(read_back(&*s, managed, n).iter().all(|&x| x == 0x3c));
+    // 0 bytes is nothing to do.
+    assert!(!b.prefetch(managed, 0, &*s).unwrap());
+
+    // Device memory is not managed: the driver's CUDA_ERROR_INVALID_VALUE is a no-op, not an
+    // error (RMM swallows it too).
+    let device = b.allocate(MemoryKind::Device, n).unwrap();
+    let r = b.prefetch(device, n, &*s);
+    assert!(r.is_ok(), "prefetch of device memory must not fail: {r:?}");
+    s.synchronize_blocking().unwrap();
+    // SAFETY: both allocated above with these kinds and sizes; all work on them is synchronized.
+    unsafe {
+        b.free(MemoryKind::Managed, managed, n, &*s).unwrap();
+        b.free(MemoryKind::Device, device, n, &*s).unwrap();
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn too_large_device_requests_are_out_of_memory() {

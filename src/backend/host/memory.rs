@@ -22,6 +22,10 @@ pub(crate) struct HostMemory {
     live: Mutex<Live>,
     /// Allocations still to fail on purpose.
     fail_next: AtomicUsize,
+    /// Prefetches of managed memory requested so far.
+    prefetches: AtomicUsize,
+    /// Prefetches still to fail on purpose.
+    fail_prefetches: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -80,6 +84,8 @@ impl HostMemory {
             capacity,
             live: Mutex::default(),
             fail_next: AtomicUsize::new(0),
+            prefetches: AtomicUsize::new(0),
+            fail_prefetches: AtomicUsize::new(0),
         }
     }
 
@@ -131,6 +137,44 @@ impl HostMemory {
             ))),
             None => Err(Error::invalid(format!("free of unknown pointer {ptr:#x}"))),
         }
+    }
+
+    /// A prefetch of `ptr..ptr + bytes`: counted, and `true`, when the range lies inside one
+    /// live block of managed memory; `false` (a no-op, as CUDA's prefetch of other memory is)
+    /// otherwise; an error when one was injected.
+    pub(crate) fn prefetch(&self, ptr: u64, bytes: usize) -> Result<bool> {
+        let injected = self
+            .fail_prefetches
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if injected {
+            return Err(Error::Driver {
+                call: "cuMemPrefetchAsync",
+                code: 999,
+                name: "CUDA_ERROR_UNKNOWN (injected)".into(),
+                device: self.device,
+            });
+        }
+        if bytes == 0 {
+            return Ok(false);
+        }
+        let Some(end) = ptr.checked_add(bytes as u64) else {
+            return Ok(false);
+        };
+        let live = self.live.lock();
+        let inside = |(&start, &(len, kind, _)): (&u64, &(usize, MemoryKind, RawBlock))| {
+            kind == MemoryKind::Managed && start <= ptr && end <= start + len as u64
+        };
+        // Most prefetches cover a whole block; sub-allocators' pieces need the scan.
+        let managed = match live.blocks.get_key_value(&ptr) {
+            Some(block) => inside(block),
+            None => live.blocks.iter().any(inside),
+        };
+        drop(live);
+        if managed {
+            self.prefetches.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(managed)
     }
 
     /// Frees a block from [`HostMemory::allocate`].
@@ -211,6 +255,30 @@ impl HostControls {
     pub fn live_allocations(&self) -> usize {
         self.memory.live.lock().blocks.len()
     }
+
+    /// Number of prefetches of managed memory requested on this device so far (each a no-op
+    /// here; see [`PrefetchAdaptor`](crate::PrefetchAdaptor)). Prefetches of other memory,
+    /// which CUDA ignores too, are not counted.
+    ///
+    /// ```
+    /// use streamalloc::{Device, HostConfig, ManagedResource, MemoryResource, PrefetchAdaptor, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+    /// let p = mr.try_allocate(4096, &stream)?;
+    /// assert_eq!(device.host_controls().unwrap().prefetches(), 1);
+    /// unsafe { mr.deallocate(p, 4096, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn prefetches(&self) -> usize {
+        self.memory.prefetches.load(Ordering::Acquire)
+    }
+
+    /// Makes the next `n` prefetches of this device fail with a driver error.
+    pub fn fail_next_prefetches(&self, n: usize) {
+        self.memory.fail_prefetches.store(n, Ordering::Release);
+    }
 }
 
 impl fmt::Debug for HostMemory {
@@ -227,6 +295,7 @@ impl fmt::Debug for HostControls {
         f.debug_struct("HostControls")
             .field("allocated_bytes", &self.allocated_bytes())
             .field("live_allocations", &self.live_allocations())
+            .field("prefetches", &self.prefetches())
             .finish()
     }
 }

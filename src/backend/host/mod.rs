@@ -125,6 +125,13 @@ impl Backend for HostBackend {
         }))
     }
 
+    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+        stream::as_host(stream)?;
+        // Emulated managed memory already lives where the "device" reads it: nothing moves,
+        // but the request is counted so that tests can see it was made.
+        self.memory().prefetch(ptr, bytes)
+    }
+
     fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
         Ok(Arc::new(stream::HostStream::new(self.id)))
     }

@@ -1,0 +1,115 @@
+//! Test support shared by the adaptors' unit tests: a recording upstream (RMM's
+//! `mock_resource`) and the awaiting test every adaptor passes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::{
+    CallbackResource, CudaResource, Device, DevicePtr, HostConfig, LimitingAdaptor, MemoryResource,
+    Result, Stream, StreamId,
+};
+
+pub(crate) const KIB: usize = 1 << 10;
+pub(crate) const MIB: usize = 1 << 20;
+
+/// A call that reached a [`recording`] resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    Allocate(usize, StreamId),
+    Deallocate(DevicePtr, usize, StreamId),
+}
+
+/// The calls a [`recording`] resource has seen, in order.
+pub(crate) type Calls = Arc<Mutex<Vec<Call>>>;
+
+/// A resource of `device` that answers each request with `answer(bytes)` and records every
+/// call; frees release nothing. The pointers it returns are whatever `answer` says, so tests can
+/// script RMM's fake addresses.
+pub(crate) fn recording(
+    device: &Device,
+    answer: impl Fn(usize) -> Result<DevicePtr> + Send + Sync + 'static,
+) -> (CallbackResource, Calls) {
+    let calls = Calls::default();
+    let (a, d) = (calls.clone(), calls.clone());
+    let mr = CallbackResource::new(
+        CudaResource::new(device).properties(),
+        move |bytes, stream| {
+            a.lock().push(Call::Allocate(bytes, stream.id()));
+            answer(bytes)
+        },
+        move |ptr, bytes, stream| d.lock().push(Call::Deallocate(ptr, bytes, stream.id())),
+    );
+    (mr, calls)
+}
+
+/// A fresh host device (its own accounting) and a stream on it.
+pub(crate) fn host() -> (Device, Stream) {
+    let device = Device::host_with(HostConfig::default());
+    let stream = Stream::new(&device).unwrap();
+    (device, stream)
+}
+
+pub(crate) fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
+    // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
+    unsafe { mr.deallocate(p, bytes, s) }
+}
+
+/// The awaiting test every adaptor passes: over a `LimitingAdaptor` of `limit` bytes, wrapped
+/// by `wrap`, a request for `wait` bytes made while `held` bytes are out waits in the wait
+/// queue (seen through the wrapper's forwarded availability) and resumes after the free; a
+/// request larger than the wrapper's capacity limit fails at once.
+///
+/// Deterministic: the waiting future is polled by hand once (it must be pending and queued),
+/// then the memory is freed, then it is driven to completion.
+pub(crate) fn a_waiting_allocation_resumes_after_a_free<R: MemoryResource>(
+    limit: usize,
+    held: usize,
+    wait: usize,
+    wrap: impl FnOnce(LimitingAdaptor<CudaResource>) -> R,
+) {
+    let (device, s) = host();
+    let mr = wrap(LimitingAdaptor::new(CudaResource::new(&device), limit));
+    let availability = || {
+        mr.availability()
+            .expect("the adaptor forwards availability")
+    };
+    let first = mr.try_allocate(held, &s).unwrap();
+    assert!(
+        mr.try_allocate(wait, &s).unwrap_err().is_out_of_memory(),
+        "the test needs the second request not to fit while the first is held"
+    );
+
+    let mut waiting = Box::pin(mr.allocate(wait, &s));
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(
+        waiting.as_mut().poll(&mut cx).is_pending(),
+        "a request that could fit later must wait, not fail"
+    );
+    assert!(availability().has_waiters());
+
+    free(&mr, first, held, &s);
+    // The oldest waiter retries on its next poll.
+    let Poll::Ready(second) = waiting.as_mut().poll(&mut cx) else {
+        panic!("the free did not let the waiting request through");
+    };
+    let second = second.expect("resumed after the free");
+    drop(waiting);
+    assert!(!availability().has_waiters());
+    free(&mr, second, wait, &s);
+
+    // Larger than the stack can ever hold: out-of-memory at once, even awaited. (The timeout
+    // only turns a hang, which would be the bug, into a failure.)
+    let limit = mr
+        .capacity_limit()
+        .expect("the adaptor forwards the capacity limit");
+    let e =
+        futures::executor::block_on(mr.allocate(limit + 1, &s).timeout(Duration::from_secs(30)))
+            .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    s.synchronize_blocking().unwrap();
+}
