@@ -408,11 +408,19 @@ impl PoolCore {
     /// # Panics
     /// When `addr` is not a block allocated from this pool and not freed since (a double
     /// free, or a foreign pointer), or `size` does not round to that block's size.
+    #[cfg(test)]
     pub(crate) fn free(&mut self, addr: u64, size: usize, stream: StreamKey) -> u32 {
-        let idx = self
-            .live
-            .remove(&addr)
-            .unwrap_or_else(|| panic!("{addr:#x} is not allocated from this pool (double free?)"));
+        self.try_free(addr, size, stream)
+            .unwrap_or_else(|| panic!("{addr:#x} is not allocated from this pool (double free?)"))
+    }
+
+    /// [`free`](Self::free) for an address that may belong to another core: `None`, and
+    /// nothing changed, when `addr` is not a block allocated here.
+    ///
+    /// # Panics
+    /// When `addr` is allocated here but `size` does not round to its block's size.
+    pub(crate) fn try_free(&mut self, addr: u64, size: usize, stream: StreamKey) -> Option<u32> {
+        let idx = self.live.remove(&addr)?;
         let block_size = self.blocks[idx as usize].size;
         assert!(
             align_up(size) == Some(block_size as usize),
@@ -422,7 +430,7 @@ impl PoolCore {
         self.blocks[idx as usize].stream = slot;
         self.coalesce_and_link(idx);
         self.add_free_bytes(slot, block_size);
-        slot
+        Some(slot)
     }
 
     /// Another stream than `exclude` whose own free blocks can serve `size` bytes, as

@@ -1,17 +1,17 @@
 //! `PoolResource`: a coalescing, stream-ordered sub-allocator over any upstream resource.
 
 pub(crate) mod core;
+mod level;
 
 use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 
-use self::core::{align_up, PoolCore, StreamKey, ALIGN};
+use self::core::{align_up, ALIGN};
+use self::level::{Level, Released};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
     check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
 };
@@ -43,6 +43,19 @@ use crate::stream::Stream;
 /// Memory freed on a stream that then goes quiet is therefore never stranded there (RMM issues
 /// #2039, #850). The pool keeps a handle to each stream that owns free memory in it, so such a
 /// stream outlives its last user while its free blocks are in the pool.
+///
+/// # Threads
+/// A large pool (one that may hold 256 MiB or more: its maximum, else its upstream's capacity
+/// limit) puts *shards* in front of its global level, as many as the machine has CPUs (a power
+/// of two), a stream's shard being its id modulo their number. Requests of up to about a 256th
+/// of the capacity (at most 16 MiB) are served by the stream's shard, under the shard's own
+/// lock, from sub-chunks the shard takes from the global level (about a 64th of the capacity,
+/// at most 65 MiB, at a time), so threads that use different streams rarely meet on a lock.
+/// A shard gives wholly free sub-chunks back to the global level once it holds more than two
+/// sub-chunks' worth of free memory, and all shards give theirs back before a request fails;
+/// [`trim`](PoolResource::trim) takes them all back first. Smaller pools have the global level
+/// only. A sharded pool therefore grows by at least a sub-chunk where RMM's would grow by the
+/// request alone.
 ///
 /// # Awaiting memory
 /// The pool has a wait queue ([`Availability`]): an awaited [`allocate`](MemoryResource::allocate)
@@ -79,23 +92,26 @@ struct Inner<R: MemoryResource> {
     upstream: R,
     device: Device,
     maximum: Option<usize>,
-    state: Mutex<State>,
+    /// The level whose chunks come from the upstream.
+    global: Mutex<Level>,
+    /// The stream shards, a power of two of them (none for small pools); a stream's shard is
+    /// its id modulo their number.
+    shards: Box<[Mutex<Shard>]>,
+    /// Bytes a shard takes from the global level at a time (a little past a power of two, so
+    /// that carving small requests off a fresh sub-chunk rarely moves it to another size
+    /// class).
+    shard_chunk: usize,
+    /// Requests up to this size go through the shards.
+    shard_limit: usize,
     availability: Arc<Availability>,
 }
 
-struct State {
-    core: PoolCore,
-    /// Upstream chunk base → the size asked of the upstream. RMM's growth halves without
-    /// rounding (5120, 2560, 1280, 640), so a chunk can be larger than the 256-byte multiple
-    /// the core uses of it; it goes back upstream with the size it came with.
-    chunks: FxHashMap<u64, usize>,
-    /// The sum of `chunks`: RMM's `pool_size`.
-    upstream_bytes: usize,
-    /// What the pool needs to hand a stream's free memory to another stream, indexed by the
-    /// stream's slot in the core: `slots[i]` is `Some` exactly when core slot `i` is in use.
-    /// (Indexing by slot, which the core's operations return, keeps hash lookups off the free
-    /// path.)
-    slots: Vec<Option<FreeOrder>>,
+struct Shard {
+    level: Level,
+    /// Free bytes above which the shard gives wholly free sub-chunks back to the global level:
+    /// raised after each attempt, so a shard whose free memory is fragmented does not search
+    /// its chunks on every free.
+    release_above: usize,
 }
 
 /// A snapshot of a pool's accounting ([`PoolResource::statistics`]).
@@ -115,10 +131,6 @@ pub struct PoolStatistics {
     pub upstream_chunks: usize,
 }
 
-fn key(stream: &Stream) -> StreamKey {
-    StreamKey(stream.id().0)
-}
-
 fn check_size(what: &str, bytes: usize) -> Result<()> {
     if bytes % ALIGN == 0 {
         Ok(())
@@ -126,6 +138,34 @@ fn check_size(what: &str, bytes: usize) -> Result<()> {
         Err(Error::invalid(format!(
             "{what} ({bytes}) must be a multiple of {ALIGN} bytes"
         )))
+    }
+}
+
+/// Pools that may hold less than this have no shards.
+const SHARDED_CAPACITY: usize = 256 << 20;
+/// The largest power of two a shard's sub-chunk starts from.
+const MAX_SHARD_CHUNK: usize = 64 << 20;
+
+/// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes.
+fn shard_layout(capacity: usize) -> (usize, usize, usize) {
+    if capacity < SHARDED_CAPACITY {
+        return (0, 0, 0);
+    }
+    let shards = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .next_power_of_two()
+        .min(64);
+    // A power of two, then half a size class more (the pool's classes split each power of two
+    // in 32): small requests carved off it leave it in its class.
+    let base = prev_power_of_two(capacity / 64).min(MAX_SHARD_CHUNK);
+    (shards, base + base / 64, base / 4)
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
     }
 }
 
@@ -161,31 +201,41 @@ impl<R: MemoryResource> PoolResource<R> {
         if let Some(up) = upstream.availability() {
             up.add_follower(&availability);
         }
+        let capacity = maximum_size
+            .or(upstream.capacity_limit())
+            .unwrap_or(usize::MAX);
+        let (shards, shard_chunk, shard_limit) = shard_layout(capacity);
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
                 device,
                 maximum: maximum_size,
-                state: Mutex::new(State {
-                    core: PoolCore::new(),
-                    chunks: FxHashMap::default(),
-                    upstream_bytes: 0,
-                    slots: Vec::new(),
-                }),
+                global: Mutex::new(Level::new()),
+                shards: (0..shards)
+                    .map(|_| {
+                        Mutex::new(Shard {
+                            level: Level::new(),
+                            release_above: 2 * shard_chunk,
+                        })
+                    })
+                    .collect(),
+                shard_chunk,
+                shard_limit,
                 availability,
             }),
         };
         if initial_size > 0 {
             let home = Stream::new(&pool.inner.device)?;
-            let mut state = pool.inner.state.lock();
-            pool.expand(&mut state, initial_size, initial_size, &home)?;
+            let mut global = pool.inner.global.lock();
+            pool.inner
+                .expand(&mut global, initial_size, initial_size, &home)?;
         }
         Ok(pool)
     }
 
     /// Bytes held from the upstream: every chunk, allocated or free (RMM's `pool_size`).
     pub fn pool_size(&self) -> usize {
-        self.inner.state.lock().upstream_bytes
+        self.inner.global.lock().chunk_bytes
     }
 
     /// The maximum pool size, if any.
@@ -198,18 +248,31 @@ impl<R: MemoryResource> PoolResource<R> {
         &self.inner.upstream
     }
 
-    /// A snapshot of the pool's accounting.
+    /// A snapshot of the pool's accounting (over the global level and every shard, each read
+    /// under its own lock).
     pub fn statistics(&self) -> PoolStatistics {
-        let state = self.inner.state.lock();
-        let core = &state.core;
-        PoolStatistics {
-            pool_size: state.upstream_bytes,
+        let global = self.inner.global.lock();
+        let core = &global.core;
+        let mut stats = PoolStatistics {
+            pool_size: global.chunk_bytes,
             free_bytes: core.free_bytes(),
             largest_free_block: core.largest_free_block(),
             free_blocks: core.free_block_count(),
             live_allocations: core.allocation_count(),
             upstream_chunks: core.chunk_count(),
+        };
+        drop(global);
+        for shard in self.inner.shards.iter() {
+            let shard = shard.lock();
+            let core = &shard.level.core;
+            stats.free_bytes += core.free_bytes();
+            stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
+            stats.free_blocks += core.free_block_count();
+            // The shard's sub-chunks are allocations of the global level, not of the user.
+            stats.live_allocations += core.allocation_count();
+            stats.live_allocations -= core.chunk_count();
         }
+        stats
     }
 
     /// Returns every wholly free chunk to the upstream; returns the bytes released. RMM's pool
@@ -221,7 +284,7 @@ impl<R: MemoryResource> PoolResource<R> {
     /// different streams coalesce; each chunk then goes back to the upstream on that stream,
     /// so work that used it is ordered before the upstream reuses it. Other streams that
     /// allocate from the pool afterwards wait once for that stream, as for any memory that
-    /// crosses streams.
+    /// crosses streams. The shards first give back their wholly free sub-chunks the same way.
     ///
     /// ```
     /// use streamalloc::{CudaResource, Device, HostConfig, MemoryResource, PoolResource, Stream};
@@ -231,36 +294,34 @@ impl<R: MemoryResource> PoolResource<R> {
     /// let pool = PoolResource::new(CudaResource::new(&device), 0, None)?;
     /// let p = pool.try_allocate(1 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 1 << 20, &stream) };
-    /// assert_eq!(pool.trim(), 1 << 20);
+    /// let size = pool.pool_size();
+    /// assert!(size >= 1 << 20);
+    /// assert_eq!(pool.trim(), size);
     /// assert_eq!(pool.pool_size(), 0);
     /// stream.synchronize_blocking()?;
     /// assert_eq!(device.host_controls().unwrap().allocated_bytes(), 0);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn trim(&self) -> usize {
+        self.inner.reclaim();
         self.inner.release_empty_chunks()
     }
+}
 
+impl<R: MemoryResource> Inner<R> {
     /// Takes at least `min_size` more bytes from the upstream, trying `try_size` first and
     /// halving on failure (RMM's `try_to_expand`); the chunk is owned by `stream`.
     fn expand(
         &self,
-        state: &mut State,
+        global: &mut Level,
         mut try_size: usize,
         min_size: usize,
         stream: &Stream,
     ) -> Result<()> {
         loop {
-            match self.inner.upstream.try_allocate(try_size, stream) {
+            match self.upstream.try_allocate(try_size, stream) {
                 Ok(p) => {
-                    state
-                        .core
-                        .add_chunk(p.addr(), try_size / ALIGN * ALIGN, key(stream));
-                    // The upstream memory is ordered on `stream`: another stream must wait
-                    // for it before taking any of it.
-                    state.changed(stream);
-                    state.chunks.insert(p.addr(), try_size);
-                    state.upstream_bytes += try_size;
+                    global.add_chunk(p.addr(), try_size, stream);
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && try_size > min_size => {
@@ -274,7 +335,7 @@ impl<R: MemoryResource> PoolResource<R> {
     /// RMM's growth rule: how much to ask the upstream for to serve `size` more bytes; 0 when
     /// the maximum leaves no room.
     fn size_to_grow(&self, size: usize, pool_size: usize) -> usize {
-        match self.inner.maximum {
+        match self.maximum {
             Some(max) => {
                 let remaining = align_up(max.saturating_sub(pool_size)).unwrap_or(0);
                 if size <= remaining {
@@ -287,143 +348,139 @@ impl<R: MemoryResource> PoolResource<R> {
         }
     }
 
-    fn out_of_memory(&self, requested: usize, state: &State) -> Error {
-        Error::OutOfMemory {
-            requested,
-            available: Some(state.core.free_bytes()),
-            device: self.inner.device.id(),
+    /// Serves `size` (aligned) for `stream` from the global level, growing it if need be and
+    /// `may_grow`; `None` when neither it nor its upstream has the memory.
+    fn global_allocate(&self, size: usize, stream: &Stream, may_grow: bool) -> Result<Option<u64>> {
+        let mut global = self.global.lock();
+        if let Some(p) = global.serve(size, stream)? {
+            return Ok(Some(p));
         }
-    }
-
-    /// Serves `size` (aligned) for `stream` from memory other streams freed, after making
-    /// `stream` wait for an event that covers their frees.
-    ///
-    /// First from one other stream that alone has a block big enough: the piece is carved
-    /// from its block, and the rest stays with it. Among several such streams the cheapest is
-    /// taken: one whose covering event `stream` has already waited on, then one whose latest
-    /// event still covers its frees (nothing to record), then the one with the most free bytes.
-    /// Failing that, against fragmentation, every other stream's free memory becomes
-    /// `stream`'s at once (it may coalesce into a block big enough).
-    fn steal(&self, state: &mut State, size: usize, stream: &Stream) -> Result<Option<u64>> {
-        let me = key(stream);
-        let victim = state
-            .core
-            .streams_with_block(size, me)
-            .max_by_key(|&(victim, slot, bytes)| {
-                let cost = state.slots[slot as usize]
-                    .as_ref()
-                    .expect("a stream with free blocks has a slot")
-                    .wait_cost(stream.id());
-                (std::cmp::Reverse(cost), bytes, std::cmp::Reverse(victim))
-            })
-            .map(|(victim, slot, _)| (victim, slot));
-        if let Some((victim, slot)) = victim {
-            state.order_after(slot, stream)?;
-            let p = state.core.allocate(size, victim);
-            debug_assert!(p.is_some(), "the victim had a block that fits");
-            state.forget_idle_streams(Some(me));
-            return Ok(p);
-        }
-        let others: Vec<(StreamKey, u32)> = (0..state.core.stream_slot_bound() as u32)
-            .filter_map(|slot| {
-                let s = state.slots[slot as usize].as_ref()?;
-                let k = key(s.stream());
-                (k != me && state.core.free_bytes_of(k) > 0).then_some((k, slot))
-            })
-            .collect();
-        let free_elsewhere: usize = others
-            .iter()
-            .map(|&(k, _)| state.core.free_bytes_of(k))
-            .sum();
-        if free_elsewhere + state.core.free_bytes_of(me) < size {
+        if !may_grow {
             return Ok(None);
         }
-        for (victim, slot) in others {
-            state.order_after(slot, stream)?;
-            let vacated = state.core.merge_stream(victim, me);
-            debug_assert_eq!(vacated, Some(slot));
-            state.slots[slot as usize] = None;
-            // The merged blocks are `stream`'s now, ordered after its wait: a third stream
-            // must wait for an event of `stream` recorded after this point.
-            state.changed(stream);
+        let grow = self.size_to_grow(size, global.chunk_bytes);
+        if grow == 0 {
+            return Ok(None);
         }
-        state.forget_idle_streams(Some(me));
-        Ok(state.core.allocate(size, me))
-    }
-}
-
-impl State {
-    /// The pool's data for `stream`, which must own a slot in the core; made on first use.
-    fn slot_at(&mut self, slot: u32, stream: &Stream) -> &mut FreeOrder {
-        let slot = slot as usize;
-        if self.slots.len() <= slot {
-            self.slots.resize_with(slot + 1, || None);
+        match self.expand(&mut global, grow, size, stream) {
+            Ok(()) => {}
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e),
         }
-        let entry = self.slots[slot].get_or_insert_with(|| FreeOrder::new(stream));
-        debug_assert!(entry.stream() == stream, "slot {slot} holds another stream");
-        entry
-    }
-
-    /// Notes that `stream`'s free memory changed in a way other streams must be ordered after.
-    fn changed(&mut self, stream: &Stream) {
-        let slot = self
+        let p = global
             .core
-            .stream_slot(key(stream))
-            .expect("the stream was just given memory");
-        self.slot_at(slot, stream).changed();
+            .allocate(size, level::key(stream))
+            .expect("a fresh chunk serves the request");
+        Ok(Some(p))
     }
 
-    /// Makes `waiter` wait, if it must, for the frees of the stream in `slot`.
-    fn order_after(&mut self, slot: u32, waiter: &Stream) -> Result<()> {
-        self.slots[slot as usize]
-            .as_mut()
-            .expect("a stream with free blocks has a slot")
-            .order(waiter)
+    /// Serves `size` (aligned, at most `shard_limit`) for `stream` from `stream`'s shard,
+    /// refilling it from the global level with a sub-chunk: the largest piece of
+    /// `shard_chunk`, halved down to `size`, that the global level has free, and only if none
+    /// of them is there, one that the global level grows for.
+    fn shard_allocate(&self, size: usize, stream: &Stream) -> Result<Option<u64>> {
+        let mut shard = self.shard_of(stream).lock();
+        if let Some(p) = shard.level.serve(size, stream)? {
+            return Ok(Some(p));
+        }
+        // The lock order is a shard, then the global level; never the other way round.
+        for may_grow in [false, true] {
+            let mut want = self.shard_chunk.max(size);
+            loop {
+                if let Some(base) = self.global_allocate(want, stream, may_grow)? {
+                    shard.level.add_chunk(base, want, stream);
+                    let p = shard.level.core.allocate(size, level::key(stream));
+                    debug_assert!(p.is_some(), "a fresh sub-chunk serves the request");
+                    return Ok(p);
+                }
+                if want == size {
+                    break;
+                }
+                want = align_up(want / 2).unwrap_or(size).max(size);
+            }
+        }
+        Ok(None)
     }
 
-    /// Moves all free memory to the stream that owns the most, after it waits for each other
-    /// owner, so that blocks freed on different streams coalesce (for [`PoolResource::trim`]).
-    fn gather_free(&mut self) -> Result<()> {
-        let owners: Vec<(usize, u32)> = (0..self.core.stream_slot_bound() as u32)
-            .filter_map(|slot| {
-                let s = self.slots[slot as usize].as_ref()?;
-                let bytes = self.core.free_bytes_of(key(s.stream()));
-                (bytes > 0).then_some((bytes, slot))
-            })
-            .collect();
-        let Some(&(_, target)) = owners.iter().max() else {
-            return Ok(());
-        };
-        let target = self.stream_of(target).expect("an owner has a slot").clone();
-        for (_, slot) in owners {
-            let Some(victim) = self.stream_of(slot).map(key) else {
-                continue;
-            };
-            if victim == key(&target) {
+    fn shard_of(&self, stream: &Stream) -> &Mutex<Shard> {
+        &self.shards[stream.id().0 as usize & (self.shards.len() - 1)]
+    }
+
+    /// Frees `addr` on `stream` into the shard that holds it, trying `stream`'s shard first;
+    /// false when no shard holds it.
+    fn shard_free(&self, addr: u64, bytes: usize, stream: &Stream) -> bool {
+        let home = stream.id().0 as usize & (self.shards.len() - 1);
+        let order = (0..self.shards.len()).map(|i| (home + i) & (self.shards.len() - 1));
+        for i in order {
+            let mut shard = self.shards[i].lock();
+            if !shard.level.try_free(addr, bytes, stream) {
                 continue;
             }
-            self.order_after(slot, &target)?;
-            self.core.merge_stream(victim, key(&target));
-            self.slots[slot as usize] = None;
-            self.changed(&target);
+            let free = shard.level.core.free_bytes();
+            if free > shard.release_above {
+                let released = shard.level.release_empty_chunks(false);
+                shard.release_above = (2 * self.shard_chunk).max(free + self.shard_chunk);
+                drop(shard);
+                self.return_to_global(released);
+            }
+            return true;
         }
-        Ok(())
+        false
     }
 
-    /// Drops the handles of streams (other than `keep`) that own no free memory any more, so
-    /// the pool does not keep them alive.
-    fn forget_idle_streams(&mut self, keep: Option<StreamKey>) {
-        for slot in self.core.remove_idle_streams(keep) {
-            self.slots[slot as usize] = None;
+    /// Gives sub-chunks a shard released back to the global level.
+    fn return_to_global(&self, released: Vec<Released>) {
+        if released.is_empty() {
+            return;
+        }
+        let mut global = self.global.lock();
+        for (base, size, stream) in released {
+            assert!(
+                global.try_free(base, size, &stream),
+                "a shard's sub-chunk {base:#x} is not allocated from the global level"
+            );
         }
     }
 
-    /// The stream of the core's slot `slot`.
-    fn stream_of(&self, slot: u32) -> Option<&Stream> {
-        self.slots
-            .get(slot as usize)?
-            .as_ref()
-            .map(FreeOrder::stream)
+    /// Takes every wholly free sub-chunk back from the shards, after gathering each shard's
+    /// free memory on one stream (which records events and waits) so that sub-chunks freed
+    /// piecewise on several streams count.
+    fn reclaim(&self) {
+        for shard in self.shards.iter() {
+            let released = {
+                let mut shard = shard.lock();
+                let released = shard.level.release_empty_chunks(true);
+                shard.release_above = 2 * self.shard_chunk;
+                released
+            };
+            self.return_to_global(released);
+        }
+    }
+
+    /// Gives every wholly free chunk of the global level back to the upstream, on the stream
+    /// that owns its free memory; returns the bytes released.
+    fn release_empty_chunks(&self) -> usize {
+        let released = self.global.lock().release_empty_chunks(true);
+        let mut bytes = 0;
+        for (base, size, stream) in released {
+            // SAFETY: the chunk came from `upstream.try_allocate(size, ..)` (`expand`), the core
+            // no longer hands out any of it, and every block of it was freed on `stream` or
+            // merged into it after a wait, so all work using it is ordered before this point.
+            unsafe {
+                self.upstream
+                    .deallocate(DevicePtr::from_raw(base), size, &stream)
+            };
+            bytes += size;
+        }
+        bytes
+    }
+
+    fn out_of_memory(&self, requested: usize) -> Error {
+        Error::OutOfMemory {
+            requested,
+            available: Some(self.global.lock().core.free_bytes()),
+            device: self.device.id(),
+        }
     }
 }
 
@@ -432,47 +489,57 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        check_stream(&self.inner.device, stream)?;
+        let inner = &*self.inner;
+        check_stream(&inner.device, stream)?;
         let Some(size) = align_up(bytes) else {
             return Err(Error::OutOfMemory {
                 requested: bytes,
                 available: None,
-                device: self.inner.device.id(),
+                device: inner.device.id(),
             });
         };
-        let mut state = self.inner.state.lock();
-        if let Some(p) = state.core.allocate(size, key(stream)) {
+        let first = if size <= inner.shard_limit {
+            inner.shard_allocate(size, stream)?
+        } else {
+            inner.global_allocate(size, stream, true)?
+        };
+        if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
         }
-        if let Some(p) = self.steal(&mut state, size, stream)? {
+        if inner.shards.is_empty() {
+            return Err(inner.out_of_memory(bytes));
+        }
+        // Under pressure: wholly free sub-chunks go back to the global level (gathered first,
+        // so that one freed piecewise on several streams counts; once gathered, a shard has
+        // nothing to gather again until it frees more), then the request is served from any
+        // level that can.
+        inner.reclaim();
+        if let Some(p) = inner.global_allocate(size, stream, true)? {
             return Ok(DevicePtr::from_raw(p));
         }
-        let grow = self.size_to_grow(size, state.upstream_bytes);
-        if grow == 0 {
-            return Err(self.out_of_memory(bytes, &state));
+        for shard in inner.shards.iter() {
+            if let Some(p) = shard.lock().level.serve(size, stream)? {
+                return Ok(DevicePtr::from_raw(p));
+            }
         }
-        match self.expand(&mut state, grow, size, stream) {
-            Ok(()) => {}
-            Err(e) if e.is_out_of_memory() => return Err(self.out_of_memory(bytes, &state)),
-            Err(e) => return Err(e),
-        }
-        let p = state
-            .core
-            .allocate(size, key(stream))
-            .expect("a fresh chunk serves the request");
-        Ok(DevicePtr::from_raw(p))
+        Err(inner.out_of_memory(bytes))
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if ptr.is_null() {
             return;
         }
-        {
-            let mut state = self.inner.state.lock();
-            let slot = state.core.free(ptr.addr(), bytes, key(stream));
-            state.slot_at(slot, stream).changed();
+        let inner = &*self.inner;
+        let in_shard = align_up(bytes).is_some_and(|size| size <= inner.shard_limit)
+            && inner.shard_free(ptr.addr(), bytes, stream);
+        if !in_shard {
+            let mut global = inner.global.lock();
+            assert!(
+                global.try_free(ptr.addr(), bytes, stream),
+                "{ptr} is not allocated from this pool (double free?)"
+            );
         }
-        self.inner.availability.notify();
+        inner.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
@@ -505,64 +572,9 @@ impl<R: MemoryResource> fmt::Debug for PoolResource<R> {
         f.debug_struct("PoolResource")
             .field("device", &self.inner.device.id())
             .field("maximum", &self.inner.maximum)
+            .field("shards", &self.inner.shards.len())
             .field("statistics", &self.statistics())
             .finish()
-    }
-}
-
-impl<R: MemoryResource> Inner<R> {
-    /// Gives every wholly free chunk back to the upstream, on the stream that owns its free
-    /// memory; returns the bytes released.
-    fn release_empty_chunks(&self) -> usize {
-        let released = {
-            let mut state = self.state.lock();
-            if let Err(error) = state.gather_free() {
-                // What was gathered before the failure is still released below.
-                tracing::error!(%error, "gathering the pool's free memory on one stream");
-            }
-            let chunks = state.core.release_empty_chunks();
-            let state = &mut *state;
-            let released: Vec<_> = chunks
-                .into_iter()
-                .map(|(base, _, owner)| {
-                    let size = state
-                        .chunks
-                        .remove(&base)
-                        .expect("every core chunk is recorded");
-                    state.upstream_bytes -= size;
-                    let stream = state
-                        .core
-                        .stream_slot(owner)
-                        .and_then(|slot| state.stream_of(slot))
-                        .cloned();
-                    (base, size, stream)
-                })
-                .collect();
-            state.forget_idle_streams(None);
-            released
-        };
-        let mut bytes = 0;
-        for (base, size, stream) in released {
-            let Some(stream) = stream else {
-                // Every chunk is owned by the stream it was allocated for, which has a slot
-                // while it owns free memory; this is a bookkeeping bug, so leak, never free.
-                tracing::error!(
-                    base,
-                    size,
-                    "pool chunk without an owning stream; leaking it"
-                );
-                continue;
-            };
-            // SAFETY: the chunk came from `upstream.try_allocate(size, ..)` (`expand`), the core
-            // no longer hands out any of it, and every block of it was freed on `stream` or
-            // merged into it after a wait, so all work using it is ordered before this point.
-            unsafe {
-                self.upstream
-                    .deallocate(DevicePtr::from_raw(base), size, &stream)
-            };
-            bytes += size;
-        }
-        bytes
     }
 }
 
@@ -570,8 +582,9 @@ impl<R: MemoryResource> Drop for Inner<R> {
     /// Returns every wholly free chunk to the upstream. Chunks with live allocations are leaked
     /// (with an error event), never freed under memory someone still uses.
     fn drop(&mut self) {
+        self.reclaim();
         self.release_empty_chunks();
-        let live = self.state.get_mut().core.allocation_count();
+        let live = self.global.get_mut().core.allocation_count();
         if live > 0 {
             tracing::error!(
                 live,

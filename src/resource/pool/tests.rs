@@ -158,6 +158,83 @@ fn memory_freed_on_a_quiet_stream_serves_the_others() {
     }
 }
 
+/// A pool that may hold this much has stream shards (see `shard_layout`).
+const SHARDED: usize = 256 * MIB;
+
+#[test]
+fn large_pools_have_shards_and_small_ones_do_not() {
+    let device = host();
+    let small = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED - 256)).unwrap();
+    let large = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    assert!(small.inner.shards.is_empty());
+    assert!(!large.inner.shards.is_empty());
+    assert!(large.inner.shards.len().is_power_of_two());
+    assert_eq!(
+        (large.inner.shard_chunk, large.inner.shard_limit),
+        (4 * MIB + 64 * KIB, MIB)
+    );
+}
+
+/// A block from one stream's shard, freed on another stream (after its own work on it), and
+/// then taken by the first: found in the right shard, and ordered after the freeing stream.
+#[test]
+fn a_shard_block_freed_on_another_stream_is_ordered_for_the_next_taker() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let a = pool.try_allocate(64 * KIB, &s).unwrap();
+    // T uses the block after S, then frees it.
+    t.wait(&s.record().unwrap()).unwrap();
+    let t_done = busy(&t, 100);
+    free(&pool, a, 64 * KIB, &t);
+    assert_eq!(pool.statistics().live_allocations, 0);
+    // S has free memory of its own in its shard's sub-chunk, but A's block is T's: a request
+    // only A's block can serve after it coalesces with S's rest would have to wait for T.
+    // Take everything S's shard has, so A's block must be among what S gets.
+    let mut taken = Vec::new();
+    let mut saw_a = false;
+    while !saw_a {
+        let p = pool.try_allocate(64 * KIB, &s).unwrap();
+        saw_a = p == a;
+        taken.push(p);
+        assert!(taken.len() < 1000, "S never got T's block");
+    }
+    let s_uses = reached(&s);
+    s.synchronize_blocking().unwrap();
+    t.synchronize_blocking().unwrap();
+    assert!(
+        when(&s_uses) >= when(&t_done),
+        "S used T's block before T was done"
+    );
+    for p in taken {
+        free(&pool, p, 64 * KIB, &s);
+    }
+}
+
+/// Sub-chunks held by shards come back when a request needs them: a pool whose one chunk is
+/// its maximum serves a request for all of it after small requests on many streams.
+#[test]
+fn a_request_under_pressure_takes_back_the_shards_sub_chunks() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&device).unwrap()).collect();
+    for s in &streams {
+        let p = pool.try_allocate(4 * KIB, s).unwrap();
+        free(&pool, p, 4 * KIB, s);
+    }
+    let held: usize = pool
+        .inner
+        .shards
+        .iter()
+        .map(|s| s.lock().level.chunk_bytes)
+        .sum();
+    assert!(held > 0, "the shards took sub-chunks");
+    let all = pool.try_allocate(SHARDED, &streams[0]).unwrap();
+    assert_eq!(pool.pool_size(), SHARDED, "served without growing");
+    free(&pool, all, SHARDED, &streams[0]);
+    assert_eq!(pool.statistics().free_bytes, SHARDED);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate { size: usize, stream: usize },
@@ -165,9 +242,10 @@ enum Op {
     Trim,
 }
 
-fn any_op() -> impl Strategy<Value = Op> {
+/// Operations with requests of up to `largest` bytes.
+fn any_op(largest: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (1..=512 * KIB, 0..3usize).prop_map(|(size, stream)| Op::Allocate { size, stream }),
+        6 => (1..=largest, 0..3usize).prop_map(|(size, stream)| Op::Allocate { size, stream }),
         5 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Free { pick, stream }),
         1 => Just(Op::Trim),
     ]
@@ -176,9 +254,9 @@ fn any_op() -> impl Strategy<Value = Op> {
 /// Random allocations and frees on three streams, with trims, against a shadow model of the
 /// live ranges: no overlap, alignment, exact accounting, and a pool that coalesces back to its
 /// chunks and gives them all back once everything is freed.
-fn run_ops(ops: Vec<Op>) {
+fn run_ops(ops: Vec<Op>, initial: usize, maximum: usize) {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), MIB, Some(4 * MIB)).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device), initial, Some(maximum)).unwrap();
     let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
     let rounded = |n: usize| n.div_ceil(256) * 256;
@@ -200,7 +278,7 @@ fn run_ops(ops: Vec<Op>) {
                         assert!(e.is_out_of_memory(), "{e}");
                         // Refused only when no free block fits and the pool cannot grow by it.
                         assert!(before.largest_free_block < rounded(size), "{before:?}");
-                        assert!(before.pool_size + rounded(size) > 4 * MIB, "{before:?}");
+                        assert!(before.pool_size + rounded(size) > maximum, "{before:?}");
                     }
                 }
             }
@@ -226,7 +304,7 @@ fn run_ops(ops: Vec<Op>) {
             stats.pool_size,
             "bytes lost or made up"
         );
-        assert!(stats.pool_size <= 4 * MIB);
+        assert!(stats.pool_size <= maximum);
     }
     for (&p, &n) in &live {
         free(&pool, DevicePtr::from_raw(p), n, &streams[0]);
@@ -254,10 +332,20 @@ fn run_ops(ops: Vec<Op>) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
+    /// A small pool: the global level alone.
     #[test]
     fn random_operations_on_several_streams_match_the_model(
-        ops in prop::collection::vec(any_op(), 1..120)
+        ops in prop::collection::vec(any_op(512 * KIB), 1..120)
     ) {
-        run_ops(ops);
+        run_ops(ops, MIB, 4 * MIB);
+    }
+
+    /// A pool large enough for stream shards (sub-chunks of 8 MiB + 128 KiB, requests up to
+    /// 2 MiB through the shards), with requests on both sides of that limit.
+    #[test]
+    fn random_operations_on_a_sharded_pool_match_the_model(
+        ops in prop::collection::vec(any_op(6 * MIB), 1..120)
+    ) {
+        run_ops(ops, 0, 512 * MIB);
     }
 }

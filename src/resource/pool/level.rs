@@ -1,0 +1,248 @@
+//! One level of the pool: a core, the chunks it holds, and the stream-ordering state that lets
+//! one stream use memory another freed. The pool has a global level, whose chunks come from the
+//! upstream resource, and stream shards, whose chunks come from the global level; both run
+//! this same code.
+
+use rustc_hash::FxHashMap;
+
+use super::core::{PoolCore, StreamKey, ALIGN};
+use crate::error::Result;
+use crate::resource::stream_order::FreeOrder;
+use crate::stream::Stream;
+
+pub(super) fn key(stream: &Stream) -> StreamKey {
+    StreamKey(stream.id().0)
+}
+
+/// A level's state, behind its lock.
+pub(super) struct Level {
+    pub(super) core: PoolCore,
+    /// Chunk base → the size asked for it. RMM's growth halves without rounding (5120, 2560,
+    /// 1280, 640), so a chunk can be larger than the 256-byte multiple the core uses of it; it
+    /// goes back with the size it came with.
+    chunks: FxHashMap<u64, usize>,
+    /// The sum of `chunks`: for the global level, RMM's `pool_size`.
+    pub(super) chunk_bytes: usize,
+    /// What the level needs to hand a stream's free memory to another stream, indexed by the
+    /// stream's slot in the core: `slots[i]` is `Some` exactly when core slot `i` is in use.
+    /// (Indexing by slot, which the core's operations return, keeps hash lookups off the free
+    /// path.)
+    slots: Vec<Option<FreeOrder>>,
+}
+
+/// A chunk given back by a level: its base, the size it came with, and the stream whose work
+/// on it is ordered last (the one to give it back on).
+pub(super) type Released = (u64, usize, Stream);
+
+impl Level {
+    pub(super) fn new() -> Self {
+        Level {
+            core: PoolCore::new(),
+            chunks: FxHashMap::default(),
+            chunk_bytes: 0,
+            slots: Vec::new(),
+        }
+    }
+
+    /// Adds a chunk of `size` bytes at `base` (whose first `size` rounded down to 256 bytes the
+    /// core uses), ordered on `stream`, which owns it.
+    pub(super) fn add_chunk(&mut self, base: u64, size: usize, stream: &Stream) {
+        self.core.add_chunk(base, size / ALIGN * ALIGN, key(stream));
+        // The memory is ordered on `stream`: another stream must wait for it before taking
+        // any of it.
+        self.changed(stream);
+        self.chunks.insert(base, size);
+        self.chunk_bytes += size;
+    }
+
+    /// Allocates `size` (aligned) for `stream` from its own free blocks, or else from memory
+    /// other streams freed in this level (see [`steal`](Self::steal)); `None` when neither
+    /// has it.
+    ///
+    /// # Errors
+    /// A driver error recording or waiting on an event.
+    pub(super) fn serve(&mut self, size: usize, stream: &Stream) -> Result<Option<u64>> {
+        if let Some(p) = self.core.allocate(size, key(stream)) {
+            return Ok(Some(p));
+        }
+        self.steal(size, stream)
+    }
+
+    /// Frees `addr` (allocated with `bytes`) on `stream` if it is a block of this level.
+    pub(super) fn try_free(&mut self, addr: u64, bytes: usize, stream: &Stream) -> bool {
+        match self.core.try_free(addr, bytes, key(stream)) {
+            Some(slot) => {
+                self.slot_at(slot, stream).changed();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Serves `size` (aligned) for `stream` from memory other streams freed, after making
+    /// `stream` wait for an event that covers their frees.
+    ///
+    /// First from one other stream that alone has a block big enough: the piece is carved
+    /// from its block, and the rest stays with it. Among several such streams the cheapest is
+    /// taken: one whose covering event `stream` has already waited on, then one whose latest
+    /// event still covers its frees (nothing to record), then the one with the most free bytes.
+    /// Failing that, against fragmentation, every other stream's free memory becomes
+    /// `stream`'s at once (it may coalesce into a block big enough).
+    fn steal(&mut self, size: usize, stream: &Stream) -> Result<Option<u64>> {
+        let me = key(stream);
+        let slots = &self.slots;
+        let victim = self
+            .core
+            .streams_with_block(size, me)
+            .max_by_key(|&(victim, slot, bytes)| {
+                let cost = slots[slot as usize]
+                    .as_ref()
+                    .expect("a stream with free blocks has a slot")
+                    .wait_cost(stream.id());
+                (std::cmp::Reverse(cost), bytes, std::cmp::Reverse(victim))
+            })
+            .map(|(victim, slot, _)| (victim, slot));
+        if let Some((victim, slot)) = victim {
+            self.order_after(slot, stream)?;
+            let p = self.core.allocate(size, victim);
+            debug_assert!(p.is_some(), "the victim had a block that fits");
+            self.forget_idle_streams(Some(me));
+            return Ok(p);
+        }
+        let others: Vec<(StreamKey, u32)> = (0..self.core.stream_slot_bound() as u32)
+            .filter_map(|slot| {
+                let s = self.slots[slot as usize].as_ref()?;
+                let k = key(s.stream());
+                (k != me && self.core.free_bytes_of(k) > 0).then_some((k, slot))
+            })
+            .collect();
+        let free_elsewhere: usize = others
+            .iter()
+            .map(|&(k, _)| self.core.free_bytes_of(k))
+            .sum();
+        if free_elsewhere + self.core.free_bytes_of(me) < size {
+            return Ok(None);
+        }
+        for (victim, slot) in others {
+            self.order_after(slot, stream)?;
+            let vacated = self.core.merge_stream(victim, me);
+            debug_assert_eq!(vacated, Some(slot));
+            self.slots[slot as usize] = None;
+            // The merged blocks are `stream`'s now, ordered after its wait: a third stream
+            // must wait for an event of `stream` recorded after this point.
+            self.changed(stream);
+        }
+        self.forget_idle_streams(Some(me));
+        Ok(self.core.allocate(size, me))
+    }
+
+    /// Takes every wholly free chunk out of the level, for its owner to give back. With
+    /// `gather`, free memory is first gathered on one stream (see
+    /// [`gather_free`](Self::gather_free)) so that chunks freed on several streams count.
+    pub(super) fn release_empty_chunks(&mut self, gather: bool) -> Vec<Released> {
+        if gather {
+            if let Err(error) = self.gather_free() {
+                // What was gathered before the failure is still released below.
+                tracing::error!(%error, "gathering a pool's free memory on one stream");
+            }
+        }
+        let mut released = Vec::new();
+        for (base, _, owner) in self.core.release_empty_chunks() {
+            let size = self
+                .chunks
+                .remove(&base)
+                .expect("every core chunk is recorded");
+            self.chunk_bytes -= size;
+            let stream = self
+                .core
+                .stream_slot(owner)
+                .and_then(|slot| self.stream_of(slot))
+                .cloned();
+            match stream {
+                Some(stream) => released.push((base, size, stream)),
+                // Every chunk is owned by a stream that has a slot while it owns free memory;
+                // this is a bookkeeping bug, so leak, never free.
+                None => tracing::error!(
+                    base,
+                    size,
+                    "pool chunk without an owning stream; leaking it"
+                ),
+            }
+        }
+        self.forget_idle_streams(None);
+        released
+    }
+
+    /// The level's data for `stream`, which must own a slot in the core; made on first use.
+    fn slot_at(&mut self, slot: u32, stream: &Stream) -> &mut FreeOrder {
+        let slot = slot as usize;
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, || None);
+        }
+        let entry = self.slots[slot].get_or_insert_with(|| FreeOrder::new(stream));
+        debug_assert!(entry.stream() == stream, "slot {slot} holds another stream");
+        entry
+    }
+
+    /// Notes that `stream`'s free memory changed in a way other streams must be ordered after.
+    fn changed(&mut self, stream: &Stream) {
+        let slot = self
+            .core
+            .stream_slot(key(stream))
+            .expect("the stream was just given memory");
+        self.slot_at(slot, stream).changed();
+    }
+
+    /// Makes `waiter` wait, if it must, for the frees of the stream in `slot`.
+    fn order_after(&mut self, slot: u32, waiter: &Stream) -> Result<()> {
+        self.slots[slot as usize]
+            .as_mut()
+            .expect("a stream with free blocks has a slot")
+            .order(waiter)
+    }
+
+    /// Moves all free memory to the stream that owns the most, after it waits for each other
+    /// owner, so that blocks freed on different streams coalesce.
+    fn gather_free(&mut self) -> Result<()> {
+        let owners: Vec<(usize, u32)> = (0..self.core.stream_slot_bound() as u32)
+            .filter_map(|slot| {
+                let s = self.slots[slot as usize].as_ref()?;
+                let bytes = self.core.free_bytes_of(key(s.stream()));
+                (bytes > 0).then_some((bytes, slot))
+            })
+            .collect();
+        let Some(&(_, target)) = owners.iter().max() else {
+            return Ok(());
+        };
+        let target = self.stream_of(target).expect("an owner has a slot").clone();
+        for (_, slot) in owners {
+            let Some(victim) = self.stream_of(slot).map(key) else {
+                continue;
+            };
+            if victim == key(&target) {
+                continue;
+            }
+            self.order_after(slot, &target)?;
+            self.core.merge_stream(victim, key(&target));
+            self.slots[slot as usize] = None;
+            self.changed(&target);
+        }
+        Ok(())
+    }
+
+    /// Drops the handles of streams (other than `keep`) that own no free memory any more, so
+    /// the level does not keep them alive.
+    fn forget_idle_streams(&mut self, keep: Option<StreamKey>) {
+        for slot in self.core.remove_idle_streams(keep) {
+            self.slots[slot as usize] = None;
+        }
+    }
+
+    /// The stream of the core's slot `slot`.
+    fn stream_of(&self, slot: u32) -> Option<&Stream> {
+        self.slots
+            .get(slot as usize)?
+            .as_ref()
+            .map(FreeOrder::stream)
+    }
+}
