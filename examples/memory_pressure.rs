@@ -1,7 +1,7 @@
 //! A service under memory pressure: many concurrent requests share one bounded pool, and a
 //! request that does not fit waits its turn (with a deadline) instead of failing.
 //!
-//! Each request needs a buffer of 1–16 MiB for a few milliseconds of device work; the pool
+//! Each request needs a buffer of 1–16 MiB for 2–10 ms of device work; the pool
 //! holds 64 MiB, far less than the requests in flight ask for together. The program prints how
 //! many requests were served, how long the longest one waited for memory, and how many found
 //! the pool full when they arrived: those a service built on `try_allocate` alone would have
@@ -46,7 +46,7 @@ async fn main() -> Result<()> {
     );
     // A bounded pool: initial size = maximum, so it never grows past 64 MiB.
     let pool = PoolResource::new(CudaResource::new(&device), POOL_BYTES, Some(POOL_BYTES))?;
-    let streams = StreamPool::new(&device, 4)?;
+    let streams = StreamPool::new(&device, 8)?;
     let tally = Arc::new(Tally::default());
 
     let started = Instant::now();
@@ -54,11 +54,11 @@ async fn main() -> Result<()> {
     let mut requests = Vec::with_capacity(REQUESTS);
     for _ in 0..REQUESTS {
         let bytes = 1 + (rng.next() % MAX_REQUEST) as usize;
-        let work = Duration::from_micros(1_000 + rng.next() % 4_000);
+        let work = Duration::from_micros(2_000 + rng.next() % 8_000);
         let (pool, stream, tally) = (pool.clone(), streams.get(), tally.clone());
         requests.push(tokio::spawn(serve(bytes, work, pool, stream, tally)));
         // Requests arrive faster than they finish.
-        tokio::time::sleep(Duration::from_micros(rng.next() % 1_500)).await;
+        tokio::time::sleep(Duration::from_micros(rng.next() % 500)).await;
     }
     for r in requests {
         r.await.expect("a request panicked")?;
