@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "cuda-driver")]
 use streamalloc::BackendKind;
 use streamalloc::{
-    percent_of_free_device_memory, CudaAsyncResource, CudaResource, Device, MemoryResource,
-    PoolResource, Stream,
+    percent_of_free_device_memory, BinningResource, CudaAsyncResource, CudaResource, Device,
+    FixedSizeResource, MemoryResource, PoolResource, Stream, TracingAdaptor,
 };
 
 use workloads::{pair, pair_awaited, random_ns, threaded, RAND_1MIB, RAND_64MIB};
@@ -46,12 +46,23 @@ const COLUMNS: [&str; 6] = ["pair", "rand1MiB", "rand64MiB", "mt1", "mt4", "mt16
 
 /// Runs W1–W3 on `mr`, each on fresh streams of `device`.
 fn measure<R: MemoryResource>(name: &str, mr: &R, device: &Device) -> Result<Row, BoxError> {
+    measure_up_to(name, mr, device, usize::MAX)
+}
+
+/// [`measure`] for a resource that serves requests of up to `largest` bytes only: workloads
+/// that ask for more get no figure.
+fn measure_up_to<R: MemoryResource>(
+    name: &str,
+    mr: &R,
+    device: &Device,
+    largest: usize,
+) -> Result<Row, BoxError> {
     eprintln!("[{name}] W1 ...");
     let stream = Stream::new(device)?;
     let p = pair(mr, &stream, PAIR_ITERS);
     eprintln!("[{name}] W2 ...");
     let r1 = random_ns(mr, &stream, RAND_1MIB);
-    let r64 = random_ns(mr, &stream, RAND_64MIB);
+    let r64 = (largest >= RAND_64MIB.max).then(|| random_ns(mr, &stream, RAND_64MIB));
     let mut mt = [0.0; 3];
     for (i, threads) in [1, 4, 16].into_iter().enumerate() {
         eprintln!("[{name}] W3 mt{threads} ...");
@@ -66,7 +77,14 @@ fn measure<R: MemoryResource>(name: &str, mr: &R, device: &Device) -> Result<Row
     stream.synchronize_blocking()?;
     Ok(Row {
         name: name.into(),
-        ns: [p, r1, r64, mt[0], mt[1], mt[2]].map(Some),
+        ns: [
+            Some(p),
+            Some(r1),
+            r64,
+            Some(mt[0]),
+            Some(mt[1]),
+            Some(mt[2]),
+        ],
     })
 }
 
@@ -121,8 +139,26 @@ fn run() -> Result<(), BoxError> {
         let await_ns = pair_awaited(&mr, &stream, PAIR_ITERS);
         (try_ns, await_ns)
     };
+    {
+        // WORKLOADS.md's binning: bins of 2^18..2^22 bytes (128 blocks each) over a pool of
+        // 50 % of free memory.
+        let mr = BinningResource::with_range(workload_pool(&device)?, 18, 22)?;
+        rows.push(measure("streamalloc BinningResource", &mr, &device)?);
+    }
+    {
+        // Blocks of 1 MiB, RMM's default, which hold every request of W1, W2 rand1MiB and W3.
+        let mr = FixedSizeResource::with_defaults(CudaResource::new(&device))?;
+        rows.push(measure_up_to(
+            "streamalloc FixedSizeResource (1 MiB blocks)",
+            &mr,
+            &device,
+            mr.block_size(),
+        )?);
+    }
     eprintln!("[streamalloc PoolResource] wake latency ...");
     let wake = wake_latency(&wake_pool)?;
+    eprintln!("[adaptors] W1 over the pool ...");
+    let adaptors = adaptor_overhead(&device)?;
 
     let rmm = rmm_rows(&mut out);
     rows.extend(rmm.iter().cloned());
@@ -177,6 +213,14 @@ fn run() -> Result<(), BoxError> {
         })?;
     }
 
+    writeln!(
+        out,
+        "\nadaptor overhead on W1 over the workload pool, ns per pair (ratio to the bare pool)"
+    )?;
+    let bare = adaptors[0].1;
+    for (name, ns) in &adaptors {
+        writeln!(out, "  {name:<44} {ns:>8.1}  ({:.3})", ns / bare)?;
+    }
     let (try_ns, await_ns) = awaited;
     writeln!(
         out,
@@ -322,6 +366,22 @@ fn parse_rmm(text: &str) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// W1 on the workload pool bare and under adaptors, each on its own fresh pool.
+fn adaptor_overhead(device: &Device) -> Result<Vec<(String, f64)>, BoxError> {
+    let mut rows = Vec::new();
+    let mut w1 = |name: &str, mr: &dyn MemoryResource| -> Result<(), BoxError> {
+        let stream = Stream::new(device)?;
+        rows.push((name.to_string(), pair(mr, &stream, PAIR_ITERS)));
+        Ok(())
+    };
+    w1("PoolResource", &workload_pool(device)?)?;
+    w1(
+        "TracingAdaptor<PoolResource> (no subscriber)",
+        &TracingAdaptor::new(workload_pool(device)?),
+    )?;
+    Ok(rows)
 }
 
 /// The size of the wake-latency pool, and of each request in it.
