@@ -108,6 +108,7 @@ mod book {
         Resources => "resources.md",
         Awaiting => "awaiting.md",
         Pool => "pool.md",
+        Binning => "binning.md",
         MoreAdaptors => "more-adaptors.md",
         Buffers => "buffers.md",
     }
