@@ -40,7 +40,7 @@ pub struct Availability {
     followers: parking_lot::Mutex<Vec<Weak<Availability>>>,
     /// Whether anyone waits here or at a follower, so that a notify with nobody waiting reads
     /// one counter instead of locking and walking the followers.
-    waiting: std::sync::Arc<Waiting>,
+    waiting: Arc<Waiting>,
 }
 
 /// How many wait queues at or below an availability have waiters: its own queue (while it has
@@ -48,10 +48,10 @@ pub struct Availability {
 /// which it tells when its count leaves 0 or returns to it.
 #[derive(Debug, Default)]
 struct Waiting {
-    count: std::sync::atomic::AtomicUsize,
+    count: AtomicUsize,
     /// The counts of the availabilities this one follows. Its lock is held while `count`
     /// changes, so a follower added meanwhile is counted exactly once.
-    leaders: parking_lot::Mutex<Vec<std::sync::Arc<Waiting>>>,
+    leaders: Mutex<Vec<Arc<Waiting>>>,
 }
 
 impl Waiting {
@@ -263,7 +263,7 @@ mod loom_tests {
 
     use loom::sync::atomic::AtomicBool;
 
-    use super::WaitQueue;
+    use super::{Availability, WaitQueue};
     use crate::sync::Arc;
 
     struct WakeFlag(AtomicBool);
@@ -297,6 +297,32 @@ mod loom_tests {
             let served = queue.is_head(&waiter) && memory.load(SeqCst);
             freer.join().unwrap();
             assert!(served || woken.0.load(SeqCst), "lost wake-up");
+        });
+    }
+
+    /// A free at a resource another one follows (a bin under a binning resource), racing with
+    /// a waiter at the follower: the follower counts its waiter before retrying, and the free
+    /// reads that count after its fence, so the waiter is served or woken. Never neither.
+    #[test]
+    fn no_lost_wake_up_through_a_follower() {
+        loom::model(|| {
+            let leader = std::sync::Arc::new(Availability::new());
+            let follower = std::sync::Arc::new(Availability::new());
+            leader.add_follower(&follower);
+            let memory = Arc::new(AtomicBool::new(false));
+            let (l, m) = (leader.clone(), memory.clone());
+            let freer = loom::thread::spawn(move || {
+                m.store(true, SeqCst);
+                l.notify();
+            });
+            let (woken, waker) = flag();
+            let waiter = follower.push(&waker);
+            let served = follower.is_head(&waiter) && memory.load(SeqCst);
+            freer.join().unwrap();
+            assert!(
+                served || woken.0.load(SeqCst),
+                "lost wake-up through a follower"
+            );
         });
     }
 
