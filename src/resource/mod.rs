@@ -1,6 +1,7 @@
 //! The memory-resource contract and the resources that implement it.
 
 mod allocate;
+mod arena;
 mod availability;
 mod cuda;
 mod cuda_async;
