@@ -15,8 +15,8 @@
 //! pages to addresses.
 //!
 //! # Address-ordered first fit in O(log n)
-//! Free blocks (and the global arena's free page ranges) live in a [`FitTree`]: a treap by
-//! address whose nodes know the largest free size in their subtree. First fit — the free block
+//! Free blocks (and the global arena's free page ranges) live in a [`FitTree`]: a B+tree by
+//! address whose inner nodes know the largest free size below each child. First fit — the free block
 //! with the lowest address that is large enough, RMM's and jemalloc's policy against
 //! fragmentation — is one walk down the tree; a block is carved from the *head* of the block
 //! found, so the remainder keeps its place in the tree. A free finds its free neighbours with
@@ -41,7 +41,7 @@ mod tree;
 
 use rustc_hash::FxHashMap;
 
-use self::tree::FitTree;
+use self::tree::{FitTree, Pos};
 pub(crate) use crate::resource::pool::core::{align_up, ALIGN};
 
 /// The smallest superblock: RMM's `superblock::minimum_size`, 1 MiB. Requests above it are
@@ -175,13 +175,12 @@ impl<F: Clone + PartialEq> StreamArena<F> {
             size > 0 && size % ALIGN as u64 == 0,
             "unaligned size {size}"
         );
-        let id = self.free.first_fit(size)?;
-        let (start, block) = (self.free.key(id), self.free.size(id));
+        let pos = self.free.first_fit(size)?;
+        let (start, block) = self.free.entry(pos);
         if block == size {
-            self.free.remove(id);
+            self.free.remove(pos);
         } else {
-            self.free.set_key(id, start + size);
-            self.free.set_size(id, block - size);
+            self.free.set(pos, start + size, block - size);
         }
         let previous = self.live.insert(start, size);
         debug_assert!(previous.is_none(), "{start:#x} allocated twice");
@@ -254,13 +253,15 @@ impl<F: Clone + PartialEq> StreamArena<F> {
                 continue;
             }
             let end = base + size;
-            let ids: Vec<u32> =
-                std::iter::successors(self.free.lower_bound(base), |&id| self.free.next(id))
-                    .take_while(|&id| self.free.key(id) < end)
+            let starts: Vec<u64> =
+                std::iter::successors(self.free.lower_bound(base), |&p| self.free.next(p))
+                    .map(|p| self.free.entry(p).0)
+                    .take_while(|&start| start < end)
                     .collect();
-            for id in ids {
-                self.free_bytes -= self.free.size(id);
-                self.free.remove(id);
+            for start in starts {
+                let pos = self.free.lower_bound(start).expect("listed above");
+                self.free_bytes -= self.free.entry(pos).1;
+                self.free.remove(pos);
             }
             self.superblocks.remove(&base);
             self.superblock_bytes -= size;
@@ -340,28 +341,31 @@ impl<F: Clone + PartialEq> StreamArena<F> {
     /// Adds `[addr, addr + size)` to the free blocks, merged with its free neighbours unless a
     /// superblock boundary lies between them.
     fn insert_free(&mut self, addr: u64, size: u64) {
-        let (below, above) = self.free.neighbours(addr);
+        let near = self.free.near(addr);
         let end = addr + size;
-        let below = below.filter(|&b| {
-            self.free.key(b) + self.free.size(b) == addr && !self.superblocks.contains_key(&addr)
+        let below = near.below.filter(|&b| {
+            let (start, n) = self.free.entry(b);
+            start + n == addr && !self.superblocks.contains_key(&addr)
         });
-        let above =
-            above.filter(|&a| self.free.key(a) == end && !self.superblocks.contains_key(&end));
+        let above = near
+            .above
+            .filter(|&a| self.free.entry(a).0 == end && !self.superblocks.contains_key(&end));
         match (below, above) {
             (Some(b), Some(a)) => {
-                let merged = self.free.size(b) + size + self.free.size(a);
+                let (start, n) = self.free.entry(b);
+                let merged = n + size + self.free.entry(a).1;
+                self.free.set(b, start, merged);
                 self.free.remove(a);
-                self.free.set_size(b, merged);
             }
-            (Some(b), None) => self.free.set_size(b, self.free.size(b) + size),
+            (Some(b), None) => {
+                let (start, n) = self.free.entry(b);
+                self.free.set(b, start, n + size);
+            }
             (None, Some(a)) => {
-                let merged = self.free.size(a) + size;
-                self.free.set_key(a, addr);
-                self.free.set_size(a, merged);
+                let merged = size + self.free.entry(a).1;
+                self.free.set(a, addr, merged);
             }
-            (None, None) => {
-                self.free.insert(addr, size, ());
-            }
+            (None, None) => self.free.insert_at(near.at, addr, size, ()),
         }
         self.free_bytes += size;
     }
@@ -369,10 +373,7 @@ impl<F: Clone + PartialEq> StreamArena<F> {
     /// The free blocks as `(start, size)`, in address order.
     #[cfg(test)]
     pub(crate) fn free_blocks(&self) -> Vec<(u64, u64)> {
-        self.free
-            .iter()
-            .map(|id| (self.free.key(id), self.free.size(id)))
-            .collect()
+        self.free.iter().map(|(start, n, _)| (start, n)).collect()
     }
 
     /// Checks every invariant exhaustively; panics with a description of the first broken one.
@@ -463,7 +464,7 @@ pub(crate) enum Use {
 /// changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Candidate {
-    id: u32,
+    pos: Pos,
     /// The first page.
     pub(crate) start: u64,
     /// How many pages would be taken.
@@ -530,16 +531,16 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
             Use::Large => pages,
         };
         debug_assert!(want > 0);
-        let id = self.free.first_fit(want)?;
-        let size = self.free.size(id);
+        let pos = self.free.first_fit(want)?;
+        let (start, size) = self.free.entry(pos);
         let pages = if what == Use::Superblock && size < want + SUPERBLOCK_PAGES {
             size
         } else {
             want
         };
         Some(Candidate {
-            id,
-            start: self.free.key(id),
+            pos,
+            start,
             pages,
             what,
         })
@@ -547,19 +548,18 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
 
     /// The fences of the range `c` lies in.
     pub(crate) fn fences(&self, c: &Candidate) -> &[F] {
-        self.free.value(c.id)
+        self.free.value(c.pos)
     }
 
     /// Hands out the pages of `c`, found by [`find`](Self::find) with no change since. The
     /// rest of the range keeps its fences.
     pub(crate) fn take(&mut self, c: Candidate) {
-        debug_assert_eq!(self.free.key(c.id), c.start, "stale candidate");
-        let size = self.free.size(c.id);
+        let (start, size) = self.free.entry(c.pos);
+        debug_assert_eq!(start, c.start, "stale candidate");
         if size == c.pages {
-            self.free.remove(c.id);
+            self.free.remove(c.pos);
         } else {
-            self.free.set_key(c.id, c.start + c.pages);
-            self.free.set_size(c.id, size - c.pages);
+            self.free.set(c.pos, c.start + c.pages, size - c.pages);
         }
         self.free_pages -= c.pages;
         match c.what {
@@ -631,47 +631,46 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
     pub(crate) fn free_ranges(&self) -> Vec<(u64, u64, &[F])> {
         self.free
             .iter()
-            .map(|id| {
-                (
-                    self.free.key(id),
-                    self.free.size(id),
-                    self.free.value(id).as_slice(),
-                )
-            })
+            .map(|(start, pages, fences)| (start, pages, fences.as_slice()))
             .collect()
     }
 
     /// Adds the free range `[start, start + pages)` behind `fences`, merged with its free
     /// neighbours (whose fences it joins).
     fn insert_free(&mut self, start: u64, pages: u64, fences: Vec<F>) {
-        let (below, above) = self.free.neighbours(start);
+        let near = self.free.near(start);
         let end = start + pages;
-        let below = below.filter(|&b| self.free.key(b) + self.free.size(b) == start);
-        let above = above.filter(|&a| self.free.key(a) == end);
+        let below = near.below.filter(|&b| {
+            let (k, n) = self.free.entry(b);
+            k + n == start
+        });
+        let above = near.above.filter(|&a| self.free.entry(a).0 == end);
         match (below, above) {
             (Some(b), Some(a)) => {
-                let merged = self.free.size(b) + pages + self.free.size(a);
-                let above_fences = self.free.remove(a);
+                let (k, n) = self.free.entry(b);
+                let merged = n + pages + self.free.entry(a).1;
+                let above_fences = std::mem::take(self.free.value_mut(a));
                 merge_fences(
                     self.free.value_mut(b),
                     above_fences.into_iter().chain(fences),
                 );
-                self.free.set_size(b, merged);
+                self.free.set(b, k, merged);
+                self.free.remove(a);
             }
             (Some(b), None) => {
+                let (k, n) = self.free.entry(b);
                 merge_fences(self.free.value_mut(b), fences);
-                self.free.set_size(b, self.free.size(b) + pages);
+                self.free.set(b, k, n + pages);
             }
             (None, Some(a)) => {
-                let merged = self.free.size(a) + pages;
+                let merged = pages + self.free.entry(a).1;
                 merge_fences(self.free.value_mut(a), fences);
-                self.free.set_key(a, start);
-                self.free.set_size(a, merged);
+                self.free.set(a, start, merged);
             }
             (None, None) => {
                 let mut own = Vec::new();
                 merge_fences(&mut own, fences);
-                self.free.insert(start, pages, own);
+                self.free.insert_at(near.at, start, pages, own);
             }
         }
         self.free_pages += pages;

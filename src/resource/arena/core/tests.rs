@@ -18,90 +18,139 @@ type Fence = u8;
 enum TreeOp {
     Insert { key: u64, size: u64 },
     Remove { pick: usize },
-    SetSize { pick: usize, size: u64 },
+    Set { pick: usize, size: u64, shift: u64 },
     FirstFit { size: u64 },
-    Neighbours { key: u64 },
+    Near { key: u64 },
 }
 
-fn any_tree_op() -> impl Strategy<Value = TreeOp> {
+fn any_tree_op(keys: u64) -> impl Strategy<Value = TreeOp> {
     prop_oneof![
-        4 => (0..512u64, 1..64u64).prop_map(|(key, size)| TreeOp::Insert { key, size }),
-        2 => any::<usize>().prop_map(|pick| TreeOp::Remove { pick }),
-        2 => (any::<usize>(), 1..64u64).prop_map(|(pick, size)| TreeOp::SetSize { pick, size }),
+        6 => (0..keys, 1..64u64).prop_map(|(key, size)| TreeOp::Insert { key, size }),
+        3 => any::<usize>().prop_map(|pick| TreeOp::Remove { pick }),
+        2 => (any::<usize>(), 1..64u64, 0..4u64)
+            .prop_map(|(pick, size, shift)| TreeOp::Set { pick, size, shift }),
         2 => (1..70u64).prop_map(|size| TreeOp::FirstFit { size }),
-        1 => (0..512u64).prop_map(|key| TreeOp::Neighbours { key }),
+        1 => (0..keys).prop_map(|key| TreeOp::Near { key }),
     ]
 }
 
-proptest! {
-    /// The tree against a `BTreeMap`: same ranges in the same order, the same first fit, the
-    /// same neighbours, every invariant after every operation.
-    #[test]
-    fn tree_matches_a_sorted_map(ops in prop::collection::vec(any_tree_op(), 1..300)) {
-        let mut tree: FitTree<u64> = FitTree::new();
-        let mut model: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-        for op in ops {
-            match op {
-                TreeOp::Insert { key, size } => {
-                    if model.contains_key(&key) {
-                        continue;
-                    }
-                    let id = tree.insert(key, size, key * 10);
-                    model.insert(key, (size, id));
+/// The tree against a `BTreeMap` of start → (length, payload): same entries in the same order,
+/// the same first fit and neighbours, every invariant after every operation.
+fn run_tree_ops(ops: Vec<TreeOp>) {
+    let mut tree: FitTree<u64> = FitTree::new();
+    let mut model: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let start_of = |model: &BTreeMap<u64, (u64, u64)>, pick: usize| {
+        *model.keys().nth(pick % model.len()).unwrap()
+    };
+    for op in ops {
+        match op {
+            TreeOp::Insert { key, size } => {
+                if model.contains_key(&key) {
+                    continue;
                 }
-                TreeOp::Remove { pick } => {
-                    if model.is_empty() {
-                        continue;
-                    }
-                    let key = *model.keys().nth(pick % model.len()).unwrap();
-                    let (_, id) = model.remove(&key).unwrap();
-                    prop_assert_eq!(tree.remove(id), key * 10, "payload");
-                }
-                TreeOp::SetSize { pick, size } => {
-                    if model.is_empty() {
-                        continue;
-                    }
-                    let n = model.len();
-                    let (_, v) = model.iter_mut().nth(pick % n).unwrap();
-                    v.0 = size;
-                    tree.set_size(v.1, size);
-                }
-                TreeOp::FirstFit { size } => {
-                    let expected = model.iter().find(|(_, v)| v.0 >= size).map(|(_, v)| v.1);
-                    prop_assert_eq!(tree.first_fit(size), expected);
-                }
-                TreeOp::Neighbours { key } => {
-                    if model.contains_key(&key) {
-                        continue;
-                    }
-                    let below = model.range(..key).next_back().map(|(_, v)| v.1);
-                    let above = model.range(key..).next().map(|(_, v)| v.1);
-                    prop_assert_eq!(tree.neighbours(key), (below, above));
-                    prop_assert_eq!(tree.lower_bound(key), above);
-                }
+                tree.insert(key, size, key * 10);
+                model.insert(key, (size, key * 10));
             }
-            tree.check();
-            let listed: Vec<(u64, u64)> =
-                tree.iter().map(|id| (tree.key(id), tree.size(id))).collect();
-            let expected: Vec<(u64, u64)> = model.iter().map(|(&k, v)| (k, v.0)).collect();
-            prop_assert_eq!(listed, expected);
-            prop_assert_eq!(tree.max_size(), model.values().map(|v| v.0).max().unwrap_or(0));
+            TreeOp::Remove { pick } => {
+                if model.is_empty() {
+                    continue;
+                }
+                let key = start_of(&model, pick);
+                let pos = tree.lower_bound(key).unwrap();
+                assert_eq!(tree.entry(pos).0, key);
+                let (_, payload) = model.remove(&key).unwrap();
+                assert_eq!(tree.remove(pos), payload, "payload of {key}");
+            }
+            TreeOp::Set { pick, size, shift } => {
+                if model.is_empty() {
+                    continue;
+                }
+                let key = start_of(&model, pick);
+                // Move the start left, but not onto or past the previous start.
+                let floor = model.range(..key).next_back().map_or(0, |(&k, _)| k + 1);
+                let new_key = key.saturating_sub(shift).max(floor);
+                let pos = tree.lower_bound(key).unwrap();
+                tree.set(pos, new_key, size);
+                *tree.value_mut(pos) += 1;
+                let (_, payload) = model.remove(&key).unwrap();
+                model.insert(new_key, (size, payload + 1));
+            }
+            TreeOp::FirstFit { size } => {
+                let expected = model.iter().find(|(_, v)| v.0 >= size).map(|(&k, _)| k);
+                assert_eq!(tree.first_fit(size).map(|p| tree.entry(p).0), expected);
+            }
+            TreeOp::Near { key } => {
+                if model.contains_key(&key) {
+                    continue;
+                }
+                let near = tree.near(key);
+                let below = model.range(..key).next_back().map(|(&k, v)| (k, v.0));
+                let above = model.range(key..).next().map(|(&k, v)| (k, v.0));
+                assert_eq!(near.below.map(|p| tree.entry(p)), below);
+                assert_eq!(near.above.map(|p| tree.entry(p)), above);
+                assert_eq!(tree.lower_bound(key).map(|p| tree.entry(p)), above);
+                // Inserting at the place `near` gives keeps the order.
+                tree.insert_at(near.at, key, 1, 7);
+                model.insert(key, (1, 7));
+            }
         }
+        tree.check();
+        let listed: Vec<(u64, u64, u64)> = tree.iter().map(|(k, s, &v)| (k, s, v)).collect();
+        let expected: Vec<(u64, u64, u64)> = model.iter().map(|(&k, &(s, v))| (k, s, v)).collect();
+        assert_eq!(listed, expected);
+        assert_eq!(tree.len(), model.len());
+        assert_eq!(
+            tree.max_size(),
+            model.values().map(|v| v.0).max().unwrap_or(0)
+        );
+    }
+}
+
+proptest! {
+    #[test]
+    fn tree_matches_a_sorted_map(ops in prop::collection::vec(any_tree_op(512), 1..300)) {
+        run_tree_ops(ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Enough entries for three levels of nodes, so that leaves and inner nodes split, empty
+    /// and the root collapses.
+    #[test]
+    fn a_deep_tree_matches_a_sorted_map(ops in prop::collection::vec(any_tree_op(1 << 20), 1..3000)) {
+        run_tree_ops(ops);
     }
 }
 
 #[test]
-fn tree_set_key_moves_a_start_between_its_neighbours() {
+fn a_tree_grows_and_shrinks_through_every_height() {
     let mut tree: FitTree<()> = FitTree::new();
-    let a = tree.insert(100, 10, ());
-    let b = tree.insert(200, 10, ());
-    let _c = tree.insert(300, 10, ());
-    tree.set_key(b, 150);
-    tree.set_size(b, 60);
+    let n = 40_000u64;
+    // Scrambled order, so that splits happen everywhere in the tree.
+    let keys: Vec<u64> = (0..n).map(|i| (i * 7919) % n).collect();
+    for (i, &k) in keys.iter().enumerate() {
+        tree.insert(k * 4, 1 + k % 97, ());
+        if i % 5000 == 0 {
+            tree.check();
+        }
+    }
     tree.check();
-    assert_eq!(tree.first_fit(50), Some(b));
-    assert_eq!(tree.key(b), 150);
-    assert_eq!(tree.next(a), Some(b));
+    assert_eq!(tree.len(), n as usize);
+    assert_eq!(tree.max_size(), 97);
+    let pos = tree.first_fit(97).unwrap();
+    assert_eq!(tree.entry(pos), (96 * 4, 97));
+    for (i, &k) in keys.iter().enumerate().rev() {
+        let pos = tree.lower_bound(k * 4).unwrap();
+        tree.remove(pos);
+        if i % 5000 == 0 {
+            tree.check();
+        }
+    }
+    tree.check();
+    assert_eq!((tree.len(), tree.max_size()), (0, 0));
+    assert!(tree.first_fit(1).is_none());
 }
 
 // ---- size classes ----
