@@ -75,10 +75,10 @@ pub use resource::registry::{
     set_current_device_resource_for,
 };
 pub use resource::{
-    Allocate, Availability, CudaAsyncResource, CudaAsyncResourceBuilder, CudaAsyncViewResource,
-    CudaResource, DevicePtr, ExportHandleType, HostResource, ManagedResource, MemoryResource,
-    PinnedHostResource, PoolResource, PoolStatistics, Properties, SharedResource,
-    ALLOCATION_ALIGNMENT,
+    Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
+    CudaAsyncResource, CudaAsyncResourceBuilder, CudaAsyncViewResource, CudaResource, DevicePtr,
+    ExportHandleType, HostResource, ManagedResource, MemoryResource, PinnedHostResource,
+    PoolResource, PoolStatistics, Properties, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
 

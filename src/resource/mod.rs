@@ -16,6 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use allocate::Allocate;
+pub use arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
 pub use availability::Availability;
 pub use cuda::CudaResource;
 pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
