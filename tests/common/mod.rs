@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod arena_suite;
 pub mod buffer_suite;
 pub mod pool_suite;
 pub mod suite;

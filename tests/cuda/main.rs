@@ -103,3 +103,10 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);
+resource_suite!(
+    arena_over_cuda_resource,
+    gpu(),
+    |d| Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
+arena_suite!(arenas, gpu(), #[ignore = "needs a CUDA device"]);

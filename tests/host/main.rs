@@ -47,3 +47,7 @@ resource_suite!(limiting_adaptor, host(), |d| {
     Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30))
 });
 pool_suite!(pools, host());
+resource_suite!(arena_over_cuda_resource, host(), |d| {
+    Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap())
+});
+arena_suite!(arenas, host());
