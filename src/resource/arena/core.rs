@@ -228,6 +228,11 @@ impl<F: Clone + PartialEq> StreamArena<F> {
     /// Removes every superblock without a live block and returns them, each with `home` (the
     /// arena's stream) and the fences of its pending blocks. In address order.
     pub(crate) fn release_free_superblocks(&mut self, home: &F) -> Vec<Released<F>> {
+        if self.free_bytes + self.pending_bytes < SUPERBLOCK_SIZE as u64 {
+            // No superblock can be without live blocks: skip the walk over them (an awaited
+            // request retries this on every free while it waits).
+            return Vec::new();
+        }
         let mut bases: Vec<(u64, u64)> = self.superblocks.iter().map(|(&b, &s)| (b, s)).collect();
         bases.sort_unstable();
         let index_of = |addr: u64| bases.partition_point(|&(b, _)| b <= addr) - 1;
