@@ -352,16 +352,7 @@ impl<V: Default> FitTree<V> {
             prev,
             next,
         };
-        match self.vacant_leaves.pop() {
-            Some(id) => {
-                self.leaves[id as usize] = leaf;
-                id
-            }
-            None => {
-                self.leaves.push(leaf);
-                u32::try_from(self.leaves.len() - 1).expect("too many leaves")
-            }
-        }
+        place(&mut self.leaves, &mut self.vacant_leaves, leaf)
     }
 
     fn new_inner(&mut self, parent: u32) -> u32 {
@@ -373,16 +364,7 @@ impl<V: Default> FitTree<V> {
             parent,
             slot: 0,
         };
-        match self.vacant_inners.pop() {
-            Some(id) => {
-                self.inners[id as usize] = inner;
-                id
-            }
-            None => {
-                self.inners.push(inner);
-                u32::try_from(self.inners.len() - 1).expect("too many inner nodes")
-            }
-        }
+        place(&mut self.inners, &mut self.vacant_inners, inner)
     }
 
     fn leaf_max(&self, leaf: u32) -> u64 {
@@ -746,6 +728,20 @@ impl<V: Default> FitTree<V> {
             max = max.max(kmax);
         }
         (n.keys[0], max)
+    }
+}
+
+/// Puts `node` in a vacant slot of `slab`, or a new one; returns its id.
+fn place<T>(slab: &mut Vec<T>, vacant: &mut Vec<u32>, node: T) -> u32 {
+    match vacant.pop() {
+        Some(id) => {
+            slab[id as usize] = node;
+            id
+        }
+        None => {
+            slab.push(node);
+            u32::try_from(slab.len() - 1).expect("too many tree nodes")
+        }
     }
 }
 
