@@ -2,8 +2,6 @@
 //! path the arena has (each checked by data: the later stream must see what the earlier one
 //! wrote), awaiting a full arena, and many tasks awaiting a small one.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use streamalloc::{
@@ -11,7 +9,7 @@ use streamalloc::{
     DeviceBuffer, DevicePtr, Error, MemoryResource, Stream,
 };
 
-use super::SplitMix64;
+use super::stress;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -281,28 +279,41 @@ pub fn handoff_after_an_earlier_handoff(device: Device) {
     free(&mr, t1, MIB, &t);
 }
 
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Spawns `request` and returns once it waits in `mr`'s queue; fails if it ends instead.
+async fn spawn_waiting<T: Send + std::fmt::Debug + 'static>(
+    mr: &impl MemoryResource,
+    request: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    let waiter = tokio::spawn(request);
+    while !mr.availability().unwrap().has_waiters() {
+        assert!(
+            !waiter.is_finished(),
+            "the request did not wait: {waiter:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+    waiter
+}
+
 /// An awaited allocation on a full arena waits in the queue until a free, then gets the
 /// memory.
 pub fn awaited_allocation_waits_for_a_free(device: Device) {
     let mr = arena(&device, MIB);
     let s = Stream::new(&device).unwrap();
     let held = mr.try_allocate(MIB, &s).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let waiter = tokio::spawn({
+    current_thread().block_on(async {
+        let waiter = spawn_waiting(&mr, {
             let (mr, s) = (mr.clone(), s.clone());
             async move { mr.allocate(256 * KIB, &s).await }
-        });
-        while !mr.availability().unwrap().has_waiters() {
-            assert!(
-                !waiter.is_finished(),
-                "the request did not wait: {waiter:?}"
-            );
-            tokio::task::yield_now().await;
-        }
+        })
+        .await;
         free(&mr, held, MIB, &s);
         let p = waiter.await.unwrap().unwrap();
         assert_eq!(p, held);
@@ -323,22 +334,12 @@ pub fn awaited_large_allocation_gathers_superblocks(device: Device) {
     let pin = mr.try_allocate(KIB, &a).unwrap();
     let x = mr.try_allocate(MIB, &a).unwrap();
     free(&mr, x, MIB, &a);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let waiter = tokio::spawn({
+    current_thread().block_on(async {
+        let waiter = spawn_waiting(&mr, {
             let (mr, b) = (mr.clone(), b.clone());
             async move { mr.allocate(2 * MIB, &b).await }
-        });
-        while !mr.availability().unwrap().has_waiters() {
-            assert!(
-                !waiter.is_finished(),
-                "the request did not wait: {waiter:?}"
-            );
-            tokio::task::yield_now().await;
-        }
+        })
+        .await;
         free(&mr, pin, KIB, &a);
         let p = waiter.await.unwrap().unwrap();
         assert_eq!(mr.statistics().superblocks, 0);
@@ -348,84 +349,23 @@ pub fn awaited_large_allocation_gathers_superblocks(device: Device) {
 }
 
 /// 200 tokio tasks on 4 streams draw sizes up to a quarter of a 64 MiB arena (small and large),
-/// with total demand 3× the arena; 20 % are cancelled at random points and some carry
-/// deadlines. Every task is served, times out or is cancelled; nothing stays live; no waiter
-/// is left.
+/// with total demand 3× the arena, half of them freeing on another stream; 20 % are cancelled
+/// at random points and some carry deadlines. Every task is served, times out or is cancelled;
+/// nothing stays live; no waiter is left.
 pub fn stress_awaiting_tasks(device: Device) {
     const CAPACITY: usize = 64 * MIB;
     const TASKS: usize = 200;
     let mr = arena(&device, CAPACITY);
-    let mut rng = SplitMix64(0xa7e4a);
-    let mean = 3 * CAPACITY / TASKS;
-    let plans: Vec<(usize, u64, bool, Option<u64>)> = (0..TASKS)
-        .map(|_| {
-            let size = 256 + (rng.next() as usize % (2 * mean)).min(CAPACITY / 4);
-            let hold_us = 1000 + rng.next() % 20_000;
-            let cancel = rng.next() % 100 < 20;
-            let deadline_ms = (rng.next() % 100 < 30).then(|| 5 + rng.next() % 50);
-            (size, hold_us, cancel, deadline_ms)
-        })
-        .collect();
-    let served = Arc::new(AtomicUsize::new(0));
-    let ended = Arc::new(AtomicUsize::new(0));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&device).unwrap()).collect();
-        let tasks: Vec<_> = plans
-            .into_iter()
-            .enumerate()
-            .map(|(i, (size, hold_us, cancel, deadline_ms))| {
-                let (mr, s) = (mr.clone(), streams[i % 4].clone());
-                // Freed on the next stream half of the time: memory crosses streams.
-                let f = streams[(i + i % 2) % 4].clone();
-                let (served, ended) = (served.clone(), ended.clone());
-                tokio::spawn(async move {
-                    let mut request = mr.allocate(size, &s);
-                    if let Some(ms) = deadline_ms {
-                        request = request.timeout(Duration::from_millis(ms));
-                    }
-                    let outcome = if cancel {
-                        tokio::time::timeout(Duration::from_micros(hold_us), request).await
-                    } else {
-                        Ok(request.await)
-                    };
-                    match outcome {
-                        Err(_cancelled) => {}
-                        Ok(Ok(p)) => {
-                            tokio::time::sleep(Duration::from_micros(hold_us)).await;
-                            f.wait(&s.record().unwrap()).unwrap();
-                            free(&mr, p, size, &f);
-                            served.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(Err(Error::Timeout { .. })) => {}
-                        Ok(Err(e)) => panic!("task {i}: unexpected error {e}"),
-                    }
-                    ended.fetch_add(1, Ordering::SeqCst);
-                })
-            })
-            .collect();
-        for t in tasks {
-            tokio::time::timeout(Duration::from_secs(60), t)
-                .await
-                .expect("a task hung: deadlock or lost wake-up")
-                .unwrap();
-        }
-        for s in &streams {
-            s.synchronize().await.unwrap();
-        }
-    });
-    let served = served.load(Ordering::SeqCst);
-    assert_eq!(ended.load(Ordering::SeqCst), TASKS);
-    assert!(served >= TASKS / 2, "only {served} of {TASKS} served");
+    let outcome = stress::awaiting_tasks(&device, mr.clone(), CAPACITY, TASKS, 0xa7e4a, true);
+    assert!(
+        outcome.served >= TASKS / 2,
+        "only {} of {TASKS} served",
+        outcome.served
+    );
     let stats = mr.statistics();
     assert_eq!(stats.live_allocations, 0, "allocations left outstanding");
     assert_eq!(stats.free_bytes + stats.pending_bytes, CAPACITY);
-    assert!(!mr.availability().unwrap().has_waiters(), "waiters left");
-    println!("arena stress: {served} of {TASKS} served; {stats:?}");
+    println!("arena stress: {outcome:?}; {stats:?}");
 }
 
 /// Instantiates the arena cases for one device.

@@ -6,6 +6,7 @@
 pub mod arena_suite;
 pub mod buffer_suite;
 pub mod pool_suite;
+pub mod stress;
 pub mod suite;
 
 /// SplitMix64, as in the shared benchmark workloads: deterministic and dependency-free.
