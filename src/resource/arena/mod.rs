@@ -210,6 +210,26 @@ impl ArenaConfig {
 /// A snapshot of an arena's accounting ([`ArenaResource::statistics`]).
 ///
 /// `free_bytes + pending_bytes + live_bytes == arena_size` always holds.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{ArenaResource, CudaResource, Device, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let arena = ArenaResource::new(CudaResource::new(&device), Some(4 << 20))?;
+/// let p = arena.try_allocate(1 << 20, &a)?; // a whole superblock of `a`'s arena
+/// b.wait(&a.record()?)?;
+/// unsafe { arena.deallocate(p, 1 << 20, &b) }; // freed on another stream than its arena's
+/// let stats = arena.statistics();
+/// assert_eq!((stats.pending_bytes, stats.live_allocations), (1 << 20, 0));
+/// assert_eq!(stats.events_recorded, 0); // nothing crossed streams yet
+/// let q = arena.try_allocate(1 << 20, &a)?; // `a` waits for `b`, then reuses the block
+/// assert_eq!((q, arena.statistics().events_recorded), (p, 1));
+/// unsafe { arena.deallocate(q, 1 << 20, &a) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArenaStatistics {
     /// The bytes taken from the upstream.
