@@ -78,10 +78,11 @@ pub use resource::registry::{
     set_current_device_resource_for,
 };
 pub use resource::{
-    Allocate, Availability, BinningResource, CallbackResource, CudaAsyncResource,
-    CudaAsyncResourceBuilder, CudaAsyncViewResource, CudaResource, DevicePtr, ExportHandleType,
-    FixedSizeResource, HostResource, ManagedResource, MemoryResource, PinnedHostResource,
-    PoolResource, PoolStatistics, Properties, SharedResource, ALLOCATION_ALIGNMENT,
+    Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
+    BinningResource, CallbackResource, CudaAsyncResource, CudaAsyncResourceBuilder,
+    CudaAsyncViewResource, CudaResource, DevicePtr, ExportHandleType, FixedSizeResource,
+    HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
+    PoolStatistics, Properties, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
 
@@ -109,6 +110,7 @@ mod book {
         Awaiting => "awaiting.md",
         Pool => "pool.md",
         Binning => "binning.md",
+        Arena => "arena.md",
         MoreAdaptors => "more-adaptors.md",
         Buffers => "buffers.md",
     }

@@ -1,6 +1,7 @@
 //! The memory-resource contract and the resources that implement it.
 
 mod allocate;
+mod arena;
 mod availability;
 mod binning;
 mod callback;
@@ -19,6 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use allocate::Allocate;
+pub use arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
 pub use availability::Availability;
 pub use binning::BinningResource;
 pub use callback::CallbackResource;

@@ -3,8 +3,10 @@
 
 #![allow(dead_code)]
 
+pub mod arena_suite;
 pub mod buffer_suite;
 pub mod pool_suite;
+pub mod stress;
 pub mod suite;
 
 /// SplitMix64, as in the shared benchmark workloads: deterministic and dependency-free.

@@ -1,16 +1,14 @@
 //! `PoolResource` on a real backend: RMM's pool test cases, stream-ordered reuse, and the
 //! stress of many tasks awaiting a bounded pool with random cancellation.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use streamalloc::{
     percent_of_free_device_memory, CudaResource, Device, DevicePtr, Error, LimitingAdaptor,
     MemoryResource, PoolResource, Stream,
 };
 
-use super::SplitMix64;
+use super::stress;
 
 fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
     // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
@@ -158,93 +156,20 @@ pub fn stress_awaiting_tasks(device: Device) {
     const CAPACITY: usize = 64 << 20;
     const TASKS: usize = 200;
     let pool = PoolResource::new(CudaResource::new(&device), 0, Some(CAPACITY)).unwrap();
-    let mut rng = SplitMix64(0x5eed);
-    // Sizes averaging 3 × CAPACITY / TASKS, none above a quarter of the pool.
-    let mean = 3 * CAPACITY / TASKS;
-    let plans: Vec<(usize, u64, bool, Option<u64>)> = (0..TASKS)
-        .map(|_| {
-            let size = 256 + (rng.next() as usize % (2 * mean)).min(CAPACITY / 4);
-            let hold_us = 1000 + rng.next() % 20_000;
-            let cancel = rng.next() % 100 < 20;
-            let deadline_ms = (rng.next() % 100 < 30).then(|| 5 + rng.next() % 50);
-            (size, hold_us, cancel, deadline_ms)
-        })
-        .collect();
-    let served = Arc::new(AtomicUsize::new(0));
-    let timed_out = Arc::new(AtomicUsize::new(0));
-    let cancelled = Arc::new(AtomicUsize::new(0));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    let start = Instant::now();
-    rt.block_on(async {
-        let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&device).unwrap()).collect();
-        let tasks: Vec<_> = plans
-            .into_iter()
-            .enumerate()
-            .map(|(i, (size, hold_us, cancel, deadline_ms))| {
-                let (pool, s) = (pool.clone(), streams[i % 4].clone());
-                let (served, timed_out, cancelled) =
-                    (served.clone(), timed_out.clone(), cancelled.clone());
-                tokio::spawn(async move {
-                    let mut request = pool.allocate(size, &s);
-                    if let Some(ms) = deadline_ms {
-                        request = request.timeout(Duration::from_millis(ms));
-                    }
-                    let outcome = if cancel {
-                        // Dropped at a random point: at once, or after some waiting.
-                        tokio::time::timeout(Duration::from_micros(hold_us), request).await
-                    } else {
-                        Ok(request.await)
-                    };
-                    match outcome {
-                        Err(_elapsed) => {
-                            cancelled.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(Ok(p)) => {
-                            tokio::time::sleep(Duration::from_micros(hold_us)).await;
-                            free(&pool, p, size, &s);
-                            served.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(Err(Error::Timeout { .. })) => {
-                            timed_out.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(Err(e)) => panic!("task {i}: unexpected error {e}"),
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            tokio::time::timeout(Duration::from_secs(60), t)
-                .await
-                .expect("a task hung: deadlock or lost wake-up")
-                .unwrap();
-        }
-        for s in &streams {
-            s.synchronize().await.unwrap();
-        }
-    });
-    let (served, timed_out, cancelled) = (
-        served.load(Ordering::SeqCst),
-        timed_out.load(Ordering::SeqCst),
-        cancelled.load(Ordering::SeqCst),
+    let outcome = stress::awaiting_tasks(&device, pool.clone(), CAPACITY, TASKS, 0x5eed, false);
+    assert!(
+        outcome.served >= TASKS / 2,
+        "only {} of {TASKS} served",
+        outcome.served
     );
-    assert_eq!(served + timed_out + cancelled, TASKS);
-    assert!(served >= TASKS / 2, "only {served} of {TASKS} served");
     let stats = pool.statistics();
     assert_eq!(stats.live_allocations, 0, "allocations left outstanding");
     assert_eq!(stats.free_bytes, stats.pool_size, "bytes left outstanding");
-    assert!(
-        !pool.availability().unwrap().has_waiters(),
-        "waiters left in the queue"
-    );
     assert!(stats.pool_size <= CAPACITY);
-    assert!(start.elapsed() < Duration::from_secs(60));
+    assert!(outcome.elapsed < Duration::from_secs(60));
     println!(
-        "stress: {served} served, {timed_out} timed out, {cancelled} cancelled in {:?}",
-        start.elapsed()
+        "stress: {} served, {} timed out, {} cancelled in {:?}",
+        outcome.served, outcome.timed_out, outcome.cancelled, outcome.elapsed
     );
 }
 

@@ -216,3 +216,10 @@ fn prefetch_adaptor_moves_managed_memory_to_the_device() {
     let host = futures::executor::block_on(buf.copy_to_host(vec![0u8; n])).unwrap();
     assert!(host.iter().all(|&x| x == 0x42));
 }
+resource_suite!(
+    arena_over_cuda_resource,
+    gpu(),
+    |d| Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
+arena_suite!(arenas, gpu(), #[ignore = "needs a CUDA device"]);

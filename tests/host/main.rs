@@ -82,3 +82,8 @@ resource_suite!(callback_resource, host(), |d| {
         move |ptr, bytes, stream| unsafe { freeing.deallocate(ptr, bytes, stream) },
     ))
 });
+
+resource_suite!(arena_over_cuda_resource, host(), |d| {
+    Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap())
+});
+arena_suite!(arenas, host());

@@ -1,0 +1,507 @@
+//! The arena wrapper on the host backend: lazy cross-stream events, pending frees, borrowing,
+//! per-thread arenas, dumps, release to the upstream, and a model-based test of the whole
+//! resource across several streams.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::backend::host::HostConfig;
+use crate::resource::CudaResource;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn device() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+fn arena(device: &Device, size: usize) -> ArenaResource<CudaResource> {
+    ArenaResource::new(CudaResource::new(device), Some(size)).unwrap()
+}
+
+fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
+    // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
+    unsafe { mr.deallocate(p, bytes, s) }
+}
+
+/// `free + pending + live == arena size`, always.
+fn assert_accounted(mr: &ArenaResource<CudaResource>) -> ArenaStatistics {
+    let s = mr.statistics();
+    assert_eq!(
+        s.free_bytes + s.pending_bytes + s.live_bytes,
+        s.arena_size,
+        "{s:?}"
+    );
+    s
+}
+
+#[test]
+fn the_arena_size_is_rounded_down_to_pages_and_at_least_a_superblock() {
+    let d = device();
+    assert_eq!(arena(&d, MIB + 65 * KIB).arena_size(), MIB + 64 * KIB);
+    let err = ArenaResource::new(CudaResource::new(&d), Some(MIB - 1)).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // The default: half of the free memory (16 GiB emulated).
+    let default = ArenaResource::new(CudaResource::new(&device()), None).unwrap();
+    assert_eq!(default.arena_size(), 8 << 30);
+    assert_eq!(default.capacity_limit(), Some(8 << 30));
+}
+
+#[test]
+fn an_upstream_failure_is_returned() {
+    let d = Device::host_with(HostConfig::default().capacity(4 * MIB));
+    let err = ArenaResource::new(CudaResource::new(&d), Some(8 * MIB)).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+}
+
+#[test]
+fn same_stream_reuse_records_no_event() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = arena(&d, 16 * MIB);
+    for i in 0..1000 {
+        let bytes = 1 + (i * 7919) % MIB;
+        let p = mr.try_allocate(bytes, &s).unwrap();
+        free(&mr, p, bytes, &s);
+    }
+    let big = mr.try_allocate(4 * MIB, &s).unwrap();
+    free(&mr, big, 4 * MIB, &s);
+    let again = mr.try_allocate(4 * MIB, &s).unwrap();
+    assert_eq!(
+        again, big,
+        "a large block freed on a stream is reused by it at once"
+    );
+    free(&mr, again, 4 * MIB, &s);
+    let stats = assert_accounted(&mr);
+    assert_eq!((stats.events_recorded, stats.stream_waits), (0, 0));
+    assert_eq!(stats.stream_arenas, 1);
+}
+
+#[test]
+fn memory_crossing_streams_waits_on_one_event_for_many_frees() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, 4 * MIB);
+    // A fills the arena with small blocks and frees them all.
+    let blocks: Vec<DevicePtr> = (0..64)
+        .map(|_| mr.try_allocate(64 * KIB, &a).unwrap())
+        .collect();
+    assert_eq!(mr.statistics().superblocks, 4);
+    for &p in &blocks {
+        free(&mr, p, 64 * KIB, &a);
+    }
+    a.enqueue_delay(std::time::Duration::from_millis(50))
+        .unwrap();
+    // B needs superblocks: they go back to the global arena and come to B after one event on
+    // A, recorded now and reused for every superblock.
+    let taken: Vec<DevicePtr> = (0..4).map(|_| mr.try_allocate(MIB, &b).unwrap()).collect();
+    let stats = assert_accounted(&mr);
+    assert_eq!(stats.events_recorded, 1, "{stats:?}");
+    assert_eq!(
+        stats.stream_waits, 1,
+        "B waits once: the event covers every free"
+    );
+    for p in taken {
+        free(&mr, p, MIB, &b);
+    }
+}
+
+#[test]
+fn frees_on_another_stream_are_pending_until_the_arena_waits() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, MIB);
+    let p = mr.try_allocate(MIB, &a).unwrap();
+    free(&mr, p, MIB, &b);
+    let stats = assert_accounted(&mr);
+    assert_eq!((stats.pending_bytes, stats.free_bytes), (MIB, 0));
+    assert_eq!(stats.events_recorded, 0, "a free records nothing");
+    // A takes it back after waiting for B.
+    let q = mr.try_allocate(MIB, &a).unwrap();
+    assert_eq!(q, p);
+    let stats = assert_accounted(&mr);
+    assert_eq!((stats.pending_bytes, stats.events_recorded), (0, 1));
+    free(&mr, q, MIB, &a);
+}
+
+#[test]
+fn a_block_borrowed_from_another_arena_is_freed_there() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, MIB);
+    let pin = mr.try_allocate(256, &a).unwrap();
+    // The only superblock is A's and not wholly free: B borrows from it.
+    let borrowed = mr.try_allocate(512 * KIB, &b).unwrap();
+    assert_eq!(borrowed, pin.offset(256));
+    let stats = assert_accounted(&mr);
+    assert_eq!((stats.stream_arenas, stats.superblocks), (2, 1));
+    assert_eq!(stats.events_recorded, 1, "B waited for A");
+    // Freed on B, it is pending in A's arena; A gets it back after a wait.
+    free(&mr, borrowed, 512 * KIB, &b);
+    assert_eq!(assert_accounted(&mr).pending_bytes, 512 * KIB);
+    let again = mr.try_allocate(MIB - 256, &a).unwrap();
+    assert_eq!(again, borrowed);
+    free(&mr, again, MIB - 256, &a);
+    free(&mr, pin, 256, &a);
+    assert_eq!(assert_accounted(&mr).free_bytes, MIB);
+}
+
+#[test]
+fn exhaustion_returns_free_superblocks_and_retires_empty_arenas() {
+    let d = device();
+    let mr = arena(&d, 4 * MIB);
+    {
+        let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&d).unwrap()).collect();
+        for s in &streams {
+            let p = mr.try_allocate(32 * KIB, s).unwrap();
+            free(&mr, p, 32 * KIB, s);
+        }
+        assert_eq!(mr.statistics().stream_arenas, 4);
+    }
+    // The streams are gone; their superblocks come back for a request of the whole arena.
+    let s = Stream::new(&d).unwrap();
+    let p = mr.try_allocate(4 * MIB, &s).unwrap();
+    let stats = assert_accounted(&mr);
+    assert_eq!(
+        (stats.stream_arenas, stats.superblocks),
+        (0, 0),
+        "{stats:?}"
+    );
+    let registry = mr.inner.registry.read();
+    assert_eq!(registry.vacant.len(), 4);
+    assert!(registry.arenas.is_empty());
+    drop(registry);
+    free(&mr, p, 4 * MIB, &s);
+    // A retired slot serves a new arena.
+    let q = mr.try_allocate(KIB, &s).unwrap();
+    assert_eq!(mr.inner.registry.read().vacant.len(), 3);
+    free(&mr, q, KIB, &s);
+}
+
+#[test]
+fn per_thread_arenas_split_one_stream_and_free_locally() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let config = ArenaConfig::default()
+        .arena_size(8 * MIB)
+        .per_thread_arenas(true);
+    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    let here = mr.try_allocate(KIB, &s).unwrap();
+    let (mr2, s2) = (mr.clone(), s.clone());
+    let there = std::thread::spawn(move || mr2.try_allocate(KIB, &s2).unwrap())
+        .join()
+        .unwrap();
+    let stats = assert_accounted(&mr);
+    assert_eq!((stats.stream_arenas, stats.superblocks), (2, 2));
+    // Freed here on the same stream: reusable at once by the other thread's arena.
+    free(&mr, there, KIB, &s);
+    let stats = assert_accounted(&mr);
+    assert_eq!((stats.pending_bytes, stats.events_recorded), (0, 0));
+    free(&mr, here, KIB, &s);
+}
+
+#[test]
+fn size_classes_round_requests_and_bound_the_capacity() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let config = ArenaConfig::default()
+        .arena_size(5 * MIB + 512 * KIB)
+        .size_classes(true);
+    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    assert_eq!(mr.capacity_limit(), Some(5 * MIB), "5.5 MiB is not a class");
+    let p = mr.try_allocate(17 * KIB, &s).unwrap();
+    assert_eq!(mr.statistics().live_bytes, 20 * KIB);
+    let q = mr.try_allocate(1, &s).unwrap();
+    assert_eq!(q, p.offset(20 * KIB));
+    free(&mr, p, 17 * KIB, &s);
+    free(&mr, q, 1, &s);
+    assert!(mr
+        .try_allocate(5 * MIB + 1, &s)
+        .unwrap_err()
+        .is_out_of_memory());
+    let r = mr.try_allocate(5 * MIB, &s).unwrap();
+    free(&mr, r, 5 * MIB, &s);
+}
+
+#[test]
+fn out_of_memory_reports_the_free_bytes() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = arena(&d, 4 * MIB);
+    let held = mr.try_allocate(3 * MIB, &s).unwrap();
+    let err = mr.try_allocate(2 * MIB, &s).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 2 * MIB,
+            available: Some(MIB),
+            device: d.id()
+        }
+    );
+    let err = mr.try_allocate(1 << 50, &s).unwrap_err();
+    assert!(err.is_out_of_memory());
+    free(&mr, held, 3 * MIB, &s);
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<StdMutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_failure_is_dumped_to_tracing() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let config = ArenaConfig::default()
+        .arena_size(MIB)
+        .dump_on_failure(ArenaDump::Tracing);
+    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    let held = mr.try_allocate(KIB, &s).unwrap();
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        assert!(mr.try_allocate(MIB, &s).unwrap_err().is_out_of_memory());
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("arena out of memory"), "{text}");
+    assert!(
+        text.contains("1048576 bytes (1048576 as a block)"),
+        "{text}"
+    );
+    assert!(text.contains("live 1024 in 1 blocks"), "{text}");
+    free(&mr, held, KIB, &s);
+}
+
+#[test]
+fn a_failure_is_dumped_to_a_file() {
+    let path =
+        std::env::temp_dir().join(format!("streamalloc-arena-dump-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let config = ArenaConfig::default()
+        .arena_size(MIB)
+        .dump_on_failure(ArenaDump::File(path.clone()));
+    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    assert!(mr.try_allocate(8 * MIB, &s).unwrap_err().is_out_of_memory());
+    let text = std::fs::read_to_string(&path).expect("the dump file");
+    assert!(text.contains("8388608 bytes"), "{text}");
+    assert!(text.contains("global arena: 1 free ranges"), "{text}");
+    // Appended, not replaced.
+    assert!(mr.try_allocate(8 * MIB, &s).is_err());
+    let again = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(again.matches("arena out of memory").count(), 2);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn drop_returns_the_arena_to_the_upstream_after_every_free() {
+    let d = device();
+    let controls = d.host_controls().unwrap().clone();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, 4 * MIB);
+    assert_eq!(controls.allocated_bytes(), 4 * MIB);
+    let p = mr.try_allocate(KIB, &a).unwrap();
+    let q = mr.try_allocate(2 * MIB, &a).unwrap();
+    b.enqueue_delay(std::time::Duration::from_millis(20))
+        .unwrap();
+    free(&mr, p, KIB, &b);
+    free(&mr, q, 2 * MIB, &b);
+    let home = mr.inner.home.clone();
+    drop(mr);
+    home.synchronize_blocking().unwrap();
+    assert_eq!(controls.allocated_bytes(), 0);
+}
+
+#[test]
+fn drop_with_live_allocations_leaks_instead_of_freeing() {
+    let d = device();
+    let controls = d.host_controls().unwrap().clone();
+    let s = Stream::new(&d).unwrap();
+    let mr = arena(&d, 4 * MIB);
+    let _leaked = mr.try_allocate(KIB, &s).unwrap();
+    let home = mr.inner.home.clone();
+    drop(mr);
+    home.synchronize_blocking().unwrap();
+    assert_eq!(controls.allocated_bytes(), 4 * MIB);
+}
+
+#[test]
+#[should_panic(expected = "not allocated from this arena")]
+fn freeing_a_pointer_outside_the_arena_panics() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = arena(&d, MIB);
+    free(&mr, DevicePtr::from_raw(0x1000), 256, &s);
+}
+
+#[test]
+#[should_panic(expected = "double free")]
+fn freeing_a_large_block_twice_panics() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = arena(&d, 4 * MIB);
+    let p = mr.try_allocate(2 * MIB, &s).unwrap();
+    free(&mr, p, 2 * MIB, &s);
+    free(&mr, p, 2 * MIB, &s);
+}
+
+#[test]
+fn slots_are_found_by_index_across_buckets() {
+    let slots = Slots::new();
+    for index in [0, 31, 32, 95, 96, 1000, 100_000] {
+        slots
+            .make(index)
+            .home
+            .store(u64::from(index) + 1, Ordering::Relaxed);
+    }
+    for index in [0, 31, 32, 95, 96, 1000, 100_000] {
+        assert_eq!(
+            slots.get(index).home.load(Ordering::Relaxed),
+            u64::from(index) + 1
+        );
+    }
+    assert_eq!(Slots::locate(0), (0, 0));
+    assert_eq!(Slots::locate(31), (0, 31));
+    assert_eq!(Slots::locate(32), (1, 0));
+    assert_eq!(Slots::locate(96), (2, 0));
+    assert_eq!(Slots::locate(u32::MAX).0, SLOT_BUCKETS - 1);
+}
+
+// ---- the whole resource against a model ----
+
+#[derive(Debug, Clone)]
+enum Op {
+    Allocate { bytes: usize, stream: usize },
+    Free { pick: usize, stream: usize },
+    Defragment,
+}
+
+fn any_op() -> impl Strategy<Value = Op> {
+    let bytes = prop_oneof![
+        6 => 1..=64 * KIB,
+        3 => 1..=MIB,
+        2 => MIB + 1..=3 * MIB,
+    ];
+    prop_oneof![
+        10 => (bytes, 0..3usize).prop_map(|(bytes, stream)| Op::Allocate { bytes, stream }),
+        8 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => Just(Op::Defragment),
+    ]
+}
+
+/// The block a request takes: 256-byte rounding, whole pages above a superblock.
+fn charged(bytes: usize) -> usize {
+    let size = align_up(bytes).unwrap();
+    if size > SUPERBLOCK_SIZE {
+        size.next_multiple_of(PAGE_SIZE)
+    } else {
+        size
+    }
+}
+
+fn run_resource_ops(ops: Vec<Op>) {
+    const SIZE: usize = 8 * MIB;
+    let d = device();
+    let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&d).unwrap()).collect();
+    let mr = arena(&d, SIZE);
+    let base = mr.inner.base;
+    // Live blocks: start → (bytes requested, charged size).
+    let mut live: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+    for op in ops {
+        match op {
+            Op::Allocate { bytes, stream } => match mr.try_allocate(bytes, &streams[stream]) {
+                Ok(p) => {
+                    let (start, size) = (p.addr(), charged(bytes));
+                    assert!(p.is_aligned(256), "{p:?}");
+                    assert!(
+                        start >= base && start + size as u64 <= base + SIZE as u64,
+                        "{p:?}+{size} outside the arena"
+                    );
+                    if let Some((&s, &(_, n))) = live.range(..start + size as u64).next_back() {
+                        assert!(s + n as u64 <= start, "{p:?}+{size} overlaps {s:#x}+{n}");
+                    }
+                    live.insert(start, (bytes, size));
+                }
+                Err(e) => {
+                    assert!(e.is_out_of_memory(), "{e}");
+                    // After the failed retry nothing the request needs is left: no free range
+                    // of the global arena serves it...
+                    let size = charged(bytes);
+                    let global = mr.inner.global.lock();
+                    let pages_needed = if size > SUPERBLOCK_SIZE {
+                        (size / PAGE_SIZE) as u64
+                    } else {
+                        self::core::SUPERBLOCK_PAGES
+                    };
+                    assert!(
+                        global.largest_free_pages() < pages_needed,
+                        "{bytes} failed with {} free pages in one range",
+                        global.largest_free_pages()
+                    );
+                    drop(global);
+                    // ...and, for a small one, no stream arena has a free block for it.
+                    if size <= SUPERBLOCK_SIZE {
+                        mr.inner.for_each_arena(|_, core| {
+                            assert!(core.largest_free() < size as u64, "{bytes} could borrow");
+                        });
+                    }
+                }
+            },
+            Op::Free { pick, stream } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let (&p, &(bytes, _)) = live.iter().nth(pick % live.len()).unwrap();
+                live.remove(&p);
+                free(&mr, DevicePtr::from_raw(p), bytes, &streams[stream]);
+            }
+            Op::Defragment => {
+                mr.defragment();
+            }
+        }
+        let stats = assert_accounted(&mr);
+        assert_eq!(stats.live_allocations, live.len());
+        assert_eq!(
+            stats.live_bytes,
+            live.values().map(|&(_, n)| n).sum::<usize>()
+        );
+        mr.inner.for_each_arena(|_, core| core.check_invariants());
+        mr.inner.global.lock().check_invariants();
+    }
+    for (p, (bytes, _)) in live {
+        free(&mr, DevicePtr::from_raw(p), bytes, &streams[0]);
+    }
+    mr.defragment();
+    let stats = assert_accounted(&mr);
+    assert_eq!(stats.free_bytes + stats.pending_bytes, SIZE);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random allocations and frees on three streams of an 8 MiB arena: no two live blocks
+    /// overlap, every block is 256-byte aligned and inside the arena, every byte is accounted
+    /// for (free, pending or live, exactly as charged), the cores keep their invariants, and a
+    /// request fails only when neither the global arena nor any stream arena could serve it.
+    #[test]
+    fn the_resource_matches_the_model(ops in prop::collection::vec(any_op(), 1..120)) {
+        run_resource_ops(ops);
+    }
+}
