@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "cuda-driver")]
 use streamalloc::BackendKind;
 use streamalloc::{
-    percent_of_free_device_memory, BinningResource, CudaAsyncResource, CudaResource, Device,
-    FixedSizeResource, MemoryResource, PoolResource, Stream, TracingAdaptor,
+    percent_of_free_device_memory, ArenaResource, BinningResource, CudaAsyncResource, CudaResource,
+    Device, FixedSizeResource, MemoryResource, PoolResource, Stream, TracingAdaptor,
 };
 
 use workloads::{pair, pair_awaited, random_ns, threaded, RAND_1MIB, RAND_64MIB};
@@ -139,6 +139,12 @@ fn run() -> Result<(), BoxError> {
         let await_ns = pair_awaited(&mr, &stream, PAIR_ITERS);
         (try_ns, await_ns)
     };
+    {
+        // WORKLOADS.md's arena: over plain device memory, 50 % of free memory.
+        let size = percent_of_free_device_memory(&device, 50)?;
+        let mr = ArenaResource::new(CudaResource::new(&device), Some(size))?;
+        rows.push(measure("streamalloc ArenaResource", &mr, &device)?);
+    }
     {
         // WORKLOADS.md's binning: bins of 2^18..2^22 bytes (128 blocks each) over a pool of
         // 50 % of free memory.
