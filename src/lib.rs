@@ -32,9 +32,15 @@
 //! - [`Device`]: a GPU or the host emulation; [`Device::default`] picks.
 //! - [`Stream`], [`Event`], [`StreamPool`]: ordered device work; events resolve as futures
 //!   through the device's completion driver ([`CompletionStrategy`]).
-//! - [`MemoryResource`]: `try_allocate` (never waits), `allocate` (a future), stream-ordered
-//!   `deallocate`. Leaf resources: [`CudaResource`], [`CudaAsyncResource`],
-//!   [`CudaAsyncViewResource`], [`ManagedResource`], [`PinnedHostResource`], [`HostResource`].
+//! - [`MemoryResource`]: `try_allocate` (never waits), `allocate` (a future that waits for
+//!   memory on resources with a wait queue, [`Availability`]), stream-ordered `deallocate`.
+//!   Leaf resources: [`CudaResource`], [`CudaAsyncResource`], [`CudaAsyncViewResource`],
+//!   [`ManagedResource`], [`PinnedHostResource`], [`HostResource`], [`CallbackResource`].
+//! - Sub-allocators over any upstream: [`PoolResource`] (coalescing, stream shards for many
+//!   threads, `trim`), [`ArenaResource`] (per-stream arenas over a global arena),
+//!   [`FixedSizeResource`], [`BinningResource`].
+//! - Adaptors, stacked over any resource: [`LimitingAdaptor`] (an awaitable byte budget),
+//!   [`AlignedAdaptor`], [`FailureCallbackAdaptor`], [`PrefetchAdaptor`], [`TracingAdaptor`].
 //! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
 //!   read it, and orders its free after all of them.
 //! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`].
