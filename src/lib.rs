@@ -68,6 +68,8 @@ mod error;
 mod resource;
 mod stream;
 mod sync;
+#[cfg(test)]
+mod test_support;
 
 pub use adaptor::{
     AlignedAdaptor, AllocationFailure, FailureCallbackAdaptor, LimitingAdaptor, PrefetchAdaptor,

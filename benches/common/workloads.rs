@@ -9,18 +9,9 @@ use std::time::{Duration, Instant};
 
 use streamalloc::{DevicePtr, MemoryResource, Stream};
 
-/// SplitMix64, exactly as WORKLOADS.md gives it.
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+#[path = "../../tests/common/rng.rs"]
+mod rng;
+pub use rng::SplitMix64;
 
 pub const MIB: usize = 1 << 20;
 pub const GIB: usize = 1 << 30;

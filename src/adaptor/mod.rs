@@ -15,4 +15,4 @@ pub use prefetch::PrefetchAdaptor;
 pub use tracing_adaptor::TracingAdaptor;
 
 #[cfg(test)]
-pub(crate) mod test_support;
+pub(crate) use crate::test_support;

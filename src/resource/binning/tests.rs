@@ -7,22 +7,14 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::BinningResource;
+use crate::test_support::{device as host, free};
 use crate::{
-    CudaResource, Device, DevicePtr, Error, HostConfig, LimitingAdaptor, MemoryResource,
-    PoolResource, Properties, Result, Stream,
+    CudaResource, Device, DevicePtr, Error, LimitingAdaptor, MemoryResource, PoolResource,
+    Properties, Result, Stream,
 };
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
-
-fn host() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
-    // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
-    unsafe { mr.deallocate(p, bytes, s) }
-}
 
 /// A resource that counts the requests it sees (sizes included) and serves them upstream.
 #[derive(Debug, Clone)]

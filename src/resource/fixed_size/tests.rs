@@ -1,27 +1,15 @@
 //! `FixedSizeResource` on the host backend.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
 use super::FixedSizeResource;
-use crate::{
-    CudaResource, Device, DevicePtr, Error, HostConfig, LimitingAdaptor, MemoryResource, Stream,
-};
+use crate::test_support::{device as host, free, reached, when};
+use crate::{CudaResource, DevicePtr, Error, LimitingAdaptor, MemoryResource, Stream};
 
 const KIB: usize = 1 << 10;
-
-fn host() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
-    // SAFETY: every caller frees a block it allocated from `mr`, with no work left on it that
-    // is not ordered before the free.
-    unsafe { mr.deallocate(p, bytes, s) }
-}
 
 #[test]
 fn sizes_are_checked_and_rounded() {
@@ -108,19 +96,6 @@ fn a_double_free_panics() {
     let p = mr.try_allocate(KIB, &s).unwrap();
     free(&mr, p, KIB, &s);
     free(&mr, p, KIB, &s);
-}
-
-fn reached(stream: &Stream) -> Arc<Mutex<Option<Instant>>> {
-    let at = Arc::new(Mutex::new(None));
-    let slot = at.clone();
-    stream
-        .launch_host_fn(move || *slot.lock().unwrap() = Some(Instant::now()))
-        .unwrap();
-    at
-}
-
-fn when(at: &Arc<Mutex<Option<Instant>>>) -> Instant {
-    at.lock().unwrap().expect("the stream reached the point")
 }
 
 /// Blocks freed on S and taken by T: T's later work runs after S's work before the frees, and

@@ -2,46 +2,16 @@
 //! model-based test of random operations on several streams with trims.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
 use super::PoolResource;
-use crate::{CudaResource, Device, DevicePtr, HostConfig, MemoryResource, Stream};
+use crate::test_support::{busy, device as host, free, reached, when};
+use crate::{CudaResource, DevicePtr, MemoryResource, Stream};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
-
-fn host() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
-    // SAFETY: every caller frees what it allocated from `mr` with `bytes`; the streams' work
-    // on it is ordered before the free by the test's construction.
-    unsafe { mr.deallocate(p, bytes, s) }
-}
-
-/// When `stream` reaches this point, as seen by the host.
-fn reached(stream: &Stream) -> Arc<Mutex<Option<Instant>>> {
-    let at = Arc::new(Mutex::new(None));
-    let slot = at.clone();
-    stream
-        .launch_host_fn(move || *slot.lock().unwrap() = Some(Instant::now()))
-        .unwrap();
-    at
-}
-
-fn when(at: &Arc<Mutex<Option<Instant>>>) -> Instant {
-    at.lock().unwrap().expect("the stream reached the point")
-}
-
-/// A "kernel" on `stream` (a delay) that uses memory about to be freed on it, and when it ends.
-fn busy(stream: &Stream, ms: u64) -> Arc<Mutex<Option<Instant>>> {
-    stream.enqueue_delay(Duration::from_millis(ms)).unwrap();
-    reached(stream)
-}
 
 /// A block freed on S and taken by T: T's later work runs only after S's work before the free.
 #[test]

@@ -1,10 +1,11 @@
-//! Test support shared by the adaptors' unit tests: a recording upstream (RMM's
-//! `mock_resource`) and the awaiting test every adaptor passes.
+//! Test support shared by the unit tests: fresh host devices, frees, when a stream reached a
+//! point, a recording upstream (RMM's `mock_resource`) and the awaiting test every adaptor
+//! passes.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -46,11 +47,41 @@ pub(crate) fn recording(
     (mr, calls)
 }
 
-/// A fresh host device (its own accounting) and a stream on it.
+/// A fresh host device (its own accounting and fault injection).
+pub(crate) fn device() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+/// A fresh host device and a stream on it.
 pub(crate) fn host() -> (Device, Stream) {
-    let device = Device::host_with(HostConfig::default());
+    let device = device();
     let stream = Stream::new(&device).unwrap();
     (device, stream)
+}
+
+/// When `stream` reaches this point, as the host sees it (filled in by a host function).
+pub(crate) type Reached = Arc<Mutex<Option<Instant>>>;
+
+/// Marks this point of `stream`.
+pub(crate) fn reached(stream: &Stream) -> Reached {
+    let at = Reached::default();
+    let slot = at.clone();
+    stream
+        .launch_host_fn(move || *slot.lock() = Some(Instant::now()))
+        .unwrap();
+    at
+}
+
+/// When the marked point was reached; the stream must have been synchronized since.
+pub(crate) fn when(at: &Reached) -> Instant {
+    at.lock().expect("the stream reached the point")
+}
+
+/// A stand-in for `ms` milliseconds of kernels on `stream` that use memory about to be freed
+/// on it, and its end.
+pub(crate) fn busy(stream: &Stream, ms: u64) -> Reached {
+    stream.enqueue_delay(Duration::from_millis(ms)).unwrap();
+    reached(stream)
 }
 
 pub(crate) fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {

@@ -1,0 +1,20 @@
+//! SplitMix64, exactly as `../shared/bench/WORKLOADS.md` gives it: deterministic and
+//! dependency-free. Shared by the tests and the benches (`benches/common/workloads.rs`).
+
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `1..=max`.
+    #[allow(dead_code)] // the benches draw their own sizes
+    pub fn size(&mut self, max: usize) -> usize {
+        1 + (self.next() % max as u64) as usize
+    }
+}
