@@ -64,8 +64,8 @@ mod stream;
 mod sync;
 
 pub use adaptor::{
-    AlignedAdaptor, AllocationFailure, FailureCallbackAdaptor, LimitingAdaptor, PrefetchAdaptor,
-    TracingAdaptor,
+    AlignedAdaptor, AllocationFailure, Counter, Counters, FailureCallbackAdaptor, LimitingAdaptor,
+    PrefetchAdaptor, StatisticsAdaptor, TracingAdaptor,
 };
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};

@@ -6,12 +6,14 @@ mod aligned;
 mod failure_callback;
 mod limiting;
 mod prefetch;
+mod statistics;
 mod tracing_adaptor;
 
 pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
 pub use prefetch::PrefetchAdaptor;
+pub use statistics::{Counter, Counters, StatisticsAdaptor};
 pub use tracing_adaptor::TracingAdaptor;
 
 #[cfg(test)]
