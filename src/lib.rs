@@ -64,8 +64,9 @@ mod stream;
 mod sync;
 
 pub use adaptor::{
-    AlignedAdaptor, AllocationFailure, Counter, Counters, FailureCallbackAdaptor, LimitingAdaptor,
-    PrefetchAdaptor, StatisticsAdaptor, TracingAdaptor,
+    AlignedAdaptor, Allocation, AllocationFailure, Counter, Counters, FailureCallbackAdaptor,
+    LeakReport, LimitingAdaptor, PrefetchAdaptor, StatisticsAdaptor, TracingAdaptor,
+    TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};

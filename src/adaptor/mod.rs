@@ -8,6 +8,7 @@ mod limiting;
 mod prefetch;
 mod statistics;
 mod tracing_adaptor;
+mod tracking;
 
 pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
@@ -15,6 +16,7 @@ pub use limiting::LimitingAdaptor;
 pub use prefetch::PrefetchAdaptor;
 pub use statistics::{Counter, Counters, StatisticsAdaptor};
 pub use tracing_adaptor::TracingAdaptor;
+pub use tracking::{Allocation, LeakReport, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES};
 
 #[cfg(test)]
 pub(crate) mod test_support;
