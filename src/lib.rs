@@ -59,14 +59,15 @@ mod backend;
 mod buffer;
 mod device;
 mod error;
+pub mod replay;
 mod resource;
 mod stream;
 mod sync;
 
 pub use adaptor::{
     AlignedAdaptor, Allocation, AllocationFailure, Counter, Counters, FailureCallbackAdaptor,
-    LeakReport, LimitingAdaptor, PrefetchAdaptor, StatisticsAdaptor, TracingAdaptor,
-    TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
+    LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,
+    StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};

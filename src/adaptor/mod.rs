@@ -5,6 +5,7 @@
 mod aligned;
 mod failure_callback;
 mod limiting;
+pub(crate) mod logging;
 mod prefetch;
 mod statistics;
 mod tracing_adaptor;
@@ -13,6 +14,7 @@ mod tracking;
 pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
+pub use logging::{LoggingAdaptor, LoggingAdaptorBuilder};
 pub use prefetch::PrefetchAdaptor;
 pub use statistics::{Counter, Counters, StatisticsAdaptor};
 pub use tracing_adaptor::TracingAdaptor;
