@@ -34,7 +34,8 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 
 /// Logs every allocation and free to a CSV file or writer in RMM's format, byte for byte
 /// (RMM's `logging_resource_adaptor`), so logs written here replay in RMM's `REPLAY_BENCHMARK`
-/// and RMM's logs replay here ([`replay`](crate::replay)).
+/// (with [`streams_as_default`](LoggingAdaptorBuilder::streams_as_default)) and RMM's logs
+/// replay here ([`replay`](crate::replay)).
 ///
 /// The first line is [`LOG_HEADER`], `Thread,Time,Action,Pointer,Size,Stream`; then one line per
 /// call:
@@ -46,7 +47,7 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// | `Action` | `allocate`, `allocate failure` or `free` |
 /// | `Pointer` | as C's `%p` prints it: `0x7f3a5c000000`, or `(nil)` for the null pointer (failures, 0 bytes) |
 /// | `Size` | the requested bytes, in decimal |
-/// | `Stream` | [`Stream::raw_handle`] as C++ streams print a pointer: `0x55d0c2a3e610`, or `0` |
+/// | `Stream` | [`Stream::raw_handle`] as C++ streams print a pointer: `0x55d0c2a3e610`, or `0` (see [`LoggingAdaptorBuilder::streams_as_default`]) |
 ///
 /// ```text
 /// Thread,Time,Action,Pointer,Size,Stream
@@ -114,6 +115,7 @@ struct Inner<R> {
     upstream: R,
     sink: Mutex<Sink>,
     auto_flush: bool,
+    streams_as_default: bool,
     clock: Option<Clock>,
     path: Option<PathBuf>,
 }
@@ -186,6 +188,7 @@ impl<R> Drop for Inner<R> {
 #[derive(Default)]
 pub struct LoggingAdaptorBuilder {
     auto_flush: Option<bool>,
+    streams_as_default: Option<bool>,
     clock: Option<Clock>,
 }
 
@@ -199,6 +202,16 @@ impl LoggingAdaptorBuilder {
     /// dies.
     pub fn auto_flush(mut self, auto_flush: bool) -> Self {
         self.auto_flush = Some(auto_flush);
+        self
+    }
+
+    /// Write `0`, the default stream, in the `Stream` column of every line (default `false`:
+    /// each stream's [`raw_handle`](Stream::raw_handle)). RMM's replay benchmark refuses logs
+    /// with other streams ("Non-default streams not currently supported"), and a
+    /// [`Stream`] is never the default stream, so this is the way to a log that replays in
+    /// RMM. The [`replay`](crate::replay) here takes both.
+    pub fn streams_as_default(mut self, streams_as_default: bool) -> Self {
+        self.streams_as_default = Some(streams_as_default);
         self
     }
 
@@ -288,6 +301,7 @@ impl LoggingAdaptorBuilder {
                     error: None,
                 }),
                 auto_flush,
+                streams_as_default: self.streams_as_default.unwrap_or(false),
                 clock: self.clock,
                 path,
             }),
@@ -299,6 +313,7 @@ impl fmt::Debug for LoggingAdaptorBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoggingAdaptorBuilder")
             .field("auto_flush", &self.auto_flush)
+            .field("streams_as_default", &self.streams_as_default)
             .field("clock", &self.clock.as_ref().map(|_| "custom"))
             .finish()
     }
@@ -381,7 +396,11 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
 
     fn log(&self, action: &str, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         let thread = os_thread_id();
-        let handle = stream.raw_handle();
+        let handle = if self.inner.streams_as_default {
+            0
+        } else {
+            stream.raw_handle()
+        };
         let mut sink = self.inner.sink.lock();
         if sink.out.is_none() {
             return;
@@ -410,7 +429,7 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
 }
 
 /// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`).
-struct TimeOfDay(SystemTime);
+pub(crate) struct TimeOfDay(pub(crate) SystemTime);
 
 impl fmt::Display for TimeOfDay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -428,7 +447,7 @@ impl fmt::Display for TimeOfDay {
 }
 
 /// A pointer as glibc's `printf("%p")` prints it: `(nil)` or `0x` and lowercase hex.
-struct CPointer(u64);
+pub(crate) struct CPointer(pub(crate) u64);
 
 impl fmt::Display for CPointer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -441,7 +460,7 @@ impl fmt::Display for CPointer {
 
 /// A stream handle as libstdc++'s `ostream << std::hex << (void*)` prints it (RMM's
 /// `format_stream`): `0` for the null handle (no `0x` for zero), else `0x` and lowercase hex.
-struct StreamHandle(u64);
+pub(crate) struct StreamHandle(pub(crate) u64);
 
 impl fmt::Display for StreamHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -108,6 +108,27 @@ fn the_output_is_rmms_format_byte_for_byte() {
     assert_eq!(out.text(), expected);
 }
 
+/// For RMM's replay benchmark, which takes only default-stream logs.
+#[test]
+fn streams_can_be_logged_as_the_default_stream() {
+    let (device, s) = host();
+    let out = Shared::default();
+    let mr = LoggingAdaptor::builder()
+        .streams_as_default(true)
+        .build_to_writer(CudaResource::new(&device), out.clone())
+        .unwrap();
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    free(&mr, p, KIB, &s);
+    mr.flush().unwrap();
+    let text = out.text();
+    let streams: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').next().unwrap())
+        .collect();
+    assert_eq!(streams, ["0", "0"], "{text}");
+}
+
 #[test]
 fn columns_are_formatted_as_rmm_prints_them() {
     assert_eq!(CPointer(0).to_string(), "(nil)");
