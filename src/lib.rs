@@ -38,6 +38,9 @@
 //! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
 //!   read it, and orders its free after all of them.
 //! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`].
+//! - Observing a resource: [`StatisticsAdaptor`] (counters in scopes), [`TrackingAdaptor`]
+//!   (outstanding allocations, leaks, bad frees), [`LoggingAdaptor`] (RMM's CSV log), and
+//!   [`replay`] (RMM's logs and ours, parsed and replayed against any resource).
 //!
 //! # Feature flags
 //! - `cuda` (default): the CUDA backend over cudarc, bound to CUDA 13.0 (driver 580+).
@@ -111,6 +114,7 @@ mod book {
         Awaiting => "awaiting.md",
         Pool => "pool.md",
         MoreAdaptors => "more-adaptors.md",
+        Adaptors => "adaptors.md",
         Buffers => "buffers.md",
     }
 }
