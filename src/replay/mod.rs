@@ -388,10 +388,10 @@ fn stream_for<'s>(
     handle: u64,
     device: &Device,
 ) -> Result<&'s Stream> {
-    if !streams.contains_key(&handle) {
-        streams.insert(handle, Stream::new(device)?);
-    }
-    Ok(&streams[&handle])
+    Ok(match streams.entry(handle) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(Stream::new(device)?),
+    })
 }
 
 #[cfg(test)]
