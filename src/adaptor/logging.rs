@@ -71,18 +71,22 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// [`flush`](Self::flush), when the last clone of the adaptor is dropped, and after every line
 /// with [`LoggingAdaptorBuilder::auto_flush`] (RMM's `auto_flush`).
 ///
+/// # Awaiting memory
+/// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and
+/// [`capacity_limit`](MemoryResource::capacity_limit), so awaited allocations wait through it as
+/// on the upstream. Each attempt is a `try_allocate` and is logged: a request that waited shows
+/// as `allocate failure` lines, then an `allocate`.
+///
+/// # Stream ordering
+/// A line records when the host made the call; the device reaches a stream-ordered free
+/// later. The `Stream` column says which stream it is ordered on.
+///
 /// # Errors
 /// Opening the file and writing the header are errors of the constructors ([`Error::Io`]). A
 /// line that cannot be written cannot fail the allocation or free it describes: the first such
 /// error is kept ([`write_error`](Self::write_error), returned by [`flush`](Self::flush)) and
 /// logged through `tracing` at `ERROR`, and the adaptor stops logging, since the file may end
 /// in a partial line. Allocations and frees go on as before.
-///
-/// # Awaiting memory
-/// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and
-/// [`capacity_limit`](MemoryResource::capacity_limit), so awaited allocations wait through it as
-/// on the upstream. Each attempt is a `try_allocate` and is logged: a request that waited shows
-/// as `allocate failure` lines, then an `allocate`.
 ///
 /// # Examples
 ///

@@ -90,6 +90,10 @@ pub struct Counters {
 /// [`capacity_limit`](MemoryResource::capacity_limit), so awaited allocations wait through it as
 /// on the upstream; only the attempt that succeeds is counted.
 ///
+/// # Stream ordering
+/// The counters follow the host's calls: an allocation counts from `try_allocate`'s return
+/// and stops counting when `deallocate` is called, whatever the device has reached by then.
+///
 /// # Examples
 ///
 /// RMM's `PeakAllocations` figures:

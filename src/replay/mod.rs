@@ -139,7 +139,8 @@ impl fmt::Display for ReplayFailure {
     }
 }
 
-/// An allocation the log never freed; the replay frees it at the end, as RMM's does.
+/// An allocation the log never freed; the replay frees it at the end, as RMM's does (see
+/// [`ReplayReport`]'s example).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unfreed {
     /// The allocation's line in the log.
@@ -153,6 +154,26 @@ pub struct Unfreed {
 /// What a [`replay`] did.
 ///
 /// Its `Display` is a summary line, then one line per failure.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::{parse_log_str, replay, Unfreed};
+/// use streamalloc::{CudaResource, Device, DevicePtr};
+///
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+///            3,12:00:00.000000,allocate,0x7f0000000000,4096,0x10\n";
+/// let device = Device::host();
+/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device), &device)?;
+/// assert!(report.is_clean());
+/// assert_eq!(report.unfreed, [Unfreed { line: 2, ptr: DevicePtr::from_raw(0x7f00_0000_0000), bytes: 4096 }]);
+/// assert_eq!(report.frees, 1); // the replay freed it at the end
+/// assert_eq!(
+///     report.to_string(),
+///     "1 events on 1 streams: 1 allocations, 1 frees, 0 logged failures, 1 unfreed, 0 failures\n"
+/// );
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplayReport {
     /// Events replayed.

@@ -255,11 +255,25 @@ impl<B: BufRead> Iterator for EventReader<B> {
 ///
 /// # Errors
 /// The first error of [`EventReader`], with its line number.
+///
+/// # Examples
+///
+/// ```
+/// use std::io::BufReader;
+/// use streamalloc::replay::{parse_log, Action};
+///
+/// let log = b"Thread,Time,Action,Pointer,Size,Stream\r\n\
+///             12,08:00:00.000001,allocate failure,(nil),4096,0x2\r\n";
+/// let events = parse_log(BufReader::new(&log[..]))?;
+/// assert_eq!((events[0].action, events[0].stream), (Action::AllocateFailure, 2));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 pub fn parse_log(input: impl BufRead) -> Result<Vec<Event>> {
     EventReader::new(input)?.collect()
 }
 
-/// Reads every event of the allocation log in the file at `path`.
+/// Reads every event of the allocation log in the file at `path` (the
+/// [`LoggingAdaptor`](crate::LoggingAdaptor)'s example writes and reads one).
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be opened or read; as [`parse_log`] otherwise.
@@ -274,6 +288,17 @@ pub fn parse_log_file(path: impl AsRef<Path>) -> Result<Vec<Event>> {
 ///
 /// # Errors
 /// As [`parse_log`].
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::parse_log_str;
+/// use streamalloc::Error;
+///
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,free,0x100,lots,0\n";
+/// let Err(Error::Parse { line, message }) = parse_log_str(log) else { panic!() };
+/// assert_eq!((line, message.as_str()), (2, "Size: `lots` is not a decimal number"));
+/// ```
 pub fn parse_log_str(text: &str) -> Result<Vec<Event>> {
     parse_log(text.as_bytes())
 }
