@@ -80,6 +80,24 @@ pub enum Error {
         /// The device it happened on.
         device: DeviceId,
     },
+    /// Reading or writing a file or other I/O stream failed (an event log, for example).
+    #[error("{context}: {message}")]
+    Io {
+        /// What was being done, with the path where there is one.
+        context: String,
+        /// The I/O error's kind.
+        kind: std::io::ErrorKind,
+        /// The I/O error's message.
+        message: String,
+    },
+    /// A line of an event log is not in RMM's CSV format.
+    #[error("event log line {line}: {message}")]
+    Parse {
+        /// The line's number, counting from 1 (the header is line 1).
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A resource or stream was used with a device it does not belong to.
     #[error("device mismatch: expected {expected}, got {actual}")]
     DeviceMismatch {
@@ -106,6 +124,14 @@ impl Error {
     /// ```
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Error::OutOfMemory { .. })
+    }
+
+    pub(crate) fn io(context: impl Into<String>, error: &std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            kind: error.kind(),
+            message: error.to_string(),
+        }
     }
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {

@@ -44,6 +44,9 @@
 //! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
 //!   read it, and orders its free after all of them.
 //! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`].
+//! - Observing a resource: [`StatisticsAdaptor`] (counters in scopes), [`TrackingAdaptor`]
+//!   (outstanding allocations, leaks, bad frees), [`LoggingAdaptor`] (RMM's CSV log), and
+//!   [`replay`] (RMM's logs and ours, parsed and replayed against any resource).
 //!
 //! # Feature flags
 //! - `cuda` (default): the CUDA backend over cudarc, bound to CUDA 13.0 (driver 580+).
@@ -65,6 +68,7 @@ mod backend;
 mod buffer;
 mod device;
 mod error;
+pub mod replay;
 mod resource;
 mod stream;
 mod sync;
@@ -72,8 +76,9 @@ mod sync;
 mod test_support;
 
 pub use adaptor::{
-    AlignedAdaptor, AllocationFailure, FailureCallbackAdaptor, LimitingAdaptor, PrefetchAdaptor,
-    TracingAdaptor,
+    AlignedAdaptor, Allocation, AllocationFailure, Counter, Counters, FailureCallbackAdaptor,
+    LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,
+    StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
@@ -120,6 +125,7 @@ mod book {
         Binning => "binning.md",
         Arena => "arena.md",
         MoreAdaptors => "more-adaptors.md",
+        Adaptors => "adaptors.md",
         Buffers => "buffers.md",
     }
 }

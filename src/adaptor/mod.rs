@@ -5,14 +5,20 @@
 mod aligned;
 mod failure_callback;
 mod limiting;
+pub(crate) mod logging;
 mod prefetch;
+mod statistics;
 mod tracing_adaptor;
+mod tracking;
 
 pub use aligned::AlignedAdaptor;
 pub use failure_callback::{AllocationFailure, FailureCallbackAdaptor};
 pub use limiting::LimitingAdaptor;
+pub use logging::{LoggingAdaptor, LoggingAdaptorBuilder};
 pub use prefetch::PrefetchAdaptor;
+pub use statistics::{Counter, Counters, StatisticsAdaptor};
 pub use tracing_adaptor::TracingAdaptor;
+pub use tracking::{Allocation, LeakReport, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES};
 
 #[cfg(test)]
 pub(crate) use crate::test_support;

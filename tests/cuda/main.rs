@@ -151,6 +151,24 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
+    statistics_adaptor,
+    gpu(),
+    |d| Arc::new(StatisticsAdaptor::new(CudaResource::new(d))),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    tracking_adaptor,
+    gpu(),
+    |d| Arc::new(TrackingAdaptor::new(CudaResource::new(d))),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
+    logging_adaptor,
+    gpu(),
+    |d| Arc::new(LoggingAdaptor::to_writer(CudaResource::new(d), std::io::sink()).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
     callback_resource,
     gpu(),
     |d| {

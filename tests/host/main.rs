@@ -71,6 +71,18 @@ resource_suite!(prefetch_adaptor_over_device_memory, host(), |d| {
 resource_suite!(tracing_adaptor, host(), |d| {
     Arc::new(TracingAdaptor::new(CudaResource::new(d)))
 });
+resource_suite!(statistics_adaptor, host(), |d| Arc::new(
+    StatisticsAdaptor::new(CudaResource::new(d))
+));
+resource_suite!(tracking_adaptor, host(), |d| Arc::new(
+    TrackingAdaptor::new(CudaResource::new(d))
+));
+resource_suite!(tracking_adaptor_with_backtraces, host(), |d| Arc::new(
+    TrackingAdaptor::with_backtraces(CudaResource::new(d))
+));
+resource_suite!(logging_adaptor, host(), |d| Arc::new(
+    LoggingAdaptor::to_writer(CudaResource::new(d), std::io::sink()).unwrap()
+));
 resource_suite!(callback_resource, host(), |d| {
     let upstream = CudaResource::new(d);
     let freeing = upstream.clone();

@@ -1,0 +1,551 @@
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::stream::Stream;
+
+/// The header line of RMM's allocation log, which [`LoggingAdaptor`] writes first and the
+/// [`replay`](crate::replay) parser reads.
+pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+/// The environment variable [`LoggingAdaptor::from_env`] reads the log file's path from (RMM's
+/// is `RMM_LOG_FILE`).
+pub const LOG_FILE_ENV: &str = "STREAMALLOC_LOG_FILE";
+
+/// The `Action` of a successful allocation.
+pub(crate) const ALLOCATE: &str = "allocate";
+/// The `Action` of a failed allocation.
+pub(crate) const ALLOCATE_FAILURE: &str = "allocate failure";
+/// The `Action` of a free.
+pub(crate) const FREE: &str = "free";
+
+/// The longest line: a 20-digit thread id, the time (15), the longest action (16), two
+/// 18-character hexadecimal numbers, a 20-digit size, five commas and the newline.
+const MAX_LINE: usize = 20 + 15 + 16 + 18 + 20 + 18 + 6;
+
+type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// Logs every allocation and free to a CSV file or writer in RMM's format, byte for byte
+/// (RMM's `logging_resource_adaptor`), so logs written here replay in RMM's `REPLAY_BENCHMARK`
+/// (with [`streams_as_default`](LoggingAdaptorBuilder::streams_as_default)) and RMM's logs
+/// replay here ([`replay`](crate::replay)).
+///
+/// The first line is [`LOG_HEADER`], `Thread,Time,Action,Pointer,Size,Stream`; then one line per
+/// call:
+///
+/// | column | content |
+/// |---|---|
+/// | `Thread` | the OS thread id of the caller, in decimal (Linux's `gettid`, as spdlog's `%t`) |
+/// | `Time` | the time of day, `HH:MM:SS.ffffff` (spdlog's `%H:%M:%S.%f`) |
+/// | `Action` | `allocate`, `allocate failure` or `free` |
+/// | `Pointer` | as C's `%p` prints it: `0x7f3a5c000000`, or `(nil)` for the null pointer (failures, 0 bytes) |
+/// | `Size` | the requested bytes, in decimal |
+/// | `Stream` | [`Stream::raw_handle`] as C++ streams print a pointer: `0x55d0c2a3e610`, or `0` (see [`LoggingAdaptorBuilder::streams_as_default`]) |
+///
+/// ```text
+/// Thread,Time,Action,Pointer,Size,Stream
+/// 81234,14:02:07.120931,allocate,0x7f3a5c000000,1048576,0x55d0c2a3e610
+/// 81234,14:02:07.121007,allocate failure,(nil),1125899906842624,0x55d0c2a3e610
+/// 81234,14:02:07.121044,free,0x7f3a5c000000,1048576,0x55d0c2a3e610
+/// ```
+///
+/// As in RMM, an allocation is logged after the upstream returns and a free before it reaches
+/// the upstream, so in the file a free of an address always comes before its next allocation,
+/// whichever threads made them. Lines are written under one lock, and the time is read under
+/// it, so times never go backwards down the file. Where a platform has no OS thread id to read
+/// (outside Linux), `Thread` is a number unique to the thread within the process.
+///
+/// The time is the clock's time of day in UTC, where RMM prints local time: the standard
+/// library cannot read the local time zone. Give [`LoggingAdaptorBuilder::clock`] a clock
+/// shifted by your UTC offset for local times. RMM's parser ignores the column.
+///
+/// # Flushing
+/// Lines are buffered. They reach the file or writer when the buffer fills, on
+/// [`flush`](Self::flush), when the last clone of the adaptor is dropped, and after every line
+/// with [`LoggingAdaptorBuilder::auto_flush`] (RMM's `auto_flush`).
+///
+/// # Awaiting memory
+/// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and
+/// [`capacity_limit`](MemoryResource::capacity_limit), so awaited allocations wait through it as
+/// on the upstream. Each attempt is a `try_allocate` and is logged: a request that waited shows
+/// as `allocate failure` lines, then an `allocate`.
+///
+/// # Stream ordering
+/// A line records when the host made the call; the device reaches a stream-ordered free
+/// later. The `Stream` column says which stream it is ordered on.
+///
+/// # Errors
+/// Opening the file and writing the header are errors of the constructors ([`Error::Io`]). A
+/// line that cannot be written cannot fail the allocation or free it describes: the first such
+/// error is kept ([`write_error`](Self::write_error), returned by [`flush`](Self::flush)) and
+/// logged through `tracing` at `ERROR`, and the adaptor stops logging, since the file may end
+/// in a partial line. Allocations and frees go on as before.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::{parse_log_file, Action};
+/// use streamalloc::{CudaResource, Device, LoggingAdaptor, MemoryResource, Stream};
+///
+/// let path = std::env::temp_dir().join(format!("streamalloc-doc-{}.csv", std::process::id()));
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = LoggingAdaptor::to_file(CudaResource::new(&device), &path)?;
+/// let p = mr.try_allocate(4096, &stream)?;
+/// unsafe { mr.deallocate(p, 4096, &stream) };
+/// mr.flush()?;
+///
+/// let text = std::fs::read_to_string(&path).unwrap();
+/// assert!(text.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"));
+/// let events = parse_log_file(&path)?;
+/// assert_eq!(events.len(), 2);
+/// assert_eq!((events[0].action, events[0].bytes, events[0].ptr), (Action::Allocate, 4096, p));
+/// assert_eq!(events[1].action, Action::Free);
+/// # std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub struct LoggingAdaptor<R: MemoryResource = SharedResource> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
+    upstream: R,
+    sink: Mutex<Sink>,
+    auto_flush: bool,
+    streams_as_default: bool,
+    clock: Option<Clock>,
+    path: Option<PathBuf>,
+}
+
+struct Sink {
+    /// `None` once a write has failed (logging stopped).
+    out: Option<BufWriter<Box<dyn Write + Send>>>,
+    /// The first write error.
+    error: Option<Error>,
+}
+
+impl Sink {
+    fn write_line(&mut self, line: &[u8], flush: bool) {
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let result = out
+            .write_all(line)
+            .and_then(|()| if flush { out.flush() } else { Ok(()) });
+        if let Err(e) = result {
+            self.fail(&e);
+        }
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if let Some(out) = self.out.as_mut() {
+            if let Err(e) = out.flush() {
+                self.fail(&e);
+            }
+        }
+        self.error.clone().map_or(Ok(()), Err)
+    }
+
+    /// Records the error and stops logging; the buffered rest is discarded, not flushed.
+    fn fail(&mut self, e: &io::Error) {
+        let error = Error::io("writing the allocation log", e);
+        tracing::error!(%error, "the allocation log stops here");
+        if let Some(out) = self.out.take() {
+            drop(out.into_parts());
+        }
+        self.error.get_or_insert(error);
+    }
+}
+
+impl<R> Drop for Inner<R> {
+    fn drop(&mut self) {
+        // Errors were logged where they happened.
+        let _ = self.sink.get_mut().flush();
+    }
+}
+
+/// Options of a [`LoggingAdaptor`]: auto-flush and the clock.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use streamalloc::{CudaResource, Device, LoggingAdaptor};
+///
+/// let device = Device::host();
+/// // Local times for a zone two hours east of UTC, and every line flushed as it is written.
+/// let offset = Duration::from_secs(2 * 3600);
+/// let mr = LoggingAdaptor::builder()
+///     .auto_flush(true)
+///     .clock(move || SystemTime::now() + offset)
+///     .build_to_writer(CudaResource::new(&device), std::io::sink())?;
+/// assert!(mr.auto_flush());
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Default)]
+pub struct LoggingAdaptorBuilder {
+    auto_flush: Option<bool>,
+    streams_as_default: Option<bool>,
+    clock: Option<Clock>,
+}
+
+impl LoggingAdaptorBuilder {
+    /// The default options: buffered, UTC time of day from [`SystemTime::now`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Flush after every line (default `false`): slower, but nothing is lost if the process
+    /// dies.
+    pub fn auto_flush(mut self, auto_flush: bool) -> Self {
+        self.auto_flush = Some(auto_flush);
+        self
+    }
+
+    /// Write `0`, the default stream, in the `Stream` column of every line (default `false`:
+    /// each stream's [`raw_handle`](Stream::raw_handle)). RMM's replay benchmark refuses logs
+    /// with other streams ("Non-default streams not currently supported"), and a
+    /// [`Stream`] is never the default stream, so this is the way to a log that replays in
+    /// RMM. The [`replay`](crate::replay) here takes both.
+    pub fn streams_as_default(mut self, streams_as_default: bool) -> Self {
+        self.streams_as_default = Some(streams_as_default);
+        self
+    }
+
+    /// The clock whose time of day (in UTC) fills the `Time` column (default
+    /// [`SystemTime::now`]).
+    pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Some(Box::new(clock));
+        self
+    }
+
+    /// Logs `upstream` to the file at `path`, created or truncated (as RMM does).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be created or the header cannot be written.
+    pub fn build_to_file<R: MemoryResource>(
+        self,
+        upstream: R,
+        path: impl AsRef<Path>,
+    ) -> Result<LoggingAdaptor<R>> {
+        let path = path.as_ref();
+        let file = File::create(path).map_err(|e| {
+            Error::io(
+                format!("creating the allocation log {}", path.display()),
+                &e,
+            )
+        })?;
+        self.build(upstream, Box::new(file), Some(path.to_owned()))
+    }
+
+    /// Logs `upstream` to `writer`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the header cannot be written.
+    pub fn build_to_writer<R: MemoryResource>(
+        self,
+        upstream: R,
+        writer: impl Write + Send + 'static,
+    ) -> Result<LoggingAdaptor<R>> {
+        self.build(upstream, Box::new(writer), None)
+    }
+
+    /// Logs `upstream` to the file named by the environment variable [`LOG_FILE_ENV`]
+    /// (`STREAMALLOC_LOG_FILE`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the variable is unset or empty; as
+    /// [`build_to_file`](Self::build_to_file) otherwise.
+    pub fn build_from_env<R: MemoryResource>(self, upstream: R) -> Result<LoggingAdaptor<R>> {
+        match std::env::var_os(LOG_FILE_ENV) {
+            Some(path) if !path.is_empty() => self.build_to_file(upstream, PathBuf::from(path)),
+            unset_or_empty => Err(Error::invalid(format!(
+                "LoggingAdaptor::from_env: {LOG_FILE_ENV} is {}; set it to the path of the \
+                 allocation log, or give the path to LoggingAdaptor::to_file",
+                if unset_or_empty.is_none() {
+                    "not set"
+                } else {
+                    "empty"
+                }
+            ))),
+        }
+    }
+
+    fn build<R: MemoryResource>(
+        self,
+        upstream: R,
+        writer: Box<dyn Write + Send>,
+        path: Option<PathBuf>,
+    ) -> Result<LoggingAdaptor<R>> {
+        let auto_flush = self.auto_flush.unwrap_or(false);
+        let mut out = BufWriter::new(writer);
+        let header = out
+            .write_all(LOG_HEADER.as_bytes())
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| if auto_flush { out.flush() } else { Ok(()) });
+        if let Err(e) = header {
+            let what = path.as_ref().map_or_else(
+                || "writing the allocation log's header".to_owned(),
+                |p| format!("writing the header of the allocation log {}", p.display()),
+            );
+            return Err(Error::io(what, &e));
+        }
+        Ok(LoggingAdaptor {
+            inner: Arc::new(Inner {
+                upstream,
+                sink: Mutex::new(Sink {
+                    out: Some(out),
+                    error: None,
+                }),
+                auto_flush,
+                streams_as_default: self.streams_as_default.unwrap_or(false),
+                clock: self.clock,
+                path,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for LoggingAdaptorBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoggingAdaptorBuilder")
+            .field("auto_flush", &self.auto_flush)
+            .field("streams_as_default", &self.streams_as_default)
+            .field("clock", &self.clock.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+impl LoggingAdaptor {
+    /// Options for a logging adaptor: auto-flush, the clock.
+    pub fn builder() -> LoggingAdaptorBuilder {
+        LoggingAdaptorBuilder::new()
+    }
+}
+
+impl<R: MemoryResource> LoggingAdaptor<R> {
+    /// Logs `upstream` to the file at `path`, created or truncated, buffered.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be created or the header cannot be written.
+    pub fn to_file(upstream: R, path: impl AsRef<Path>) -> Result<Self> {
+        LoggingAdaptorBuilder::new().build_to_file(upstream, path)
+    }
+
+    /// Logs `upstream` to `writer`, buffered.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the header cannot be written.
+    pub fn to_writer(upstream: R, writer: impl Write + Send + 'static) -> Result<Self> {
+        LoggingAdaptorBuilder::new().build_to_writer(upstream, writer)
+    }
+
+    /// Logs `upstream` to the file named by `STREAMALLOC_LOG_FILE` ([`LOG_FILE_ENV`]), as RMM's
+    /// default constructor reads `RMM_LOG_FILE`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the variable is unset or empty; [`Error::Io`] when the
+    /// file cannot be created or the header cannot be written.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, Error, LoggingAdaptor};
+    ///
+    /// let device = Device::host();
+    /// if std::env::var_os("STREAMALLOC_LOG_FILE").is_none() {
+    ///     let e = LoggingAdaptor::from_env(CudaResource::new(&device)).unwrap_err();
+    ///     assert!(matches!(e, Error::InvalidArgument(_)));
+    ///     assert!(e.to_string().contains("STREAMALLOC_LOG_FILE is not set"));
+    /// }
+    /// ```
+    pub fn from_env(upstream: R) -> Result<Self> {
+        LoggingAdaptorBuilder::new().build_from_env(upstream)
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &R {
+        &self.inner.upstream
+    }
+
+    /// The log file's path, when logging to a file.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// Whether every line is flushed as it is written.
+    pub fn auto_flush(&self) -> bool {
+        self.inner.auto_flush
+    }
+
+    /// Writes the buffered lines out to the file or writer and flushes it.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when flushing fails now or a write failed before (logging stopped then).
+    pub fn flush(&self) -> Result<()> {
+        self.inner.sink.lock().flush()
+    }
+
+    /// The first error writing the log, after which logging stopped; `None` while all is well.
+    pub fn write_error(&self) -> Option<Error> {
+        self.inner.sink.lock().error.clone()
+    }
+
+    fn log(&self, action: &str, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        let thread = os_thread_id();
+        let handle = if self.inner.streams_as_default {
+            0
+        } else {
+            stream.raw_handle()
+        };
+        let mut sink = self.inner.sink.lock();
+        if sink.out.is_none() {
+            return;
+        }
+        // Read under the lock, so times never go backwards down the file.
+        let now = self
+            .inner
+            .clock
+            .as_ref()
+            .map_or_else(SystemTime::now, |c| c());
+        let mut line = [0u8; MAX_LINE];
+        let len = {
+            let mut cursor = io::Cursor::new(&mut line[..]);
+            writeln!(
+                cursor,
+                "{thread},{},{action},{},{bytes},{}",
+                TimeOfDay(now),
+                CPointer(ptr.addr()),
+                StreamHandle(handle)
+            )
+            .expect("MAX_LINE holds the longest line");
+            usize::try_from(cursor.position()).expect("at most MAX_LINE")
+        };
+        sink.write_line(&line[..len], self.inner.auto_flush);
+    }
+}
+
+/// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`).
+pub(crate) struct TimeOfDay(pub(crate) SystemTime);
+
+impl fmt::Display for TimeOfDay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let since = self.0.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = since.as_secs() % 86_400;
+        write!(
+            f,
+            "{:02}:{:02}:{:02}.{:06}",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60,
+            since.subsec_micros()
+        )
+    }
+}
+
+/// A pointer as glibc's `printf("%p")` prints it: `(nil)` or `0x` and lowercase hex.
+pub(crate) struct CPointer(pub(crate) u64);
+
+impl fmt::Display for CPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => f.write_str("(nil)"),
+            p => write!(f, "{p:#x}"),
+        }
+    }
+}
+
+/// A stream handle as libstdc++'s `ostream << std::hex << (void*)` prints it (RMM's
+/// `format_stream`): `0` for the null handle (no `0x` for zero), else `0x` and lowercase hex.
+pub(crate) struct StreamHandle(pub(crate) u64);
+
+impl fmt::Display for StreamHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => f.write_str("0"),
+            h => write!(f, "{h:#x}"),
+        }
+    }
+}
+
+/// The calling thread's OS id (Linux: its `gettid`, as spdlog's `%t`), read once per thread.
+pub(crate) fn os_thread_id() -> u64 {
+    thread_local! {
+        static ID: u64 = read_os_thread_id();
+    }
+    ID.with(|id| *id)
+}
+
+fn read_os_thread_id() -> u64 {
+    // `/proc/thread-self` links to `<pid>/task/<tid>`: the tid without `unsafe` or libc.
+    #[cfg(target_os = "linux")]
+    if let Some(tid) = std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|link| link.file_name()?.to_str()?.parse().ok())
+    {
+        return tid;
+    }
+    // Elsewhere (or without /proc): a number unique to the thread within the process.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl<R: MemoryResource> MemoryResource for LoggingAdaptor<R> {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        let result = self.inner.upstream.try_allocate(bytes, stream);
+        match &result {
+            Ok(ptr) => self.log(ALLOCATE, *ptr, bytes, stream),
+            Err(_) => self.log(ALLOCATE_FAILURE, DevicePtr::NULL, bytes, stream),
+        }
+        result
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // Logged first: once the upstream has the memory back another thread may get it and
+        // log its allocation.
+        self.log(FREE, ptr, bytes, stream);
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
+    }
+
+    fn availability(&self) -> Option<&Availability> {
+        self.inner.upstream.availability()
+    }
+
+    fn capacity_limit(&self) -> Option<usize> {
+        self.inner.upstream.capacity_limit()
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.upstream.properties()
+    }
+}
+
+impl<R: MemoryResource> Clone for LoggingAdaptor<R> {
+    fn clone(&self) -> Self {
+        LoggingAdaptor {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: MemoryResource> fmt::Debug for LoggingAdaptor<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoggingAdaptor")
+            .field("path", &self.inner.path)
+            .field("auto_flush", &self.inner.auto_flush)
+            .field("write_error", &self.write_error())
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

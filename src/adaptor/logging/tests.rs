@@ -1,0 +1,460 @@
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::*;
+use crate::adaptor::test_support::{self, free, host, recording, KIB, MIB};
+use crate::{CudaResource, LimitingAdaptor};
+
+/// A writer whose bytes the test can read while the adaptor holds it.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Shared {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().clone()).unwrap()
+    }
+}
+
+impl Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer that takes `budget` bytes, then fails every write.
+struct Failing {
+    budget: usize,
+    taken: Shared,
+}
+
+impl Write for Failing {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.budget == 0 {
+            return Err(io::Error::new(io::ErrorKind::StorageFull, "disk full"));
+        }
+        let n = buf.len().min(self.budget);
+        self.budget -= n;
+        self.taken.write(&buf[..n])
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// 03:04:05.006007 on the second day of 1970, and one microsecond later on each call.
+fn fixed_clock() -> impl Fn() -> SystemTime + Send + Sync {
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    move || {
+        let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        UNIX_EPOCH
+            + Duration::from_secs(86_400 + 3 * 3600 + 4 * 60 + 5)
+            + Duration::from_micros(6007 + n)
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "streamalloc-{}-{name}-{:?}.csv",
+        std::process::id(),
+        thread::current().id()
+    ))
+}
+
+/// The exact bytes for a fixed sequence: header, allocate, allocate failure, a 0-byte
+/// allocation, frees, with the thread pinned to this thread's id and the time to a fixed clock.
+#[test]
+fn the_output_is_rmms_format_byte_for_byte() {
+    let (device, s) = host();
+    let (up, _) = recording(&device, |bytes| match bytes {
+        0 => Ok(DevicePtr::NULL),
+        b if b > MIB => Err(Error::OutOfMemory {
+            requested: b,
+            available: None,
+            device: crate::Device::host().id(),
+        }),
+        _ => Ok(DevicePtr::from_raw(0x7f3a_5c00_0000)),
+    });
+    let out = Shared::default();
+    let mr = LoggingAdaptor::builder()
+        .clock(fixed_clock())
+        .build_to_writer(up, out.clone())
+        .unwrap();
+    let p = mr.try_allocate(1000, &s).unwrap();
+    assert!(mr.try_allocate(1 << 40, &s).unwrap_err().is_out_of_memory());
+    let z = mr.try_allocate(0, &s).unwrap();
+    free(&mr, z, 0, &s);
+    free(&mr, p, 1000, &s);
+    mr.flush().unwrap();
+
+    let tid = os_thread_id();
+    let h = s.raw_handle();
+    assert_ne!(h, 0, "host streams have non-zero handles");
+    let expected = format!(
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         {tid},03:04:05.006007,allocate,0x7f3a5c000000,1000,{h:#x}\n\
+         {tid},03:04:05.006008,allocate failure,(nil),1099511627776,{h:#x}\n\
+         {tid},03:04:05.006009,allocate,(nil),0,{h:#x}\n\
+         {tid},03:04:05.006010,free,(nil),0,{h:#x}\n\
+         {tid},03:04:05.006011,free,0x7f3a5c000000,1000,{h:#x}\n"
+    );
+    assert_eq!(out.text(), expected);
+}
+
+/// For RMM's replay benchmark, which takes only default-stream logs.
+#[test]
+fn streams_can_be_logged_as_the_default_stream() {
+    let (device, s) = host();
+    let out = Shared::default();
+    let mr = LoggingAdaptor::builder()
+        .streams_as_default(true)
+        .build_to_writer(CudaResource::new(&device), out.clone())
+        .unwrap();
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    free(&mr, p, KIB, &s);
+    mr.flush().unwrap();
+    let text = out.text();
+    let streams: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').next().unwrap())
+        .collect();
+    assert_eq!(streams, ["0", "0"], "{text}");
+}
+
+#[test]
+fn columns_are_formatted_as_rmm_prints_them() {
+    assert_eq!(CPointer(0).to_string(), "(nil)");
+    assert_eq!(CPointer(0xABC0).to_string(), "0xabc0");
+    // libstdc++ prints a null pointer through `std::hex` as `0`, without `0x`.
+    assert_eq!(StreamHandle(0).to_string(), "0");
+    assert_eq!(StreamHandle(0x55d0_c2a3_e610).to_string(), "0x55d0c2a3e610");
+    let at = |secs: u64, micros: u64| {
+        TimeOfDay(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
+            .to_string()
+    };
+    assert_eq!(at(0, 0), "00:00:00.000000");
+    assert_eq!(at(86_399, 999_999), "23:59:59.999999");
+    assert_eq!(at(86_400 * 365 + 13 * 3600 + 7, 42), "13:00:07.000042");
+    // Before the epoch (a clock set far back): midnight, never a panic.
+    assert_eq!(
+        TimeOfDay(UNIX_EPOCH - Duration::from_secs(5)).to_string(),
+        "00:00:00.000000"
+    );
+    // The longest line fits.
+    let longest = format!(
+        "{},{},{ALLOCATE_FAILURE},{},{},{}\n",
+        u64::MAX,
+        at(0, 0),
+        CPointer(u64::MAX),
+        usize::MAX,
+        StreamHandle(u64::MAX)
+    );
+    assert!(longest.len() <= MAX_LINE, "{} > {MAX_LINE}", longest.len());
+}
+
+#[test]
+fn the_thread_column_is_the_os_thread_id() {
+    let here = os_thread_id();
+    assert_eq!(here, os_thread_id(), "stable within a thread");
+    let there = thread::spawn(os_thread_id).join().unwrap();
+    assert_ne!(here, there);
+    #[cfg(target_os = "linux")]
+    {
+        // The kernel lists this thread's id among the process's tasks.
+        let task = std::path::Path::new("/proc/self/task").join(here.to_string());
+        assert!(task.exists(), "{} does not exist", task.display());
+    }
+}
+
+/// Lines written from several threads are whole lines, each with its thread's id, and the time
+/// column never goes backwards down the file.
+#[test]
+fn concurrent_lines_are_whole_and_in_time_order() {
+    let (device, s) = host();
+    let out = Shared::default();
+    // A clock that advances on every read: the times go up down the file only if each line
+    // reads it under the lock that orders the lines.
+    let mr = LoggingAdaptor::builder()
+        .clock(fixed_clock())
+        .build_to_writer(CudaResource::new(&device), out.clone())
+        .unwrap();
+    let ids: Vec<u64> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    for i in 0..50 {
+                        let p = mr.try_allocate(256 * (i + 1), &s).unwrap();
+                        free(&mr, p, 256 * (i + 1), &s);
+                    }
+                    os_thread_id()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    mr.flush().unwrap();
+    let text = out.text();
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len(), 300);
+    let mut last = String::new();
+    for line in &lines {
+        let fields: Vec<&str> = line.split(',').collect();
+        assert_eq!(fields.len(), 6, "{line}");
+        assert!(ids.contains(&fields[0].parse().unwrap()), "{line}");
+        assert!(fields[1] > last.as_str(), "time did not go up at {line}");
+        last = fields[1].to_owned();
+    }
+    s.synchronize_blocking().unwrap();
+}
+
+#[test]
+fn lines_are_buffered_until_a_flush_or_the_last_drop() {
+    let (device, s) = host();
+    let path = temp_path("buffered");
+    let mr = LoggingAdaptor::to_file(CudaResource::new(&device), &path).unwrap();
+    assert_eq!(mr.path(), Some(path.as_path()));
+    assert!(!mr.auto_flush());
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "",
+        "still buffered"
+    );
+    mr.flush().unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+
+    let copy = mr.clone();
+    free(&copy, p, KIB, &s);
+    drop(mr);
+    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+    drop(copy); // the last handle flushes
+    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn auto_flush_writes_every_line_through() {
+    let (device, s) = host();
+    let path = temp_path("auto-flush");
+    let mr = LoggingAdaptor::builder()
+        .auto_flush(true)
+        .build_to_file(CudaResource::new(&device), &path)
+        .unwrap();
+    assert!(mr.auto_flush());
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{LOG_HEADER}\n")
+    );
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+    free(&mr, p, KIB, &s);
+    assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_file_is_truncated() {
+    let (device, _) = host();
+    let path = temp_path("truncated");
+    std::fs::write(&path, "old contents\nmore\n").unwrap();
+    let mr = LoggingAdaptor::to_file(CudaResource::new(&device), &path).unwrap();
+    mr.flush().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{LOG_HEADER}\n")
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_file_that_cannot_be_created_is_an_io_error_naming_it() {
+    let (device, _) = host();
+    let path = std::env::temp_dir().join("streamalloc-no-such-dir/sub/log.csv");
+    let e = LoggingAdaptor::to_file(CudaResource::new(&device), &path).unwrap_err();
+    let Error::Io { kind, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(*kind, io::ErrorKind::NotFound);
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+}
+
+#[test]
+fn a_header_that_cannot_be_written_is_an_error() {
+    let (device, _) = host();
+    let failing = Failing {
+        budget: 0,
+        taken: Shared::default(),
+    };
+    let e = LoggingAdaptor::builder()
+        .auto_flush(true)
+        .build_to_writer(CudaResource::new(&device), failing)
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Io {
+                kind: io::ErrorKind::StorageFull,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+/// The only test that touches `STREAMALLOC_LOG_FILE`.
+#[test]
+fn from_env_reads_the_path_and_says_clearly_when_it_is_missing() {
+    let (device, s) = host();
+    std::env::remove_var(LOG_FILE_ENV);
+    let e = LoggingAdaptor::from_env(CudaResource::new(&device)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("STREAMALLOC_LOG_FILE is not set"),
+        "{e}"
+    );
+    std::env::set_var(LOG_FILE_ENV, "");
+    let e = LoggingAdaptor::from_env(CudaResource::new(&device)).unwrap_err();
+    assert!(
+        e.to_string().contains("STREAMALLOC_LOG_FILE is empty"),
+        "{e}"
+    );
+
+    let path = temp_path("from-env");
+    std::env::set_var(LOG_FILE_ENV, &path);
+    let mr = LoggingAdaptor::from_env(CudaResource::new(&device));
+    std::env::remove_var(LOG_FILE_ENV);
+    let mr = mr.unwrap();
+    assert_eq!(mr.path(), Some(path.as_path()));
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    free(&mr, p, KIB, &s);
+    drop(mr);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 3, "{text}");
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A write that fails cannot fail the allocation or the free: the error is kept and returned
+/// by `flush`, logging stops, and allocation goes on.
+#[test]
+fn a_failed_write_is_recorded_and_stops_logging_without_failing_allocations() {
+    let (device, s) = host();
+    let taken = Shared::default();
+    let header_and_a_bit = LOG_HEADER.len() + 1 + 10;
+    let mr = LoggingAdaptor::builder()
+        .auto_flush(true)
+        .build_to_writer(
+            CudaResource::new(&device),
+            Failing {
+                budget: header_and_a_bit,
+                taken: taken.clone(),
+            },
+        )
+        .unwrap();
+    assert!(mr.write_error().is_none());
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    let e = mr.write_error().expect("the line could not be written");
+    assert!(
+        matches!(
+            &e,
+            Error::Io {
+                kind: io::ErrorKind::StorageFull,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("allocation log"), "{e}");
+    free(&mr, p, KIB, &s);
+    let q = mr.try_allocate(KIB, &s).unwrap();
+    free(&mr, q, KIB, &s);
+    assert_eq!(mr.flush().unwrap_err(), e);
+    assert_eq!(
+        taken.0.lock().len(),
+        header_and_a_bit,
+        "nothing after the error"
+    );
+    assert!(format!("{mr:?}").contains("StorageFull"));
+    drop(mr); // no panic on the last drop either
+    s.synchronize_blocking().unwrap();
+    assert!(device.take_deferred_error().is_none());
+}
+
+/// A buffered log whose flush fails reports it from `flush`.
+#[test]
+fn a_failed_flush_is_an_error() {
+    let (device, s) = host();
+    let mr = LoggingAdaptor::to_writer(
+        CudaResource::new(&device),
+        Failing {
+            budget: 5,
+            taken: Shared::default(),
+        },
+    )
+    .unwrap();
+    let p = mr.try_allocate(KIB, &s).unwrap(); // buffered: no error yet
+    assert!(mr.write_error().is_none());
+    let e = mr.flush().unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e:?}");
+    assert_eq!(mr.write_error(), Some(e));
+    free(&mr, p, KIB, &s);
+}
+
+#[test]
+fn forwards_the_upstream() {
+    let (device, _) = host();
+    let mr = LoggingAdaptor::to_writer(
+        LimitingAdaptor::new(CudaResource::new(&device), MIB),
+        io::sink(),
+    )
+    .unwrap();
+    assert_eq!(mr.capacity_limit(), Some(MIB));
+    assert!(mr.availability().is_some());
+    assert_eq!(mr.properties(), mr.upstream().properties());
+    assert_eq!(mr.path(), None);
+    assert!(format!("{:?}", LoggingAdaptor::builder().auto_flush(true)).contains("true"));
+}
+
+/// Awaiting through the adaptor: the waiting request's failed attempts are logged as
+/// `allocate failure`, then its success.
+#[test]
+fn a_waiting_allocation_resumes_after_a_free() {
+    let out = Shared::default();
+    let writer = out.clone();
+    let mut handle = None;
+    test_support::a_waiting_allocation_resumes_after_a_free(4 * KIB, 4 * KIB, KIB, |l| {
+        let mr = LoggingAdaptor::to_writer(l, writer).unwrap();
+        handle = Some(mr.clone());
+        mr
+    });
+    handle.unwrap().flush().unwrap();
+    let text = out.text();
+    let actions: Vec<(&str, &str)> = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[2], f[4])
+        })
+        .collect();
+    assert_eq!(actions[0], ("allocate", "4096"));
+    let kib: Vec<&str> = actions
+        .iter()
+        .filter(|(_, size)| *size == "1024")
+        .map(|(a, _)| *a)
+        .collect();
+    // The attempts of the 1 KiB request: failures while 4 KiB were held, then one success,
+    // then its free.
+    let (failures, last_two) = kib.split_at(kib.len() - 2);
+    assert!(failures.len() >= 2, "{kib:?}");
+    assert!(failures.iter().all(|&a| a == "allocate failure"), "{kib:?}");
+    assert_eq!(last_two, ["allocate", "free"]);
+    assert!(text.contains(",allocate failure,(nil),4097,"), "{text}");
+}

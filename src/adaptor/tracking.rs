@@ -1,0 +1,488 @@
+use std::backtrace::Backtrace;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::error::Result;
+use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::stream::{Stream, StreamId};
+
+/// The most [`TrackingIssue`]s a [`TrackingAdaptor`] keeps; later ones are counted and logged
+/// but not kept.
+pub const MAX_TRACKING_ISSUES: usize = 1024;
+
+/// An outstanding allocation as a [`TrackingAdaptor`] recorded it.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, Stream, TrackingAdaptor};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = TrackingAdaptor::new(CudaResource::new(&device));
+/// let p = mr.try_allocate(4096, &stream)?;
+/// let a = &mr.outstanding_allocations()[0];
+/// assert_eq!((a.ptr, a.bytes, a.stream), (p, 4096, stream.id()));
+/// assert!(a.backtrace.is_none()); // only with `TrackingAdaptor::with_backtraces`
+/// # unsafe { mr.deallocate(p, 4096, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    /// The pointer the upstream returned.
+    pub ptr: DevicePtr,
+    /// The requested size.
+    pub bytes: usize,
+    /// The stream it was allocated on.
+    pub stream: StreamId,
+    /// Where it was allocated, when the adaptor captures backtraces.
+    pub backtrace: Option<Arc<Backtrace>>,
+}
+
+impl fmt::Display for Allocation {
+    /// RMM's format: `<ptr>: <bytes> B`, then ` : callstack:` and the backtrace when there is
+    /// one. (The stream is ours.)
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} B on stream {}",
+            self.ptr, self.bytes, self.stream.0
+        )?;
+        if let Some(bt) = &self.backtrace {
+            write!(f, " : callstack:\n{bt}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Something a [`TrackingAdaptor`] saw that breaks the memory-resource contract. Each is logged
+/// through `tracing` at `ERROR` when it happens and kept for
+/// [`TrackingAdaptor::issues`].
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, Stream, TrackingAdaptor, TrackingIssue};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = TrackingAdaptor::new(CudaResource::new(&device));
+/// let p = mr.try_allocate(4096, &stream)?;
+/// // A bug: the wrong size. (On a GPU this is undefined behaviour; the host backend checks
+/// // frees, refuses this one and records its own error on the device.)
+/// unsafe { mr.deallocate(p, 1000, &stream) };
+/// assert!(matches!(mr.issues()[..], [TrackingIssue::WrongSize { allocated: 4096, bytes: 1000, .. }]));
+/// assert_eq!(mr.allocated_bytes(), 0);
+/// assert!(device.take_deferred_error().is_some());
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TrackingIssue {
+    /// A free of a pointer that is not outstanding: never allocated through the adaptor, or
+    /// freed already. The counts do not change; the free still goes to the upstream.
+    UnknownPointer {
+        /// The pointer freed.
+        ptr: DevicePtr,
+        /// The size the free gave.
+        bytes: usize,
+        /// The stream of the free.
+        stream: StreamId,
+    },
+    /// A free whose size differs from the allocation's. The allocation's recorded size comes
+    /// off the counts; the free goes to the upstream with the size it gave.
+    WrongSize {
+        /// The pointer freed.
+        ptr: DevicePtr,
+        /// The size the free gave.
+        bytes: usize,
+        /// The size allocated.
+        allocated: usize,
+        /// The stream of the free.
+        stream: StreamId,
+    },
+    /// The upstream returned a pointer that was still outstanding here: it was freed by a path
+    /// that bypassed the adaptor. The new allocation replaces the old record.
+    PointerReused {
+        /// The pointer.
+        ptr: DevicePtr,
+        /// The new allocation's size.
+        bytes: usize,
+        /// The size of the record it replaced.
+        previous: usize,
+        /// The stream of the new allocation.
+        stream: StreamId,
+    },
+}
+
+impl fmt::Display for TrackingIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrackingIssue::UnknownPointer { ptr, bytes, stream } => write!(
+                f,
+                "free of {ptr} ({bytes} B, stream {}): not an outstanding allocation",
+                stream.0
+            ),
+            TrackingIssue::WrongSize {
+                ptr,
+                bytes,
+                allocated,
+                stream,
+            } => write!(
+                f,
+                "free of {ptr} with {bytes} B (stream {}), but {allocated} B were allocated",
+                stream.0
+            ),
+            TrackingIssue::PointerReused {
+                ptr,
+                bytes,
+                previous,
+                stream,
+            } => write!(
+                f,
+                "allocation of {bytes} B (stream {}) returned {ptr}, still outstanding with \
+                 {previous} B: it was freed without the tracking adaptor",
+                stream.0
+            ),
+        }
+    }
+}
+
+/// The outstanding allocations of a [`TrackingAdaptor`] at one moment, in address order: what
+/// leaked when taken at the end of a run.
+///
+/// Its `Display` is a header line, then one line per allocation as RMM's
+/// `get_outstanding_allocations_str` prints it (`<ptr>: <bytes> B`, here with the stream, and
+/// the backtrace when captured).
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, Stream, TrackingAdaptor};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = TrackingAdaptor::new(CudaResource::new(&device));
+/// let p = mr.try_allocate(1000, &stream)?;
+/// let report = mr.leak_report();
+/// assert!(!report.is_empty());
+/// assert_eq!(report.bytes(), 1000);
+/// assert!(report.to_string().starts_with("1 outstanding allocation, 1000 B\n"));
+/// # unsafe { mr.deallocate(p, 1000, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LeakReport {
+    allocations: Vec<Allocation>,
+}
+
+impl LeakReport {
+    /// True when nothing is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.allocations.is_empty()
+    }
+
+    /// The outstanding allocations, in address order.
+    pub fn allocations(&self) -> &[Allocation] {
+        &self.allocations
+    }
+
+    /// Their requested bytes, summed.
+    pub fn bytes(&self) -> usize {
+        self.allocations.iter().map(|a| a.bytes).sum()
+    }
+}
+
+impl fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.allocations.len();
+        let s = if n == 1 { "" } else { "s" };
+        writeln!(f, "{n} outstanding allocation{s}, {} B", self.bytes())?;
+        for a in &self.allocations {
+            writeln!(f, "{a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Records every outstanding allocation, optionally with the backtrace of its allocation, and
+/// reports leaks and bad frees (RMM's `tracking_resource_adaptor`).
+///
+/// A debugging aid: each allocation and free takes a lock over a hash map, and capturing
+/// backtraces ([`with_backtraces`](Self::with_backtraces)) costs microseconds per allocation.
+/// A clone shares the records.
+///
+/// Allocations that return the null pointer (0 bytes) are not recorded, and freeing the null
+/// pointer with 0 bytes is no issue. A record is removed before the free reaches the upstream,
+/// so an upstream that hands the same address out again at once cannot collide with it (RMM's
+/// ABA test).
+///
+/// # Bad frees
+/// The counts never underflow. A free of a pointer that is not outstanding changes nothing; a
+/// free with a size other than the allocation's removes the allocation and its recorded size.
+/// Both are [`TrackingIssue`]s: logged through `tracing` at `ERROR` and kept for
+/// [`issues`](Self::issues) (the first [`MAX_TRACKING_ISSUES`]; all are counted). Either way
+/// the free is passed to the upstream unchanged, as in RMM: the adaptor reports, it does not
+/// guess what the caller meant.
+///
+/// # Awaiting memory
+/// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and
+/// [`capacity_limit`](MemoryResource::capacity_limit), so awaited allocations wait through it as
+/// on the upstream.
+///
+/// # Stream ordering
+/// The records follow the host's calls: an allocation is outstanding from `try_allocate`'s
+/// return until `deallocate` is called, whatever the device has reached by then.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, Stream, TrackingAdaptor};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = TrackingAdaptor::with_backtraces(CudaResource::new(&device));
+/// let kept = mr.try_allocate(1 << 20, &stream)?;
+/// let freed = mr.try_allocate(4096, &stream)?;
+/// unsafe { mr.deallocate(freed, 4096, &stream) };
+///
+/// assert_eq!(mr.allocated_bytes(), 1 << 20);
+/// let leaks = mr.leak_report();
+/// assert_eq!(leaks.allocations()[0].ptr, kept);
+/// println!("{leaks}"); // where `kept` was allocated, with its backtrace
+///
+/// // A bug: a double free. Reported, and the counts stay right. (On a GPU this is undefined
+/// // behaviour; the host backend checks frees and records its own error on the device.)
+/// unsafe { mr.deallocate(freed, 4096, &stream) };
+/// assert_eq!(mr.issue_count(), 1);
+/// assert_eq!(mr.allocated_bytes(), 1 << 20);
+/// assert!(device.take_deferred_error().is_some());
+/// # unsafe { mr.deallocate(kept, 1 << 20, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub struct TrackingAdaptor<R: MemoryResource = SharedResource> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
+    upstream: R,
+    backtraces: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    live: FxHashMap<DevicePtr, Record>,
+    /// The sum of `live`'s sizes.
+    bytes: usize,
+    /// The first [`MAX_TRACKING_ISSUES`] issues.
+    issues: Vec<TrackingIssue>,
+    /// All issues, kept or not.
+    issue_count: u64,
+}
+
+struct Record {
+    bytes: usize,
+    stream: StreamId,
+    backtrace: Option<Arc<Backtrace>>,
+}
+
+impl State {
+    fn report(&mut self, issue: TrackingIssue) {
+        tracing::error!(target: "streamalloc::tracking", %issue, "memory-resource misuse");
+        self.issue_count += 1;
+        if self.issues.len() < MAX_TRACKING_ISSUES {
+            self.issues.push(issue);
+        }
+    }
+}
+
+impl<R: MemoryResource> TrackingAdaptor<R> {
+    /// Tracks `upstream`'s allocations, without backtraces.
+    pub fn new(upstream: R) -> Self {
+        Self::build(upstream, false)
+    }
+
+    /// Tracks `upstream`'s allocations and captures a backtrace at each
+    /// ([`Backtrace::force_capture`], whatever `RUST_BACKTRACE` says).
+    pub fn with_backtraces(upstream: R) -> Self {
+        Self::build(upstream, true)
+    }
+
+    fn build(upstream: R, backtraces: bool) -> Self {
+        TrackingAdaptor {
+            inner: Arc::new(Inner {
+                upstream,
+                backtraces,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &R {
+        &self.inner.upstream
+    }
+
+    /// Whether allocations record a backtrace.
+    pub fn captures_backtraces(&self) -> bool {
+        self.inner.backtraces
+    }
+
+    /// Requested bytes outstanding: RMM's `get_allocated_bytes`.
+    pub fn allocated_bytes(&self) -> usize {
+        self.inner.state.lock().bytes
+    }
+
+    /// How many allocations are outstanding.
+    pub fn outstanding_count(&self) -> usize {
+        self.inner.state.lock().live.len()
+    }
+
+    /// A snapshot of the outstanding allocations, in address order: RMM's
+    /// `get_outstanding_allocations`, as a copy that is safe to hold while others allocate.
+    pub fn outstanding_allocations(&self) -> Vec<Allocation> {
+        let mut all: Vec<_> = {
+            let state = self.inner.state.lock();
+            state
+                .live
+                .iter()
+                .map(|(&ptr, r)| Allocation {
+                    ptr,
+                    bytes: r.bytes,
+                    stream: r.stream,
+                    backtrace: r.backtrace.clone(),
+                })
+                .collect()
+        };
+        all.sort_unstable_by_key(|a| a.ptr);
+        all
+    }
+
+    /// The outstanding allocations as a report whose `Display` lists them.
+    pub fn leak_report(&self) -> LeakReport {
+        LeakReport {
+            allocations: self.outstanding_allocations(),
+        }
+    }
+
+    /// Logs the [`leak_report`](Self::leak_report) through `tracing` at `DEBUG` (target
+    /// `streamalloc::tracking`), as RMM's `log_outstanding_allocations` does.
+    pub fn log_outstanding_allocations(&self) {
+        if tracing::enabled!(target: "streamalloc::tracking", tracing::Level::DEBUG) {
+            let report = self.leak_report();
+            tracing::debug!(target: "streamalloc::tracking", "Outstanding Allocations: {report}");
+        }
+    }
+
+    /// The bad frees and reused pointers seen so far, oldest first (at most
+    /// [`MAX_TRACKING_ISSUES`]).
+    pub fn issues(&self) -> Vec<TrackingIssue> {
+        self.inner.state.lock().issues.clone()
+    }
+
+    /// How many issues were seen, including those beyond [`MAX_TRACKING_ISSUES`].
+    pub fn issue_count(&self) -> u64 {
+        self.inner.state.lock().issue_count
+    }
+}
+
+impl<R: MemoryResource> MemoryResource for TrackingAdaptor<R> {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        let ptr = self.inner.upstream.try_allocate(bytes, stream)?;
+        if ptr.is_null() {
+            return Ok(ptr);
+        }
+        // Captured outside the lock: it takes microseconds.
+        let backtrace = self
+            .inner
+            .backtraces
+            .then(|| Arc::new(Backtrace::force_capture()));
+        let record = Record {
+            bytes,
+            stream: stream.id(),
+            backtrace,
+        };
+        let mut state = self.inner.state.lock();
+        state.bytes += bytes;
+        if let Some(previous) = state.live.insert(ptr, record) {
+            state.bytes -= previous.bytes;
+            state.report(TrackingIssue::PointerReused {
+                ptr,
+                bytes,
+                previous: previous.bytes,
+                stream: stream.id(),
+            });
+        }
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        if !(ptr.is_null() && bytes == 0) {
+            // Untracked first: once the upstream has the memory back it may hand it out again.
+            let mut state = self.inner.state.lock();
+            match state.live.remove(&ptr) {
+                Some(record) => {
+                    state.bytes -= record.bytes;
+                    if record.bytes != bytes {
+                        state.report(TrackingIssue::WrongSize {
+                            ptr,
+                            bytes,
+                            allocated: record.bytes,
+                            stream: stream.id(),
+                        });
+                    }
+                }
+                None => state.report(TrackingIssue::UnknownPointer {
+                    ptr,
+                    bytes,
+                    stream: stream.id(),
+                }),
+            }
+        }
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
+    }
+
+    fn availability(&self) -> Option<&Availability> {
+        self.inner.upstream.availability()
+    }
+
+    fn capacity_limit(&self) -> Option<usize> {
+        self.inner.upstream.capacity_limit()
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.upstream.properties()
+    }
+}
+
+impl<R: MemoryResource> Clone for TrackingAdaptor<R> {
+    fn clone(&self) -> Self {
+        TrackingAdaptor {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: MemoryResource> fmt::Debug for TrackingAdaptor<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (outstanding, bytes, issues) = {
+            let state = self.inner.state.lock();
+            (state.live.len(), state.bytes, state.issue_count)
+        };
+        f.debug_struct("TrackingAdaptor")
+            .field("outstanding", &outstanding)
+            .field("allocated_bytes", &bytes)
+            .field("issues", &issues)
+            .field("backtraces", &self.inner.backtraces)
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,400 @@
+use std::backtrace::BacktraceStatus;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread;
+
+use super::*;
+use crate::adaptor::test_support::{self, free, host, recording, Call, KIB, MIB};
+use crate::{CallbackResource, CudaResource, Device, Error};
+
+/// A recording upstream that hands out 0x1000, 0x2000, ... and releases nothing, so bad frees
+/// reach no real allocator.
+fn fake(device: &Device) -> (CallbackResource, test_support::Calls) {
+    let next = AtomicU64::new(0);
+    recording(device, move |_| {
+        Ok(DevicePtr::from_raw(
+            (next.fetch_add(1, Ordering::Relaxed) + 1) * 0x1000,
+        ))
+    })
+}
+
+#[test]
+fn empty() {
+    let (device, _) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert_eq!(mr.outstanding_count(), 0);
+    assert!(mr.leak_report().is_empty());
+    assert_eq!(
+        mr.leak_report().to_string(),
+        "0 outstanding allocations, 0 B\n"
+    );
+    assert!(mr.issues().is_empty());
+    assert!(!mr.captures_backtraces());
+}
+
+#[test]
+fn all_freed() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let ptrs: Vec<_> = (0..10)
+        .map(|_| mr.try_allocate(10 * MIB, &s).unwrap())
+        .collect();
+    assert_eq!(mr.allocated_bytes(), 100 * MIB);
+    assert_eq!(mr.outstanding_count(), 10);
+    for p in ptrs {
+        free(&mr, p, 10 * MIB, &s);
+    }
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert!(mr.leak_report().is_empty());
+    assert_eq!(mr.issue_count(), 0);
+    assert!(device.take_deferred_error().is_none());
+}
+
+#[test]
+fn the_leak_report_lists_what_is_outstanding_in_address_order() {
+    let (device, s) = host();
+    let (up, _) = fake(&device);
+    let mr = TrackingAdaptor::new(up);
+    let a = mr.try_allocate(KIB, &s).unwrap();
+    let b = mr.try_allocate(2 * KIB, &s).unwrap();
+    let c = mr.try_allocate(3 * KIB, &s).unwrap();
+    free(&mr, b, 2 * KIB, &s);
+    let report = mr.leak_report();
+    assert_eq!(report.bytes(), 4 * KIB);
+    let ptrs: Vec<_> = report.allocations().iter().map(|a| a.ptr).collect();
+    assert_eq!(ptrs, [a, c]);
+    let sid = s.id().0;
+    assert_eq!(
+        report.to_string(),
+        format!(
+            "2 outstanding allocations, 4096 B\n0x1000: 1024 B on stream {sid}\n\
+             0x3000: 3072 B on stream {sid}\n"
+        )
+    );
+}
+
+/// RMM's `AllocationsLeftWithStacks`.
+#[test]
+fn allocations_left_with_backtraces() {
+    let (device, s) = host();
+    let (up, _) = fake(&device);
+    let mr = TrackingAdaptor::with_backtraces(up);
+    assert!(mr.captures_backtraces());
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    let all = mr.outstanding_allocations();
+    let bt = all[0].backtrace.as_ref().expect("a captured backtrace");
+    assert_eq!(bt.status(), BacktraceStatus::Captured);
+    let text = mr.leak_report().to_string();
+    assert!(
+        text.starts_with("1 outstanding allocation, 1024 B\n0x1000: 1024 B on stream"),
+        "{text}"
+    );
+    assert!(text.contains(" : callstack:\n"), "{text}");
+    free(&mr, p, KIB, &s);
+    assert!(mr.leak_report().is_empty());
+}
+
+/// RMM's `AllocationsLeftWithoutStacks`.
+#[test]
+fn allocations_left_without_backtraces() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let ptrs: Vec<_> = (0..10)
+        .map(|_| mr.try_allocate(10 * MIB, &s).unwrap())
+        .collect();
+    for &p in ptrs.iter().step_by(2) {
+        free(&mr, p, 10 * MIB, &s);
+    }
+    let left = mr.outstanding_allocations();
+    assert_eq!(left.len(), 5);
+    assert!(left.iter().all(|a| a.backtrace.is_none()));
+    assert_eq!(mr.allocated_bytes(), 50 * MIB);
+    assert!(!mr.leak_report().to_string().contains("callstack"));
+    for &p in ptrs.iter().skip(1).step_by(2) {
+        free(&mr, p, 10 * MIB, &s);
+    }
+}
+
+/// RMM's `MultiTracking`: a tracking adaptor over another.
+#[test]
+fn stacked_adaptors_each_track_what_passes_through_them() {
+    let (device, s) = host();
+    let outer = TrackingAdaptor::new(CudaResource::new(&device));
+    let mut ptrs: Vec<_> = (0..10)
+        .map(|_| (outer.try_allocate(10 * MIB, &s).unwrap(), false))
+        .collect();
+    let inner = TrackingAdaptor::new(outer.clone());
+    ptrs.extend((0..5).map(|_| (inner.try_allocate(10 * MIB, &s).unwrap(), true)));
+    assert_eq!(outer.outstanding_count(), 15);
+    assert_eq!(inner.outstanding_count(), 5);
+    assert_eq!(outer.allocated_bytes(), 150 * MIB);
+    assert_eq!(inner.allocated_bytes(), 50 * MIB);
+    for (p, through_inner) in ptrs {
+        if through_inner {
+            free(&inner, p, 10 * MIB, &s);
+        } else {
+            free(&outer, p, 10 * MIB, &s);
+        }
+    }
+    assert_eq!((outer.allocated_bytes(), inner.allocated_bytes()), (0, 0));
+    assert_eq!(outer.issue_count() + inner.issue_count(), 0);
+}
+
+/// RMM's `NegativeInnerTracking` and `UntrackedDeallocationDoesNotUnderflowAllocatedBytes`:
+/// frees the inner adaptor never saw are reported there and change nothing; the outer adaptor,
+/// which allocated everything, ends at zero.
+#[test]
+fn untracked_frees_are_reported_and_never_underflow() {
+    let (device, s) = host();
+    let outer = TrackingAdaptor::new(CudaResource::new(&device));
+    let mut ptrs: Vec<_> = (0..10)
+        .map(|_| outer.try_allocate(10 * MIB, &s).unwrap())
+        .collect();
+    let inner = TrackingAdaptor::new(outer.clone());
+    ptrs.extend((0..5).map(|_| inner.try_allocate(10 * MIB, &s).unwrap()));
+    for &p in &ptrs {
+        free(&inner, p, 10 * MIB, &s);
+    }
+    assert_eq!(outer.allocated_bytes(), 0);
+    assert_eq!(outer.issue_count(), 0);
+    assert_eq!(inner.allocated_bytes(), 0);
+    assert_eq!(inner.outstanding_count(), 0);
+    assert_eq!(inner.issue_count(), 10);
+    let issues = inner.issues();
+    assert!(issues.iter().zip(&ptrs).all(|(i, &p)| *i
+        == TrackingIssue::UnknownPointer {
+            ptr: p,
+            bytes: 10 * MIB,
+            stream: s.id()
+        }));
+    assert!(issues[0]
+        .to_string()
+        .contains("not an outstanding allocation"));
+}
+
+/// RMM's `DeallocWrongBytes`: a free with the wrong size still untracks the allocation and
+/// takes its recorded size off; the free reaches the upstream as given.
+#[test]
+fn a_wrong_size_free_untracks_with_the_recorded_size() {
+    let (device, s) = host();
+    let (up, calls) = fake(&device);
+    let mr = TrackingAdaptor::new(up);
+    let p = mr.try_allocate(10 * MIB, &s).unwrap();
+    free(&mr, p, 5 * MIB, &s);
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert_eq!(mr.outstanding_count(), 0);
+    assert_eq!(
+        mr.issues(),
+        [TrackingIssue::WrongSize {
+            ptr: p,
+            bytes: 5 * MIB,
+            allocated: 10 * MIB,
+            stream: s.id()
+        }]
+    );
+    assert_eq!(
+        calls.lock().last(),
+        Some(&Call::Deallocate(p, 5 * MIB, s.id()))
+    );
+    // A second free of it is unknown now, and still no underflow.
+    free(&mr, p, 10 * MIB, &s);
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert!(matches!(
+        mr.issues()[1],
+        TrackingIssue::UnknownPointer { .. }
+    ));
+    assert_eq!(calls.lock().len(), 3, "every free reaches the upstream");
+}
+
+#[test]
+fn a_pointer_handed_out_twice_is_reported_and_replaced() {
+    let (device, s) = host();
+    let (up, _) = recording(&device, |_| Ok(DevicePtr::from_raw(0x4000)));
+    let mr = TrackingAdaptor::new(up);
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    let q = mr.try_allocate(3 * KIB, &s).unwrap();
+    assert_eq!(p, q);
+    assert_eq!(mr.allocated_bytes(), 3 * KIB);
+    assert_eq!(mr.outstanding_count(), 1);
+    assert_eq!(
+        mr.issues(),
+        [TrackingIssue::PointerReused {
+            ptr: p,
+            bytes: 3 * KIB,
+            previous: KIB,
+            stream: s.id()
+        }]
+    );
+    assert!(mr.issues()[0].to_string().contains("freed without"));
+}
+
+#[test]
+fn zero_byte_allocations_are_not_recorded() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let p = mr.try_allocate(0, &s).unwrap();
+    assert!(p.is_null());
+    assert_eq!(mr.outstanding_count(), 0);
+    free(&mr, p, 0, &s);
+    assert_eq!(mr.issue_count(), 0);
+}
+
+#[test]
+fn failed_allocations_are_not_recorded() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    assert!(mr.try_allocate(1 << 50, &s).unwrap_err().is_out_of_memory());
+    let (broken, _) = recording(&device, |_| Err(Error::invalid("nope")));
+    let broken = TrackingAdaptor::new(broken);
+    assert_eq!(
+        broken.try_allocate(KIB, &s).unwrap_err(),
+        Error::invalid("nope")
+    );
+    assert_eq!(mr.outstanding_count() + broken.outstanding_count(), 0);
+}
+
+/// RMM's `MultiThreaded` ordering test, made deterministic: when the free reaches the
+/// upstream, the record is already gone.
+#[test]
+fn a_record_is_removed_before_the_free_reaches_the_upstream() {
+    let (device, s) = host();
+    let adaptor: Arc<OnceLock<TrackingAdaptor<CallbackResource>>> = Arc::default();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let (a, seen_d) = (adaptor.clone(), seen.clone());
+    let next = AtomicU64::new(1);
+    let up = CallbackResource::new(
+        CudaResource::new(&device).properties(),
+        move |_, _| {
+            Ok(DevicePtr::from_raw(
+                next.fetch_add(1, Ordering::Relaxed) * 256,
+            ))
+        },
+        move |_, _, _| {
+            let mr = a.get().expect("set below");
+            seen_d.lock().push(mr.outstanding_count());
+        },
+    );
+    let mr = TrackingAdaptor::new(up);
+    assert!(adaptor.set(mr.clone()).is_ok());
+    let p = mr.try_allocate(256, &s).unwrap();
+    let q = mr.try_allocate(256, &s).unwrap();
+    free(&mr, p, 256, &s);
+    free(&mr, q, 256, &s);
+    assert_eq!(*seen.lock(), [1, 0]);
+}
+
+#[test]
+fn issues_beyond_the_cap_are_counted_not_kept() {
+    let (device, s) = host();
+    let (up, _) = fake(&device);
+    let mr = TrackingAdaptor::new(up);
+    let n = MAX_TRACKING_ISSUES + 5;
+    for i in 0..n {
+        free(&mr, DevicePtr::from_raw((i as u64 + 1) * 256), 256, &s);
+    }
+    assert_eq!(mr.issue_count(), n as u64);
+    assert_eq!(mr.issues().len(), MAX_TRACKING_ISSUES);
+    assert!(format!("{mr:?}").contains(&format!("issues: {n}")));
+}
+
+#[test]
+fn concurrent_allocations_and_frees_leave_nothing() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    thread::scope(|scope| {
+        for t in 0..4 {
+            let (mr, s) = (&mr, &s);
+            scope.spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..100 {
+                    let bytes = (t * 100 + i + 1) * 8;
+                    held.push((mr.try_allocate(bytes, s).unwrap(), bytes));
+                    if i % 3 == 0 {
+                        let (p, b) = held.swap_remove(0);
+                        free(mr, p, b, s);
+                    }
+                }
+                for (p, b) in held {
+                    free(mr, p, b, s);
+                }
+            });
+        }
+    });
+    assert_eq!(mr.outstanding_count(), 0);
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert_eq!(mr.issue_count(), 0);
+    s.synchronize_blocking().unwrap();
+}
+
+/// A `MakeWriter` that appends to a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// RMM's `LogOutstandingAllocations`, and issues logged at ERROR.
+#[test]
+fn leaks_and_issues_are_logged_through_tracing() {
+    let (device, s) = host();
+    let (up, _) = fake(&device);
+    let mr = TrackingAdaptor::new(up);
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let _p = mr.try_allocate(KIB, &s).unwrap();
+        mr.log_outstanding_allocations();
+        free(&mr, DevicePtr::from_raw(0x9900), 256, &s);
+    });
+    let text = String::from_utf8(out.0.lock().clone()).unwrap();
+    assert!(
+        text.contains("Outstanding Allocations: 1 outstanding allocation, 1024 B"),
+        "{text}"
+    );
+    assert!(text.contains("0x1000: 1024 B"), "{text}");
+    assert!(text.contains("ERROR"), "{text}");
+    assert!(text.contains("free of 0x9900"), "{text}");
+}
+
+#[test]
+fn clones_share_records_and_forward_the_upstream() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(crate::LimitingAdaptor::new(CudaResource::new(&device), MIB));
+    let copy = mr.clone();
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    assert_eq!(copy.outstanding_count(), 1);
+    free(&copy, p, KIB, &s);
+    assert_eq!(mr.outstanding_count(), 0);
+    assert_eq!(mr.capacity_limit(), Some(MIB));
+    assert!(mr.availability().is_some());
+    assert_eq!(mr.properties(), mr.upstream().properties());
+    assert!(format!("{mr:?}").contains("TrackingAdaptor"));
+}
+
+#[test]
+fn a_waiting_allocation_resumes_after_a_free() {
+    let mut handle = None;
+    test_support::a_waiting_allocation_resumes_after_a_free(4 * KIB, 4 * KIB, KIB, |l| {
+        let mr = TrackingAdaptor::new(l);
+        handle = Some(mr.clone());
+        mr
+    });
+    let mr = handle.unwrap();
+    assert_eq!(mr.outstanding_count(), 0);
+    assert_eq!(mr.issue_count(), 0);
+}

@@ -1,0 +1,419 @@
+//! RMM-compatible allocation logs: parse them and replay them against any resource.
+//!
+//! [`LoggingAdaptor`](crate::LoggingAdaptor) writes RMM's CSV format byte for byte; the parser
+//! here ([`parse_log`], [`parse_log_file`], [`EventReader`]) reads both its logs and RMM's
+//! (`logging_resource_adaptor`, `rmm.reinitialize(logging=True)`), and [`replay`] runs the
+//! events against a [`MemoryResource`] of your choosing, as RMM's `REPLAY_BENCHMARK` does, to
+//! compare resources on a recorded workload or to reproduce a failure.
+//!
+//! # Examples
+//!
+//! Record a workload, then replay it against a bounded pool and compare the figures:
+//!
+//! ```
+//! use streamalloc::replay::{parse_log_str, replay};
+//! use streamalloc::{CudaResource, Device, LoggingAdaptor, MemoryResource, PoolResource,
+//!                   StatisticsAdaptor, Stream};
+//!
+//! # fn main() -> streamalloc::Result<()> {
+//! // A shared buffer to log into (any `Write + Send` will do; a file is usual).
+//! #[derive(Clone, Default)]
+//! struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+//! impl std::io::Write for Shared {
+//!     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> { self.0.lock().unwrap().write(b) }
+//!     fn flush(&mut self) -> std::io::Result<()> { Ok(()) }
+//! }
+//!
+//! let device = Device::host();
+//! let stream = Stream::new(&device)?;
+//! let log = Shared::default();
+//! let recorded = StatisticsAdaptor::new(CudaResource::new(&device));
+//! let mr = LoggingAdaptor::to_writer(recorded.clone(), log.clone())?;
+//! let a = mr.try_allocate(1 << 20, &stream)?;
+//! let b = mr.try_allocate(4096, &stream)?;
+//! unsafe { mr.deallocate(a, 1 << 20, &stream) };
+//! unsafe { mr.deallocate(b, 4096, &stream) };
+//! mr.flush()?;
+//!
+//! let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+//! let events = parse_log_str(&text)?;
+//! let target = StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device), 0, Some(8 << 20))?);
+//! let report = replay(&events, &target, &device)?;
+//! assert!(report.is_clean(), "{report}");
+//! assert_eq!(target.bytes_counter(), recorded.bytes_counter());
+//! assert_eq!(target.allocations_counter(), recorded.allocations_counter());
+//! # Ok(())
+//! # }
+//! ```
+
+mod parser;
+
+use std::fmt;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
+pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::resource::{DevicePtr, MemoryResource};
+use crate::stream::Stream;
+
+/// Why one event of a [`replay`] did not go as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplayFailureKind {
+    /// The resource refused an allocation the log records as successful.
+    AllocationFailed(Error),
+    /// A free of a pointer that is not live in the replay: the log never allocated it (it was
+    /// allocated before logging began), or freed it already.
+    UnknownPointer,
+    /// An allocation returned a pointer that the log has live already: the log is not a
+    /// complete record (a free is missing). The allocation is not replayed.
+    PointerAlreadyLive {
+        /// The line of the allocation that holds the pointer.
+        allocated_at: usize,
+    },
+    /// A free with another size than its allocation. The replay frees the size it allocated.
+    SizeMismatch {
+        /// The size the allocation had.
+        allocated: usize,
+    },
+}
+
+impl fmt::Display for ReplayFailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayFailureKind::AllocationFailed(e) => write!(f, "the resource refused it: {e}"),
+            ReplayFailureKind::UnknownPointer => f.write_str("the pointer is not live"),
+            ReplayFailureKind::PointerAlreadyLive { allocated_at } => write!(
+                f,
+                "the pointer is live already, allocated at line {allocated_at}"
+            ),
+            ReplayFailureKind::SizeMismatch { allocated } => {
+                write!(f, "{allocated} B were allocated")
+            }
+        }
+    }
+}
+
+/// One event of a [`replay`] that did not go as logged, with its log line.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind};
+/// use streamalloc::{CudaResource, Device};
+///
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+///            7,10:00:00.000000,free,0x7f0000001000,256,0\n";
+/// let device = Device::host();
+/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device), &device)?;
+/// let failure = &report.failures[0];
+/// assert_eq!((failure.line, &failure.kind), (2, &ReplayFailureKind::UnknownPointer));
+/// assert_eq!(failure.to_string(), "line 2: free of 0x7f0000001000 (256 B): the pointer is not live");
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayFailure {
+    /// The event's line in the log.
+    pub line: usize,
+    /// The event's action.
+    pub action: Action,
+    /// The event's pointer, as logged.
+    pub ptr: DevicePtr,
+    /// The event's size.
+    pub bytes: usize,
+    /// What went wrong.
+    pub kind: ReplayFailureKind,
+}
+
+impl fmt::Display for ReplayFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "line {}: {} of {} ({} B): {}",
+            self.line, self.action, self.ptr, self.bytes, self.kind
+        )
+    }
+}
+
+/// An allocation the log never freed; the replay frees it at the end, as RMM's does (see
+/// [`ReplayReport`]'s example).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unfreed {
+    /// The allocation's line in the log.
+    pub line: usize,
+    /// Its pointer, as logged.
+    pub ptr: DevicePtr,
+    /// Its size.
+    pub bytes: usize,
+}
+
+/// What a [`replay`] did.
+///
+/// Its `Display` is a summary line, then one line per failure.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::{parse_log_str, replay, Unfreed};
+/// use streamalloc::{CudaResource, Device, DevicePtr};
+///
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+///            3,12:00:00.000000,allocate,0x7f0000000000,4096,0x10\n";
+/// let device = Device::host();
+/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device), &device)?;
+/// assert!(report.is_clean());
+/// assert_eq!(report.unfreed, [Unfreed { line: 2, ptr: DevicePtr::from_raw(0x7f00_0000_0000), bytes: 4096 }]);
+/// assert_eq!(report.frees, 1); // the replay freed it at the end
+/// assert_eq!(
+///     report.to_string(),
+///     "1 events on 1 streams: 1 allocations, 1 frees, 0 logged failures, 1 unfreed, 0 failures\n"
+/// );
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Events replayed.
+    pub events: usize,
+    /// Allocations that succeeded.
+    pub allocations: usize,
+    /// Frees made (of allocations the replay made), the ones at the end included.
+    pub frees: usize,
+    /// `allocate failure` events: logged failures are not retried, as in RMM.
+    pub logged_failures: usize,
+    /// Distinct streams of the log, each replayed on a stream of its own.
+    pub streams: usize,
+    /// Events that did not go as logged, in log order.
+    pub failures: Vec<ReplayFailure>,
+    /// Allocations the log never freed, in log order; freed at the end of the replay.
+    pub unfreed: Vec<Unfreed>,
+}
+
+impl ReplayReport {
+    /// True when every event went as logged.
+    pub fn is_clean(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+impl fmt::Display for ReplayReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} events on {} streams: {} allocations, {} frees, {} logged failures, {} \
+             unfreed, {} failures",
+            self.events,
+            self.streams,
+            self.allocations,
+            self.frees,
+            self.logged_failures,
+            self.unfreed.len(),
+            self.failures.len()
+        )?;
+        for failure in &self.failures {
+            writeln!(f, "{failure}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A live allocation of the replay.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    /// The pointer as logged.
+    logged: DevicePtr,
+    /// The pointer the replay got for it.
+    ptr: DevicePtr,
+    bytes: usize,
+    stream: u64,
+    line: usize,
+}
+
+/// Replays `events` against `mr`, in order, on streams of `device`: RMM's replay benchmark
+/// without the timing.
+///
+/// Each logged pointer is mapped to the pointer `mr` returns for it, each logged stream handle
+/// to a stream of `device` created for it (the default stream, handle 0, included), and each
+/// free goes to `mr` with the size the replay allocated, on its logged stream's stream.
+/// `allocate failure` events are counted, not retried; allocations are
+/// [`try_allocate`](MemoryResource::try_allocate) calls, so a replay never waits for memory.
+/// Events that do not go as logged are reported with their line
+/// ([`ReplayReport::failures`]) and the replay goes on. Allocations the log never frees are
+/// freed at the end ([`ReplayReport::unfreed`]), and the function returns once every stream has
+/// reached its frees.
+///
+/// Unlike RMM's benchmark, which runs one thread per logged thread in the logged order, the
+/// replay runs on the calling thread: the order, and so every figure of a
+/// [`StatisticsAdaptor`](crate::StatisticsAdaptor) over `mr`, is the log's.
+///
+/// # Stream ordering
+/// Nothing touches the memory, so frees need no ordering beyond their stream's; the function
+/// blocks until every stream it used is idle.
+///
+/// # Errors
+/// [`Error::DeviceMismatch`] when `mr` allocates for another device; errors creating or
+/// synchronising a stream. Failures of single events are in the report, not errors.
+///
+/// # Examples
+///
+/// An RMM log (RMM writes the default stream as `0` and null pointers as `(nil)`):
+///
+/// ```
+/// use streamalloc::replay::{parse_log_str, replay};
+/// use streamalloc::{CudaResource, Device, StatisticsAdaptor};
+///
+/// let log = "\
+/// Thread,Time,Action,Pointer,Size,Stream
+/// 140187014588416,16:36:43.474583,allocate,0x7f8a7a000000,1000,0
+/// 140187014588416,16:36:43.474595,allocate,0x7f8a7a000400,2000,0
+/// 140187014588416,16:36:43.474601,allocate failure,(nil),1099511627776,0
+/// 140187014588416,16:36:43.474610,free,0x7f8a7a000000,1000,0
+/// 140187014588416,16:36:43.474618,free,0x7f8a7a000400,2000,0
+/// ";
+/// let device = Device::host();
+/// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+/// let report = replay(&parse_log_str(log)?, &mr, &device)?;
+/// assert!(report.is_clean());
+/// assert_eq!((report.allocations, report.frees, report.logged_failures), (2, 2, 1));
+/// assert_eq!(mr.bytes_counter().peak, 3000);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn replay<R: MemoryResource + ?Sized>(
+    events: &[Event],
+    mr: &R,
+    device: &Device,
+) -> Result<ReplayReport> {
+    let properties = mr.properties();
+    if properties.device != device.id() {
+        return Err(Error::DeviceMismatch {
+            expected: properties.device,
+            actual: device.id(),
+        });
+    }
+    let mut streams: FxHashMap<u64, Stream> = FxHashMap::default();
+    let mut live: FxHashMap<DevicePtr, Live> = FxHashMap::default();
+    // Allocations logged with the null pointer (0 bytes): they cannot be told apart, so each
+    // free of the null pointer takes the latest of them.
+    let mut live_null: Vec<Live> = Vec::new();
+    // Logged pointers whose allocation failed here: their free is no second failure.
+    let mut refused: FxHashSet<DevicePtr> = FxHashSet::default();
+    let mut report = ReplayReport {
+        events: events.len(),
+        ..ReplayReport::default()
+    };
+    let result = (|| {
+        for e in events {
+            let fail = |kind| ReplayFailure {
+                line: e.line,
+                action: e.action,
+                ptr: e.ptr,
+                bytes: e.bytes,
+                kind,
+            };
+            match e.action {
+                Action::AllocateFailure => report.logged_failures += 1,
+                Action::Allocate => {
+                    if let Some(held) = (!e.ptr.is_null()).then(|| live.get(&e.ptr)).flatten() {
+                        let allocated_at = held.line;
+                        report
+                            .failures
+                            .push(fail(ReplayFailureKind::PointerAlreadyLive { allocated_at }));
+                        continue;
+                    }
+                    let stream = stream_for(&mut streams, e.stream, device)?;
+                    match mr.try_allocate(e.bytes, stream) {
+                        Ok(ptr) => {
+                            report.allocations += 1;
+                            refused.remove(&e.ptr);
+                            let entry = Live {
+                                logged: e.ptr,
+                                ptr,
+                                bytes: e.bytes,
+                                stream: e.stream,
+                                line: e.line,
+                            };
+                            if e.ptr.is_null() {
+                                live_null.push(entry);
+                            } else {
+                                live.insert(e.ptr, entry);
+                            }
+                        }
+                        Err(error) => {
+                            refused.insert(e.ptr);
+                            report
+                                .failures
+                                .push(fail(ReplayFailureKind::AllocationFailed(error)));
+                        }
+                    }
+                }
+                Action::Free => {
+                    let held = if e.ptr.is_null() {
+                        live_null.pop()
+                    } else {
+                        live.remove(&e.ptr)
+                    };
+                    let Some(held) = held else {
+                        if !refused.remove(&e.ptr) {
+                            report
+                                .failures
+                                .push(fail(ReplayFailureKind::UnknownPointer));
+                        }
+                        continue;
+                    };
+                    if held.bytes != e.bytes {
+                        report.failures.push(fail(ReplayFailureKind::SizeMismatch {
+                            allocated: held.bytes,
+                        }));
+                    }
+                    let stream = stream_for(&mut streams, e.stream, device)?;
+                    // SAFETY: `held.ptr` came from `mr.try_allocate(held.bytes, ..)` above and
+                    // left the live maps just now, so it is freed once, with its size; the
+                    // replay never uses the memory, so no work needs ordering before the free.
+                    unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
+                    report.frees += 1;
+                }
+            }
+        }
+        Ok(())
+    })();
+    // Free what the log left allocated, on its allocation's stream, in log order (also after
+    // an error, so that nothing leaks).
+    let mut left: Vec<Live> = live.into_values().chain(live_null).collect();
+    left.sort_unstable_by_key(|l| l.line);
+    for held in left {
+        report.unfreed.push(Unfreed {
+            line: held.line,
+            ptr: held.logged,
+            bytes: held.bytes,
+        });
+        let stream = streams
+            .get(&held.stream)
+            .expect("an allocation's stream was made for it");
+        // SAFETY: as above: allocated by `mr` with this size, freed once, never used.
+        unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
+        report.frees += 1;
+    }
+    report.streams = streams.len();
+    result?;
+    for stream in streams.values() {
+        stream.synchronize_blocking()?;
+    }
+    Ok(report)
+}
+
+fn stream_for<'s>(
+    streams: &'s mut FxHashMap<u64, Stream>,
+    handle: u64,
+    device: &Device,
+) -> Result<&'s Stream> {
+    Ok(match streams.entry(handle) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(Stream::new(device)?),
+    })
+}
+
+#[cfg(test)]
+mod tests;
