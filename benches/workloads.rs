@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use streamalloc::BackendKind;
 use streamalloc::{
     percent_of_free_device_memory, ArenaResource, BinningResource, CudaAsyncResource, CudaResource,
-    Device, FixedSizeResource, MemoryResource, PoolResource, Stream, TracingAdaptor,
+    Device, FixedSizeResource, MemoryResource, PoolResource, StatisticsAdaptor, Stream,
+    TracingAdaptor, TrackingAdaptor,
 };
 
 use workloads::{pair, pair_awaited, random_ns, threaded, RAND_1MIB, RAND_64MIB};
@@ -384,8 +385,16 @@ fn adaptor_overhead(device: &Device) -> Result<Vec<(String, f64)>, BoxError> {
     };
     w1("PoolResource", &workload_pool(device)?)?;
     w1(
+        "StatisticsAdaptor<PoolResource>",
+        &StatisticsAdaptor::new(workload_pool(device)?),
+    )?;
+    w1(
         "TracingAdaptor<PoolResource> (no subscriber)",
         &TracingAdaptor::new(workload_pool(device)?),
+    )?;
+    w1(
+        "TrackingAdaptor<PoolResource>",
+        &TrackingAdaptor::new(workload_pool(device)?),
     )?;
     Ok(rows)
 }
