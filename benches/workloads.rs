@@ -31,6 +31,16 @@ use workloads::{pair, pair_awaited, random_ns, threaded, RAND_1MIB, RAND_64MIB};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const PAIR_ITERS: usize = 200_000;
+/// Each figure is the median of this many runs of its workload, on the same resource: one run
+/// of W1 on these machines varied by tens of percent.
+const TRIALS: usize = 5;
+
+/// The median of `TRIALS` runs of `f`.
+fn median_of(mut f: impl FnMut() -> f64) -> f64 {
+    let mut v: Vec<f64> = (0..TRIALS).map(|_| f()).collect();
+    v.sort_unstable_by(f64::total_cmp);
+    v[TRIALS / 2]
+}
 /// Wake latency samples, after untimed warm-up ones.
 const WAKE_ITERS: usize = 2_000;
 const WAKE_WARMUP: usize = 50;
@@ -60,17 +70,17 @@ fn measure_up_to<R: MemoryResource>(
 ) -> Result<Row, BoxError> {
     eprintln!("[{name}] W1 ...");
     let stream = Stream::new(device)?;
-    let p = pair(mr, &stream, PAIR_ITERS);
+    let p = median_of(|| pair(mr, &stream, PAIR_ITERS));
     eprintln!("[{name}] W2 ...");
-    let r1 = random_ns(mr, &stream, RAND_1MIB);
-    let r64 = (largest >= RAND_64MIB.max).then(|| random_ns(mr, &stream, RAND_64MIB));
+    let r1 = median_of(|| random_ns(mr, &stream, RAND_1MIB));
+    let r64 = (largest >= RAND_64MIB.max).then(|| median_of(|| random_ns(mr, &stream, RAND_64MIB)));
     let mut mt = [0.0; 3];
     for (i, threads) in [1, 4, 16].into_iter().enumerate() {
         eprintln!("[{name}] W3 mt{threads} ...");
         let streams: Vec<Stream> = (0..threads)
             .map(|_| Stream::new(device))
             .collect::<Result<_, _>>()?;
-        mt[i] = threaded(mr, &streams);
+        mt[i] = median_of(|| threaded(mr, &streams));
         for s in &streams {
             s.synchronize_blocking()?;
         }
@@ -115,7 +125,8 @@ fn run() -> Result<(), BoxError> {
     )?;
     writeln!(
         out,
-        "ns per operation (pair: per allocate+free); mtT: aggregate wall time / (2 x 5,000 x T)"
+        "ns per operation (pair: per allocate+free); mtT: aggregate wall time / (2 x 5,000 x T); \
+         ours: median of {TRIALS} runs on one resource, RMM's: one run"
     )?;
 
     // Made first: on the host backend, memory the big pools free reaches the device only when
@@ -136,9 +147,17 @@ fn run() -> Result<(), BoxError> {
         rows.push(measure("streamalloc PoolResource", &mr, &device)?);
         let stream = Stream::new(&device)?;
         eprintln!("[streamalloc PoolResource] allocate().await ...");
-        let try_ns = pair(&mr, &stream, PAIR_ITERS);
-        let await_ns = pair_awaited(&mr, &stream, PAIR_ITERS);
-        (try_ns, await_ns)
+        // Alternated, so that a drift of the machine hits both alike.
+        let (mut tries, mut awaits) = (Vec::new(), Vec::new());
+        for _ in 0..TRIALS {
+            tries.push(pair(&mr, &stream, PAIR_ITERS));
+            awaits.push(pair_awaited(&mr, &stream, PAIR_ITERS));
+        }
+        let mut it = (tries.into_iter(), awaits.into_iter());
+        (
+            median_of(|| it.0.next().unwrap()),
+            median_of(|| it.1.next().unwrap()),
+        )
     };
     {
         // WORKLOADS.md's arena: over plain device memory, 50 % of free memory.
@@ -380,7 +399,10 @@ fn adaptor_overhead(device: &Device) -> Result<Vec<(String, f64)>, BoxError> {
     let mut rows = Vec::new();
     let mut w1 = |name: &str, mr: &dyn MemoryResource| -> Result<(), BoxError> {
         let stream = Stream::new(device)?;
-        rows.push((name.to_string(), pair(mr, &stream, PAIR_ITERS)));
+        rows.push((
+            name.to_string(),
+            median_of(|| pair(mr, &stream, PAIR_ITERS)),
+        ));
         Ok(())
     };
     w1("PoolResource", &workload_pool(device)?)?;
