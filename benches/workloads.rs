@@ -37,10 +37,14 @@ const TRIALS: usize = 5;
 
 /// The median of `TRIALS` runs of `f`.
 fn median_of(mut f: impl FnMut() -> f64) -> f64 {
-    let mut v: Vec<f64> = (0..TRIALS).map(|_| f()).collect();
-    v.sort_unstable_by(f64::total_cmp);
-    v[TRIALS / 2]
+    median((0..TRIALS).map(|_| f()).collect())
 }
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Wake latency samples, after untimed warm-up ones.
 const WAKE_ITERS: usize = 2_000;
 const WAKE_WARMUP: usize = 50;
@@ -153,11 +157,7 @@ fn run() -> Result<(), BoxError> {
             tries.push(pair(&mr, &stream, PAIR_ITERS));
             awaits.push(pair_awaited(&mr, &stream, PAIR_ITERS));
         }
-        let mut it = (tries.into_iter(), awaits.into_iter());
-        (
-            median_of(|| it.0.next().unwrap()),
-            median_of(|| it.1.next().unwrap()),
-        )
+        (median(tries), median(awaits))
     };
     {
         // WORKLOADS.md's arena: over plain device memory, 50 % of free memory.
