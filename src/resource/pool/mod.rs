@@ -530,15 +530,20 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
             return;
         }
         let inner = &*self.inner;
-        let in_shard = align_up(bytes).is_some_and(|size| size <= inner.shard_limit)
-            && inner.shard_free(ptr.addr(), bytes, stream);
-        if !in_shard {
-            let mut global = inner.global.lock();
-            assert!(
-                global.try_free(ptr.addr(), bytes, stream),
-                "{ptr} is not allocated from this pool (double free?)"
-            );
-        }
+        // Small blocks are most likely in a shard, large ones in the global level; but under
+        // pressure either may have been served by the other (see `try_allocate`).
+        let small = align_up(bytes).is_some_and(|size| size <= inner.shard_limit);
+        let freed = if small {
+            inner.shard_free(ptr.addr(), bytes, stream)
+                || inner.global.lock().try_free(ptr.addr(), bytes, stream)
+        } else {
+            inner.global.lock().try_free(ptr.addr(), bytes, stream)
+                || (!inner.shards.is_empty() && inner.shard_free(ptr.addr(), bytes, stream))
+        };
+        assert!(
+            freed,
+            "{ptr} is not allocated from this pool (double free?)"
+        );
         inner.availability.notify();
     }
 

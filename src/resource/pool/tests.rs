@@ -205,6 +205,27 @@ fn a_request_under_pressure_takes_back_the_shards_sub_chunks() {
     assert_eq!(pool.statistics().free_bytes, SHARDED);
 }
 
+/// A request larger than the shard limit that only a shard's free memory can serve, under
+/// pressure, is served there, and its free (of a size that normally goes to the global level)
+/// finds it.
+#[test]
+fn a_large_block_served_by_a_shard_under_pressure_is_freed_there() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let small = pool.try_allocate(4 * KIB, &a).unwrap();
+    let sub_chunk = pool.inner.shard_chunk;
+    let rest = pool.try_allocate(SHARDED - sub_chunk, &b).unwrap();
+    let large = 2 * MIB;
+    assert!(large > pool.inner.shard_limit);
+    let p = pool.try_allocate(large, &b).unwrap();
+    assert_eq!(pool.pool_size(), SHARDED, "served without growing");
+    free(&pool, p, large, &b);
+    free(&pool, small, 4 * KIB, &a);
+    free(&pool, rest, SHARDED - sub_chunk, &b);
+    assert_eq!(pool.statistics().free_bytes, SHARDED);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate { size: usize, stream: usize },
@@ -310,12 +331,13 @@ proptest! {
         run_ops(ops, MIB, 4 * MIB);
     }
 
-    /// A pool large enough for stream shards (sub-chunks of 8 MiB + 128 KiB, requests up to
-    /// 2 MiB through the shards), with requests on both sides of that limit.
+    /// The smallest pool with stream shards (sub-chunks of 4 MiB + 64 KiB, requests up to 1 MiB
+    /// through the shards), with requests on both sides of that limit and, towards the end of
+    /// longer runs, under pressure.
     #[test]
     fn random_operations_on_a_sharded_pool_match_the_model(
-        ops in prop::collection::vec(any_op(6 * MIB), 1..120)
+        ops in prop::collection::vec(any_op(32 * MIB), 1..160)
     ) {
-        run_ops(ops, 0, 512 * MIB);
+        run_ops(ops, 0, SHARDED);
     }
 }
