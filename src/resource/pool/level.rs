@@ -3,7 +3,7 @@
 //! upstream resource, and stream shards, whose chunks come from the global level; both run
 //! this same code.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::core::{PoolCore, StreamKey, ALIGN};
 use crate::error::Result;
@@ -28,6 +28,10 @@ pub(super) struct Level {
     /// (Indexing by slot, which the core's operations return, keeps hash lookups off the free
     /// path.)
     slots: Vec<Option<FreeOrder>>,
+    /// Global level only: the bases of the blocks lent to shards as sub-chunks. A user block in
+    /// a shard may start at its sub-chunk's base, so a free must not take such a base for a
+    /// user block of this level.
+    lent: FxHashSet<u64>,
 }
 
 /// A chunk given back by a level: its base, the size it came with, and the stream whose work
@@ -41,7 +45,25 @@ impl Level {
             chunks: FxHashMap::default(),
             chunk_bytes: 0,
             slots: Vec::new(),
+            lent: FxHashSet::default(),
         }
+    }
+
+    /// Marks the block at `base` as lent to a shard.
+    pub(super) fn lend(&mut self, base: u64) {
+        let fresh = self.lent.insert(base);
+        debug_assert!(fresh, "{base:#x} lent twice");
+    }
+
+    /// Frees a sub-chunk a shard gives back (see [`try_free`](Self::try_free)).
+    pub(super) fn take_back(&mut self, base: u64, bytes: usize, stream: &Stream) -> bool {
+        self.lent.remove(&base) && self.try_free(base, bytes, stream)
+    }
+
+    /// Frees a user block `addr` (allocated with `bytes`) on `stream` if it is one of this
+    /// level's, never a block lent to a shard.
+    pub(super) fn try_free_user(&mut self, addr: u64, bytes: usize, stream: &Stream) -> bool {
+        !self.lent.contains(&addr) && self.try_free(addr, bytes, stream)
     }
 
     /// Adds a chunk of `size` bytes at `base` (whose first `size` rounded down to 256 bytes the

@@ -349,9 +349,30 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// Serves `size` (aligned) for `stream` from the global level, growing it if need be and
-    /// `may_grow`; `None` when neither it nor its upstream has the memory.
-    fn global_allocate(&self, size: usize, stream: &Stream, may_grow: bool) -> Result<Option<u64>> {
+    /// `may_grow`, as a sub-chunk for a shard when `lend`; `None` when neither it nor its
+    /// upstream has the memory.
+    fn global_allocate(
+        &self,
+        size: usize,
+        stream: &Stream,
+        may_grow: bool,
+        lend: bool,
+    ) -> Result<Option<u64>> {
         let mut global = self.global.lock();
+        let p = self.global_serve(&mut global, size, stream, may_grow)?;
+        if let (Some(p), true) = (p, lend) {
+            global.lend(p);
+        }
+        Ok(p)
+    }
+
+    fn global_serve(
+        &self,
+        global: &mut Level,
+        size: usize,
+        stream: &Stream,
+        may_grow: bool,
+    ) -> Result<Option<u64>> {
         if let Some(p) = global.serve(size, stream)? {
             return Ok(Some(p));
         }
@@ -362,7 +383,7 @@ impl<R: MemoryResource> Inner<R> {
         if grow == 0 {
             return Ok(None);
         }
-        match self.expand(&mut global, grow, size, stream) {
+        match self.expand(global, grow, size, stream) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e),
@@ -387,7 +408,7 @@ impl<R: MemoryResource> Inner<R> {
         for may_grow in [false, true] {
             let mut want = self.shard_chunk.max(size);
             loop {
-                if let Some(base) = self.global_allocate(want, stream, may_grow)? {
+                if let Some(base) = self.global_allocate(want, stream, may_grow, true)? {
                     shard.level.add_chunk(base, want, stream);
                     let p = shard.level.core.allocate(size, level::key(stream));
                     debug_assert!(p.is_some(), "a fresh sub-chunk serves the request");
@@ -436,8 +457,8 @@ impl<R: MemoryResource> Inner<R> {
         let mut global = self.global.lock();
         for (base, size, stream) in released {
             assert!(
-                global.try_free(base, size, &stream),
-                "a shard's sub-chunk {base:#x} is not allocated from the global level"
+                global.take_back(base, size, &stream),
+                "a shard's sub-chunk {base:#x} is not lent by the global level"
             );
         }
     }
@@ -501,7 +522,7 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         let first = if size <= inner.shard_limit {
             inner.shard_allocate(size, stream)?
         } else {
-            inner.global_allocate(size, stream, true)?
+            inner.global_allocate(size, stream, true, false)?
         };
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
@@ -514,7 +535,7 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         // nothing to gather again until it frees more), then the request is served from any
         // level that can.
         inner.reclaim();
-        if let Some(p) = inner.global_allocate(size, stream, true)? {
+        if let Some(p) = inner.global_allocate(size, stream, true, false)? {
             return Ok(DevicePtr::from_raw(p));
         }
         for shard in inner.shards.iter() {
@@ -535,9 +556,9 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         let small = align_up(bytes).is_some_and(|size| size <= inner.shard_limit);
         let freed = if small {
             inner.shard_free(ptr.addr(), bytes, stream)
-                || inner.global.lock().try_free(ptr.addr(), bytes, stream)
+                || inner.global.lock().try_free_user(ptr.addr(), bytes, stream)
         } else {
-            inner.global.lock().try_free(ptr.addr(), bytes, stream)
+            inner.global.lock().try_free_user(ptr.addr(), bytes, stream)
                 || (!inner.shards.is_empty() && inner.shard_free(ptr.addr(), bytes, stream))
         };
         assert!(

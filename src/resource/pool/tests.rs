@@ -226,6 +226,35 @@ fn a_large_block_served_by_a_shard_under_pressure_is_freed_there() {
     assert_eq!(pool.statistics().free_bytes, SHARDED);
 }
 
+/// A user block at the very start of a shard's sub-chunk has the sub-chunk's address, which the
+/// global level knows as a lent block: its free must reach the shard's block, not the global
+/// level's sub-chunk.
+#[test]
+fn a_block_at_a_sub_chunks_base_is_freed_in_its_shard() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let sub_chunk = pool.inner.shard_chunk;
+    // A's shard takes a sub-chunk; the small block is carved from its end.
+    let small = pool.try_allocate(4 * KIB, &a).unwrap();
+    let rest = pool.try_allocate(SHARDED - sub_chunk, &b).unwrap();
+    // Under pressure B's large requests are served from A's sub-chunk, the second one from its
+    // base.
+    let first = pool.try_allocate(2 * MIB, &b).unwrap();
+    let last = sub_chunk - 4 * KIB - 2 * MIB;
+    assert!(last > pool.inner.shard_limit);
+    let at_base = pool.try_allocate(last, &b).unwrap();
+    assert_eq!(pool.statistics().free_bytes, 0);
+    free(&pool, at_base, last, &b);
+    let stats = pool.statistics();
+    assert_eq!((stats.free_bytes, stats.live_allocations), (last, 3));
+    free(&pool, first, 2 * MIB, &b);
+    free(&pool, small, 4 * KIB, &a);
+    free(&pool, rest, SHARDED - sub_chunk, &b);
+    assert_eq!(pool.statistics().free_bytes, SHARDED);
+    assert_eq!(pool.trim(), SHARDED);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate { size: usize, stream: usize },
