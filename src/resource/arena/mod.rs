@@ -294,7 +294,6 @@ impl StreamRecord {
     /// it is new.
     fn covering_event(&self) -> Result<(Event, u64, bool)> {
         let mut cached = self.event.lock();
-        let generation = cached.as_ref().map_or(0, |(_, g)| *g);
         if !self.dirty.swap(false, Ordering::AcqRel) {
             if let Some((e, g)) = &*cached {
                 return Ok((e.clone(), *g, false));
@@ -302,8 +301,10 @@ impl StreamRecord {
         }
         match self.stream.record() {
             Ok(e) => {
-                *cached = Some((e.clone(), generation + 1));
-                Ok((e, generation + 1, true))
+                static GENERATION: AtomicU64 = AtomicU64::new(1);
+                let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+                *cached = Some((e.clone(), generation));
+                Ok((e, generation, true))
             }
             Err(err) => {
                 self.dirty.store(true, Ordering::Release);
@@ -772,6 +773,8 @@ impl<R: MemoryResource> Inner<R> {
             }
             if !event.is_complete()? {
                 taker.stream.wait(&event)?;
+                // What the taker hands on from now must be ordered after this wait too.
+                taker.note_free();
                 self.stream_waits.fetch_add(1, Ordering::Relaxed);
             }
             if waited.len() >= WAITED_LIMIT {
@@ -866,6 +869,12 @@ impl<R: MemoryResource> Inner<R> {
             let Some(record) = state.record.clone() else {
                 continue;
             };
+            if state.core.pending_bytes() >= size {
+                // Memory other streams freed into this arena serves no one until the arena's
+                // stream waits for them: wait now, so that a borrower can have it too (after
+                // waiting on an event of that stream recorded after this wait).
+                self.reclaim(&mut state)?;
+            }
             if let Some(p) = state.core.allocate(size) {
                 if let Err(e) = self.wait_fences(&me, &[Fence(record)]) {
                     state.core.free(p, size);
