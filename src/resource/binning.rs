@@ -132,8 +132,8 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
     /// cloned (or after every clone is dropped), so that routing never takes a lock.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `size` is 0, a bin of that size exists, or the resource
-    /// is shared; [`Error::DeviceMismatch`] when `resource` is of another device than the
+    /// [`Error::InvalidArgument`] when `size` is 0, a bin of that size exists, the resource
+    /// is shared, or `resource`'s capacity limit is below `size`; [`Error::DeviceMismatch`] when `resource` is of another device than the
     /// upstream; the upstream's error when a new fixed-size bin's first batch cannot be
     /// allocated.
     ///
@@ -168,6 +168,13 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
                     (inner.upstream.properties().device, r.properties().device);
                 if expected != actual {
                     return Err(Error::DeviceMismatch { expected, actual });
+                }
+                // The bin's requests could never succeed there, and awaited ones would wait
+                // for ever (the binning resource's limit is the upstream's).
+                if let Some(limit) = r.capacity_limit().filter(|&l| l < size) {
+                    return Err(Error::invalid(format!(
+                        "a bin of {size} bytes served by a resource that holds at most {limit}"
+                    )));
                 }
                 BinResource::Given(r)
             }

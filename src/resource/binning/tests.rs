@@ -145,6 +145,11 @@ fn bins_are_checked() {
     let other = CudaResource::new(&host());
     let r = mr.add_bin(2 * KIB, Some(Arc::new(other)));
     assert!(matches!(r, Err(Error::DeviceMismatch { .. })), "{r:?}");
+    // A bin whose resource can never hold its largest request: awaited requests would wait
+    // for ever.
+    let small_pool = PoolResource::new(CudaResource::new(&device), 0, Some(256 * KIB)).unwrap();
+    let r = mr.add_bin(MIB, Some(Arc::new(small_pool)));
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     let _shared = mr.clone();
     assert!(matches!(
         mr.add_bin(4 * KIB, None),

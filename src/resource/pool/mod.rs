@@ -251,6 +251,10 @@ impl<R: MemoryResource> PoolResource<R> {
     /// A snapshot of the pool's accounting (over the global level and every shard, each read
     /// under its own lock).
     pub fn statistics(&self) -> PoolStatistics {
+        // Every level at once, so that no sub-chunk moves while it is counted: the shards in
+        // order, then the global level. (Nothing else holds two shards, and the global level is
+        // only ever locked after a shard, so this cannot deadlock.)
+        let shards: Vec<_> = self.inner.shards.iter().map(|s| s.lock()).collect();
         let global = self.inner.global.lock();
         let core = &global.core;
         let mut stats = PoolStatistics {
@@ -261,9 +265,7 @@ impl<R: MemoryResource> PoolResource<R> {
             live_allocations: core.allocation_count(),
             upstream_chunks: core.chunk_count(),
         };
-        drop(global);
-        for shard in self.inner.shards.iter() {
-            let shard = shard.lock();
+        for shard in &shards {
             let core = &shard.level.core;
             stats.free_bytes += core.free_bytes();
             stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
@@ -437,9 +439,9 @@ impl<R: MemoryResource> Inner<R> {
             if !shard.level.try_free(addr, bytes, stream) {
                 continue;
             }
-            let free = shard.level.core.free_bytes();
-            if free > shard.release_above {
+            if shard.level.core.free_bytes() > shard.release_above {
                 let released = shard.level.release_empty_chunks(false);
+                let free = shard.level.core.free_bytes();
                 shard.release_above = (2 * self.shard_chunk).max(free + self.shard_chunk);
                 drop(shard);
                 self.return_to_global(released);
@@ -449,7 +451,8 @@ impl<R: MemoryResource> Inner<R> {
         false
     }
 
-    /// Gives sub-chunks a shard released back to the global level.
+    /// Gives sub-chunks a shard released back to the global level, and wakes a waiting
+    /// allocation: one that retried while they were on their way found them in neither level.
     fn return_to_global(&self, released: Vec<Released>) {
         if released.is_empty() {
             return;
@@ -461,6 +464,8 @@ impl<R: MemoryResource> Inner<R> {
                 "a shard's sub-chunk {base:#x} is not lent by the global level"
             );
         }
+        drop(global);
+        self.availability.notify();
     }
 
     /// Takes every wholly free sub-chunk back from the shards, after gathering each shard's
@@ -479,7 +484,8 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// Gives every wholly free chunk of the global level back to the upstream, on the stream
-    /// that owns its free memory; returns the bytes released.
+    /// that owns its free memory, and wakes a waiting allocation (the pool may now grow by
+    /// more); returns the bytes released.
     fn release_empty_chunks(&self) -> usize {
         let released = self.global.lock().release_empty_chunks(true);
         let mut bytes = 0;
@@ -493,13 +499,22 @@ impl<R: MemoryResource> Inner<R> {
             };
             bytes += size;
         }
+        if bytes > 0 {
+            self.availability.notify();
+        }
         bytes
     }
 
+    /// Out-of-memory, with the free bytes of every level.
     fn out_of_memory(&self, requested: usize) -> Error {
+        let in_shards: usize = self
+            .shards
+            .iter()
+            .map(|s| s.lock().level.core.free_bytes())
+            .sum();
         Error::OutOfMemory {
             requested,
-            available: Some(self.global.lock().core.free_bytes()),
+            available: Some(self.global.lock().core.free_bytes() + in_shards),
             device: self.device.id(),
         }
     }
@@ -527,19 +542,27 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
         }
-        if inner.shards.is_empty() {
-            return Err(inner.out_of_memory(bytes));
-        }
         // Under pressure: wholly free sub-chunks go back to the global level (gathered first,
         // so that one freed piecewise on several streams counts; once gathered, a shard has
         // nothing to gather again until it frees more), then the request is served from any
         // level that can.
-        inner.reclaim();
-        if let Some(p) = inner.global_allocate(size, stream, true, false)? {
-            return Ok(DevicePtr::from_raw(p));
+        if !inner.shards.is_empty() {
+            inner.reclaim();
+            if let Some(p) = inner.global_allocate(size, stream, true, false)? {
+                return Ok(DevicePtr::from_raw(p));
+            }
+            for shard in inner.shards.iter() {
+                if let Some(p) = shard.lock().level.serve(size, stream)? {
+                    return Ok(DevicePtr::from_raw(p));
+                }
+            }
         }
-        for shard in inner.shards.iter() {
-            if let Some(p) = shard.lock().level.serve(size, stream)? {
+        // Chunks never merge, so wholly free chunks may be all that keeps the pool from growing
+        // by one large enough (under its maximum, or in a crowded upstream): give them back and
+        // try once more. Without this a pool that is all free could refuse a request within its
+        // maximum for ever, and an awaited one would wait for ever.
+        if inner.release_empty_chunks() > 0 {
+            if let Some(p) = inner.global_allocate(size, stream, true, false)? {
                 return Ok(DevicePtr::from_raw(p));
             }
         }

@@ -255,6 +255,64 @@ fn a_block_at_a_sub_chunks_base_is_freed_in_its_shard() {
     assert_eq!(pool.trim(), SHARDED);
 }
 
+/// Chunks never merge, so a pool whose chunks are all free could not serve a request of its
+/// whole maximum: it gives them back and grows by one large enough, awaited or not.
+#[test]
+fn a_wholly_free_pool_serves_its_maximum() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), 512 * KIB, Some(MIB)).unwrap();
+    let s = Stream::new(&device).unwrap();
+    let p = pool.try_allocate(MIB, &s).unwrap();
+    assert_eq!(
+        (pool.pool_size(), pool.statistics().upstream_chunks),
+        (MIB, 1)
+    );
+    free(&pool, p, MIB, &s);
+    // Two chunks again, then the whole maximum awaited (the timeout turns a hang into a
+    // failure).
+    let halves = [
+        pool.try_allocate(MIB / 2, &s).unwrap(),
+        pool.try_allocate(MIB / 2, &s).unwrap(),
+    ];
+    assert!(halves[0] != halves[1]);
+    for h in halves {
+        free(&pool, h, MIB / 2, &s);
+    }
+    let q = futures::executor::block_on(pool.allocate(MIB, &s).timeout(Duration::from_secs(5)));
+    let q = q.expect("served after giving back the free chunks");
+    free(&pool, q, MIB, &s);
+}
+
+/// Statistics read while sub-chunks move between a shard and the global level stay
+/// consistent: every level is read at once.
+#[test]
+fn statistics_are_consistent_while_sub_chunks_move() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (pool, stop, device) = (pool.clone(), stop.clone(), device.clone());
+        std::thread::spawn(move || {
+            let s = Stream::new(&device).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let p = pool.try_allocate(4 * KIB, &s).unwrap();
+                free(&pool, p, 4 * KIB, &s);
+                pool.inner.reclaim();
+            }
+        })
+    };
+    for _ in 0..20_000 {
+        let stats = pool.statistics();
+        assert!(stats.free_bytes <= stats.pool_size, "{stats:?}");
+        assert!(stats.live_allocations <= 1, "{stats:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap();
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate { size: usize, stream: usize },
