@@ -175,11 +175,13 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
     }
 
     fn capacity_limit(&self) -> Option<usize> {
-        let up = self.inner.upstream.capacity_limit()?;
         let (alignment, threshold) = (self.inner.alignment, self.inner.threshold);
         if alignment == ALLOCATION_ALIGNMENT {
-            return Some(up);
+            return self.inner.upstream.capacity_limit();
         }
+        // Even without an upstream limit, a request whose padded size overflows can never be
+        // served: the limit must say so, or an awaited one would wait for ever.
+        let up = self.inner.upstream.capacity_limit().unwrap_or(usize::MAX);
         // The largest padded request whose padded size fits, if it is padded at all...
         let padded = up
             .checked_sub(alignment - ALLOCATION_ALIGNMENT)
@@ -451,6 +453,34 @@ mod tests {
         let e = mr.try_allocate(usize::MAX - 100, &s).unwrap_err();
         assert!(e.is_out_of_memory(), "{e}");
         assert!(calls.lock().is_empty());
+    }
+
+    /// Over an upstream that can make requests wait but has no limit, a request whose padded
+    /// size overflows can never be served: it fails at once, awaited too, instead of waiting.
+    #[test]
+    fn an_overflowing_request_fails_at_once_even_awaited() {
+        let (device, s) = host();
+        let id = device.id();
+        let up = CallbackResource::new(
+            CudaResource::new(&device).properties(),
+            move |bytes, _| {
+                Err(Error::OutOfMemory {
+                    requested: bytes,
+                    available: None,
+                    device: id,
+                })
+            },
+            |_, _, _| {},
+        )
+        .with_availability(Arc::new(crate::Availability::new()));
+        let mr = AlignedAdaptor::new(up, 4096, 0).unwrap();
+        assert!(mr.capacity_limit().is_some_and(|l| l < usize::MAX - 100));
+        // The timeout only turns a hang, which would be the bug, into a failure.
+        let r = futures::executor::block_on(
+            mr.allocate(usize::MAX - 100, &s)
+                .timeout(std::time::Duration::from_secs(5)),
+        );
+        assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
     }
 
     /// The capacity limit is the largest request whose padded size fits the upstream's.

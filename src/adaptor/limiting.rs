@@ -144,7 +144,9 @@ impl<R: MemoryResource> MemoryResource for LimitingAdaptor<R> {
     }
 
     fn capacity_limit(&self) -> Option<usize> {
-        let limit = self.inner.limit;
+        // Requests are charged in 256-byte units: with a limit that is not a multiple of 256,
+        // the largest request that can ever fit is the limit rounded down.
+        let limit = self.inner.limit / ALLOCATION_ALIGNMENT * ALLOCATION_ALIGNMENT;
         Some(
             self.inner
                 .upstream

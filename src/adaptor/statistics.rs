@@ -81,9 +81,9 @@ pub struct Counters {
 /// Lock-free: an allocation is four relaxed atomic additions and two loads (plus a
 /// `fetch_max` when it sets a new peak), a free two atomic subtractions. Only
 /// [`push_counters`](Self::push_counters), [`pop_counters`](Self::pop_counters) and reading the
-/// counters take a lock. While a push or pop runs concurrently with allocations, each
-/// allocation's value and total land wholly in one scope; a peak reached by an allocation that
-/// raced with a push may be credited to the new scope as well as the old.
+/// counters take a lock. The figures are exact whenever no push or pop runs at the same time
+/// as allocations; an allocation that races a push or pop may have its value counted in one
+/// scope and its total in the other, and a peak it reaches may be credited to both.
 ///
 /// # Awaiting memory
 /// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and

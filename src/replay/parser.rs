@@ -162,6 +162,10 @@ pub struct EventReader<B> {
     /// The number of the last line read.
     line: usize,
     buf: Vec<u8>,
+    /// Set once reading has failed: a reader that fails once may fail for ever, so the
+    /// iterator ends after reporting it. (A line that does not parse is different: the reader
+    /// goes on with the next one.)
+    failed: bool,
 }
 
 impl<B: BufRead> EventReader<B> {
@@ -177,6 +181,7 @@ impl<B: BufRead> EventReader<B> {
             columns: Columns::default(),
             line: 0,
             buf: Vec::new(),
+            failed: false,
         };
         let line = loop {
             match reader.next_line()? {
@@ -206,10 +211,13 @@ impl<B: BufRead> EventReader<B> {
     fn next_line(&mut self) -> Result<Option<(usize, &str)>> {
         self.buf.clear();
         let line = self.line + 1;
-        let n = self
-            .input
-            .read_until(b'\n', &mut self.buf)
-            .map_err(|e| Error::io(format!("reading event log line {line}"), &e))?;
+        let n = match self.input.read_until(b'\n', &mut self.buf) {
+            Ok(n) => n,
+            Err(e) => {
+                self.failed = true;
+                return Err(Error::io(format!("reading event log line {line}"), &e));
+            }
+        };
         if n == 0 {
             return Ok(None);
         }
@@ -234,6 +242,9 @@ impl<B: BufRead> Iterator for EventReader<B> {
     type Item = Result<Event>;
 
     fn next(&mut self) -> Option<Result<Event>> {
+        if self.failed {
+            return None;
+        }
         let columns = self.columns;
         loop {
             let (line, text) = match self.next_line() {

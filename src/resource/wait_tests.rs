@@ -181,6 +181,28 @@ fn requests_that_can_never_fit_fail_at_once() {
     assert!(!mr.availability().unwrap().has_waiters());
 }
 
+/// Requests are charged in 256-byte units, so with a limit of 1000 bytes nothing over 768 can
+/// ever fit: the capacity limit says so, and an awaited 1000 bytes fails instead of waiting.
+#[test]
+fn a_limit_that_is_not_a_multiple_of_256_reports_what_can_fit() {
+    let (mr, s) = limited(1000);
+    assert_eq!(mr.capacity_limit(), Some(768));
+    // The timeout only turns a hang, which would be the bug, into a failure.
+    let r = futures::executor::block_on(mr.allocate(1000, &s).timeout(Duration::from_secs(5)));
+    assert!(
+        matches!(
+            r,
+            Err(Error::OutOfMemory {
+                requested: 1000,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let p = mr.try_allocate(768, &s).unwrap();
+    free(&mr, p, 768, &s);
+}
+
 #[test]
 fn resources_without_a_wait_queue_fail_at_once() {
     let device = Device::host_with(HostConfig::default().capacity(KIB));

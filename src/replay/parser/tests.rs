@@ -298,6 +298,20 @@ fn a_failed_read_is_an_io_error_with_the_line() {
     assert_eq!(context, "reading event log line 3");
 }
 
+/// A reader that fails may fail for ever: the iterator reports the failure once and ends,
+/// where going on (as it does after a line that does not parse) would never end.
+#[test]
+fn a_failed_reader_ends_after_reporting_it() {
+    let log = format!("{HEADER}\n");
+    let input = io::BufReader::new(Broken {
+        data: log.as_bytes(),
+    });
+    let reader = EventReader::new(input).unwrap();
+    let items: Vec<_> = reader.take(10).collect();
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert!(matches!(items[0], Err(Error::Io { .. })), "{items:?}");
+}
+
 #[test]
 fn a_missing_file_is_an_io_error_naming_it() {
     let path = std::env::temp_dir().join("streamalloc-no-such-log.csv");
