@@ -29,8 +29,11 @@ use crate::stream::Stream;
 /// a request does not fit, the pool grows as RMM's does: with a maximum, by
 /// `max(request, remaining / 2)` while the request fits the remaining room; without one, by
 /// `max(request, pool size)` (roughly doubling). If the upstream refuses, the attempt is halved
-/// down to the request before the pool gives up with [`Error::OutOfMemory`]. Unlike RMM's pool,
-/// [`trim`](PoolResource::trim) returns wholly free chunks to the upstream.
+/// down to the request. Chunks never merge, so before it gives up with [`Error::OutOfMemory`]
+/// on a request that could fit its capacity, the pool gives its wholly free chunks back to the
+/// upstream and tries once more (else a pool that is all free could refuse a request within
+/// its maximum for ever). Unlike RMM's pool, [`trim`](PoolResource::trim) returns wholly free
+/// chunks to the upstream on request too.
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T takes
@@ -560,8 +563,10 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         // Chunks never merge, so wholly free chunks may be all that keeps the pool from growing
         // by one large enough (under its maximum, or in a crowded upstream): give them back and
         // try once more. Without this a pool that is all free could refuse a request within its
-        // maximum for ever, and an awaited one would wait for ever.
-        if inner.release_empty_chunks() > 0 {
+        // maximum for ever, and an awaited one would wait for ever. A request that could never
+        // fit changes nothing.
+        let could_fit = self.capacity_limit().is_none_or(|limit| bytes <= limit);
+        if could_fit && inner.release_empty_chunks() > 0 {
             if let Some(p) = inner.global_allocate(size, stream, true, false)? {
                 return Ok(DevicePtr::from_raw(p));
             }
