@@ -14,6 +14,12 @@ use crate::{
     Result, Stream, StreamId,
 };
 
+// Written for the integration tests, where `pub` is the crate's own visibility.
+#[allow(unreachable_pub)]
+#[path = "../tests/common/rng.rs"]
+mod rng;
+pub(crate) use rng::SplitMix64;
+
 pub(crate) const KIB: usize = 1 << 10;
 pub(crate) const MIB: usize = 1 << 20;
 

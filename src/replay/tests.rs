@@ -6,7 +6,7 @@ use std::thread;
 use parking_lot::Mutex;
 
 use super::*;
-use crate::adaptor::test_support::{free, host, recording, Call, KIB, MIB};
+use crate::test_support::{free, host, recording, Call, SplitMix64, KIB, MIB};
 use crate::{
     CudaResource, LimitingAdaptor, LoggingAdaptor, PoolResource, SharedResource, StatisticsAdaptor,
 };
@@ -32,23 +32,6 @@ impl Shared {
     }
 }
 
-/// SplitMix64: a small, seedable generator for workloads.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// What a random workload left behind.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -64,7 +47,7 @@ struct Outcome {
 /// of random live allocations on random streams; half of what is left at the end is freed, the
 /// rest leaked.
 fn workload(mr: &impl MemoryResource, streams: &[Stream], seed: u64, ops: usize) -> Outcome {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
     let mut outcome = Outcome::default();
     for _ in 0..ops {

@@ -1,5 +1,6 @@
 //! SplitMix64, exactly as `../shared/bench/WORKLOADS.md` gives it: deterministic and
-//! dependency-free. Shared by the tests and the benches (`benches/common/workloads.rs`).
+//! dependency-free. Shared by the integration tests, the crate's unit tests
+//! (`src/test_support.rs`) and the benches (`benches/common/workloads.rs`).
 
 pub struct SplitMix64(pub u64);
 
@@ -13,8 +14,14 @@ impl SplitMix64 {
     }
 
     /// Uniform in `1..=max`.
-    #[allow(dead_code)] // the benches draw their own sizes
+    #[allow(dead_code)] // not every includer draws sizes
     pub fn size(&mut self, max: usize) -> usize {
         1 + (self.next() % max as u64) as usize
+    }
+
+    /// Uniform in `0..n`.
+    #[allow(dead_code)]
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
     }
 }
