@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use std::future::Future;
 
+use crate::test_support::free;
 use crate::{CudaResource, Device, Error, HostConfig, LimitingAdaptor, MemoryResource, Stream};
 
 const KIB: usize = 1024;
@@ -18,11 +19,6 @@ fn limited(limit: usize) -> (LimitingAdaptor<CudaResource>, Stream) {
         LimitingAdaptor::new(CudaResource::new(&device), limit),
         stream,
     )
-}
-
-fn free(mr: &impl MemoryResource, p: crate::DevicePtr, bytes: usize, s: &Stream) {
-    // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
-    unsafe { mr.deallocate(p, bytes, s) }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

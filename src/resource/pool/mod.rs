@@ -160,16 +160,9 @@ fn shard_layout(capacity: usize) -> (usize, usize, usize) {
         .min(64);
     // A power of two, then half a size class more (the pool's classes split each power of two
     // in 32): small requests carved off it leave it in its class.
-    let base = prev_power_of_two(capacity / 64).min(MAX_SHARD_CHUNK);
+    // capacity / 64 is at least 4 MiB here, so its log is defined.
+    let base = (1 << (capacity / 64).ilog2()).min(MAX_SHARD_CHUNK);
     (shards, base + base / 64, base / 4)
-}
-
-fn prev_power_of_two(n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        1 << (usize::BITS - 1 - n.leading_zeros())
-    }
 }
 
 impl<R: MemoryResource> PoolResource<R> {
@@ -428,14 +421,19 @@ impl<R: MemoryResource> Inner<R> {
         Ok(None)
     }
 
+    /// The index of `stream`'s shard: its id modulo the (power-of-two) number of shards.
+    fn shard_index(&self, stream: &Stream) -> usize {
+        stream.id().0 as usize & (self.shards.len() - 1)
+    }
+
     fn shard_of(&self, stream: &Stream) -> &Mutex<Shard> {
-        &self.shards[stream.id().0 as usize & (self.shards.len() - 1)]
+        &self.shards[self.shard_index(stream)]
     }
 
     /// Frees `addr` on `stream` into the shard that holds it, trying `stream`'s shard first;
     /// false when no shard holds it.
     fn shard_free(&self, addr: u64, bytes: usize, stream: &Stream) -> bool {
-        let home = stream.id().0 as usize & (self.shards.len() - 1);
+        let home = self.shard_index(stream);
         let order = (0..self.shards.len()).map(|i| (home + i) & (self.shards.len() - 1));
         for i in order {
             let mut shard = self.shards[i].lock();
