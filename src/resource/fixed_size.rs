@@ -345,17 +345,6 @@ impl<R: MemoryResource> Inner<R> {
 }
 
 impl State {
-    fn slot_of(&mut self, stream: StreamId) -> Option<u32> {
-        if let Some((s, slot)) = self.last {
-            if s == stream {
-                return Some(slot);
-            }
-        }
-        let slot = *self.slots.get(&stream)?;
-        self.last = Some((stream, slot));
-        Some(slot)
-    }
-
     #[inline]
     fn slot_or_insert(&mut self, stream: &Stream) -> u32 {
         match self.last {
@@ -366,7 +355,9 @@ impl State {
 
     #[cold]
     fn slot_or_insert_slow(&mut self, stream: &Stream) -> u32 {
-        if let Some(slot) = self.slot_of(stream.id()) {
+        // The fast path already found `last` to be another stream.
+        if let Some(&slot) = self.slots.get(&stream.id()) {
+            self.last = Some((stream.id(), slot));
             return slot;
         }
         let list = FreeList {
