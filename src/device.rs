@@ -1,7 +1,7 @@
 //! Devices: which backend, which ordinal, how much memory, and how events are turned into
 //! wake-ups.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -49,10 +49,20 @@ pub struct Device {
     inner: Arc<DeviceInner>,
 }
 
+/// How many untaken deferred errors a device keeps ([`Device::take_deferred_error`]).
+pub const DEFERRED_ERRORS_KEPT: usize = 64;
+
+/// Errors met where they could not be returned, oldest first, and how many there were.
+#[derive(Default)]
+struct DeferredErrors {
+    errors: VecDeque<Error>,
+    total: u64,
+}
+
 struct DeviceInner {
     backend: Arc<dyn Backend>,
     driver: CompletionDriver,
-    deferred_error: Mutex<Option<Error>>,
+    deferred: Mutex<DeferredErrors>,
     /// Total memory, asked of the backend once: it does not change while the device lives.
     total_memory: OnceLock<usize>,
 }
@@ -63,7 +73,7 @@ impl Device {
             inner: Arc::new(DeviceInner {
                 driver: CompletionDriver::new(strategy),
                 backend,
-                deferred_error: Mutex::new(None),
+                deferred: Mutex::default(),
                 total_memory: OnceLock::new(),
             }),
         };
@@ -245,23 +255,39 @@ impl Device {
         self.inner.backend.host_controls()
     }
 
-    /// Takes the first error that a `Drop` (which cannot return one) met on this device, such as
-    /// a failed stream-ordered free. Later errors are logged through `tracing` only.
+    /// Takes the oldest error not taken yet that was met where it could not be returned: a
+    /// stream-ordered free that failed or freed memory twice, a copy whose future was dropped
+    /// before it failed, a pool dropped with allocations still out.
+    ///
+    /// The device keeps the [`DEFERRED_ERRORS_KEPT`] oldest untaken errors; later ones are
+    /// still counted by [`deferred_error_count`](Device::deferred_error_count) (and logged
+    /// through `tracing`), so none goes unnoticed.
     ///
     /// ```
     /// # use streamalloc::{Device, HostConfig};
     /// assert!(Device::host_with(HostConfig::default()).take_deferred_error().is_none());
     /// ```
     pub fn take_deferred_error(&self) -> Option<Error> {
-        self.inner.deferred_error.lock().take()
+        self.inner.deferred.lock().errors.pop_front()
     }
 
-    /// Records an error met where it could not be returned (in a `Drop`).
+    /// How many errors this device has deferred since it was created, taken or not.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, HostConfig};
+    /// assert_eq!(Device::host_with(HostConfig::default()).deferred_error_count(), 0);
+    /// ```
+    pub fn deferred_error_count(&self) -> u64 {
+        self.inner.deferred.lock().total
+    }
+
+    /// Records an error met where it could not be returned (in a `Drop`, on a stream's worker).
     pub(crate) fn defer_error(&self, error: Error) {
         tracing::error!(device = %self.id(), %error, "deferred error");
-        let mut slot = self.inner.deferred_error.lock();
-        if slot.is_none() {
-            *slot = Some(error);
+        let mut deferred = self.inner.deferred.lock();
+        deferred.total += 1;
+        if deferred.errors.len() < DEFERRED_ERRORS_KEPT {
+            deferred.errors.push_back(error);
         }
     }
 

@@ -83,7 +83,7 @@ pub use adaptor::{
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
 pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
-pub use device::{Device, DeviceId};
+pub use device::{Device, DeviceId, DEFERRED_ERRORS_KEPT};
 pub use error::{Error, Result};
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
