@@ -98,6 +98,18 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
+    /// A blocking call would have had to wait on the thread of a current-thread async runtime
+    /// (tokio's `current_thread` flavor), which nothing else can run on meanwhile: the memory
+    /// it waits for could never come back. Await the async form instead.
+    #[error("{call} of {requested} bytes on {device} would block a current-thread runtime's only thread; await the async form instead")]
+    BlockingInAsyncContext {
+        /// The blocking call, e.g. `allocate_blocking`.
+        call: &'static str,
+        /// Bytes asked for.
+        requested: usize,
+        /// The device of the resource.
+        device: DeviceId,
+    },
     /// A resource or stream was used with a device it does not belong to.
     #[error("device mismatch: expected {expected}, got {actual}")]
     DeviceMismatch {

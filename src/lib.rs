@@ -95,7 +95,7 @@ pub use resource::{
     BinningResource, CallbackResource, CudaAsyncResource, CudaAsyncResourceBuilder,
     CudaAsyncViewResource, CudaResource, DevicePtr, ExportHandleType, FixedSizeResource,
     HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
-    PoolStatistics, Properties, SharedResource, ALLOCATION_ALIGNMENT,
+    PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
 

@@ -5,6 +5,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{
     Availability, DevicePtr, MemoryResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
 };
@@ -172,6 +173,14 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
 
     fn availability(&self) -> Option<&Availability> {
         self.inner.upstream.availability()
+    }
+
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        self.inner.upstream.may_regain_memory(bytes)
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
 use crate::stream::Stream;
 
@@ -161,6 +162,14 @@ impl<R: MemoryResource> MemoryResource for FailureCallbackAdaptor<R> {
 
     fn availability(&self) -> Option<&Availability> {
         self.inner.upstream.availability()
+    }
+
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        self.inner.upstream.may_regain_memory(bytes)
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {

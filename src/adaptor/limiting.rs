@@ -3,6 +3,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{
     Availability, DevicePtr, MemoryResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
 };
@@ -141,6 +142,24 @@ impl<R: MemoryResource> MemoryResource for LimitingAdaptor<R> {
 
     fn availability(&self) -> Option<&Availability> {
         Some(&self.inner.availability)
+    }
+
+    /// A request over what is left of the budget waits while something is charged; one
+    /// within it was refused by the upstream, and waits as the upstream would.
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        let used = self.allocated_bytes();
+        let within_budget = used
+            .checked_add(charge(bytes))
+            .is_some_and(|total| total <= self.inner.limit);
+        if within_budget {
+            self.inner.upstream.may_regain_memory(bytes)
+        } else {
+            used > 0
+        }
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -5,6 +5,7 @@ use std::time::Instant;
 use tracing::Level;
 
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
 use crate::stream::Stream;
 
@@ -222,6 +223,14 @@ impl<R: MemoryResource> MemoryResource for TracingAdaptor<R> {
 
     fn availability(&self) -> Option<&Availability> {
         self.inner.upstream.availability()
+    }
+
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        self.inner.upstream.may_regain_memory(bytes)
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -6,6 +6,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::error::Result;
+use crate::resource::ResourceIdentity;
 use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
 use crate::stream::{Stream, StreamId};
 
@@ -449,6 +450,14 @@ impl<R: MemoryResource> MemoryResource for TrackingAdaptor<R> {
 
     fn availability(&self) -> Option<&Availability> {
         self.inner.upstream.availability()
+    }
+
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        self.inner.upstream.may_regain_memory(bytes)
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -20,14 +20,19 @@ use crate::sync::Arc;
 /// ([`capacity_limit`](MemoryResource::capacity_limit)) and the resource signals
 /// [`availability`](MemoryResource::availability), the future joins the resource's FIFO wait
 /// queue and resolves when memory comes back (see [`Availability`](crate::Availability) for the
-/// fairness policy). Otherwise it resolves to the out-of-memory error.
+/// fairness policy). It waits only while memory may come back for it
+/// ([`may_regain_memory`](MemoryResource::may_regain_memory): an allocation is outstanding, a
+/// free pending); otherwise it resolves to the out-of-memory error at once. A request behind
+/// other waiters is checked as [`try_allocate`](MemoryResource::try_allocate) would check it
+/// (its stream's device, its size against the capacity limit) before it joins the queue.
 ///
 /// It works under any executor (tokio, `futures::executor::block_on`, …); deadlines use a
 /// runtime-independent timer.
 ///
 /// # Errors
-/// [`Error::OutOfMemory`] at once when the request can never fit or the resource cannot make
-/// it wait; [`Error::Timeout`] when a [`deadline`](Allocate::deadline) passes first; any other
+/// [`Error::OutOfMemory`] at once when the request can never fit, nothing can come back for
+/// it, or the resource cannot make it wait; [`Error::DeviceMismatch`] before any wait when the
+/// stream is of another device; [`Error::Timeout`] when a [`deadline`](Allocate::deadline) passes first; any other
 /// error of `try_allocate`.
 ///
 /// # Cancel safety
@@ -102,6 +107,39 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
                 .is_none_or(|limit| self.bytes <= limit)
     }
 
+    /// What `try_allocate` checks before it looks for memory, for a request that queues
+    /// without calling it: the stream's device.
+    fn check_arguments(&self) -> Result<()> {
+        let expected = self.mr.properties().device;
+        let actual = self.stream.device().id();
+        if expected == actual {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch { expected, actual })
+        }
+    }
+
+    /// The queue head's attempt: `None` to go on waiting, or the outcome. Out of memory ends
+    /// the wait when nothing can come back for the request
+    /// ([`may_regain_memory`](MemoryResource::may_regain_memory)); the attempt is repeated
+    /// once first, in case the last free landed between the two.
+    fn retry(&self) -> Option<Result<DevicePtr>> {
+        for last in [false, true] {
+            match self.mr.try_allocate(self.bytes, self.stream) {
+                Err(e) if e.is_out_of_memory() => {
+                    if self.mr.may_regain_memory(self.bytes) {
+                        return None;
+                    }
+                    if last {
+                        return Some(Err(e));
+                    }
+                }
+                done => return Some(done),
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
     fn timed_out(&self, since: Instant) -> Error {
         Error::Timeout {
             requested: self.bytes,
@@ -130,8 +168,15 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
                     Err(e) if e.is_out_of_memory() && this.can_wait() => {}
                     done => return Poll::Ready(done),
                 }
-            } else if !this.can_wait() {
-                return Poll::Ready(this.mr.try_allocate(this.bytes, this.stream));
+            } else {
+                // Behind other waiters, but checked as the fast path would be first: a request
+                // that is wrong on its face fails now instead of waiting its turn.
+                if let Err(e) = this.check_arguments() {
+                    return Poll::Ready(Err(e));
+                }
+                if this.bytes == 0 || !this.can_wait() {
+                    return Poll::Ready(this.mr.try_allocate(this.bytes, this.stream));
+                }
             }
             let Some(availability) = this.mr.availability() else {
                 unreachable!("can_wait")
@@ -150,12 +195,9 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         wait.waiter.set_waker(cx.waker());
         if availability.is_head(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
-            match this.mr.try_allocate(this.bytes, this.stream) {
-                Err(e) if e.is_out_of_memory() => {}
-                done => {
-                    this.leave_queue();
-                    return Poll::Ready(done);
-                }
+            if let Some(done) = this.retry() {
+                this.leave_queue();
+                return Poll::Ready(done);
             }
         }
         let wait = this.wait.as_mut().expect("still queued");

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{
     Availability, DevicePtr, FixedSizeResource, MemoryResource, Properties, SharedResource,
 };
@@ -29,9 +30,13 @@ const BIN_BLOCKS: usize = 128;
 /// # Awaiting memory
 /// The resource has one wait queue ([`Availability`]) that every bin and the upstream wake,
 /// so an awaited allocation waits for memory wherever its request is routed, first come,
-/// first served across all sizes. [`capacity_limit`](MemoryResource::capacity_limit) is the
-/// upstream's: a request larger than every bin and than the upstream could ever hold fails at
-/// once.
+/// first served across all sizes; every free through it wakes the oldest waiter.
+/// [`capacity_limit`](MemoryResource::capacity_limit) is the upstream's: a request larger than
+/// every bin and than the upstream could ever hold fails at once. A request waits only where
+/// memory can come back for it ([`may_regain_memory`](MemoryResource::may_regain_memory)): one
+/// routed to a bin while the bin has blocks in use, one routed to the upstream as the upstream
+/// would let it wait. Over plain device memory (which makes nobody wait) a refused large
+/// request fails at once, as it would on the upstream itself.
 ///
 /// # Examples
 ///
@@ -230,10 +235,26 @@ impl<R: MemoryResource + Clone> MemoryResource for BinningResource<R> {
                 None => self.inner.upstream.deallocate(ptr, bytes, stream),
             }
         }
+        // The bins and the upstream wake their own followers, this resource among them; but a
+        // bin given without a wait queue of its own wakes nobody, so say it here too. (Cheap
+        // when nobody waits: a fence and a load.)
+        self.inner.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
         Some(&self.inner.availability)
+    }
+
+    /// As the bin or the upstream that serves `bytes`.
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        match self.inner.bin(bytes) {
+            Some(bin) => bin.resource().may_regain_memory(bytes),
+            None => self.inner.upstream.may_regain_memory(bytes),
+        }
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {

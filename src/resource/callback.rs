@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::resource::ResourceIdentity;
 use crate::resource::{Availability, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -185,6 +186,10 @@ impl MemoryResource for CallbackResource {
 
     fn capacity_limit(&self) -> Option<usize> {
         self.capacity_limit
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.callbacks)
     }
 
     fn properties(&self) -> Properties {

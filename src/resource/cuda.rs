@@ -1,6 +1,7 @@
 use crate::backend::{BackendKind, MemoryKind};
 use crate::device::Device;
 use crate::error::Result;
+use crate::resource::ResourceIdentity;
 use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -58,6 +59,10 @@ impl MemoryResource for CudaResource {
     /// The device's total memory: no single request can be larger.
     fn capacity_limit(&self) -> Option<usize> {
         self.device.total_memory().ok()
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::stateless::<Self>(self.device.id())
     }
 
     fn properties(&self) -> Properties {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use crate::backend::{BackendKind, BackendPool, PoolConfig};
 use crate::device::Device;
 use crate::error::Result;
+use crate::resource::ResourceIdentity;
 use crate::resource::{check_stream, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -227,6 +228,10 @@ impl MemoryResource for CudaAsyncResource {
     /// The device's total memory: no single request can be larger.
     fn capacity_limit(&self) -> Option<usize> {
         self.device.total_memory().ok()
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.pool)
     }
 
     fn properties(&self) -> Properties {

@@ -5,6 +5,7 @@ use crate::backend::BackendPool;
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::cuda_async::{pool_allocate, pool_deallocate, pool_properties};
+use crate::resource::ResourceIdentity;
 use crate::resource::{CudaAsyncResource, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -73,6 +74,10 @@ impl MemoryResource for CudaAsyncViewResource {
     /// The device's total memory: no single request can be larger.
     fn capacity_limit(&self) -> Option<usize> {
         self.device.total_memory().ok()
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.pool)
     }
 
     fn properties(&self) -> Properties {

@@ -9,6 +9,7 @@ use rustc_hash::FxHashMap;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::stream_order::FreeOrder;
+use crate::resource::ResourceIdentity;
 use crate::resource::{
     check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
     ALLOCATION_ALIGNMENT,
@@ -480,6 +481,21 @@ impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
 
     fn capacity_limit(&self) -> Option<usize> {
         Some(self.inner.block_size)
+    }
+
+    /// While a block is in use, a free brings one back; else only the upstream could give the
+    /// resource a new chunk.
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        let inner = &*self.inner;
+        inner.state.lock().live > 0
+            || inner
+                .upstream
+                .may_regain_memory(inner.block_size.saturating_mul(inner.blocks_per_chunk))
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn properties(&self) -> Properties {

@@ -2,6 +2,7 @@ use crate::backend::host::{system_allocate, system_free};
 use crate::backend::BackendKind;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{check_stream, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -71,6 +72,10 @@ impl MemoryResource for HostResource {
             // The memory is leaked rather than freed under a possible reader.
             self.device.defer_error(e);
         }
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::stateless::<Self>(self.device.id())
     }
 
     fn properties(&self) -> Properties {

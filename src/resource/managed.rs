@@ -2,6 +2,7 @@ use crate::backend::MemoryKind;
 use crate::device::Device;
 
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -81,6 +82,10 @@ impl MemoryResource for ManagedResource {
         } else {
             self.total().ok()
         }
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::stateless::<Self>(self.device.id())
     }
 
     fn properties(&self) -> Properties {

@@ -17,7 +17,9 @@ pub(crate) mod registry;
 mod stream_order;
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 pub use allocate::Allocate;
 pub use arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
@@ -173,6 +175,62 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether a request of `bytes` that this resource refuses now may succeed later, once
+    /// memory comes back without anyone asking for more: an allocation of it is outstanding, a
+    /// stream-ordered free is pending, or an upstream it follows may get memory back for it.
+    ///
+    /// An awaited allocation ([`allocate`](MemoryResource::allocate)) waits only while this
+    /// holds; otherwise it fails at once with the out-of-memory error, as
+    /// [`try_allocate`](MemoryResource::try_allocate) does, instead of waiting for a wake-up
+    /// that can never come. It is asked only after a request failed (a slow path), so it may
+    /// take locks. The default, for resources that do not know, is
+    /// `self.availability().is_some()`: a resource that signals availability is trusted to
+    /// signal it again.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 4096);
+    /// assert!(!mr.may_regain_memory(4096)); // nothing is out: nothing can come back
+    /// let p = mr.try_allocate(4096, &stream)?;
+    /// assert!(mr.may_regain_memory(4096)); // freeing `p` would make room
+    /// unsafe { mr.deallocate(p, 4096, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        self.availability().is_some()
+    }
+
+    /// Whether `other` is the same resource as `self` (RMM's `is_equal`): memory allocated
+    /// from one may be freed through the other. Two handles (clones) of one resource are
+    /// equal; so are two stateless resources of the same kind and device (two
+    /// [`CudaResource`]s of one device, say), as in RMM.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource};
+    ///
+    /// let device = Device::host();
+    /// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// assert!(pool.is_equal(&pool.clone()));
+    /// let other = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// assert!(!pool.is_equal(&other));
+    /// assert!(CudaResource::new(&device).is_equal(&CudaResource::new(&device)));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn is_equal(&self, other: &dyn MemoryResource) -> bool {
+        self.identity() == other.identity()
+    }
+
+    /// What makes this resource itself, for [`is_equal`](MemoryResource::is_equal): the
+    /// address of its shared state, or its kind and device for a stateless resource. The
+    /// default is the handle's own address, which suits a resource that is not cloned.
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::Shared(self as *const Self as *const () as usize)
+    }
+
     /// Where the memory lives and who can access it.
     fn properties(&self) -> Properties;
 
@@ -192,13 +250,51 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     /// calling thread while the request waits. Do not call it on an async executor thread.
     ///
     /// # Errors
-    /// As [`try_allocate`](MemoryResource::try_allocate).
+    /// As [`allocate`](MemoryResource::allocate); and
+    /// [`Error::BlockingInAsyncContext`] instead of a deadlock when the request would have to
+    /// wait on a thread of a tokio `current_thread` runtime (its tasks, its `block_on`, and
+    /// its `spawn_blocking` threads, which tokio does not tell apart): no task of that runtime
+    /// could free memory while the thread blocks. A request served at once is served there
+    /// too. (On a multi-thread runtime it blocks a worker, as any blocking call does.)
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, Error, LimitingAdaptor, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 4096);
+    /// let held = mr.allocate_blocking(4096, &stream)?; // served at once
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let r = rt.block_on(async { mr.allocate_blocking(256, &stream) });
+    /// assert!(matches!(r, Err(Error::BlockingInAsyncContext { requested: 256, .. })));
+    /// unsafe { mr.deallocate(held, 4096, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
     fn allocate_blocking(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr>
     where
         Self: Sized,
     {
-        futures::executor::block_on(self.allocate(bytes, stream))
+        let mut future = std::pin::pin!(self.allocate(bytes, stream));
+        let first = future
+            .as_mut()
+            .poll(&mut Context::from_waker(futures::task::noop_waker_ref()));
+        match first {
+            Poll::Ready(done) => done,
+            Poll::Pending if on_current_thread_runtime() => Err(Error::BlockingInAsyncContext {
+                call: "allocate_blocking",
+                requested: bytes,
+                device: stream.device().id(),
+            }),
+            Poll::Pending => futures::executor::block_on(future),
+        }
     }
+}
+
+/// Whether this thread runs under a tokio `current_thread` runtime, where blocking while
+/// waiting for memory would deadlock.
+fn on_current_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
 /// A type-erased, shared resource: what per-device defaults, containers and runtime-composed
@@ -223,8 +319,53 @@ impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
         (**self).capacity_limit()
     }
 
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        (**self).may_regain_memory(bytes)
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        (**self).identity()
+    }
+
     fn properties(&self) -> Properties {
         (**self).properties()
+    }
+}
+
+/// What tells one resource from another ([`MemoryResource::identity`]).
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, ResourceIdentity};
+///
+/// let device = Device::host();
+/// assert!(matches!(CudaResource::new(&device).identity(), ResourceIdentity::Stateless { .. }));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResourceIdentity {
+    /// A resource with shared state, named by that state's address: every clone shares it.
+    Shared(usize),
+    /// A resource with no state of its own: any two of the same kind and device are one.
+    Stateless {
+        /// The resource's type name.
+        kind: &'static str,
+        /// Its device.
+        device: DeviceId,
+    },
+}
+
+impl ResourceIdentity {
+    /// The identity of the shared state behind `arc`.
+    pub(crate) fn of_shared<T: ?Sized>(arc: &Arc<T>) -> Self {
+        ResourceIdentity::Shared(Arc::as_ptr(arc) as *const () as usize)
+    }
+
+    /// The identity of a stateless resource of type `R` on `device`.
+    pub(crate) fn stateless<R: ?Sized>(device: DeviceId) -> Self {
+        ResourceIdentity::Stateless {
+            kind: std::any::type_name::<R>(),
+            device,
+        }
     }
 }
 
@@ -289,3 +430,6 @@ pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource 
 
 #[cfg(test)]
 mod wait_tests;
+
+#[cfg(test)]
+mod equality_tests;

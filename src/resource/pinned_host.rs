@@ -1,6 +1,7 @@
 use crate::backend::MemoryKind;
 use crate::device::Device;
 use crate::error::Result;
+use crate::resource::ResourceIdentity;
 use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;
 
@@ -43,6 +44,10 @@ impl MemoryResource for PinnedHostResource {
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { leaf_deallocate(&self.device, MemoryKind::PinnedHost, ptr, bytes, stream) }
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::stateless::<Self>(self.device.id())
     }
 
     fn properties(&self) -> Properties {

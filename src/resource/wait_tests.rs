@@ -297,3 +297,32 @@ impl futures::task::ArcWake for CountingWaker {
         arc_self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// On a current-thread runtime's thread, a blocking allocation that would wait returns an
+/// error instead of blocking the one thread that could free memory; one served at once is
+/// served; elsewhere it waits as before.
+#[test]
+fn allocate_blocking_on_a_current_thread_runtime_does_not_deadlock() {
+    let (mr, s) = limited(KIB);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let held = rt
+        .block_on(async { mr.allocate_blocking(KIB, &s) })
+        .unwrap();
+    let r = rt.block_on(async {
+        let waiting = tokio::spawn({
+            let (mr, s) = (mr.clone(), s.clone());
+            async move { mr.allocate_blocking(256, &s) }
+        });
+        waiting.await.unwrap()
+    });
+    assert!(
+        matches!(r, Err(Error::BlockingInAsyncContext { requested: 256, .. })),
+        "{r:?}"
+    );
+    assert!(!mr.availability().unwrap().has_waiters());
+    assert_eq!(mr.allocated_bytes(), KIB);
+    free(&mr, held, KIB, &s);
+}

@@ -6,6 +6,7 @@
 pub mod arena_suite;
 pub mod buffer_suite;
 pub mod pool_suite;
+pub mod pressure_suite;
 mod rng;
 pub mod stress;
 pub mod suite;

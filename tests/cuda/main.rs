@@ -105,6 +105,16 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);
+pressure_suites!(gpu(), #[ignore = "needs a CUDA device"]);
+resource_suite!(limiting_over_host_resource, gpu(), |d| {
+    Arc::new(LimitingAdaptor::new(HostResource::new(d), usize::MAX))
+}, #[ignore = "needs a CUDA device"]);
+resource_suite!(limiting_over_pinned_host_resource, gpu(), |d| {
+    Arc::new(LimitingAdaptor::new(PinnedHostResource::new(d), usize::MAX))
+}, #[ignore = "needs a CUDA device"]);
+resource_suite!(binning_over_host_resource, gpu(), |d| {
+    Arc::new(BinningResource::with_range(HostResource::new(d), 12, 20).unwrap())
+}, #[ignore = "needs a CUDA device"]);
 resource_suite!(
     binning_over_pool,
     gpu(),

@@ -47,6 +47,16 @@ resource_suite!(limiting_adaptor, host(), |d| {
     Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30))
 });
 pool_suite!(pools, host());
+pressure_suites!(host());
+resource_suite!(limiting_over_host_resource, host(), |d| {
+    Arc::new(LimitingAdaptor::new(HostResource::new(d), usize::MAX))
+});
+resource_suite!(limiting_over_pinned_host_resource, host(), |d| {
+    Arc::new(LimitingAdaptor::new(PinnedHostResource::new(d), usize::MAX))
+});
+resource_suite!(binning_over_host_resource, host(), |d| {
+    Arc::new(BinningResource::with_range(HostResource::new(d), 12, 20).unwrap())
+});
 resource_suite!(binning_over_pool, host(), |d| {
     let pool = PoolResource::new(CudaResource::new(d), 0, None).unwrap();
     Arc::new(BinningResource::with_range(pool, 18, 22).unwrap())

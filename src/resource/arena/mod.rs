@@ -21,6 +21,7 @@ use self::core::{
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::registry::percent_of_free_device_memory;
+use crate::resource::ResourceIdentity;
 use crate::resource::{
     check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
 };
@@ -1164,6 +1165,17 @@ impl<R: MemoryResource> MemoryResource for ArenaResource<R> {
 
     fn capacity_limit(&self) -> Option<usize> {
         Some(self.inner.capacity)
+    }
+
+    /// The arena never grows: only a live allocation or a pending free can bring memory back.
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        let stats = self.statistics();
+        stats.live_allocations > 0 || stats.pending_bytes > 0
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn properties(&self) -> Properties {

@@ -228,3 +228,48 @@ proptest! {
         prop_assert_eq!(pool.statistics().live_allocations, 11, "one batch per bin stays in the pool");
     }
 }
+
+/// Over an upstream that makes nobody wait (plain device memory on a full device), a request
+/// routed to the upstream fails at once instead of waiting for a wake-up that the upstream
+/// never sends; a request routed to a bin waits for the bin's blocks and a free wakes it.
+#[test]
+fn over_device_memory_upstream_requests_fail_and_bin_requests_wait() {
+    let device = Device::host_with(crate::HostConfig::default().capacity(8 * MIB));
+    let s = Stream::new(&device).unwrap();
+    let mr = BinningResource::with_range(CudaResource::new(&device), 12, 12).unwrap();
+    let mut large = Vec::new();
+    while let Ok(p) = mr.try_allocate(MIB, &s) {
+        large.push(p);
+    }
+    let r = futures::executor::block_on(mr.allocate(MIB, &s).timeout(Duration::from_secs(20)));
+    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+
+    let mut small = Vec::new();
+    while let Ok(p) = mr.try_allocate(4 * KIB, &s) {
+        small.push(p);
+    }
+    assert!(!small.is_empty());
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        std::thread::spawn(move || {
+            futures::executor::block_on(mr.allocate(4 * KIB, &s).timeout(Duration::from_secs(20)))
+        })
+    };
+    while !mr.availability().unwrap().has_waiters() {
+        assert!(!waiter.is_finished(), "the bin request did not wait");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    free(&mr, small.pop().unwrap(), 4 * KIB, &s);
+    let p = waiter
+        .join()
+        .unwrap()
+        .expect("a bin free wakes the bin's waiter");
+    small.push(p);
+    for p in small {
+        free(&mr, p, 4 * KIB, &s);
+    }
+    for p in large {
+        free(&mr, p, MIB, &s);
+    }
+    s.synchronize_blocking().unwrap();
+}

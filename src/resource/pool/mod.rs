@@ -12,6 +12,7 @@ use self::core::{align_up, ALIGN};
 use self::level::{Level, Released};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::ResourceIdentity;
 use crate::resource::{
     check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
 };
@@ -596,6 +597,17 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
 
     fn availability(&self) -> Option<&Availability> {
         Some(&self.inner.availability)
+    }
+
+    /// A live allocation may come back; so may the upstream's memory, which the pool follows.
+    /// (A request that fails has first made the pool give back its wholly free chunks, so the
+    /// upstream's outstanding memory is not only the pool's own free memory.)
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        self.statistics().live_allocations > 0 || self.inner.upstream.may_regain_memory(bytes)
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
     }
 
     fn capacity_limit(&self) -> Option<usize> {
