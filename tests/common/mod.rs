@@ -5,6 +5,7 @@
 
 pub mod arena_suite;
 pub mod buffer_suite;
+pub mod huge_sizes;
 pub mod pool_suite;
 mod rng;
 pub mod stress;

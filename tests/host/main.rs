@@ -36,6 +36,7 @@ resource_suite!(current_device_resource, host(), |d| {
 });
 
 buffer_suite!(buffers, host());
+huge_sizes_suite!(huge_sizes, host());
 
 resource_suite!(pool_over_cuda_resource, host(), |d| {
     Arc::new(PoolResource::new(CudaResource::new(d), 1 << 20, None).unwrap())
