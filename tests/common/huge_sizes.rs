@@ -15,7 +15,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind};
 use streamalloc::{
-    CallbackResource, Counters, CudaResource, Device, DeviceBuffer, DevicePtr, LimitingAdaptor,
+    AlignedAdaptor, ArenaConfig, ArenaResource, BinningResource, CallbackResource, Counters,
+    CudaResource, Device, DeviceBuffer, DevicePtr, FixedSizeResource, LimitingAdaptor,
     MemoryResource, SharedResource, StatisticsAdaptor, Stream, TrackingAdaptor,
 };
 
@@ -237,6 +238,88 @@ pub fn replay_of_huge_sizes(device: Device) {
     assert_eq!(mr.allocated_bytes(), 0);
 }
 
+/// Resources whose configuration itself sits at an edge of the size math: size-class
+/// rounding, huge alignments (the padded size is what overflows), a bin whose size is
+/// `usize::MAX` (routing), a fixed-size resource of the largest block. Huge requests are out of
+/// memory and hold nothing; a normal request after them is served or out of memory (a 2^62
+/// alignment pads 4 KiB to more than any device has), never anything else.
+pub fn edge_configurations(device: Device) {
+    let leaf = || CudaResource::new(&device);
+    let mut binning = BinningResource::new(leaf());
+    binning.add_bin(4096, None).unwrap();
+    // The leaf behind a callback, which claims no capacity limit, so that the bin is allowed.
+    let (up, freeing) = (leaf(), leaf());
+    let unbounded = CallbackResource::new(
+        up.properties(),
+        move |bytes, stream| up.try_allocate(bytes, stream),
+        // SAFETY: called only under `deallocate`'s contract; the pointer came from `up`, whose
+        // clone `freeing` shares its device's memory.
+        move |ptr, bytes, stream| unsafe { freeing.deallocate(ptr, bytes, stream) },
+    );
+    binning
+        .add_bin(usize::MAX, Some(Arc::new(unbounded)))
+        .unwrap();
+    let resources: Vec<(&str, SharedResource)> = vec![
+        (
+            "arena with size classes",
+            Arc::new(
+                ArenaResource::with_config(
+                    leaf(),
+                    ArenaConfig::default()
+                        .arena_size(64 << 20)
+                        .size_classes(true),
+                )
+                .unwrap(),
+            ),
+        ),
+        ("binning with a usize::MAX bin", Arc::new(binning)),
+        (
+            "aligned to 2^62",
+            Arc::new(AlignedAdaptor::new(leaf(), 1 << 62, 0).unwrap()),
+        ),
+        (
+            "aligned to 2^63 above 2^40",
+            Arc::new(AlignedAdaptor::new(leaf(), 1 << 63, 1 << 40).unwrap()),
+        ),
+        (
+            "limiting to usize::MAX",
+            Arc::new(LimitingAdaptor::new(leaf(), usize::MAX)),
+        ),
+        (
+            "limiting to usize::MAX over aligned to 2^20",
+            Arc::new(LimitingAdaptor::new(
+                AlignedAdaptor::new(leaf(), 1 << 20, 0).unwrap(),
+                usize::MAX,
+            )),
+        ),
+    ];
+    let s = Stream::new(&device).unwrap();
+    for (name, mr) in resources {
+        let before = device_bytes(&device);
+        for bytes in edge_sizes() {
+            refuse(&mr, bytes, &s).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        TestRunner::new(Config::with_cases(16))
+            .run(&huge_size(), |bytes| refuse(&mr, bytes, &s))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        s.synchronize_blocking().unwrap();
+        assert_eq!(device_bytes(&device), before, "{name} kept memory");
+        match mr.try_allocate(4096, &s) {
+            // SAFETY: allocated just above with this size, used by nothing.
+            Ok(p) => unsafe { mr.deallocate(p, 4096, &s) },
+            Err(e) => assert!(e.is_out_of_memory(), "{name}: {e}"),
+        }
+        s.synchronize_blocking().unwrap();
+    }
+    // A fixed-size resource of the largest block that rounds to 256 asks its upstream for it
+    // at once, and is refused with out-of-memory; one past it does not round at all.
+    let e = FixedSizeResource::new(leaf(), usize::MAX - 255, 1).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let e = FixedSizeResource::new(leaf(), usize::MAX - 254, 1).unwrap_err();
+    assert!(matches!(e, streamalloc::Error::InvalidArgument(_)), "{e}");
+    s.synchronize_blocking().unwrap();
+}
+
 /// Instantiates the adaptor-specific huge-size cases on one device kind.
 #[macro_export]
 macro_rules! huge_sizes_suite {
@@ -249,6 +332,7 @@ macro_rules! huge_sizes_suite {
             $(#[$attr])* #[test] fn limiting_charges_nothing() { huge_sizes::limiting_charges_nothing($device) }
             $(#[$attr])* #[test] fn counters_unchanged() { huge_sizes::counters_unchanged($device) }
             $(#[$attr])* #[test] fn replay_of_huge_sizes() { huge_sizes::replay_of_huge_sizes($device) }
+            $(#[$attr])* #[test] fn edge_configurations() { huge_sizes::edge_configurations($device) }
         }
     };
 }
