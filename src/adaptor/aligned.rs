@@ -32,7 +32,8 @@ use crate::stream::Stream;
 /// [`AlignedAdaptor::new`]: [`Error::InvalidArgument`] for an alignment that is not a power of
 /// two of at least 256. Allocation: the upstream's errors (an out-of-memory error names the
 /// padded size the upstream was asked for); [`Error::OutOfMemory`] when the padded size
-/// overflows.
+/// overflows, or when the upstream's pointer has no aligned address above it in the 64-bit
+/// space (its block is given back).
 ///
 /// # Panics
 /// Allocation panics if the upstream hands out memory overlapping a live allocation (two live
@@ -139,9 +140,21 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
             device: stream.device().id(),
         })?;
         let original = upstream.try_allocate(size, stream)?;
-        let aligned = original
+        let Some(aligned) = original
             .addr()
-            .next_multiple_of(self.inner.alignment as u64);
+            .checked_next_multiple_of(self.inner.alignment as u64)
+        else {
+            // No aligned address follows it (a 2^63 alignment, a pointer above 2^63): the
+            // block cannot serve the request, so it goes back.
+            // SAFETY: `original` came from the upstream's `try_allocate(size)` just now and
+            // nothing has used it.
+            unsafe { upstream.deallocate(original, size, stream) };
+            return Err(Error::OutOfMemory {
+                requested: size,
+                available: None,
+                device: stream.device().id(),
+            });
+        };
         if aligned != original.addr() {
             let taken = self.inner.shifted.lock().insert(aligned, original.addr());
             assert!(
@@ -462,6 +475,27 @@ mod tests {
         let e = mr.try_allocate(usize::MAX - 100, &s).unwrap_err();
         assert!(e.is_out_of_memory(), "{e}");
         assert!(calls.lock().is_empty());
+    }
+
+    /// With a 2^63 alignment, an upstream pointer above 2^63 has no aligned address in the
+    /// 64-bit space: the block goes back and the request is out of memory (before the fix the
+    /// rounding of the address overflowed).
+    #[test]
+    fn an_upstream_pointer_that_cannot_be_aligned_is_given_back() {
+        let (device, s) = host();
+        let (upstream, calls) = scripted(&device, &[(1 << 63) + 256]);
+        let mr = AlignedAdaptor::new(upstream, 1 << 63, 0).unwrap();
+        let e = mr.try_allocate(256, &s).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        let padded = usize::MAX - 255; // 2^63 + 2^63 - 256
+        assert_eq!(
+            *calls.lock(),
+            [
+                Call::Allocate(padded, s.id()),
+                Call::Deallocate(addr((1 << 63) + 256), padded, s.id())
+            ]
+        );
+        assert!(mr.inner.shifted.lock().is_empty());
     }
 
     /// Over an upstream that can make requests wait but has no limit, a request whose padded

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::resource::ResourceIdentity;
 use crate::resource::{
-    Availability, DevicePtr, MemoryResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
+    align_up, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
+    ALLOCATION_ALIGNMENT,
 };
 use crate::stream::Stream;
 
@@ -61,8 +62,10 @@ struct Inner<R> {
     availability: Arc<Availability>,
 }
 
-fn charge(bytes: usize) -> usize {
-    bytes.div_ceil(ALLOCATION_ALIGNMENT) * ALLOCATION_ALIGNMENT
+/// What a request of `bytes` is charged; `None` when its rounding overflows (no budget holds
+/// it).
+fn charge(bytes: usize) -> Option<usize> {
+    align_up(bytes)
 }
 
 impl<R: MemoryResource> LimitingAdaptor<R> {
@@ -99,19 +102,22 @@ impl<R: MemoryResource> LimitingAdaptor<R> {
     }
 
     fn reserve(&self, requested: usize, stream: &Stream) -> Result<usize> {
-        let charged = charge(requested);
         let limit = self.inner.limit;
+        let out_of_memory = |used: usize| Error::OutOfMemory {
+            requested,
+            available: Some(limit.saturating_sub(used)),
+            device: stream.device().id(),
+        };
+        let Some(charged) = charge(requested) else {
+            return Err(out_of_memory(self.allocated_bytes()));
+        };
         self.inner
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(charged).filter(|&total| total <= limit)
             })
             .map(|_| charged)
-            .map_err(|used| Error::OutOfMemory {
-                requested,
-                available: Some(limit.saturating_sub(used)),
-                device: stream.device().id(),
-            })
+            .map_err(out_of_memory)
     }
 
     /// Returns a charge. Only a real free notifies waiters: a charge returned because the
@@ -137,7 +143,8 @@ impl<R: MemoryResource> MemoryResource for LimitingAdaptor<R> {
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
-        self.release(charge(bytes), true);
+        let charged = charge(bytes).expect("an allocation of this size was charged, so it rounds");
+        self.release(charged, true);
     }
 
     fn availability(&self) -> Option<&Availability> {
@@ -194,5 +201,38 @@ impl<R: MemoryResource> fmt::Debug for LimitingAdaptor<R> {
             .field("allocated", &self.allocated_bytes())
             .field("upstream", &self.inner.upstream)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::charge;
+
+    /// The charge is the size rounded up to 256 while that fits a `usize`, and `None` (out of
+    /// memory) past it; before the fix the rounding overflowed (a panic in debug, a charge of 0
+    /// in release).
+    #[test]
+    fn charges_round_up_to_256_until_they_overflow() {
+        assert_eq!(charge(0), Some(0));
+        assert_eq!(charge(1), Some(256));
+        assert_eq!(charge(256), Some(256));
+        assert_eq!(charge(257), Some(512));
+        let last = usize::MAX - 255; // the largest multiple of 256
+        assert_eq!(charge(last), Some(last));
+        for bytes in [last + 1, usize::MAX - 1, usize::MAX] {
+            assert_eq!(charge(bytes), None, "{bytes}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_charge_covers_its_request_by_less_than_256(bytes in any::<usize>()) {
+            match charge(bytes) {
+                Some(c) => prop_assert!(c >= bytes && c - bytes < 256 && c % 256 == 0),
+                None => prop_assert!(bytes > usize::MAX - 255),
+            }
+        }
     }
 }

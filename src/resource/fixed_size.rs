@@ -11,8 +11,7 @@ use crate::error::{Error, Result};
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::ResourceIdentity;
 use crate::resource::{
-    check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
-    ALLOCATION_ALIGNMENT,
+    align_up, check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
 };
 use crate::stream::{Stream, StreamId};
 
@@ -161,8 +160,7 @@ impl<R: MemoryResource> FixedSizeResource<R> {
                  {block_size} and {blocks_to_preallocate})"
             )));
         }
-        let rounded = block_size
-            .checked_next_multiple_of(ALLOCATION_ALIGNMENT)
+        let rounded = align_up(block_size)
             .filter(|&b| b.checked_mul(blocks_to_preallocate).is_some())
             .ok_or_else(|| {
                 Error::invalid(format!(

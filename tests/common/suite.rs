@@ -341,6 +341,7 @@ macro_rules! resource_suite {
             $(#[$attr])* #[test] fn cross_thread_cross_stream() { suite::cross_thread_cross_stream(device(), make) }
             $(#[$attr])* #[test] fn four_threads() { suite::four_threads(device(), make) }
             $(#[$attr])* #[test] fn concurrent_distinct() { suite::concurrent_distinct(device(), make) }
+            $(#[$attr])* #[test] fn huge_requests_fail_cleanly() { $crate::common::huge_sizes::huge_requests_fail_cleanly(device(), make) }
         }
     };
 }

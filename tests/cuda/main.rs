@@ -36,6 +36,7 @@ resource_suite!(host_resource, gpu(), |d| Arc::new(HostResource::new(d)), #[igno
 resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(d), #[ignore = "needs a CUDA device"]);
 
 buffer_suite!(buffers, gpu(), #[ignore = "needs a CUDA device"]);
+huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
 /// The handoff proof: a long-running kernel writes a buffer on stream A, the buffer moves to
 /// stream B, and B copies it to the host. The host must see what the kernel wrote.

@@ -36,6 +36,17 @@ resource_suite!(current_device_resource, host(), |d| {
 });
 
 buffer_suite!(buffers, host());
+huge_sizes_suite!(huge_sizes, host());
+
+/// With no capacity to refuse them first, huge requests reach the host backend's own size
+/// math (its headroom for alignment, the global allocator's layout limits).
+#[test]
+fn huge_requests_on_a_host_device_of_unbounded_capacity() {
+    common::huge_sizes::huge_requests_fail_cleanly(
+        Device::host_with(HostConfig::default().capacity(usize::MAX)),
+        |d| Arc::new(CudaResource::new(d)),
+    );
+}
 
 resource_suite!(pool_over_cuda_resource, host(), |d| {
     Arc::new(PoolResource::new(CudaResource::new(d), 1 << 20, None).unwrap())

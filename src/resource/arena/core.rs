@@ -42,7 +42,7 @@ mod tree;
 use rustc_hash::FxHashMap;
 
 use self::tree::{FitTree, Pos};
-pub(crate) use crate::resource::pool::core::{align_up, ALIGN};
+pub(crate) use crate::resource::{align_up, ALLOCATION_ALIGNMENT as ALIGN};
 
 /// The smallest superblock: RMM's `superblock::minimum_size`, 1 MiB. Requests above it are
 /// served by the global arena directly.
