@@ -155,8 +155,8 @@ impl<R: MemoryResource> MemoryResource for LimitingAdaptor<R> {
     /// within it was refused by the upstream, and waits as the upstream would.
     fn may_regain_memory(&self, bytes: usize) -> bool {
         let used = self.allocated_bytes();
-        let within_budget = used
-            .checked_add(charge(bytes))
+        let within_budget = charge(bytes)
+            .and_then(|charged| used.checked_add(charged))
             .is_some_and(|total| total <= self.inner.limit);
         if within_budget {
             self.inner.upstream.may_regain_memory(bytes)
