@@ -539,11 +539,9 @@ mod raw {
             };
             match r {
                 sys::CUresult::CUDA_SUCCESS => Ok(DevicePtr::from_raw(ptr)),
-                sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(Error::OutOfMemory {
-                    requested: bytes,
-                    available: None,
-                    device: self.device.id(),
-                }),
+                sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    Err(Error::out_of_memory(bytes, None, self.device.id()))
+                }
                 other => panic!("cuMemAllocFromPoolAsync: {other:?}"),
             }
         }

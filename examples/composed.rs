@@ -23,15 +23,14 @@ use std::time::Instant;
 use streamalloc::replay::{parse_log_file, Action};
 use streamalloc::{
     reset_current_device_resource_for, set_current_device_resource_for, BinningResource,
-    CudaResource, Device, DeviceBuffer, LoggingAdaptor, PoolResource, Result, StatisticsAdaptor,
-    Stream,
+    CudaResource, Device, DeviceBuffer, LoggingAdaptor, PoolResource, StatisticsAdaptor, Stream,
 };
 
 const TASKS: u64 = 8;
 const BUFFERS_PER_TASK: usize = 200;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
-async fn main() -> Result<()> {
+async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let device = Device::default();
     println!(
         "device {} ({}, {} backend)",

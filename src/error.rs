@@ -19,7 +19,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///     e.is_out_of_memory()
 /// }
 /// # let device = streamalloc::Device::host();
-/// let e = Error::OutOfMemory { requested: 1 << 50, available: Some(0), device: device.id() };
+/// let e = Error::out_of_memory(1 << 50, Some(0), device.id());
 /// assert!(should_retry(&e));
 /// assert!(e.to_string().contains("1125899906842624"));
 /// ```
@@ -28,6 +28,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The resource cannot serve `requested` bytes now.
     #[error("out of memory on {device}: requested {requested} bytes{}", fmt_available(*.available))]
+    #[non_exhaustive]
     OutOfMemory {
         /// Bytes asked for.
         requested: usize,
@@ -38,6 +39,7 @@ pub enum Error {
     },
     /// An awaited allocation did not complete before its deadline.
     #[error("allocation of {requested} bytes on {device} timed out after {waited:?}")]
+    #[non_exhaustive]
     Timeout {
         /// Bytes asked for.
         requested: usize,
@@ -51,6 +53,7 @@ pub enum Error {
     InvalidArgument(String),
     /// The operation is not available on this backend or device.
     #[error("unsupported on {device}: {what}")]
+    #[non_exhaustive]
     Unsupported {
         /// What was asked for.
         what: String,
@@ -62,6 +65,7 @@ pub enum Error {
     DriverUnavailable(String),
     /// There is no device with this ordinal.
     #[error("no CUDA device {ordinal} (found {count})")]
+    #[non_exhaustive]
     NoSuchDevice {
         /// The ordinal asked for.
         ordinal: usize,
@@ -70,6 +74,7 @@ pub enum Error {
     },
     /// A driver call failed with a code other than out-of-memory.
     #[error("{call} failed on {device}: {name} ({code})")]
+    #[non_exhaustive]
     Driver {
         /// The driver entry point, e.g. `cuEventRecord`.
         call: &'static str,
@@ -80,8 +85,10 @@ pub enum Error {
         /// The device it happened on.
         device: DeviceId,
     },
-    /// Reading or writing a file or other I/O stream failed (an event log, for example).
+    /// Writing a file or other I/O stream failed (an allocation log, for example). Reading an
+    /// allocation log fails with [`ReplayError`](crate::replay::ReplayError) instead.
     #[error("{context}: {message}")]
+    #[non_exhaustive]
     Io {
         /// What was being done, with the path where there is one.
         context: String,
@@ -90,18 +97,11 @@ pub enum Error {
         /// The I/O error's message.
         message: String,
     },
-    /// A line of an event log is not in RMM's CSV format.
-    #[error("event log line {line}: {message}")]
-    Parse {
-        /// The line's number, counting from 1 (the header is line 1).
-        line: usize,
-        /// What is wrong with it.
-        message: String,
-    },
     /// A blocking call would have had to wait on the thread of a current-thread async runtime
     /// (tokio's `current_thread` flavor), which nothing else can run on meanwhile: the memory
     /// it waits for could never come back. Await the async form instead.
     #[error("{call} of {requested} bytes on {device} would block a current-thread runtime's only thread; await the async form instead")]
+    #[non_exhaustive]
     BlockingInAsyncContext {
         /// The blocking call, e.g. `allocate_blocking`.
         call: &'static str,
@@ -112,6 +112,7 @@ pub enum Error {
     },
     /// A resource or stream was used with a device it does not belong to.
     #[error("device mismatch: expected {expected}, got {actual}")]
+    #[non_exhaustive]
     DeviceMismatch {
         /// The device of the resource.
         expected: DeviceId,
@@ -136,6 +137,23 @@ impl Error {
     /// ```
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Error::OutOfMemory { .. })
+    }
+
+    /// [`Error::OutOfMemory`], for resources written outside the crate (a
+    /// [`CallbackResource`](crate::CallbackResource)'s closure, say): struct variants are
+    /// `#[non_exhaustive]`, so they are built through functions.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Error};
+    /// let e = Error::out_of_memory(4096, None, Device::host().id());
+    /// assert!(matches!(e, Error::OutOfMemory { requested: 4096, available: None, .. }));
+    /// ```
+    pub fn out_of_memory(requested: usize, available: Option<usize>, device: DeviceId) -> Self {
+        Error::OutOfMemory {
+            requested,
+            available,
+            device,
+        }
     }
 
     pub(crate) fn io(context: impl Into<String>, error: &std::io::Error) -> Self {

@@ -110,7 +110,7 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// assert_eq!((events[0].action, events[0].bytes, events[0].ptr), (Action::Allocate, 4096, p));
 /// assert_eq!(events[1].action, Action::Free);
 /// # std::fs::remove_file(&path).unwrap();
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct LoggingAdaptor<R: MemoryResource = SharedResource> {
     inner: Arc<Inner<R>>,

@@ -15,7 +15,7 @@
 //! use streamalloc::{CudaResource, Device, LoggingAdaptor, MemoryResource, PoolResource,
 //!                   StatisticsAdaptor, Stream};
 //!
-//! # fn main() -> streamalloc::Result<()> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // A shared buffer to log into (any `Write + Send` will do; a file is usual).
 //! #[derive(Clone, Default)]
 //! struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
@@ -46,6 +46,7 @@
 //! # }
 //! ```
 
+mod error;
 mod parser;
 
 use std::fmt;
@@ -53,6 +54,7 @@ use std::fmt;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
+pub use error::{ReplayError, ReplayResult};
 pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
 
 use crate::device::Device;
@@ -113,7 +115,7 @@ impl fmt::Display for ReplayFailureKind {
 /// let failure = &report.failures[0];
 /// assert_eq!((failure.line, &failure.kind), (2, &ReplayFailureKind::UnknownPointer));
 /// assert_eq!(failure.to_string(), "line 2: free of 0x7f0000001000 (256 B): the pointer is not live");
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplayFailure {
@@ -172,7 +174,7 @@ pub struct Unfreed {
 ///     report.to_string(),
 ///     "1 events on 1 streams: 1 allocations, 1 frees, 0 logged failures, 1 unfreed, 0 failures\n"
 /// );
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplayReport {
@@ -279,7 +281,7 @@ struct Live {
 /// assert!(report.is_clean());
 /// assert_eq!((report.allocations, report.frees, report.logged_failures), (2, 2, 1));
 /// assert_eq!(mr.bytes_counter().peak, 3000);
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn replay<R: MemoryResource + ?Sized>(
     events: &[Event],

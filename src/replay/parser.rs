@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::adaptor::logging::{ALLOCATE, ALLOCATE_FAILURE, FREE};
-use crate::error::{Error, Result};
+use crate::replay::error::{ReplayError, ReplayResult};
 use crate::resource::DevicePtr;
 
 /// What a log line records.
@@ -78,7 +78,7 @@ impl std::str::FromStr for Action {
 /// assert_eq!((e.line, e.thread, e.action, e.bytes, e.stream), (2, 4242, Action::Allocate, 256, 0));
 /// assert_eq!(e.ptr.addr(), 0x7f00_0000_0000);
 /// assert_eq!(e.time.unwrap().as_micros(), (9 * 3600 + 15 * 60 + 2) * 1_000_000 + 123);
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), streamalloc::replay::ReplayError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event {
@@ -137,7 +137,7 @@ struct Columns {
 /// [`LoggingAdaptor`]: crate::LoggingAdaptor
 ///
 /// # Errors
-/// Each item is [`Error::Parse`] with the line number for a malformed line, or [`Error::Io`] when
+/// Each item is [`ReplayError::Parse`] with the line number for a malformed line, or [`ReplayError::Io`] when
 /// reading fails. After an error the reader goes on with the next line.
 ///
 /// # Examples
@@ -153,7 +153,7 @@ struct Columns {
 /// let e = reader.next().unwrap().unwrap_err();
 /// assert_eq!(e.to_string(), "event log line 3: Action: `frees` is none of `allocate`, `allocate failure`, `free`");
 /// assert!(reader.next().is_none());
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), streamalloc::replay::ReplayError>(())
 /// ```
 #[derive(Debug)]
 pub struct EventReader<B> {
@@ -172,10 +172,10 @@ impl<B: BufRead> EventReader<B> {
     /// Reads the header line of `input`.
     ///
     /// # Errors
-    /// [`Error::Parse`] (line 1, or the first line that is not blank) when the input is empty
-    /// or the header lacks a required column or names one twice; [`Error::Io`] when reading
+    /// [`ReplayError::Parse`] (line 1, or the first line that is not blank) when the input is empty
+    /// or the header lacks a required column or names one twice; [`ReplayError::Io`] when reading
     /// fails.
-    pub fn new(input: B) -> Result<Self> {
+    pub fn new(input: B) -> ReplayResult<Self> {
         let mut reader = EventReader {
             input,
             columns: Columns::default(),
@@ -186,19 +186,17 @@ impl<B: BufRead> EventReader<B> {
         let line = loop {
             match reader.next_line()? {
                 None => {
-                    return Err(Error::Parse {
-                        line: reader.line.max(1),
-                        message: "empty log: no header line".into(),
-                    })
+                    return Err(ReplayError::parse(
+                        reader.line.max(1),
+                        "empty log: no header line",
+                    ))
                 }
                 Some((_, text)) if text.trim().is_empty() => continue,
                 Some((_, text)) => break text.trim_start_matches('\u{feff}').to_owned(),
             }
         };
-        reader.columns = header(&line).map_err(|message| Error::Parse {
-            line: reader.line,
-            message,
-        })?;
+        reader.columns =
+            header(&line).map_err(|message| ReplayError::parse(reader.line, message))?;
         Ok(reader)
     }
 
@@ -208,14 +206,17 @@ impl<B: BufRead> EventReader<B> {
     }
 
     /// The next line without its line end, and its number; `None` at the end of the input.
-    fn next_line(&mut self) -> Result<Option<(usize, &str)>> {
+    fn next_line(&mut self) -> ReplayResult<Option<(usize, &str)>> {
         self.buf.clear();
         let line = self.line + 1;
         let n = match self.input.read_until(b'\n', &mut self.buf) {
             Ok(n) => n,
             Err(e) => {
                 self.failed = true;
-                return Err(Error::io(format!("reading event log line {line}"), &e));
+                return Err(ReplayError::io(
+                    format!("reading event log line {line}"),
+                    &e,
+                ));
             }
         };
         if n == 0 {
@@ -231,17 +232,14 @@ impl<B: BufRead> EventReader<B> {
         }
         std::str::from_utf8(bytes)
             .map(|text| Some((line, text)))
-            .map_err(|e| Error::Parse {
-                line,
-                message: format!("not UTF-8 text ({e})"),
-            })
+            .map_err(|e| ReplayError::parse(line, format!("not UTF-8 text ({e})")))
     }
 }
 
 impl<B: BufRead> Iterator for EventReader<B> {
-    type Item = Result<Event>;
+    type Item = ReplayResult<Event>;
 
-    fn next(&mut self) -> Option<Result<Event>> {
+    fn next(&mut self) -> Option<ReplayResult<Event>> {
         if self.failed {
             return None;
         }
@@ -256,7 +254,7 @@ impl<B: BufRead> Iterator for EventReader<B> {
                 continue;
             }
             return Some(
-                row(text, line, &columns).map_err(|message| Error::Parse { line, message }),
+                row(text, line, &columns).map_err(|message| ReplayError::parse(line, message)),
             );
         }
     }
@@ -277,9 +275,9 @@ impl<B: BufRead> Iterator for EventReader<B> {
 ///             12,08:00:00.000001,allocate failure,(nil),4096,0x2\r\n";
 /// let events = parse_log(BufReader::new(&log[..]))?;
 /// assert_eq!((events[0].action, events[0].stream), (Action::AllocateFailure, 2));
-/// # Ok::<(), streamalloc::Error>(())
+/// # Ok::<(), streamalloc::replay::ReplayError>(())
 /// ```
-pub fn parse_log(input: impl BufRead) -> Result<Vec<Event>> {
+pub fn parse_log(input: impl BufRead) -> ReplayResult<Vec<Event>> {
     EventReader::new(input)?.collect()
 }
 
@@ -287,11 +285,11 @@ pub fn parse_log(input: impl BufRead) -> Result<Vec<Event>> {
 /// [`LoggingAdaptor`](crate::LoggingAdaptor)'s example writes and reads one).
 ///
 /// # Errors
-/// [`Error::Io`] when the file cannot be opened or read; as [`parse_log`] otherwise.
-pub fn parse_log_file(path: impl AsRef<Path>) -> Result<Vec<Event>> {
+/// [`ReplayError::Io`] when the file cannot be opened or read; as [`parse_log`] otherwise.
+pub fn parse_log_file(path: impl AsRef<Path>) -> ReplayResult<Vec<Event>> {
     let path = path.as_ref();
     let file = File::open(path)
-        .map_err(|e| Error::io(format!("opening the event log {}", path.display()), &e))?;
+        .map_err(|e| ReplayError::io(format!("opening the event log {}", path.display()), &e))?;
     parse_log(BufReader::new(file))
 }
 
@@ -304,13 +302,13 @@ pub fn parse_log_file(path: impl AsRef<Path>) -> Result<Vec<Event>> {
 ///
 /// ```
 /// use streamalloc::replay::parse_log_str;
-/// use streamalloc::Error;
+/// use streamalloc::replay::ReplayError;
 ///
 /// let log = "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,free,0x100,lots,0\n";
-/// let Err(Error::Parse { line, message }) = parse_log_str(log) else { panic!() };
+/// let Err(ReplayError::Parse { line, message, .. }) = parse_log_str(log) else { panic!() };
 /// assert_eq!((line, message.as_str()), (2, "Size: `lots` is not a decimal number"));
 /// ```
-pub fn parse_log_str(text: &str) -> Result<Vec<Event>> {
+pub fn parse_log_str(text: &str) -> ReplayResult<Vec<Event>> {
     parse_log(text.as_bytes())
 }
 

@@ -5,18 +5,19 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::adaptor::logging::{CPointer, StreamHandle, TimeOfDay, LOG_HEADER};
+use crate::replay::ReplayError;
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 
 /// The line number of a parse error, or a panic for any other error.
-fn error_line(e: &Error) -> usize {
+fn error_line(e: &ReplayError) -> usize {
     match e {
-        Error::Parse { line, .. } => *line,
+        ReplayError::Parse { line, .. } => *line,
         other => panic!("not a parse error: {other:?}"),
     }
 }
 
-fn parse_err(text: &str) -> Error {
+fn parse_err(text: &str) -> ReplayError {
     parse_log_str(text).unwrap_err()
 }
 
@@ -291,7 +292,7 @@ fn a_failed_read_is_an_io_error_with_the_line() {
         },
     );
     let e = parse_log(input).unwrap_err();
-    let Error::Io { kind, context, .. } = &e else {
+    let ReplayError::Io { kind, context, .. } = &e else {
         panic!("{e:?}")
     };
     assert_eq!(*kind, io::ErrorKind::ConnectionReset);
@@ -309,7 +310,7 @@ fn a_failed_reader_ends_after_reporting_it() {
     let reader = EventReader::new(input).unwrap();
     let items: Vec<_> = reader.take(10).collect();
     assert_eq!(items.len(), 1, "{items:?}");
-    assert!(matches!(items[0], Err(Error::Io { .. })), "{items:?}");
+    assert!(matches!(items[0], Err(ReplayError::Io { .. })), "{items:?}");
 }
 
 #[test]
@@ -319,7 +320,7 @@ fn a_missing_file_is_an_io_error_naming_it() {
     assert!(
         matches!(
             &e,
-            Error::Io {
+            ReplayError::Io {
                 kind: io::ErrorKind::NotFound,
                 ..
             }
@@ -386,7 +387,7 @@ proptest! {
         for item in reader {
             match item {
                 Ok(e) => prop_assert!((2..=total).contains(&e.line)),
-                Err(Error::Parse { line, message }) => {
+                Err(ReplayError::Parse { line, message }) => {
                     prop_assert!((2..=total).contains(&line), "line {line} of {total}");
                     prop_assert!(!message.is_empty());
                 }

@@ -1,0 +1,62 @@
+//! The errors of reading an allocation log, apart from the crate's allocation errors.
+
+use std::io;
+
+/// What can go wrong reading an allocation log ([`EventReader`](super::EventReader),
+/// [`parse_log`](super::parse_log) and friends): a line that is not in RMM's CSV format, or a
+/// failed read. Kept apart from [`Error`](crate::Error), so that callers of `try_allocate` never
+/// match on CSV errors.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::{parse_log_str, ReplayError};
+///
+/// let e = parse_log_str("Thread,Time,Action\n").unwrap_err();
+/// assert!(matches!(e, ReplayError::Parse { line: 1, .. }));
+/// assert!(e.to_string().starts_with("event log line 1:"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// A line of the log is not in RMM's CSV format.
+    #[error("event log line {line}: {message}")]
+    #[non_exhaustive]
+    Parse {
+        /// The line's number, counting from 1 (the header is line 1).
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Opening or reading the log failed.
+    #[error("{context}: {message}")]
+    #[non_exhaustive]
+    Io {
+        /// What was being done, with the path or line where there is one.
+        context: String,
+        /// The I/O error's kind.
+        kind: io::ErrorKind,
+        /// The I/O error's message.
+        message: String,
+    },
+}
+
+impl ReplayError {
+    pub(crate) fn parse(line: usize, message: impl Into<String>) -> Self {
+        ReplayError::Parse {
+            line,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, error: &io::Error) -> Self {
+        ReplayError::Io {
+            context: context.into(),
+            kind: error.kind(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The result of reading an allocation log.
+pub type ReplayResult<T> = std::result::Result<T, ReplayError>;
