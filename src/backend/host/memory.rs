@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::{MemoryInfo, MemoryKind};
+use crate::backend::{ErrorSink, MemoryInfo, MemoryKind};
 use crate::device::DeviceId;
 use crate::error::{Error, Result};
 
@@ -17,9 +17,11 @@ pub(crate) const ALIGNMENT: usize = 256;
 pub(crate) struct HostMemory {
     device: DeviceId,
     capacity: usize,
-    /// Live allocations: address → (bytes, kind). Frees are checked against it, so a bad free is
-    /// an error instead of undefined behaviour.
+    /// Live allocations. Frees are checked against it when they are enqueued, so a bad free
+    /// (a double free included) is an error returned at once instead of undefined behaviour.
     live: Mutex<Live>,
+    /// Errors met on stream workers, for the device to take.
+    errors: ErrorSink,
     /// Allocations still to fail on purpose.
     fail_next: AtomicUsize,
     /// Prefetches of managed memory requested so far.
@@ -30,9 +32,20 @@ pub(crate) struct HostMemory {
 
 #[derive(Default)]
 struct Live {
-    /// address → (bytes, kind, the allocation it was carved from).
-    blocks: HashMap<u64, (usize, MemoryKind, RawBlock)>,
+    blocks: HashMap<u64, Block>,
+    /// The sum of `blocks`' sizes, those with a free pending included.
     bytes: usize,
+}
+
+/// A live allocation.
+struct Block {
+    bytes: usize,
+    kind: MemoryKind,
+    /// The allocation it was carved from.
+    raw: RawBlock,
+    /// A stream-ordered free of it is enqueued and the stream has not reached it yet: a second
+    /// free is a double free, even though the memory is still allocated.
+    free_pending: bool,
 }
 
 /// What the global allocator returned for one block: a 16-byte-aligned allocation with room
@@ -83,6 +96,7 @@ impl HostMemory {
             device,
             capacity,
             live: Mutex::default(),
+            errors: ErrorSink::default(),
             fail_next: AtomicUsize::new(0),
             prefetches: AtomicUsize::new(0),
             fail_prefetches: AtomicUsize::new(0),
@@ -118,24 +132,75 @@ impl HostMemory {
         }
         let (addr, raw) =
             allocate_zeroed_aligned(bytes).ok_or_else(|| self.out_of_memory(bytes, available))?;
-        live.blocks.insert(addr, (bytes, kind, raw));
+        live.blocks.insert(
+            addr,
+            Block {
+                bytes,
+                kind,
+                raw,
+                free_pending: false,
+            },
+        );
         live.bytes += bytes;
         Ok(addr)
     }
 
-    /// Checks that `ptr` is a live block of `bytes` bytes of `kind`.
-    pub(crate) fn check_live(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
-        Self::check(&self.live.lock(), kind, ptr, bytes.max(1))
+    pub(crate) fn device(&self) -> DeviceId {
+        self.device
     }
 
-    fn check(live: &Live, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
-        match live.blocks.get(&ptr) {
-            Some(&(b, k, _)) if b == bytes && k == kind => Ok(()),
-            Some(&(b, k, _)) => Err(Error::invalid(format!(
-                "free of {ptr:#x} as {bytes} bytes of {kind:?}; it was allocated as {b} bytes of \
-                 {k:?}"
+    /// Where errors met on this device's stream workers go.
+    pub(crate) fn errors(&self) -> &ErrorSink {
+        &self.errors
+    }
+
+    /// Starts a stream-ordered free: checks that `ptr` is a live block of `bytes` bytes of
+    /// `kind` with no free enqueued yet, and marks it so, so that a second free fails here, at
+    /// once, even while the stream has not reached the first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the pointer for a double free, a pointer this device
+    /// did not allocate, or a free of the wrong size or kind.
+    pub(crate) fn begin_free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
+        let mut live = self.live.lock();
+        let block = self.check(&mut live, kind, ptr, bytes.max(1))?;
+        if block.free_pending {
+            return Err(Error::invalid(format!(
+                "double free of {ptr:#x} ({bytes} bytes of {kind:?}) on {}: a stream-ordered \
+                 free of it is already enqueued",
+                self.device
+            )));
+        }
+        block.free_pending = true;
+        Ok(())
+    }
+
+    /// Undoes [`begin_free`](Self::begin_free) when the free could not be enqueued.
+    pub(crate) fn cancel_free(&self, ptr: u64) {
+        if let Some(block) = self.live.lock().blocks.get_mut(&ptr) {
+            block.free_pending = false;
+        }
+    }
+
+    fn check<'a>(
+        &self,
+        live: &'a mut Live,
+        kind: MemoryKind,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<&'a mut Block> {
+        match live.blocks.get_mut(&ptr) {
+            Some(block) if block.bytes == bytes && block.kind == kind => Ok(block),
+            Some(block) => Err(Error::invalid(format!(
+                "free of {ptr:#x} as {bytes} bytes of {kind:?}; it was allocated as {} bytes of \
+                 {:?}",
+                block.bytes, block.kind
             ))),
-            None => Err(Error::invalid(format!("free of unknown pointer {ptr:#x}"))),
+            None => Err(Error::invalid(format!(
+                "free of unknown pointer {ptr:#x} on {} (never allocated there, or freed \
+                 already)",
+                self.device
+            ))),
         }
     }
 
@@ -162,8 +227,8 @@ impl HostMemory {
             return Ok(false);
         };
         let live = self.live.lock();
-        let inside = |(&start, &(len, kind, _)): (&u64, &(usize, MemoryKind, RawBlock))| {
-            kind == MemoryKind::Managed && start <= ptr && end <= start + len as u64
+        let inside = |(&start, block): (&u64, &Block)| {
+            block.kind == MemoryKind::Managed && start <= ptr && end <= start + block.bytes as u64
         };
         // Most prefetches cover a whole block; sub-allocators' pieces need the scan.
         let managed = match live.blocks.get_key_value(&ptr) {
@@ -177,15 +242,26 @@ impl HostMemory {
         Ok(managed)
     }
 
-    /// Frees a block from [`HostMemory::allocate`].
+    /// Ends a stream-ordered free that [`begin_free`](Self::begin_free) started: frees the
+    /// block.
     ///
     /// # Safety
     /// No code reads or writes the block after this call.
-    pub(crate) unsafe fn free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
+    pub(crate) unsafe fn finish_free(
+        &self,
+        kind: MemoryKind,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<()> {
         let bytes = bytes.max(1);
         let mut live = self.live.lock();
-        Self::check(&live, kind, ptr, bytes)?;
-        let (_, _, raw) = live.blocks.remove(&ptr).expect("checked above");
+        if !self.check(&mut live, kind, ptr, bytes)?.free_pending {
+            return Err(Error::invalid(format!(
+                "stream-ordered free of {ptr:#x} on {} was never started",
+                self.device
+            )));
+        }
+        let Block { raw, .. } = live.blocks.remove(&ptr).expect("checked above");
         live.bytes -= bytes;
         drop(live);
         // SAFETY: `raw` is the allocation behind `ptr` (from the live map) and the caller
@@ -198,9 +274,9 @@ impl HostMemory {
 impl Drop for HostMemory {
     fn drop(&mut self) {
         let live = std::mem::take(&mut self.live.get_mut().blocks);
-        for (_, (_, _, raw)) in live {
+        for (_, block) in live {
             // SAFETY: the device is gone, so no stream or resource can use its memory any more.
-            unsafe { free_raw(raw) };
+            unsafe { free_raw(block.raw) };
         }
     }
 }

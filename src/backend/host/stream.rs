@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
 use crate::device::DeviceId;
 use crate::error::{Error, Result};
+
+use super::memory::HostMemory;
 
 /// One queued operation of a host stream.
 enum Op {
@@ -41,6 +43,8 @@ struct Queue {
     progress: Condvar,
     /// Operations completed so far; the worker is the only writer.
     completed: AtomicU64,
+    /// The device's memory: its sink for errors met here.
+    memory: Arc<HostMemory>,
 }
 
 struct QueueState {
@@ -76,34 +80,39 @@ impl Queue {
                     self.work.wait(&mut state);
                 }
             };
-            execute(op);
+            self.execute(op);
             self.completed.fetch_add(1, Ordering::AcqRel);
             let _state = self.state.lock();
             self.progress.notify_all();
         }
     }
-}
 
-fn execute(op: Op) {
-    match op {
-        Op::Delay(d) => thread::sleep(d),
-        Op::WaitFor(queue, position) => queue.wait_for(position),
-        Op::Call(f) => {
-            // A panicking callback must not kill the worker: later work would never run.
-            if panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
-                tracing::error!("a host function panicked; the stream goes on");
+    fn execute(&self, op: Op) {
+        match op {
+            Op::Delay(d) => thread::sleep(d),
+            Op::WaitFor(queue, position) => queue.wait_for(position),
+            Op::Call(f) => {
+                // A panicking callback must not kill the worker: later work would never run.
+                // The panic reaches the user through the device's deferred errors.
+                if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(f)) {
+                    self.memory.errors().report(Error::invalid(format!(
+                        "a host function panicked on a stream of {}: {}; the stream went on",
+                        self.memory.device(),
+                        panic_message(&*payload)
+                    )));
+                }
             }
+            Op::Notify(c) => c.complete(),
+            // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy
+            // completes (`BackendStream::copy`); `ptr::copy` allows overlap.
+            Op::Copy { dst, src, bytes } => unsafe {
+                std::ptr::copy(src as *const u8, dst as *mut u8, bytes)
+            },
+            // SAFETY: the enqueuing caller guaranteed the range valid (`BackendStream::memset`).
+            Op::Set { dst, value, bytes } => unsafe {
+                std::ptr::write_bytes(dst as *mut u8, value, bytes)
+            },
         }
-        Op::Notify(c) => c.complete(),
-        // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy completes
-        // (`BackendStream::copy`); `ptr::copy` allows overlap.
-        Op::Copy { dst, src, bytes } => unsafe {
-            std::ptr::copy(src as *const u8, dst as *mut u8, bytes)
-        },
-        // SAFETY: the enqueuing caller guaranteed the range valid (`BackendStream::memset`).
-        Op::Set { dst, value, bytes } => unsafe {
-            std::ptr::write_bytes(dst as *mut u8, value, bytes)
-        },
     }
 }
 
@@ -122,7 +131,7 @@ pub(crate) struct HostStream {
 }
 
 impl HostStream {
-    pub(crate) fn new(device: DeviceId) -> Self {
+    pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let queue = Arc::new(Queue {
             state: Mutex::new(QueueState {
@@ -133,6 +142,7 @@ impl HostStream {
             work: Condvar::new(),
             progress: Condvar::new(),
             completed: AtomicU64::new(0),
+            memory,
         });
         let worker = queue.clone();
         let handle = NEXT.fetch_add(1, Ordering::Relaxed);
