@@ -24,6 +24,8 @@ pub(crate) struct HostMemory {
     errors: ErrorSink,
     /// Allocations still to fail on purpose.
     fail_next: AtomicUsize,
+    /// Copies still to fail on purpose (when they are enqueued).
+    fail_copies: AtomicUsize,
     /// Prefetches of managed memory requested so far.
     prefetches: AtomicUsize,
     /// Prefetches still to fail on purpose.
@@ -98,6 +100,7 @@ impl HostMemory {
             live: Mutex::default(),
             errors: ErrorSink::default(),
             fail_next: AtomicUsize::new(0),
+            fail_copies: AtomicUsize::new(0),
             prefetches: AtomicUsize::new(0),
             fail_prefetches: AtomicUsize::new(0),
         }
@@ -202,6 +205,19 @@ impl HostMemory {
                 self.device
             ))),
         }
+    }
+
+    /// Whether to fail the copy being enqueued now, and the error it fails with.
+    pub(crate) fn injected_copy_failure(&self) -> Option<Error> {
+        self.fail_copies
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()?;
+        Some(Error::Driver {
+            call: "cuMemcpyAsync",
+            code: 999,
+            name: "CUDA_ERROR_UNKNOWN (injected)".into(),
+            device: self.device,
+        })
     }
 
     /// A prefetch of `ptr..ptr + bytes`: counted, and `true`, when the range lies inside one
@@ -320,6 +336,32 @@ impl HostControls {
     /// Makes the next `n` raw allocations of this device fail with out-of-memory.
     pub fn fail_next_allocations(&self, n: usize) {
         self.memory.fail_next.store(n, Ordering::Release);
+    }
+
+    /// Makes the next `n` copies enqueued on this device's streams fail when the stream
+    /// reaches them, as an asynchronous driver error does on a GPU: the copy moves nothing, and
+    /// the stream reports the error ([`Error::Driver`], `cuMemcpyAsync`) at every event
+    /// recorded after it (awaiting, querying or synchronizing), and passes it on to
+    /// streams that wait on such an event. Enqueuing itself succeeds.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, HostConfig, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+    /// device.host_controls().unwrap().fail_next_copies(1);
+    /// let copy = buf.copy_from_host(vec![1u8; 4]);
+    /// assert!(matches!(copy.await, Err(streamalloc::Error::Driver { .. })));
+    /// assert!(stream.synchronize_blocking().is_err()); // the stream stays failed
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// [`Error::Driver`]: crate::Error::Driver
+    pub fn fail_next_copies(&self, n: usize) {
+        self.memory.fail_copies.store(n, Ordering::Release);
     }
 
     /// Bytes of emulated device memory now allocated.

@@ -3,7 +3,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ enum Op {
         value: u8,
         bytes: usize,
     },
+    /// An operation that fails when the stream reaches it (an injected copy failure).
+    Fail(Error),
 }
 
 /// The queue shared by a stream handle, its events and its worker thread.
@@ -43,7 +45,10 @@ struct Queue {
     progress: Condvar,
     /// Operations completed so far; the worker is the only writer.
     completed: AtomicU64,
-    /// The device's memory: its sink for errors met here.
+    /// The first operation that failed, as a position (events at or after it report the
+    /// error), and its error. Sticky, as an asynchronous error is on a CUDA context.
+    fault: OnceLock<(u64, Error)>,
+    /// The device's memory: its fault injection, and its sink for errors met here.
     memory: Arc<HostMemory>,
 }
 
@@ -64,6 +69,20 @@ impl Queue {
         while self.completed.load(Ordering::Acquire) < position {
             self.progress.wait(&mut state);
         }
+    }
+
+    /// The error of a failure at or before `position`, if the queue had one.
+    fn fault_at(&self, position: u64) -> Result<()> {
+        match self.fault.get() {
+            Some((failed, e)) if *failed <= position => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails the queue at the operation now running (the first failure sticks).
+    fn fail(&self, error: Error) {
+        let position = self.completed.load(Ordering::Acquire) + 1;
+        let _ = self.fault.set((position, error));
     }
 
     fn run(&self) {
@@ -90,7 +109,13 @@ impl Queue {
     fn execute(&self, op: Op) {
         match op {
             Op::Delay(d) => thread::sleep(d),
-            Op::WaitFor(queue, position) => queue.wait_for(position),
+            Op::WaitFor(queue, position) => {
+                queue.wait_for(position);
+                // Waiting on a failed point passes the failure on, as on a CUDA context.
+                if let Err(e) = queue.fault_at(position) {
+                    self.fail(e);
+                }
+            }
             Op::Call(f) => {
                 // A panicking callback must not kill the worker: later work would never run.
                 // The panic reaches the user through the device's deferred errors.
@@ -102,7 +127,10 @@ impl Queue {
                     )));
                 }
             }
-            Op::Notify(c) => c.complete(),
+            Op::Notify(c) => match self.fault_at(self.completed.load(Ordering::Acquire)) {
+                Ok(()) => c.complete(),
+                Err(e) => c.fail(e),
+            },
             // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy
             // completes (`BackendStream::copy`); `ptr::copy` allows overlap.
             Op::Copy { dst, src, bytes } => unsafe {
@@ -112,6 +140,7 @@ impl Queue {
             Op::Set { dst, value, bytes } => unsafe {
                 std::ptr::write_bytes(dst as *mut u8, value, bytes)
             },
+            Op::Fail(e) => self.fail(e),
         }
     }
 }
@@ -142,6 +171,7 @@ impl HostStream {
             work: Condvar::new(),
             progress: Condvar::new(),
             completed: AtomicU64::new(0),
+            fault: OnceLock::new(),
             memory,
         });
         let worker = queue.clone();
@@ -224,7 +254,10 @@ impl BackendStream for HostStream {
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        self.enqueue(Op::Copy { dst, src, bytes })
+        match self.queue.memory.injected_copy_failure() {
+            Some(e) => self.enqueue(Op::Fail(e)),
+            None => self.enqueue(Op::Copy { dst, src, bytes }),
+        }
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
@@ -238,7 +271,7 @@ impl BackendStream for HostStream {
     fn synchronize_blocking(&self) -> Result<()> {
         let position = self.queue.state.lock().enqueued;
         self.queue.wait_for(position);
-        Ok(())
+        self.queue.fault_at(position)
     }
 }
 
@@ -262,11 +295,14 @@ impl BackendEvent for HostEvent {
     }
 
     fn query(&self) -> Result<bool> {
-        Ok(self.queue.completed.load(Ordering::Acquire) >= self.position)
+        if self.queue.completed.load(Ordering::Acquire) < self.position {
+            return Ok(false);
+        }
+        self.queue.fault_at(self.position).map(|()| true)
     }
 
     fn synchronize_blocking(&self) -> Result<()> {
         self.queue.wait_for(self.position);
-        Ok(())
+        self.queue.fault_at(self.position)
     }
 }
