@@ -257,7 +257,8 @@ impl Device {
 
     /// Takes the oldest error not taken yet that was met where it could not be returned: a
     /// stream-ordered free that failed or freed memory twice, a copy whose future was dropped
-    /// before it failed, a pool dropped with allocations still out.
+    /// before it failed, a host function that panicked, a pool dropped with allocations still
+    /// out.
     ///
     /// The device keeps the [`DEFERRED_ERRORS_KEPT`] oldest untaken errors; later ones are
     /// still counted by [`deferred_error_count`](Device::deferred_error_count) (and logged
@@ -268,7 +269,7 @@ impl Device {
     /// assert!(Device::host_with(HostConfig::default()).take_deferred_error().is_none());
     /// ```
     pub fn take_deferred_error(&self) -> Option<Error> {
-        self.inner.deferred.lock().errors.pop_front()
+        self.deferred().errors.pop_front()
     }
 
     /// How many errors this device has deferred since it was created, taken or not.
@@ -278,7 +279,18 @@ impl Device {
     /// assert_eq!(Device::host_with(HostConfig::default()).deferred_error_count(), 0);
     /// ```
     pub fn deferred_error_count(&self) -> u64 {
-        self.inner.deferred.lock().total
+        self.deferred().total
+    }
+
+    /// The deferred errors, with those the backend met on its own threads taken in (it sits
+    /// below the device and cannot defer them itself).
+    fn deferred(&self) -> parking_lot::MutexGuard<'_, DeferredErrors> {
+        let mut deferred = self.inner.deferred.lock();
+        let (errors, dropped) = self.inner.backend.errors().take();
+        deferred.total += errors.len() as u64 + dropped;
+        let room = DEFERRED_ERRORS_KEPT.saturating_sub(deferred.errors.len());
+        deferred.errors.extend(errors.into_iter().take(room));
+        deferred
     }
 
     /// Records an error met where it could not be returned (in a `Drop`, on a stream's worker).

@@ -241,6 +241,7 @@ impl fmt::Display for LeakReport {
 /// # Examples
 ///
 /// ```
+/// use std::time::Duration;
 /// use streamalloc::{CudaResource, Device, MemoryResource, Stream, TrackingAdaptor};
 ///
 /// let device = Device::host();
@@ -248,19 +249,22 @@ impl fmt::Display for LeakReport {
 /// let mr = TrackingAdaptor::with_backtraces(CudaResource::new(&device));
 /// let kept = mr.try_allocate(1 << 20, &stream)?;
 /// let freed = mr.try_allocate(4096, &stream)?;
+/// stream.enqueue_delay(Duration::from_millis(100))?; // a kernel still running, so...
+/// unsafe { mr.deallocate(freed, 4096, &stream) };    // ...this free waits in the stream
+///
+/// // A bug: a double free, while the first is still queued (the usual case on a GPU). The
+/// // adaptor reports it and the counts stay right. The upstream refuses it too (the host
+/// // backend checks frees as they are enqueued, the CUDA driver by its own records), and the
+/// // device keeps that error, naming the pointer.
 /// unsafe { mr.deallocate(freed, 4096, &stream) };
+/// assert_eq!(mr.issue_count(), 1);
+/// let error = device.take_deferred_error().expect("the double free is deferred");
+/// assert!(error.to_string().contains(&format!("{:#x}", freed.addr())));
 ///
 /// assert_eq!(mr.allocated_bytes(), 1 << 20);
 /// let leaks = mr.leak_report();
 /// assert_eq!(leaks.allocations()[0].ptr, kept);
 /// println!("{leaks}"); // where `kept` was allocated, with its backtrace
-///
-/// // A bug: a double free. Reported, and the counts stay right. (On a GPU this is undefined
-/// // behaviour; the host backend checks frees and records its own error on the device.)
-/// unsafe { mr.deallocate(freed, 4096, &stream) };
-/// assert_eq!(mr.issue_count(), 1);
-/// assert_eq!(mr.allocated_bytes(), 1 << 20);
-/// assert!(device.take_deferred_error().is_some());
 /// # unsafe { mr.deallocate(kept, 1 << 20, &stream) };
 /// # Ok::<(), streamalloc::Error>(())
 /// ```

@@ -106,6 +106,63 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn host_controls(&self) -> Option<&host::HostControls> {
         None
     }
+    /// Where this backend's streams, driver threads and `Drop`s put errors they cannot return.
+    fn errors(&self) -> &ErrorSink;
+}
+
+/// The message of a caught panic, for the error that reports it.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "a non-string payload"
+    }
+}
+
+/// How many errors an [`ErrorSink`] keeps until they are taken; later ones are only counted.
+const SINK_KEPT: usize = 64;
+
+/// Errors a backend met where it could not return them: on a stream's worker or a driver
+/// thread (a stream-ordered free that failed, a host function that panicked), or in a `Drop`.
+///
+/// The backend sits below the device and cannot reach it; the device takes these into its
+/// deferred errors whenever they are asked for
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), so each one reaches
+/// the user and is counted. `report` takes a lock and calls no driver function, so a CUDA
+/// host function may call it.
+#[derive(Debug, Default)]
+pub(crate) struct ErrorSink {
+    state: Mutex<SinkState>,
+}
+
+#[derive(Debug, Default)]
+struct SinkState {
+    /// The oldest untaken errors, at most [`SINK_KEPT`].
+    errors: Vec<Error>,
+    /// Errors reported while `errors` was full: counted, not kept.
+    dropped: u64,
+}
+
+impl ErrorSink {
+    /// Keeps `error` for the device (and logs it: the device takes it only when asked).
+    pub(crate) fn report(&self, error: Error) {
+        tracing::error!(%error, "backend error, deferred to the device");
+        let mut state = self.state.lock();
+        if state.errors.len() < SINK_KEPT {
+            state.errors.push(error);
+        } else {
+            state.dropped += 1;
+        }
+    }
+
+    /// Takes what was reported: the errors kept, oldest first, and how many more there were.
+    pub(crate) fn take(&self) -> (Vec<Error>, u64) {
+        let mut state = self.state.lock();
+        let dropped = std::mem::take(&mut state.dropped);
+        (std::mem::take(&mut state.errors), dropped)
+    }
 }
 
 /// An ordered queue of device work.

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll, Wake, Waker};
 
 use crate::error::{Error, Result};
 use crate::resource::DevicePtr;
@@ -153,6 +154,43 @@ fn release_after<B: HostBuffer>(stream: &Stream, host: RawHost<B>) {
     }
 }
 
+/// Watches the event after a copy whose future was dropped before the copy completed, and hands
+/// a failure the stream reports there to the device's deferred errors
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)): nobody is left to
+/// return it to. It is its own waker, woken by the device's completion driver; it makes no
+/// driver call when woken (the event is then complete and its outcome known), so it may run
+/// inside a CUDA host function.
+struct DroppedCopy {
+    done: Event,
+}
+
+impl DroppedCopy {
+    /// Starts watching `done`.
+    fn watch(done: Event) {
+        Arc::new(DroppedCopy { done }).poll_done();
+    }
+
+    /// Polls the event with this watcher as waker: defers a failure, stops on success, and
+    /// stays registered otherwise.
+    fn poll_done(self: &Arc<Self>) {
+        let waker = Waker::from(self.clone());
+        let mut done = self.done.clone();
+        if let Poll::Ready(Err(e)) = Pin::new(&mut done).poll(&mut Context::from_waker(&waker)) {
+            self.done.stream().device().defer_error(e);
+        }
+    }
+}
+
+impl Wake for DroppedCopy {
+    fn wake(self: Arc<Self>) {
+        self.poll_done();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.poll_done();
+    }
+}
+
 enum State<B> {
     /// Nothing is in flight: the result is known.
     Ready(Option<Result<B>>),
@@ -243,12 +281,20 @@ impl<B: HostBuffer> Drop for HostTransfer<B> {
     fn drop(&mut self) {
         if let State::InFlight { done, host } = &mut self.state {
             if let Some(raw) = host.take() {
-                if matches!(done.is_complete(), Ok(true)) {
+                match done.is_complete() {
                     // SAFETY: `done` follows the copy on its stream and has completed.
-                    drop(unsafe { raw.reclaim() });
-                } else {
-                    // Never block here: let the stream drop the buffer after the copy.
-                    release_after(done.stream(), raw);
+                    Ok(true) => drop(unsafe { raw.reclaim() }),
+                    Ok(false) => {
+                        // Never block here: let the stream drop the buffer after the copy, and
+                        // watch the copy so that a failure still reaches the user.
+                        release_after(done.stream(), raw);
+                        DroppedCopy::watch(done.clone());
+                    }
+                    Err(e) => {
+                        // The stream failed: whether the copy ran is unknown.
+                        release_after(done.stream(), raw);
+                        done.stream().device().defer_error(e);
+                    }
                 }
             }
         }
@@ -287,8 +333,10 @@ impl<B: HostBuffer> fmt::Debug for HostTransfer<B> {
 /// # Cancel safety
 /// Dropping the future before it resolves does not cancel the copy, and does not free the host
 /// buffer under it: the buffer is handed to a host function enqueued on the same stream, which
-/// drops it once the copy is done. `mem::forget` of the future leaks the host buffer. Neither
-/// blocks.
+/// drops it once the copy is done. If the copy then fails, its error goes to the device's
+/// deferred errors ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), since
+/// no future is left to return it. `mem::forget` of the future leaks the host buffer and loses
+/// such an error. Neither blocks.
 ///
 /// # Examples
 ///
@@ -371,8 +419,10 @@ impl<B: HostBuffer> fmt::Debug for CopyToHost<B> {
 /// # Cancel safety
 /// Dropping the future before it resolves does not cancel the copy, and does not free the host
 /// buffer under it: the buffer is handed to a host function enqueued on the same stream, which
-/// drops it once the copy is done. `mem::forget` of the future leaks the host buffer. Neither
-/// blocks.
+/// drops it once the copy is done. If the copy then fails, its error goes to the device's
+/// deferred errors ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), since
+/// no future is left to return it. `mem::forget` of the future leaks the host buffer and loses
+/// such an error. Neither blocks.
 ///
 /// # Examples
 ///
@@ -443,3 +493,6 @@ impl<B: HostBuffer> fmt::Debug for CopyFromHost<B> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests;

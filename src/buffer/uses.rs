@@ -81,7 +81,8 @@ impl Uses {
     /// Records an event on `reader` after a read that this crate enqueued there itself and adds
     /// it as a read. If the event cannot be recorded, falls back to blocking until `reader` is
     /// idle (the read is then complete and nothing need be recorded), because letting the
-    /// owner free memory under a pending copy is not an option.
+    /// owner free memory under a pending copy is not an option; the recording error then goes to
+    /// the device's deferred errors.
     pub(crate) fn add_read_now(&mut self, reader: &Stream) -> Result<()> {
         if reader == &self.owner {
             return Ok(());
@@ -92,8 +93,10 @@ impl Uses {
                 Ok(())
             }
             Err(e) => {
-                tracing::warn!(error = %e, stream = %reader.id(),
+                tracing::warn!(stream = %reader.id(),
                     "recording a read failed; synchronizing the reading stream instead");
+                // The fallback hides the failure from the caller: the device keeps it.
+                reader.device().defer_error(e);
                 reader.synchronize_blocking()
             }
         }

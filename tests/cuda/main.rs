@@ -38,6 +38,10 @@ resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(
 buffer_suite!(buffers, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
+deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d)), #[ignore = "needs a CUDA device"]);
+deferred_suite!(cuda_async_resource_errors, gpu(), |d| Arc::new(CudaAsyncResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
+deferred_suite!(pinned_host_resource_errors, gpu(), |d| Arc::new(PinnedHostResource::new(d)), #[ignore = "needs a CUDA device"]);
+
 /// The handoff proof: a long-running kernel writes a buffer on stream A, the buffer moves to
 /// stream B, and B copies it to the host. The host must see what the kernel wrote.
 #[test]

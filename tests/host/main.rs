@@ -120,3 +120,13 @@ resource_suite!(arena_over_cuda_resource, host(), |d| {
     Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap())
 });
 arena_suite!(arenas, host());
+
+deferred_suite!(cuda_resource_errors, host(), |d| Arc::new(
+    CudaResource::new(d)
+));
+deferred_suite!(cuda_async_resource_errors, host(), |d| Arc::new(
+    CudaAsyncResource::new(d).unwrap()
+));
+deferred_suite!(pinned_host_resource_errors, host(), |d| Arc::new(
+    PinnedHostResource::new(d)
+));

@@ -31,7 +31,7 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use crate::backend::{
-    Backend, BackendKind, BackendPool, BackendStream, MemoryInfo, MemoryKind, PoolConfig,
+    Backend, BackendKind, BackendPool, BackendStream, ErrorSink, MemoryInfo, MemoryKind, PoolConfig,
 };
 use crate::device::DeviceId;
 use crate::error::{Error, Result};
@@ -229,6 +229,8 @@ pub(crate) struct DeviceContext {
     idle_events: Mutex<Vec<RawEvent>>,
     /// The delay kernel, loaded on first use (a JIT compile).
     spin: OnceLock<Result<SpinKernel>>,
+    /// Errors met on driver threads and in `Drop`s, for the device to take.
+    errors: ErrorSink,
 }
 
 impl DeviceContext {
@@ -255,15 +257,42 @@ impl DeviceContext {
         Ok(())
     }
 
-    /// [`bind`](Self::bind) for `Drop` impls: logs a failure and says whether it bound.
+    /// [`bind`](Self::bind) for `Drop` impls: defers a failure to the device (which logs it)
+    /// and says whether it bound.
     pub(crate) fn bind_in_drop(&self, what: &'static str) -> bool {
         match self.bind() {
             Ok(()) => true,
             Err(error) => {
-                tracing::error!(device = %self.id, %error, "binding the context to drop {what}");
+                tracing::error!(device = %self.id, "binding the context to drop {what} failed");
+                self.errors.report(error);
                 false
             }
         }
+    }
+
+    /// Where errors met on driver threads and in `Drop`s go: the device takes them into its
+    /// deferred errors.
+    pub(crate) fn errors(&self) -> &ErrorSink {
+        &self.errors
+    }
+
+    /// `r` of a free of `ptr` as a crate result. `CUDA_ERROR_INVALID_VALUE` there means the
+    /// driver does not know the pointer (freed already, or never allocated here): the caller's
+    /// mistake, reported as [`Error::InvalidArgument`] naming the pointer, as the host backend
+    /// does.
+    pub(crate) fn check_free(&self, call: &'static str, r: sys::CUresult, ptr: u64) -> Result<()> {
+        r.result().map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+                Error::invalid(format!(
+                    "free of unknown pointer {ptr:#x} on {} (never allocated there, or freed \
+                     already): {call} failed with {}",
+                    self.id,
+                    error_name(e)
+                ))
+            } else {
+                self.error(call, e)
+            }
+        })
     }
 
     /// The crate error for a failed driver call.
@@ -343,7 +372,7 @@ impl DeviceContext {
         // it any more (its owner gave it up); destroying a pending event is allowed.
         let r = unsafe { sys::cuEventDestroy_v2(event.0) };
         if let Err(error) = self.check("cuEventDestroy", r) {
-            tracing::error!(%error, "destroying an event");
+            self.errors.report(error);
         }
     }
 
@@ -472,6 +501,7 @@ impl CudaBackend {
             ctx: RawContext(ctx),
             idle_events: Mutex::new(Vec::new()),
             spin: OnceLock::new(),
+            errors: ErrorSink::default(),
         });
         ctx.bind()?;
         if ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? == 0 {
@@ -579,13 +609,13 @@ impl Backend for CudaBackend {
                 // is not freed yet (caller, 1); work using it is done (caller, 2, and the
                 // synchronization above).
                 let r = unsafe { sys::cuMemFree_v2(ptr) };
-                self.ctx.check("cuMemFree", r)
+                self.ctx.check_free("cuMemFree", r, ptr)
             }
             MemoryKind::PinnedHost => {
                 // SAFETY: `ptr` came from `cuMemHostAlloc` and is not freed yet (caller, 1);
                 // work using it is done (caller, 2, and the synchronization above).
                 let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
-                self.ctx.check("cuMemFreeHost", r)
+                self.ctx.check_free("cuMemFreeHost", r, ptr)
             }
         }
     }
@@ -633,5 +663,9 @@ impl Backend for CudaBackend {
         let pool: Arc<dyn BackendPool> = Arc::new(CudaPool::device_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
         Ok(self.default_pool.get_or_init(|| pool).clone())
+    }
+
+    fn errors(&self) -> &ErrorSink {
+        self.ctx.errors()
     }
 }

@@ -134,7 +134,7 @@ impl Drop for CudaPool {
         // releases it once they are done, without blocking.
         let r = unsafe { sys::cuMemPoolDestroy(self.raw.0) };
         if let Err(error) = self.ctx.check("cuMemPoolDestroy", r) {
-            tracing::error!(%error, "destroying a memory pool");
+            self.ctx.errors().report(error);
         }
     }
 }
@@ -174,7 +174,7 @@ impl BackendPool for CudaPool {
         // SAFETY: the context is current and the stream live; `ptr` came from this pool and is
         // not freed yet, and work using it is ordered before this point of `stream` (caller).
         let r = unsafe { sys::cuMemFreeAsync(ptr, stream.raw()) };
-        self.ctx.check("cuMemFreeAsync", r)
+        self.ctx.check_free("cuMemFreeAsync", r, ptr)
     }
 
     fn trim_to(&self, keep: usize) -> Result<()> {

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
 use crate::error::{Error, Result};
 
 use super::{DeviceContext, RawEvent, RawStream};
@@ -83,7 +83,8 @@ impl Drop for CudaStream {
             // SAFETY: the context is current and the stream live.
             let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
             if let Err(error) = self.ctx.check("cuStreamSynchronize", r) {
-                tracing::error!(%error, "draining a stream with a staging buffer; leaking it");
+                tracing::error!("draining a stream with a staging buffer failed; leaking it");
+                self.ctx.errors().report(error);
                 return;
             }
         }
@@ -92,13 +93,13 @@ impl Drop for CudaStream {
         // the stream's resources once it is idle, without blocking this thread.
         let r = unsafe { sys::cuStreamDestroy_v2(self.raw.0) };
         if let Err(error) = self.ctx.check("cuStreamDestroy", r) {
-            tracing::error!(%error, "destroying a stream");
+            self.ctx.errors().report(error);
         }
         if let Some(p) = staging {
             // SAFETY: `p` came from `cuMemHostAlloc`; the stream that used it has drained.
             let r = unsafe { sys::cuMemFreeHost(p as *mut c_void) };
             if let Err(error) = self.ctx.check("cuMemFreeHost", r) {
-                tracing::error!(%error, "freeing a staging buffer");
+                self.ctx.errors().report(error);
             }
         }
     }
@@ -113,12 +114,17 @@ impl fmt::Debug for CudaStream {
     }
 }
 
-/// Drops a panic payload caught on a driver thread without letting anything unwind further.
-fn report_panic(payload: Box<dyn Any + Send>, what: &'static str) {
-    // Logging and dropping the payload run arbitrary code; a second panic is caught and its
+/// Reports a panic caught on a driver thread to the device's deferred errors and drops its
+/// payload, without letting anything unwind further.
+fn report_panic(ctx: &DeviceContext, payload: Box<dyn Any + Send>, what: &'static str) {
+    // Reporting and dropping the payload run arbitrary code; a second panic is caught and its
     // payload forgotten, so nothing ever unwinds into the driver.
     let outcome = panic::catch_unwind(AssertUnwindSafe(move || {
-        tracing::error!("{what} panicked on a CUDA driver thread; the stream goes on");
+        ctx.errors().report(Error::invalid(format!(
+            "{what} panicked on a CUDA driver thread of {}: {}; the stream went on",
+            ctx.id(),
+            panic_message(&*payload)
+        )));
         drop(payload);
     }));
     if let Err(payload) = outcome {
@@ -126,40 +132,46 @@ fn report_panic(payload: Box<dyn Any + Send>, what: &'static str) {
     }
 }
 
+/// What a host function of this module owns: its work, and the context to report a panic to.
+struct HostCall<T> {
+    work: T,
+    ctx: Arc<DeviceContext>,
+}
+
 /// The host function of [`CudaStream::notify`].
 ///
 /// # Safety
-/// 1. `user_data` came from `Arc::<Completion>::into_raw` and this call owns that reference
+/// 1. `user_data` came from `Box::<HostCall<Arc<Completion>>>::into_raw` and this call owns it
 ///    (the driver calls each host function exactly once).
 unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: by this function's contract, `user_data` is an owned `Arc<Completion>`
-        // reference leaked by `notify`; it is reclaimed exactly once, here.
-        let completion = unsafe { Arc::from_raw(user_data.cast_const().cast::<Completion>()) };
-        completion.complete();
-    }));
+    // SAFETY: by this function's contract, `user_data` is an owned box leaked by `notify`; it
+    // is reclaimed exactly once, here. Taking it apart cannot panic.
+    let call = unsafe { Box::from_raw(user_data.cast::<HostCall<Arc<Completion>>>()) };
+    let HostCall { work, ctx } = *call;
+    let outcome = panic::catch_unwind(AssertUnwindSafe(move || work.complete()));
     if let Err(payload) = outcome {
-        report_panic(payload, "a completion");
+        report_panic(&ctx, payload, "a completion");
     }
+    // Dropping `ctx` here never drops the context (which would call the driver on its own
+    // thread): the device's backend holds it, and CUDA devices live for the process.
 }
 
-/// The boxed closure of [`CudaStream::host_fn`], behind a thin pointer.
+/// The boxed closure of [`CudaStream::host_fn`].
 type HostFn = Box<dyn FnOnce() + Send>;
 
 /// The host function of [`CudaStream::host_fn`].
 ///
 /// # Safety
-/// 1. `user_data` came from `Box::<HostFn>::into_raw` and this call owns it (the driver calls
-///    each host function exactly once).
+/// 1. `user_data` came from `Box::<HostCall<HostFn>>::into_raw` and this call owns it (the
+///    driver calls each host function exactly once).
 unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: by this function's contract, `user_data` is an owned `Box<HostFn>` leaked by
-        // `host_fn`; it is reclaimed exactly once, here.
-        let f = unsafe { Box::from_raw(user_data.cast::<HostFn>()) };
-        f();
-    }));
+    // SAFETY: by this function's contract, `user_data` is an owned box leaked by `host_fn`; it
+    // is reclaimed exactly once, here. Taking it apart cannot panic.
+    let call = unsafe { Box::from_raw(user_data.cast::<HostCall<HostFn>>()) };
+    let HostCall { work, ctx } = *call;
+    let outcome = panic::catch_unwind(AssertUnwindSafe(work));
     if let Err(payload) = outcome {
-        report_panic(payload, "a host function");
+        report_panic(&ctx, payload, "a host function");
     }
 }
 
@@ -198,15 +210,19 @@ impl BackendStream for CudaStream {
 
     fn notify(&self, completion: Arc<Completion>) -> Result<()> {
         self.ctx.bind()?;
-        let user_data = Arc::into_raw(completion).cast_mut().cast::<c_void>();
+        let call = HostCall {
+            work: completion,
+            ctx: self.ctx.clone(),
+        };
+        let user_data = Box::into_raw(Box::new(call)).cast::<c_void>();
         // SAFETY: the context is current and the stream live. `complete_trampoline` matches
         // `CUhostFn`, makes no driver call, cannot unwind, and takes ownership of `user_data`
-        // (an `Arc<Completion>` reference) when the driver runs it, exactly once.
+        // (a `Box<HostCall<Arc<Completion>>>`) when the driver runs it, exactly once.
         let r = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(complete_trampoline), user_data) };
         if let Err(e) = r.result() {
-            // SAFETY: the launch failed, so the driver will never run the trampoline: the
-            // reference leaked above is still ours, and is reclaimed once, here.
-            drop(unsafe { Arc::from_raw(user_data.cast_const().cast::<Completion>()) });
+            // SAFETY: the launch failed, so the driver will never run the trampoline: the box
+            // leaked above is still ours, and is reclaimed once, here.
+            drop(unsafe { Box::from_raw(user_data.cast::<HostCall<Arc<Completion>>>()) });
             return Err(self.ctx.error("cuLaunchHostFunc", e));
         }
         Ok(())
@@ -214,16 +230,20 @@ impl BackendStream for CudaStream {
 
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         self.ctx.bind()?;
-        let user_data = Box::into_raw(Box::new(f)).cast::<c_void>();
+        let call = HostCall {
+            work: f,
+            ctx: self.ctx.clone(),
+        };
+        let user_data = Box::into_raw(Box::new(call)).cast::<c_void>();
         // SAFETY: the context is current and the stream live. `host_fn_trampoline` matches
-        // `CUhostFn`, cannot unwind, and takes ownership of `user_data` (a `Box<HostFn>`) when
-        // the driver runs it, exactly once. That `f` calls no driver function is the caller's
-        // contract (`BackendStream::host_fn`).
+        // `CUhostFn`, cannot unwind, and takes ownership of `user_data` (a
+        // `Box<HostCall<HostFn>>`) when the driver runs it, exactly once. That `f` calls no
+        // driver function is the caller's contract (`BackendStream::host_fn`).
         let r = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(host_fn_trampoline), user_data) };
         if let Err(e) = r.result() {
             // SAFETY: the launch failed, so the driver will never run the trampoline: the box
             // leaked above is still ours, and is reclaimed once, here.
-            drop(unsafe { Box::from_raw(user_data.cast::<HostFn>()) });
+            drop(unsafe { Box::from_raw(user_data.cast::<HostCall<HostFn>>()) });
             return Err(self.ctx.error("cuLaunchHostFunc", e));
         }
         Ok(())

@@ -297,6 +297,14 @@ fn host_functions_run_in_order_and_survive_a_panic() {
     .unwrap();
     s.synchronize_blocking().unwrap();
     assert!(seen.load(Ordering::SeqCst));
+    // The panic reaches the device's deferred errors through the backend's sink.
+    let (errors, _) = backend().errors().take();
+    assert!(
+        errors.iter().any(|e| e
+            .to_string()
+            .contains("deliberate panic in a host function")),
+        "{errors:?}"
+    );
     // The stream still works.
     s.delay(Duration::from_millis(1)).unwrap();
     s.synchronize_blocking().unwrap();

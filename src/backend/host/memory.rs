@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::{MemoryInfo, MemoryKind};
+use crate::backend::{ErrorSink, MemoryInfo, MemoryKind};
 use crate::device::DeviceId;
 use crate::error::{Error, Result};
 
@@ -17,11 +17,15 @@ pub(crate) const ALIGNMENT: usize = 256;
 pub(crate) struct HostMemory {
     device: DeviceId,
     capacity: usize,
-    /// Live allocations: address → (bytes, kind). Frees are checked against it, so a bad free is
-    /// an error instead of undefined behaviour.
+    /// Live allocations. Frees are checked against it when they are enqueued, so a bad free
+    /// (a double free included) is an error returned at once instead of undefined behaviour.
     live: Mutex<Live>,
+    /// Errors met on stream workers, for the device to take.
+    errors: ErrorSink,
     /// Allocations still to fail on purpose.
     fail_next: AtomicUsize,
+    /// Copies still to fail on purpose (when they are enqueued).
+    fail_copies: AtomicUsize,
     /// Prefetches of managed memory requested so far.
     prefetches: AtomicUsize,
     /// Prefetches still to fail on purpose.
@@ -30,9 +34,20 @@ pub(crate) struct HostMemory {
 
 #[derive(Default)]
 struct Live {
-    /// address → (bytes, kind, the allocation it was carved from).
-    blocks: HashMap<u64, (usize, MemoryKind, RawBlock)>,
+    blocks: HashMap<u64, Block>,
+    /// The sum of `blocks`' sizes, those with a free pending included.
     bytes: usize,
+}
+
+/// A live allocation.
+struct Block {
+    bytes: usize,
+    kind: MemoryKind,
+    /// The allocation it was carved from.
+    raw: RawBlock,
+    /// A stream-ordered free of it is enqueued and the stream has not reached it yet: a second
+    /// free is a double free, even though the memory is still allocated.
+    free_pending: bool,
 }
 
 /// What the global allocator returned for one block: a 16-byte-aligned allocation with room
@@ -83,7 +98,9 @@ impl HostMemory {
             device,
             capacity,
             live: Mutex::default(),
+            errors: ErrorSink::default(),
             fail_next: AtomicUsize::new(0),
+            fail_copies: AtomicUsize::new(0),
             prefetches: AtomicUsize::new(0),
             fail_prefetches: AtomicUsize::new(0),
         }
@@ -118,25 +135,89 @@ impl HostMemory {
         }
         let (addr, raw) =
             allocate_zeroed_aligned(bytes).ok_or_else(|| self.out_of_memory(bytes, available))?;
-        live.blocks.insert(addr, (bytes, kind, raw));
+        live.blocks.insert(
+            addr,
+            Block {
+                bytes,
+                kind,
+                raw,
+                free_pending: false,
+            },
+        );
         live.bytes += bytes;
         Ok(addr)
     }
 
-    /// Checks that `ptr` is a live block of `bytes` bytes of `kind`.
-    pub(crate) fn check_live(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
-        Self::check(&self.live.lock(), kind, ptr, bytes.max(1))
+    pub(crate) fn device(&self) -> DeviceId {
+        self.device
     }
 
-    fn check(live: &Live, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
-        match live.blocks.get(&ptr) {
-            Some(&(b, k, _)) if b == bytes && k == kind => Ok(()),
-            Some(&(b, k, _)) => Err(Error::invalid(format!(
-                "free of {ptr:#x} as {bytes} bytes of {kind:?}; it was allocated as {b} bytes of \
-                 {k:?}"
-            ))),
-            None => Err(Error::invalid(format!("free of unknown pointer {ptr:#x}"))),
+    /// Where errors met on this device's stream workers go.
+    pub(crate) fn errors(&self) -> &ErrorSink {
+        &self.errors
+    }
+
+    /// Starts a stream-ordered free: checks that `ptr` is a live block of `bytes` bytes of
+    /// `kind` with no free enqueued yet, and marks it so, so that a second free fails here, at
+    /// once, even while the stream has not reached the first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the pointer for a double free, a pointer this device
+    /// did not allocate, or a free of the wrong size or kind.
+    pub(crate) fn begin_free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
+        let mut live = self.live.lock();
+        let block = self.check(&mut live, kind, ptr, bytes.max(1))?;
+        if block.free_pending {
+            return Err(Error::invalid(format!(
+                "double free of {ptr:#x} ({bytes} bytes of {kind:?}) on {}: a stream-ordered \
+                 free of it is already enqueued",
+                self.device
+            )));
         }
+        block.free_pending = true;
+        Ok(())
+    }
+
+    /// Undoes [`begin_free`](Self::begin_free) when the free could not be enqueued.
+    pub(crate) fn cancel_free(&self, ptr: u64) {
+        if let Some(block) = self.live.lock().blocks.get_mut(&ptr) {
+            block.free_pending = false;
+        }
+    }
+
+    fn check<'a>(
+        &self,
+        live: &'a mut Live,
+        kind: MemoryKind,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<&'a mut Block> {
+        match live.blocks.get_mut(&ptr) {
+            Some(block) if block.bytes == bytes && block.kind == kind => Ok(block),
+            Some(block) => Err(Error::invalid(format!(
+                "free of {ptr:#x} as {bytes} bytes of {kind:?}; it was allocated as {} bytes of \
+                 {:?}",
+                block.bytes, block.kind
+            ))),
+            None => Err(Error::invalid(format!(
+                "free of unknown pointer {ptr:#x} on {} (never allocated there, or freed \
+                 already)",
+                self.device
+            ))),
+        }
+    }
+
+    /// Whether to fail the copy being enqueued now, and the error it fails with.
+    pub(crate) fn injected_copy_failure(&self) -> Option<Error> {
+        self.fail_copies
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()?;
+        Some(Error::Driver {
+            call: "cuMemcpyAsync",
+            code: 999,
+            name: "CUDA_ERROR_UNKNOWN (injected)".into(),
+            device: self.device,
+        })
     }
 
     /// A prefetch of `ptr..ptr + bytes`: counted, and `true`, when the range lies inside one
@@ -162,8 +243,8 @@ impl HostMemory {
             return Ok(false);
         };
         let live = self.live.lock();
-        let inside = |(&start, &(len, kind, _)): (&u64, &(usize, MemoryKind, RawBlock))| {
-            kind == MemoryKind::Managed && start <= ptr && end <= start + len as u64
+        let inside = |(&start, block): (&u64, &Block)| {
+            block.kind == MemoryKind::Managed && start <= ptr && end <= start + block.bytes as u64
         };
         // Most prefetches cover a whole block; sub-allocators' pieces need the scan.
         let managed = match live.blocks.get_key_value(&ptr) {
@@ -177,15 +258,26 @@ impl HostMemory {
         Ok(managed)
     }
 
-    /// Frees a block from [`HostMemory::allocate`].
+    /// Ends a stream-ordered free that [`begin_free`](Self::begin_free) started: frees the
+    /// block.
     ///
     /// # Safety
     /// No code reads or writes the block after this call.
-    pub(crate) unsafe fn free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
+    pub(crate) unsafe fn finish_free(
+        &self,
+        kind: MemoryKind,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<()> {
         let bytes = bytes.max(1);
         let mut live = self.live.lock();
-        Self::check(&live, kind, ptr, bytes)?;
-        let (_, _, raw) = live.blocks.remove(&ptr).expect("checked above");
+        if !self.check(&mut live, kind, ptr, bytes)?.free_pending {
+            return Err(Error::invalid(format!(
+                "stream-ordered free of {ptr:#x} on {} was never started",
+                self.device
+            )));
+        }
+        let Block { raw, .. } = live.blocks.remove(&ptr).expect("checked above");
         live.bytes -= bytes;
         drop(live);
         // SAFETY: `raw` is the allocation behind `ptr` (from the live map) and the caller
@@ -198,9 +290,9 @@ impl HostMemory {
 impl Drop for HostMemory {
     fn drop(&mut self) {
         let live = std::mem::take(&mut self.live.get_mut().blocks);
-        for (_, (_, _, raw)) in live {
+        for (_, block) in live {
             // SAFETY: the device is gone, so no stream or resource can use its memory any more.
-            unsafe { free_raw(raw) };
+            unsafe { free_raw(block.raw) };
         }
     }
 }
@@ -244,6 +336,32 @@ impl HostControls {
     /// Makes the next `n` raw allocations of this device fail with out-of-memory.
     pub fn fail_next_allocations(&self, n: usize) {
         self.memory.fail_next.store(n, Ordering::Release);
+    }
+
+    /// Makes the next `n` copies enqueued on this device's streams fail when the stream
+    /// reaches them, as an asynchronous driver error does on a GPU: the copy moves nothing, and
+    /// the stream reports the error ([`Error::Driver`], `cuMemcpyAsync`) at every event
+    /// recorded after it (awaiting, querying or synchronizing), and passes it on to
+    /// streams that wait on such an event. Enqueuing itself succeeds.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, HostConfig, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+    /// device.host_controls().unwrap().fail_next_copies(1);
+    /// let copy = buf.copy_from_host(vec![1u8; 4]);
+    /// assert!(matches!(copy.await, Err(streamalloc::Error::Driver { .. })));
+    /// assert!(stream.synchronize_blocking().is_err()); // the stream stays failed
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// [`Error::Driver`]: crate::Error::Driver
+    pub fn fail_next_copies(&self, n: usize) {
+        self.memory.fail_copies.store(n, Ordering::Release);
     }
 
     /// Bytes of emulated device memory now allocated.

@@ -15,7 +15,9 @@ use std::sync::{Arc, OnceLock};
 pub use memory::HostControls;
 pub(crate) use memory::{system_allocate, system_free};
 
-use crate::backend::{Backend, BackendPool, BackendStream, MemoryInfo, MemoryKind, PoolConfig};
+use crate::backend::{
+    Backend, BackendPool, BackendStream, ErrorSink, MemoryInfo, MemoryKind, PoolConfig,
+};
 use crate::device::DeviceId;
 use crate::error::Result;
 use crate::stream::CompletionStrategy;
@@ -114,15 +116,24 @@ impl Backend for HostBackend {
         bytes: usize,
         stream: &dyn BackendStream,
     ) -> Result<()> {
+        let stream = stream::as_host(stream)?;
         let memory = self.memory().clone();
-        memory.check_live(kind, ptr, bytes)?;
-        stream::as_host(stream)?.enqueue_call(Box::new(move || {
-            // SAFETY: the caller guarantees all work using the block is ordered before this point
-            // of the stream, which has now been reached.
-            if let Err(e) = unsafe { memory.free(kind, ptr, bytes) } {
-                tracing::error!(error = %e, "stream-ordered free failed");
+        // A double free fails here, while the first free may still be queued.
+        memory.begin_free(kind, ptr, bytes)?;
+        let queued = stream.enqueue_call(Box::new({
+            let memory = memory.clone();
+            move || {
+                // SAFETY: the caller guarantees all work using the block is ordered before this
+                // point of the stream, which has now been reached.
+                if let Err(e) = unsafe { memory.finish_free(kind, ptr, bytes) } {
+                    memory.errors().report(e);
+                }
             }
-        }))
+        }));
+        if queued.is_err() {
+            memory.cancel_free(ptr);
+        }
+        queued
     }
 
     fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
@@ -133,7 +144,10 @@ impl Backend for HostBackend {
     }
 
     fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
-        Ok(Arc::new(stream::HostStream::new(self.id)))
+        Ok(Arc::new(stream::HostStream::new(
+            self.id,
+            self.memory().clone(),
+        )))
     }
 
     fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
@@ -150,6 +164,10 @@ impl Backend for HostBackend {
 
     fn host_controls(&self) -> Option<&HostControls> {
         Some(&self.controls)
+    }
+
+    fn errors(&self) -> &ErrorSink {
+        self.memory().errors()
     }
 }
 

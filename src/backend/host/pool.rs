@@ -41,19 +41,24 @@ impl BackendPool for HostPool {
 
     unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
         let stream = as_host(stream)?;
-        self.memory.check_live(MemoryKind::Device, ptr, bytes)?;
+        // A double free fails here, while the first free may still be queued.
+        self.memory.begin_free(MemoryKind::Device, ptr, bytes)?;
         let memory = self.memory.clone();
         let reserved = self.reserved.clone();
-        stream.enqueue_call(Box::new(move || {
+        let queued = stream.enqueue_call(Box::new(move || {
             // SAFETY: the caller guarantees all work using the block is ordered before this
             // point of the stream, which has now been reached.
-            match unsafe { memory.free(MemoryKind::Device, ptr, bytes) } {
+            match unsafe { memory.finish_free(MemoryKind::Device, ptr, bytes) } {
                 Ok(()) => {
                     reserved.fetch_sub(bytes.max(1), Ordering::Relaxed);
                 }
-                Err(e) => tracing::error!(error = %e, "stream-ordered free failed"),
+                Err(e) => memory.errors().report(e),
             }
-        }))
+        }));
+        if queued.is_err() {
+            self.memory.cancel_free(ptr);
+        }
+        queued
     }
 
     fn trim_to(&self, _keep: usize) -> Result<()> {

@@ -3,15 +3,17 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
 use crate::device::DeviceId;
 use crate::error::{Error, Result};
+
+use super::memory::HostMemory;
 
 /// One queued operation of a host stream.
 enum Op {
@@ -30,6 +32,8 @@ enum Op {
         value: u8,
         bytes: usize,
     },
+    /// An operation that fails when the stream reaches it (an injected copy failure).
+    Fail(Error),
 }
 
 /// The queue shared by a stream handle, its events and its worker thread.
@@ -41,6 +45,11 @@ struct Queue {
     progress: Condvar,
     /// Operations completed so far; the worker is the only writer.
     completed: AtomicU64,
+    /// The first operation that failed, as a position (events at or after it report the
+    /// error), and its error. Sticky, as an asynchronous error is on a CUDA context.
+    fault: OnceLock<(u64, Error)>,
+    /// The device's memory: its fault injection, and its sink for errors met here.
+    memory: Arc<HostMemory>,
 }
 
 struct QueueState {
@@ -62,6 +71,20 @@ impl Queue {
         }
     }
 
+    /// The error of a failure at or before `position`, if the queue had one.
+    fn fault_at(&self, position: u64) -> Result<()> {
+        match self.fault.get() {
+            Some((failed, e)) if *failed <= position => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails the queue at the operation now running (the first failure sticks).
+    fn fail(&self, error: Error) {
+        let position = self.completed.load(Ordering::Acquire) + 1;
+        let _ = self.fault.set((position, error));
+    }
+
     fn run(&self) {
         loop {
             let op = {
@@ -76,34 +99,49 @@ impl Queue {
                     self.work.wait(&mut state);
                 }
             };
-            execute(op);
+            self.execute(op);
             self.completed.fetch_add(1, Ordering::AcqRel);
             let _state = self.state.lock();
             self.progress.notify_all();
         }
     }
-}
 
-fn execute(op: Op) {
-    match op {
-        Op::Delay(d) => thread::sleep(d),
-        Op::WaitFor(queue, position) => queue.wait_for(position),
-        Op::Call(f) => {
-            // A panicking callback must not kill the worker: later work would never run.
-            if panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
-                tracing::error!("a host function panicked; the stream goes on");
+    fn execute(&self, op: Op) {
+        match op {
+            Op::Delay(d) => thread::sleep(d),
+            Op::WaitFor(queue, position) => {
+                queue.wait_for(position);
+                // Waiting on a failed point passes the failure on, as on a CUDA context.
+                if let Err(e) = queue.fault_at(position) {
+                    self.fail(e);
+                }
             }
+            Op::Call(f) => {
+                // A panicking callback must not kill the worker: later work would never run.
+                // The panic reaches the user through the device's deferred errors.
+                if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(f)) {
+                    self.memory.errors().report(Error::invalid(format!(
+                        "a host function panicked on a stream of {}: {}; the stream went on",
+                        self.memory.device(),
+                        panic_message(&*payload)
+                    )));
+                }
+            }
+            Op::Notify(c) => match self.fault_at(self.completed.load(Ordering::Acquire)) {
+                Ok(()) => c.complete(),
+                Err(e) => c.fail(e),
+            },
+            // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy
+            // completes (`BackendStream::copy`); `ptr::copy` allows overlap.
+            Op::Copy { dst, src, bytes } => unsafe {
+                std::ptr::copy(src as *const u8, dst as *mut u8, bytes)
+            },
+            // SAFETY: the enqueuing caller guaranteed the range valid (`BackendStream::memset`).
+            Op::Set { dst, value, bytes } => unsafe {
+                std::ptr::write_bytes(dst as *mut u8, value, bytes)
+            },
+            Op::Fail(e) => self.fail(e),
         }
-        Op::Notify(c) => c.complete(),
-        // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy completes
-        // (`BackendStream::copy`); `ptr::copy` allows overlap.
-        Op::Copy { dst, src, bytes } => unsafe {
-            std::ptr::copy(src as *const u8, dst as *mut u8, bytes)
-        },
-        // SAFETY: the enqueuing caller guaranteed the range valid (`BackendStream::memset`).
-        Op::Set { dst, value, bytes } => unsafe {
-            std::ptr::write_bytes(dst as *mut u8, value, bytes)
-        },
     }
 }
 
@@ -122,7 +160,7 @@ pub(crate) struct HostStream {
 }
 
 impl HostStream {
-    pub(crate) fn new(device: DeviceId) -> Self {
+    pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let queue = Arc::new(Queue {
             state: Mutex::new(QueueState {
@@ -133,6 +171,8 @@ impl HostStream {
             work: Condvar::new(),
             progress: Condvar::new(),
             completed: AtomicU64::new(0),
+            fault: OnceLock::new(),
+            memory,
         });
         let worker = queue.clone();
         let handle = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -214,7 +254,10 @@ impl BackendStream for HostStream {
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        self.enqueue(Op::Copy { dst, src, bytes })
+        match self.queue.memory.injected_copy_failure() {
+            Some(e) => self.enqueue(Op::Fail(e)),
+            None => self.enqueue(Op::Copy { dst, src, bytes }),
+        }
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
@@ -228,7 +271,7 @@ impl BackendStream for HostStream {
     fn synchronize_blocking(&self) -> Result<()> {
         let position = self.queue.state.lock().enqueued;
         self.queue.wait_for(position);
-        Ok(())
+        self.queue.fault_at(position)
     }
 }
 
@@ -252,11 +295,14 @@ impl BackendEvent for HostEvent {
     }
 
     fn query(&self) -> Result<bool> {
-        Ok(self.queue.completed.load(Ordering::Acquire) >= self.position)
+        if self.queue.completed.load(Ordering::Acquire) < self.position {
+            return Ok(false);
+        }
+        self.queue.fault_at(self.position).map(|()| true)
     }
 
     fn synchronize_blocking(&self) -> Result<()> {
         self.queue.wait_for(self.position);
-        Ok(())
+        self.queue.fault_at(self.position)
     }
 }

@@ -97,3 +97,44 @@ fn default_device_is_host_without_a_gpu() {
         assert!(Device::cuda(0).is_err());
     }
 }
+
+#[test]
+fn a_panicking_host_function_is_a_deferred_error() {
+    let d = Device::host_with(HostConfig::default());
+    let s = Stream::new(&d).unwrap();
+    s.launch_host_fn(|| panic!("boom in a host function"))
+        .unwrap();
+    s.synchronize_blocking().unwrap();
+    let error = d.take_deferred_error().expect("the panic was not reported");
+    assert!(
+        error.to_string().contains("boom in a host function"),
+        "{error}"
+    );
+    assert_eq!(d.deferred_error_count(), 1);
+    // The stream went on.
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    s.launch_host_fn(move || flag.store(true, std::sync::atomic::Ordering::Release))
+        .unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(ran.load(std::sync::atomic::Ordering::Acquire));
+}
+
+#[test]
+fn errors_met_on_stream_workers_are_all_counted_and_the_oldest_kept() {
+    let d = Device::host_with(HostConfig::default());
+    let s = Stream::new(&d).unwrap();
+    let n = crate::device::DEFERRED_ERRORS_KEPT + 6;
+    for i in 0..n {
+        s.launch_host_fn(move || panic!("panic {i}")).unwrap();
+    }
+    s.synchronize_blocking().unwrap();
+    assert_eq!(d.deferred_error_count(), n as u64);
+    let first = d.take_deferred_error().unwrap();
+    assert!(first.to_string().contains(": panic 0;"), "{first}");
+    let mut kept = 1;
+    while d.take_deferred_error().is_some() {
+        kept += 1;
+    }
+    assert_eq!(kept, crate::device::DEFERRED_ERRORS_KEPT);
+}
