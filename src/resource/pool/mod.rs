@@ -100,9 +100,7 @@ struct Inner<R: MemoryResource> {
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
     /// its id modulo their number.
     shards: Box<[Mutex<Shard>]>,
-    /// Bytes a shard takes from the global level at a time (a little past a power of two, so
-    /// that carving small requests off a fresh sub-chunk rarely moves it to another size
-    /// class).
+    /// Bytes a shard takes from the global level at a time (see `shard_layout`).
     shard_chunk: usize,
     /// Requests up to this size go through the shards.
     shard_limit: usize,
@@ -149,8 +147,9 @@ const SHARDED_CAPACITY: usize = 256 << 20;
 /// The largest power of two a shard's sub-chunk starts from.
 const MAX_SHARD_CHUNK: usize = 64 << 20;
 
-/// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes.
-fn shard_layout(capacity: usize) -> (usize, usize, usize) {
+/// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes,
+/// `bounded` when that is its own maximum.
+fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
     if capacity < SHARDED_CAPACITY {
         return (0, 0, 0);
     }
@@ -158,11 +157,16 @@ fn shard_layout(capacity: usize) -> (usize, usize, usize) {
         .map_or(1, |n| n.get())
         .next_power_of_two()
         .min(64);
-    // A power of two, then half a size class more (the pool's classes split each power of two
-    // in 32): small requests carved off it leave it in its class.
     // capacity / 64 is at least 4 MiB here, so its log is defined.
     let base = (1 << (capacity / 64).ilog2()).min(MAX_SHARD_CHUNK);
-    (shards, base + base / 64, base / 4)
+    // With a maximum, a power of two, so that requests of any power-of-two size up to the
+    // limit fill sub-chunks exactly and the pool can be filled to its maximum from several
+    // shards. Without one, half a size class more (the pool's classes split each power of
+    // two in 32), so that small requests carved off a fresh sub-chunk leave it in its class:
+    // no relinking of the sub-chunk's free block on the fast path, at the price of a scrap
+    // per sub-chunk that no request of its limit's size can use when the upstream runs out.
+    let chunk = if bounded { base } else { base + base / 64 };
+    (shards, chunk, base / 4)
 }
 
 impl<R: MemoryResource> PoolResource<R> {
@@ -200,7 +204,7 @@ impl<R: MemoryResource> PoolResource<R> {
         let capacity = maximum_size
             .or(upstream.capacity_limit())
             .unwrap_or(usize::MAX);
-        let (shards, shard_chunk, shard_limit) = shard_layout(capacity);
+        let (shards, shard_chunk, shard_limit) = shard_layout(capacity, maximum_size.is_some());
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -402,6 +406,7 @@ impl<R: MemoryResource> Inner<R> {
         if let Some(p) = shard.level.serve(size, stream)? {
             return Ok(Some(p));
         }
+        self.return_heads(&mut shard, stream)?;
         // The lock order is a shard, then the global level; never the other way round.
         for may_grow in [false, true] {
             let mut want = self.shard_chunk.max(size);
@@ -419,6 +424,24 @@ impl<R: MemoryResource> Inner<R> {
             }
         }
         Ok(None)
+    }
+
+    /// Gives the unused heads of the shard's sub-chunks back to the global level before it
+    /// carves more from its free memory: the newest sub-chunk lies just above that memory and
+    /// its head joins it, so that one stream's requests are packed without gaps (else each
+    /// sub-chunk would strand its rest, and the pool could not be filled to its maximum).
+    fn return_heads(&self, shard: &mut Shard, stream: &Stream) -> Result<()> {
+        let heads = shard.level.cut_free_heads(stream);
+        if heads.is_empty() {
+            return Ok(());
+        }
+        let mut global = self.global.lock();
+        let mut result = Ok(());
+        for (base, head, owner) in heads {
+            // Every head is taken back even if ordering one of them fails.
+            result = result.and(global.take_back_head(base, head, &owner));
+        }
+        result
     }
 
     /// The index of `stream`'s shard: its id modulo the (power-of-two) number of shards.
@@ -538,6 +561,11 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         let first = if size <= inner.shard_limit {
             inner.shard_allocate(size, stream)?
         } else {
+            if !inner.shards.is_empty() {
+                // The stream's shard gives back the rest of its newest sub-chunk first, so
+                // that this block is carved next to it rather than strand it.
+                inner.return_heads(&mut inner.shard_of(stream).lock(), stream)?;
+            }
             inner.global_allocate(size, stream, true, false)?
         };
         if let Some(p) = first {

@@ -141,7 +141,7 @@ fn large_pools_have_shards_and_small_ones_do_not() {
     assert!(large.inner.shards.len().is_power_of_two());
     assert_eq!(
         (large.inner.shard_chunk, large.inner.shard_limit),
-        (4 * MIB + 64 * KIB, MIB)
+        (4 * MIB, MIB)
     );
 }
 
