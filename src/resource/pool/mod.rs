@@ -68,7 +68,11 @@ use crate::stream::Stream;
 /// # Errors
 /// [`Error::InvalidArgument`] from `new` when a size is not a multiple of 256 or the initial
 /// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's free bytes
-/// when neither the pool nor its upstream can serve a request.
+/// when neither the pool nor its upstream can serve a request (at once for a request larger
+/// than any pool could hold, such as `usize::MAX` bytes). A pool dropped (its last clone)
+/// while allocations are still out leaks the chunks under them and records an
+/// [`Error::Leaked`] with their number and bytes on its device: take it with
+/// [`Device::take_deferred_error`].
 ///
 /// # Examples
 ///
@@ -659,17 +663,34 @@ impl<R: MemoryResource> fmt::Debug for PoolResource<R> {
 }
 
 impl<R: MemoryResource> Drop for Inner<R> {
-    /// Returns every wholly free chunk to the upstream. Chunks with live allocations are leaked
-    /// (with an error event), never freed under memory someone still uses.
+    /// Returns every wholly free chunk to the upstream. Chunks with live allocations are leaked,
+    /// never freed under memory someone still uses, and the device records an
+    /// [`Error::Leaked`] (see [`PoolResource`]'s `# Errors`).
     fn drop(&mut self) {
         self.reclaim();
         self.release_empty_chunks();
-        let live = self.global.get_mut().core.allocation_count();
-        if live > 0 {
-            tracing::error!(
-                live,
-                "pool dropped with live allocations; their chunks are leaked"
-            );
+        // User allocations: the global level's, less the sub-chunks lent to shards, plus the
+        // shards'. Bytes: what is allocated, i.e. held and not free.
+        let (mut allocations, mut bytes) = {
+            let global = self.global.get_mut();
+            let core = &global.core;
+            (
+                core.allocation_count(),
+                core.chunk_bytes() - core.free_bytes(),
+            )
+        };
+        for shard in self.shards.iter_mut() {
+            let core = &shard.get_mut().level.core;
+            allocations = allocations + core.allocation_count() - core.chunk_count();
+            bytes -= core.free_bytes();
+        }
+        if allocations > 0 {
+            self.device.defer_error(Error::Leaked {
+                what: "PoolResource",
+                allocations,
+                bytes,
+                device: self.device.id(),
+            });
         }
     }
 }

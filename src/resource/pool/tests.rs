@@ -428,3 +428,50 @@ proptest! {
         run_ops(ops, 0, SHARDED);
     }
 }
+
+/// A pool dropped with allocations out (one in the global level of a small pool; one in a
+/// shard and one in the global level of a large one) records a typed error with their number
+/// and bytes on its device, which the user takes from there.
+#[test]
+fn drop_with_allocations_out_defers_a_leak_error() {
+    let device = host();
+    let stream = Stream::new(&device).unwrap();
+    let small = PoolResource::new(CudaResource::new(&device), 0, Some(4 * MIB)).unwrap();
+    small.try_allocate(1000, &stream).unwrap();
+    drop(small);
+    assert_eq!(device.deferred_error_count(), 1);
+    let err = device.take_deferred_error().expect("the leak is reported");
+    assert_eq!(
+        err,
+        crate::Error::Leaked {
+            what: "PoolResource",
+            allocations: 1,
+            bytes: 1024,
+            device: device.id()
+        }
+    );
+    assert!(device.take_deferred_error().is_none());
+
+    let large = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    assert!(!large.inner.shards.is_empty());
+    let p = large.try_allocate(KIB, &stream).unwrap();
+    large.try_allocate(64 * MIB, &stream).unwrap();
+    let q = large.try_allocate(KIB, &stream).unwrap();
+    free(&large, p, KIB, &stream);
+    free(&large, q, KIB, &stream);
+    let kept = large.try_allocate(100, &stream).unwrap();
+    assert!(!kept.is_null());
+    drop(large);
+    assert_eq!(device.deferred_error_count(), 2);
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(crate::Error::Leaked { allocations: 2, bytes, .. }) if bytes == 64 * MIB + 256
+    ));
+
+    // Dropped with nothing out: no error.
+    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let p = pool.try_allocate(KIB, &stream).unwrap();
+    free(&pool, p, KIB, &stream);
+    drop(pool);
+    assert_eq!(device.deferred_error_count(), 2);
+}
