@@ -475,3 +475,33 @@ fn drop_with_allocations_out_defers_a_leak_error() {
     drop(pool);
     assert_eq!(device.deferred_error_count(), 2);
 }
+
+/// Sizes at the top of `usize` are refused with a typed out-of-memory error carrying the
+/// request, never a panic (debug) or a wrapped size (release), with and without a maximum,
+/// sharded or not; the pool is unchanged and still serves.
+#[test]
+fn sizes_near_usize_max_are_out_of_memory() {
+    let device = host();
+    let stream = Stream::new(&device).unwrap();
+    for maximum in [None, Some(4 * MIB), Some(SHARDED)] {
+        let pool = PoolResource::new(CudaResource::new(&device), 0, maximum).unwrap();
+        for bytes in [
+            usize::MAX,
+            usize::MAX - 255,
+            usize::MAX / 2 + 1,
+            isize::MAX as usize,
+        ] {
+            let err = pool.try_allocate(bytes, &stream).unwrap_err();
+            assert!(
+                matches!(err, crate::Error::OutOfMemory { requested, device: d, .. }
+                    if requested == bytes && d == device.id()),
+                "{maximum:?} {bytes}: {err}"
+            );
+            let err = futures::executor::block_on(pool.allocate(bytes, &stream)).unwrap_err();
+            assert!(err.is_out_of_memory(), "{maximum:?} {bytes}: {err}");
+        }
+        assert_eq!(pool.statistics().live_allocations, 0);
+        let p = pool.try_allocate(MIB, &stream).unwrap();
+        free(&pool, p, MIB, &stream);
+    }
+}
