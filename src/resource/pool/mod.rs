@@ -53,12 +53,22 @@ use crate::stream::Stream;
 /// of two), a stream's shard being its id modulo their number. Requests of up to about a 256th
 /// of the capacity (at most 16 MiB) are served by the stream's shard, under the shard's own
 /// lock, from sub-chunks the shard takes from the global level (about a 64th of the capacity,
-/// at most 65 MiB, at a time), so threads that use different streams rarely meet on a lock.
-/// A shard gives wholly free sub-chunks back to the global level once it holds more than two
-/// sub-chunks' worth of free memory, and all shards give theirs back before a request fails;
-/// [`trim`](PoolResource::trim) takes them all back first. Smaller pools have the global level
-/// only. A sharded pool therefore grows by at least a sub-chunk where RMM's would grow by the
-/// request alone.
+/// at most 64 MiB — 65 MiB without a maximum — at a time), so threads that use different
+/// streams rarely meet on a lock. Before it takes another, a shard gives the unused rests of
+/// its sub-chunks back, where the newest joins the global level's free memory, so the
+/// requests of one stream are packed without gaps. A shard gives wholly free sub-chunks back
+/// to the global level once it holds more than two sub-chunks' worth of free memory, and all
+/// shards give theirs back before a request fails; [`trim`](PoolResource::trim) takes them
+/// all back first. Smaller pools have the global level only. A sharded pool therefore grows
+/// by at least a sub-chunk where RMM's would grow by the request alone.
+///
+/// # Filling to the maximum
+/// A pool with a maximum holds any set of requests whose sizes rounded up to 256 bytes add up
+/// to its maximum when they come from one stream and the maximum was taken at once, and
+/// requests of one power-of-two size (up to the shard limit, or any size above it) from
+/// several streams at once, grown from empty or not. A mix of sizes from several streams at
+/// once may leave pieces of one shard's sub-chunk that no other free memory joins; see the
+/// book's pool chapter.
 ///
 /// # Awaiting memory
 /// The pool has a wait queue ([`Availability`]): an awaited [`allocate`](MemoryResource::allocate)
