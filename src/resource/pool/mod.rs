@@ -54,9 +54,9 @@ use crate::stream::Stream;
 /// of the capacity (at most 16 MiB) are served by the stream's shard, under the shard's own
 /// lock, from sub-chunks the shard takes from the global level (about a 64th of the capacity,
 /// at most 64 MiB — 65 MiB without a maximum — at a time), so threads that use different
-/// streams rarely meet on a lock. Before it takes another, a shard gives the unused rests of
-/// its sub-chunks back, where the newest joins the global level's free memory, so the
-/// requests of one stream are packed without gaps. A shard gives wholly free sub-chunks back
+/// streams rarely meet on a lock. With a maximum, before it takes another, a shard gives the
+/// unused rests of its sub-chunks back, where the newest joins the global level's free
+/// memory, so the requests of one stream are packed without gaps. A shard gives wholly free sub-chunks back
 /// to the global level once it holds more than two sub-chunks' worth of free memory, and all
 /// shards give theirs back before a request fails; [`trim`](PoolResource::trim) takes them
 /// all back first. Smaller pools have the global level only. A sharded pool therefore grows
@@ -444,7 +444,13 @@ impl<R: MemoryResource> Inner<R> {
     /// carves more from its free memory: the newest sub-chunk lies just above that memory and
     /// its head joins it, so that one stream's requests are packed without gaps (else each
     /// sub-chunk would strand its rest, and the pool could not be filled to its maximum).
+    ///
+    /// Bounded pools only: an unbounded one can grow instead, and keeps its sub-chunks whole
+    /// (which keeps the layout that a repeated sequence of requests finds free again).
     fn return_heads(&self, shard: &mut Shard, stream: &Stream) -> Result<()> {
+        if self.maximum.is_none() {
+            return Ok(());
+        }
         let heads = shard.level.cut_free_heads(stream);
         if heads.is_empty() {
             return Ok(());
@@ -575,7 +581,7 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         let first = if size <= inner.shard_limit {
             inner.shard_allocate(size, stream)?
         } else {
-            if !inner.shards.is_empty() {
+            if !inner.shards.is_empty() && inner.maximum.is_some() {
                 // The stream's shard gives back the rest of its newest sub-chunk first, so
                 // that this block is carved next to it rather than strand it.
                 inner.return_heads(&mut inner.shard_of(stream).lock(), stream)?;
