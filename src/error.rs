@@ -110,6 +110,34 @@ pub enum Error {
         /// The device of the resource.
         device: DeviceId,
     },
+    /// A resource was dropped while allocations from it were still out, so it leaked the
+    /// memory under them rather than free memory someone may still use. Reported through
+    /// [`Device::take_deferred_error`](crate::Device::take_deferred_error), since a drop
+    /// cannot return an error.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, Error, HostConfig, MemoryResource, PoolResource, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device), 0, None)?;
+    /// let _leaked = pool.try_allocate(1000, &stream)?;
+    /// drop(pool);
+    /// let err = device.take_deferred_error().unwrap();
+    /// assert!(matches!(err, Error::Leaked { allocations: 1, bytes: 1024, .. }), "{err}");
+    /// # Ok::<(), Error>(())
+    /// ```
+    #[error("{what} on {device} dropped with {allocations} allocations ({bytes} bytes) still out; their memory is leaked")]
+    Leaked {
+        /// The resource, e.g. `PoolResource`.
+        what: &'static str,
+        /// How many allocations were still out.
+        allocations: usize,
+        /// Their bytes, as the resource rounded them.
+        bytes: usize,
+        /// The device the resource allocates on.
+        device: DeviceId,
+    },
     /// A resource or stream was used with a device it does not belong to.
     #[error("device mismatch: expected {expected}, got {actual}")]
     #[non_exhaustive]

@@ -522,14 +522,17 @@ impl<R: MemoryResource> fmt::Debug for FixedSizeResource<R> {
 }
 
 impl<R: MemoryResource> Drop for Inner<R> {
-    /// Returns the chunks to the upstream; with blocks still in use they are leaked (with an
-    /// error event), never freed under memory someone still uses.
+    /// Returns the chunks to the upstream; with blocks still in use they are leaked, never
+    /// freed under memory someone still uses, and the device records an [`Error::Leaked`].
     fn drop(&mut self) {
         if !self.release_all() {
-            tracing::error!(
-                live = self.state.get_mut().live,
-                "fixed-size resource dropped with blocks in use; its chunks are leaked"
-            );
+            let allocations = self.state.get_mut().live;
+            self.device.defer_error(Error::Leaked {
+                what: "FixedSizeResource",
+                allocations,
+                bytes: allocations * self.block_size,
+                device: self.device.id(),
+            });
         }
     }
 }

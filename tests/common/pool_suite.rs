@@ -1,6 +1,7 @@
 //! `PoolResource` on a real backend: RMM's pool test cases, stream-ordered reuse, and the
 //! stress of many tasks awaiting a bounded pool with random cancellation.
 
+use std::sync::Barrier;
 use std::time::Duration;
 
 use streamalloc::{
@@ -9,6 +10,100 @@ use streamalloc::{
 };
 
 use super::stress;
+
+const MIB: usize = 1 << 20;
+/// The maximum of the fill-to-maximum cases: large enough that the pool has stream shards.
+const FILL_MAX: usize = 256 * MIB;
+
+/// A mix of sizes that round (to 256 bytes) to powers of two, ascending: RMM's pool holds
+/// it up to its maximum whether it starts empty or not.
+const POW2_MIX: [usize; 5] = [1000, 512 * 1024 - 3, MIB, 2 * MIB - 100, 4 * MIB - 255];
+/// A mix of odd sizes. With all of the maximum allocated at once RMM's pool holds it; grown
+/// from empty, RMM's own growth strands memory at the ends of its chunks (its pool refuses
+/// request 260 of 264 at a maximum of 256 MiB), so only the first case applies.
+const ODD_MIX: [usize; 5] = [3 * MIB + 1, 1000, 768 * 1024 - 5, MIB, 100_000];
+
+/// The fill cases: (initial size, request sizes pattern). With `mixed`, the mixes too.
+///
+/// Not covered (known limits): [`POW2_MIX`] grown from empty (the shards grow the pool by
+/// sub-chunks, not by requests as RMM does, and the last sub-chunks of a grown pool may leave
+/// pieces the largest requests cannot use), and mixes from several shards at once (a piece
+/// left in one shard's sub-chunk between two of another's cannot join the free memory).
+fn fill_cases(mixed: bool) -> Vec<(usize, &'static [usize])> {
+    let mut cases = Vec::new();
+    for initial in [0, FILL_MAX] {
+        cases.extend([(initial, &[MIB][..]), (initial, &[4 * MIB][..])]);
+    }
+    if mixed {
+        cases.extend([(FILL_MAX, &POW2_MIX[..]), (FILL_MAX, &ODD_MIX[..])]);
+    }
+    cases
+}
+
+/// Request sizes whose sizes rounded up to 256 bytes add up to exactly `total` (a multiple of
+/// 256): `pattern` repeated while it fits, then one request of whatever is left.
+fn fill_sizes(total: usize, pattern: &[usize]) -> Vec<usize> {
+    let round = |n: usize| n.div_ceil(256) * 256;
+    let mut sizes = Vec::new();
+    let mut left = total;
+    for &n in pattern.iter().cycle() {
+        if round(n) > left {
+            break;
+        }
+        sizes.push(n);
+        left -= round(n);
+    }
+    if left > 0 {
+        sizes.push(left);
+    }
+    assert_eq!(sizes.iter().map(|&n| round(n)).sum::<usize>(), total);
+    sizes
+}
+
+/// Allocates every size of `sizes` on `s` with `try_allocate`; panics naming the first refusal.
+fn fill(pool: &PoolResource<CudaResource>, sizes: &[usize], s: &Stream) -> Vec<(DevicePtr, usize)> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| match pool.try_allocate(n, s) {
+            Ok(p) => (p, n),
+            Err(e) => panic!(
+                "request {i} of {} ({n} bytes; sizes {:?}..) refused: {e}; {:?}",
+                sizes.len(),
+                &sizes[..sizes.len().min(5)],
+                pool.statistics()
+            ),
+        })
+        .collect()
+}
+
+/// The pool is full: one more 256-byte request fails with out-of-memory, and an awaited one
+/// waits until `to_free` is freed (on another thread), then gets through.
+fn full_then_waiter_gets_through(
+    pool: &PoolResource<CudaResource>,
+    to_free: (DevicePtr, usize),
+    s: &Stream,
+) {
+    let err = pool.try_allocate(256, s).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { requested: 256, .. }),
+        "{err}"
+    );
+    assert_eq!(pool.pool_size(), FILL_MAX);
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            futures::executor::block_on(pool.allocate(256, s).timeout(Duration::from_secs(30)))
+        });
+        // Let the waiter register first (not needed for correctness: either order must work).
+        std::thread::sleep(Duration::from_millis(50));
+        free(pool, to_free.0, to_free.1, s);
+        let p = waiter
+            .join()
+            .unwrap()
+            .expect("a free lets the waiter through");
+        free(pool, p, 256, s);
+    });
+}
 
 fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
     // SAFETY: every caller frees what it allocated from `mr` with the same size, unused.
@@ -173,6 +268,101 @@ pub fn stress_awaiting_tasks(device: Device) {
     );
 }
 
+/// A pool of 256 MiB holds any set of requests whose rounded sizes add up to its maximum, as
+/// RMM's does, from one stream (and so one shard): 1 MiB and 4 MiB with initial size 0 and
+/// with all of it allocated at once, and two mixes with all of it allocated at once (see
+/// [`fill_cases`]). Full, it refuses one byte more, and a free lets a
+/// waiter through.
+pub fn fill_to_maximum(device: Device) {
+    let s = Stream::new(&device).unwrap();
+    for (initial, pattern) in fill_cases(true) {
+        {
+            let pool =
+                PoolResource::new(CudaResource::new(&device), initial, Some(FILL_MAX)).unwrap();
+            let mut live = fill(&pool, &fill_sizes(FILL_MAX, pattern), &s);
+            let last = live.pop().unwrap();
+            full_then_waiter_gets_through(&pool, last, &s);
+            for (p, n) in live {
+                free(&pool, p, n, &s);
+            }
+            let stats = pool.statistics();
+            assert_eq!(
+                (stats.live_allocations, stats.free_bytes),
+                (0, stats.pool_size)
+            );
+        }
+    }
+}
+
+/// [`fill_to_maximum`] from 4 threads at once, each on its own stream (so several shards)
+/// taking a quarter of the maximum, in requests of 1 MiB or 4 MiB.
+pub fn fill_to_maximum_from_threads(device: Device) {
+    const THREADS: usize = 4;
+    let streams: Vec<Stream> = (0..THREADS)
+        .map(|_| Stream::new(&device).unwrap())
+        .collect();
+    for (initial, pattern) in fill_cases(false) {
+        {
+            let pool =
+                PoolResource::new(CudaResource::new(&device), initial, Some(FILL_MAX)).unwrap();
+            let sizes = fill_sizes(FILL_MAX / THREADS, pattern);
+            let start = Barrier::new(THREADS);
+            let mut live: Vec<Vec<(DevicePtr, usize)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = streams
+                    .iter()
+                    .map(|s| {
+                        let (pool, sizes, start) = (&pool, &sizes, &start);
+                        scope.spawn(move || {
+                            start.wait();
+                            fill(pool, sizes, s)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let last = live[0].pop().unwrap();
+            full_then_waiter_gets_through(&pool, last, &streams[0]);
+            for (allocations, s) in live.into_iter().zip(&streams) {
+                for (p, n) in allocations {
+                    free(&pool, p, n, s);
+                }
+            }
+            let stats = pool.statistics();
+            assert_eq!(
+                (stats.live_allocations, stats.free_bytes),
+                (0, stats.pool_size)
+            );
+        }
+    }
+}
+
+/// A pool filled on one stream (one thread, one shard), emptied, then filled to its maximum
+/// on another stream from another thread, and back again: memory freed into one shard is
+/// reachable from the others when the pool is at its maximum.
+pub fn refill_from_another_shard(device: Device) {
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    for (initial, pattern) in fill_cases(false) {
+        {
+            let pool =
+                PoolResource::new(CudaResource::new(&device), initial, Some(FILL_MAX)).unwrap();
+            let sizes = fill_sizes(FILL_MAX, pattern);
+            for s in [&a, &b, &a] {
+                std::thread::scope(|scope| {
+                    scope
+                        .spawn(|| {
+                            for (p, n) in fill(&pool, &sizes, s) {
+                                free(&pool, p, n, s);
+                            }
+                        })
+                        .join()
+                        .unwrap()
+                });
+            }
+            assert_eq!(pool.pool_size(), FILL_MAX);
+        }
+    }
+}
+
 /// Instantiates the pool cases for one device.
 #[macro_export]
 macro_rules! pool_suite {
@@ -189,6 +379,9 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn two_large_buffers() { suite::two_large_buffers($device) }
             $(#[$attr])* #[test] fn stream_destroyed_after_use() { suite::stream_destroyed_after_use($device) }
             $(#[$attr])* #[test] fn cross_stream_reuse_without_growth() { suite::cross_stream_reuse_without_growth($device) }
+            $(#[$attr])* #[test] fn fill_to_maximum() { suite::fill_to_maximum($device) }
+            $(#[$attr])* #[test] fn fill_to_maximum_from_threads() { suite::fill_to_maximum_from_threads($device) }
+            $(#[$attr])* #[test] fn refill_from_another_shard() { suite::refill_from_another_shard($device) }
             $(#[$attr])* #[test] fn stress_awaiting_tasks() { suite::stress_awaiting_tasks($device) }
         }
     };

@@ -1203,7 +1203,8 @@ impl<R: MemoryResource> fmt::Debug for ArenaResource<R> {
 
 impl<R: MemoryResource> Drop for Inner<R> {
     /// Gives the arena back to the upstream, ordered after every free, if nothing is live;
-    /// else leaks it (with an error event) rather than free memory someone still uses.
+    /// else leaks it rather than free memory someone still uses, and the device records an
+    /// [`Error::Leaked`].
     fn drop(&mut self) {
         self.defragment();
         let mut live = 0;
@@ -1211,11 +1212,13 @@ impl<R: MemoryResource> Drop for Inner<R> {
         let global = self.global.get_mut();
         live += global.large_count();
         if live > 0 || global.free_pages() != global.pages() {
-            tracing::error!(
-                live,
-                bytes = self.size,
-                "arena dropped with live allocations; its memory is leaked"
-            );
+            let stats = self.statistics();
+            self.device.defer_error(Error::Leaked {
+                what: "ArenaResource",
+                allocations: stats.live_allocations,
+                bytes: stats.live_bytes,
+                device: self.device.id(),
+            });
             return;
         }
         let fences: Vec<Fence> = global

@@ -30,7 +30,9 @@
 //! An allocation is carved from the *tail* of the free block it uses: the free block keeps its
 //! start and its slab slot, so a large block whose class does not change stays where it is on
 //! its class list, and a chunk's first block is always the same slab slot (merges keep the
-//! left block), which makes "is this chunk wholly free?" an O(1) check.
+//! left block), which makes "is this chunk wholly free?" an O(1) check. (The pool's shards
+//! cut a chunk's free head off and give it back, [`PoolCore::cut_free_heads`]; the chunk then
+//! starts at its next block.)
 //!
 //! # Per-stream TLSF index
 //! Each stream that owns free memory has its own two-level segregated-fit index (TLSF, as in
@@ -190,6 +192,10 @@ impl Block {
         self.start + self.size
     }
 
+    fn end_addr(&self) -> u64 {
+        self.start + self.size
+    }
+
     fn is_free(&self) -> bool {
         self.stream < USED
     }
@@ -257,7 +263,8 @@ struct Chunk {
     #[cfg_attr(not(test), allow(dead_code))]
     id: ChunkId,
     size: u64,
-    /// The slab slot of the chunk's first block (at the chunk's base); it never changes while
+    /// The slab slot of the chunk's first block (at the chunk's base); only
+    /// [`cut_free_heads`](PoolCore::cut_free_heads) changes it while
     /// the chunk is in the pool.
     first: u32,
 }
@@ -557,6 +564,111 @@ impl PoolCore {
             .zip(owners)
             .map(|((base, chunk), owner)| (base, chunk.size as usize, owner))
             .collect()
+    }
+
+    /// Cuts the free first block off every chunk that has one and is not wholly free: the
+    /// chunk then starts at its next block. Returns `(old base, head bytes, owner)` of each,
+    /// for the caller to give the heads back to where the chunks came from. (A shard's
+    /// sub-chunk is carved from its tail, so its unused rest is its head; given back, it joins
+    /// the free memory just below it instead of being stranded in the shard.)
+    pub(crate) fn cut_free_heads(&mut self) -> Vec<(u64, usize, StreamKey)> {
+        let heads: Vec<(u64, Chunk)> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| {
+                let first = &self.blocks[c.first as usize];
+                first.is_free() && first.next_phys != NIL
+            })
+            .map(|(&base, &c)| (base, c))
+            .collect();
+        let mut out = Vec::with_capacity(heads.len());
+        for (base, chunk) in heads {
+            let first = self.blocks[chunk.first as usize];
+            let owner = self.stream(first.stream).key;
+            self.unlink(chunk.first);
+            self.sub_free_bytes(first.stream, first.size);
+            self.blocks[first.next_phys as usize].prev_phys = NIL;
+            self.drop_block(chunk.first);
+            self.chunks.remove(&base);
+            self.chunks.insert(
+                first.end_addr(),
+                Chunk {
+                    id: chunk.id,
+                    size: chunk.size - first.size,
+                    first: first.next_phys,
+                },
+            );
+            self.chunk_bytes -= first.size;
+            out.push((base, first.size as usize, owner));
+        }
+        out
+    }
+
+    /// Frees the first `head` bytes of the allocated block at `addr` (a multiple of [`ALIGN`],
+    /// less than its size) on `stream`, coalescing them like [`try_free`](Self::try_free); the
+    /// rest stays allocated, now at `addr + head`. Returns `stream`'s slot; `None`, and
+    /// nothing changed, when `addr` is not an allocated block here or `head` does not fit.
+    pub(crate) fn free_front(&mut self, addr: u64, head: usize, stream: StreamKey) -> Option<u32> {
+        let head = head as u64;
+        let &idx = self.live.get(&addr)?;
+        let block = self.blocks[idx as usize];
+        if head == 0 || head % ALIGN as u64 != 0 || head >= block.size {
+            return None;
+        }
+        self.live.remove(&addr);
+        // The head keeps the slot (a chunk's first block stays its first), the rest gets a new
+        // one.
+        let rest = self.new_block(addr + head, block.size - head, USED, idx, block.next_phys);
+        if block.next_phys != NIL {
+            self.blocks[block.next_phys as usize].prev_phys = rest;
+        }
+        self.live.insert(addr + head, rest);
+        let slot = self.slot_or_insert(stream);
+        let b = &mut self.blocks[idx as usize];
+        b.size = head;
+        b.next_phys = rest;
+        b.stream = slot;
+        self.coalesce_and_link(idx);
+        self.add_free_bytes(slot, head);
+        Some(slot)
+    }
+
+    /// The owner of the free block below the free block below the allocated block at `addr`,
+    /// when that owner is not the lower one's: after [`free_front`](Self::free_front), the
+    /// stream whose free memory the freed head touches without coalescing with it.
+    pub(crate) fn other_owner_below(&self, addr: u64) -> Option<StreamKey> {
+        let (_, below) = self.free_pair_below(addr)?;
+        Some(self.stream(self.blocks[below as usize].stream).key)
+    }
+
+    /// Gives the free block found by [`other_owner_below`](Self::other_owner_below) to the
+    /// owner of the one above it, which then coalesce. The caller must first have made that
+    /// owner wait for the giver's frees (as for [`merge_stream`](Self::merge_stream)). Returns
+    /// the giver's slot when the giver has no free block left (for the caller to forget).
+    pub(crate) fn adopt_below(&mut self, addr: u64) -> Option<u32> {
+        let (upper, below) = self.free_pair_below(addr)?;
+        let into = self.blocks[upper as usize].stream;
+        let from = self.blocks[below as usize].stream;
+        let size = self.blocks[below as usize].size;
+        self.unlink(below);
+        self.sub_free_bytes(from, size);
+        self.blocks[below as usize].stream = into;
+        self.coalesce_and_link(below);
+        self.add_free_bytes(into, size);
+        (self.stream(from).blocks == 0).then_some(from)
+    }
+
+    /// `(upper, lower)`: the free block just below the allocated block at `addr` and the free
+    /// block of another stream just below that one.
+    fn free_pair_below(&self, addr: u64) -> Option<(u32, u32)> {
+        let &idx = self.live.get(&addr)?;
+        let upper = self.blocks[idx as usize].prev_phys;
+        if upper == NIL || !self.blocks[upper as usize].is_free() {
+            return None;
+        }
+        let lower = self.blocks[upper as usize].prev_phys;
+        let l = self.blocks.get(lower as usize)?;
+        (l.is_free() && l.stream != self.blocks[upper as usize].stream).then_some((upper, lower))
     }
 
     /// The total size of the free blocks, of all streams.

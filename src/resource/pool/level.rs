@@ -60,6 +60,63 @@ impl Level {
         self.lent.remove(&base) && self.try_free(base, bytes, stream)
     }
 
+    /// Shard levels: cuts the free head off every sub-chunk that has one and is not wholly
+    /// free (see [`PoolCore::cut_free_heads`]); returns `(old base, head bytes, owner)` of
+    /// each, for the global level's [`take_back_head`](Self::take_back_head).
+    pub(super) fn cut_free_heads(&mut self, keep: &Stream) -> Vec<Released> {
+        let cut = self.core.cut_free_heads();
+        let mut heads = Vec::with_capacity(cut.len());
+        for (base, head, owner) in cut {
+            let size = self
+                .chunks
+                .remove(&base)
+                .expect("every core chunk is recorded");
+            self.chunks.insert(base + head as u64, size - head);
+            self.chunk_bytes -= head;
+            let stream = self
+                .core
+                .stream_slot(owner)
+                .and_then(|slot| self.stream_of(slot))
+                .cloned()
+                .expect("a stream that owned free memory has a slot");
+            heads.push((base, head, stream));
+        }
+        self.forget_idle_streams(Some(key(keep)));
+        heads
+    }
+
+    /// Global level: takes back the free head (`head` bytes, freed on `stream`) of the
+    /// sub-chunk lent at `base`, which stays lent from `base + head`. When the head lies just
+    /// above free memory of another stream, that block becomes `stream`'s (after `stream`
+    /// waits for its owner's frees), so that the two coalesce: otherwise a shard's next
+    /// sub-chunk, carved from the tail of that block, would strand the head between it and
+    /// the one before (the pool could not be filled to its maximum).
+    ///
+    /// # Errors
+    /// A driver error recording or waiting on an event; the head is taken back regardless.
+    pub(super) fn take_back_head(&mut self, base: u64, head: usize, stream: &Stream) -> Result<()> {
+        let lent = self.lent.remove(&base);
+        debug_assert!(lent, "{base:#x} is not lent");
+        let rest = base + head as u64;
+        self.lent.insert(rest);
+        let slot = self
+            .core
+            .free_front(base, head, key(stream))
+            .expect("a lent sub-chunk is an allocated block larger than its head");
+        self.slot_at(slot, stream).changed();
+        if let Some(owner) = self.core.other_owner_below(rest) {
+            let owner_slot = self
+                .core
+                .stream_slot(owner)
+                .expect("a stream with free blocks has a slot");
+            self.order_after(owner_slot, stream)?;
+            self.core.adopt_below(rest);
+            self.changed(stream);
+            self.forget_idle_streams(Some(key(stream)));
+        }
+        Ok(())
+    }
+
     /// Frees a user block `addr` (allocated with `bytes`) on `stream` if it is one of this
     /// level's, never a block lent to a shard.
     pub(super) fn try_free_user(&mut self, addr: u64, bytes: usize, stream: &Stream) -> bool {

@@ -54,12 +54,22 @@ use crate::stream::Stream;
 /// of two), a stream's shard being its id modulo their number. Requests of up to about a 256th
 /// of the capacity (at most 16 MiB) are served by the stream's shard, under the shard's own
 /// lock, from sub-chunks the shard takes from the global level (about a 64th of the capacity,
-/// at most 65 MiB, at a time), so threads that use different streams rarely meet on a lock.
-/// A shard gives wholly free sub-chunks back to the global level once it holds more than two
-/// sub-chunks' worth of free memory, and all shards give theirs back before a request fails;
-/// [`trim`](PoolResource::trim) takes them all back first. Smaller pools have the global level
-/// only. A sharded pool therefore grows by at least a sub-chunk where RMM's would grow by the
-/// request alone.
+/// at most 64 MiB — 65 MiB without a maximum — at a time), so threads that use different
+/// streams rarely meet on a lock. With a maximum, before it takes another, a shard gives the
+/// unused rests of its sub-chunks back, where the newest joins the global level's free
+/// memory, so the requests of one stream are packed without gaps. A shard gives wholly free sub-chunks back
+/// to the global level once it holds more than two sub-chunks' worth of free memory, and all
+/// shards give theirs back before a request fails; [`trim`](PoolResource::trim) takes them
+/// all back first. Smaller pools have the global level only. A sharded pool therefore grows
+/// by at least a sub-chunk where RMM's would grow by the request alone.
+///
+/// # Filling to the maximum
+/// A pool with a maximum holds any set of requests whose sizes rounded up to 256 bytes add up
+/// to its maximum when they come from one stream and the maximum was taken at once, and
+/// requests of one power-of-two size (up to the shard limit, or any size above it) from
+/// several streams at once, grown from empty or not. A mix of sizes from several streams at
+/// once may leave pieces of one shard's sub-chunk that no other free memory joins; see the
+/// book's pool chapter.
 ///
 /// # Awaiting memory
 /// The pool has a wait queue ([`Availability`]): an awaited [`allocate`](MemoryResource::allocate)
@@ -69,7 +79,11 @@ use crate::stream::Stream;
 /// # Errors
 /// [`Error::InvalidArgument`] from `new` when a size is not a multiple of 256 or the initial
 /// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's free bytes
-/// when neither the pool nor its upstream can serve a request.
+/// when neither the pool nor its upstream can serve a request (at once for a request larger
+/// than any pool could hold, such as `usize::MAX` bytes). A pool dropped (its last clone)
+/// while allocations are still out leaks the chunks under them and records an
+/// [`Error::Leaked`] with their number and bytes on its device: take it with
+/// [`Device::take_deferred_error`].
 ///
 /// # Examples
 ///
@@ -101,9 +115,7 @@ struct Inner<R: MemoryResource> {
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
     /// its id modulo their number.
     shards: Box<[Mutex<Shard>]>,
-    /// Bytes a shard takes from the global level at a time (a little past a power of two, so
-    /// that carving small requests off a fresh sub-chunk rarely moves it to another size
-    /// class).
+    /// Bytes a shard takes from the global level at a time (see `shard_layout`).
     shard_chunk: usize,
     /// Requests up to this size go through the shards.
     shard_limit: usize,
@@ -150,8 +162,9 @@ const SHARDED_CAPACITY: usize = 256 << 20;
 /// The largest power of two a shard's sub-chunk starts from.
 const MAX_SHARD_CHUNK: usize = 64 << 20;
 
-/// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes.
-fn shard_layout(capacity: usize) -> (usize, usize, usize) {
+/// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes,
+/// `bounded` when that is its own maximum.
+fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
     if capacity < SHARDED_CAPACITY {
         return (0, 0, 0);
     }
@@ -159,11 +172,16 @@ fn shard_layout(capacity: usize) -> (usize, usize, usize) {
         .map_or(1, |n| n.get())
         .next_power_of_two()
         .min(64);
-    // A power of two, then half a size class more (the pool's classes split each power of two
-    // in 32): small requests carved off it leave it in its class.
     // capacity / 64 is at least 4 MiB here, so its log is defined.
     let base = (1 << (capacity / 64).ilog2()).min(MAX_SHARD_CHUNK);
-    (shards, base + base / 64, base / 4)
+    // With a maximum, a power of two, so that requests of any power-of-two size up to the
+    // limit fill sub-chunks exactly and the pool can be filled to its maximum from several
+    // shards. Without one, half a size class more (the pool's classes split each power of
+    // two in 32), so that small requests carved off a fresh sub-chunk leave it in its class:
+    // no relinking of the sub-chunk's free block on the fast path, at the price of a scrap
+    // per sub-chunk that no request of its limit's size can use when the upstream runs out.
+    let chunk = if bounded { base } else { base + base / 64 };
+    (shards, chunk, base / 4)
 }
 
 impl<R: MemoryResource> PoolResource<R> {
@@ -201,7 +219,7 @@ impl<R: MemoryResource> PoolResource<R> {
         let capacity = maximum_size
             .or(upstream.capacity_limit())
             .unwrap_or(usize::MAX);
-        let (shards, shard_chunk, shard_limit) = shard_layout(capacity);
+        let (shards, shard_chunk, shard_limit) = shard_layout(capacity, maximum_size.is_some());
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -403,6 +421,7 @@ impl<R: MemoryResource> Inner<R> {
         if let Some(p) = shard.level.serve(size, stream)? {
             return Ok(Some(p));
         }
+        self.return_heads(&mut shard, stream)?;
         // The lock order is a shard, then the global level; never the other way round.
         for may_grow in [false, true] {
             let mut want = self.shard_chunk.max(size);
@@ -420,6 +439,30 @@ impl<R: MemoryResource> Inner<R> {
             }
         }
         Ok(None)
+    }
+
+    /// Gives the unused heads of the shard's sub-chunks back to the global level before it
+    /// carves more from its free memory: the newest sub-chunk lies just above that memory and
+    /// its head joins it, so that one stream's requests are packed without gaps (else each
+    /// sub-chunk would strand its rest, and the pool could not be filled to its maximum).
+    ///
+    /// Bounded pools only: an unbounded one can grow instead, and keeps its sub-chunks whole
+    /// (which keeps the layout that a repeated sequence of requests finds free again).
+    fn return_heads(&self, shard: &mut Shard, stream: &Stream) -> Result<()> {
+        if self.maximum.is_none() {
+            return Ok(());
+        }
+        let heads = shard.level.cut_free_heads(stream);
+        if heads.is_empty() {
+            return Ok(());
+        }
+        let mut global = self.global.lock();
+        let mut result = Ok(());
+        for (base, head, owner) in heads {
+            // Every head is taken back even if ordering one of them fails.
+            result = result.and(global.take_back_head(base, head, &owner));
+        }
+        result
     }
 
     /// The index of `stream`'s shard: its id modulo the (power-of-two) number of shards.
@@ -539,6 +582,11 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         let first = if size <= inner.shard_limit {
             inner.shard_allocate(size, stream)?
         } else {
+            if !inner.shards.is_empty() && inner.maximum.is_some() {
+                // The stream's shard gives back the rest of its newest sub-chunk first, so
+                // that this block is carved next to it rather than strand it.
+                inner.return_heads(&mut inner.shard_of(stream).lock(), stream)?;
+            }
             inner.global_allocate(size, stream, true, false)?
         };
         if let Some(p) = first {
@@ -643,17 +691,34 @@ impl<R: MemoryResource> fmt::Debug for PoolResource<R> {
 }
 
 impl<R: MemoryResource> Drop for Inner<R> {
-    /// Returns every wholly free chunk to the upstream. Chunks with live allocations are leaked
-    /// (with an error event), never freed under memory someone still uses.
+    /// Returns every wholly free chunk to the upstream. Chunks with live allocations are leaked,
+    /// never freed under memory someone still uses, and the device records an
+    /// [`Error::Leaked`] (see [`PoolResource`]'s `# Errors`).
     fn drop(&mut self) {
         self.reclaim();
         self.release_empty_chunks();
-        let live = self.global.get_mut().core.allocation_count();
-        if live > 0 {
-            tracing::error!(
-                live,
-                "pool dropped with live allocations; their chunks are leaked"
-            );
+        // User allocations: the global level's, less the sub-chunks lent to shards, plus the
+        // shards'. Bytes: what is allocated, i.e. held and not free.
+        let (mut allocations, mut bytes) = {
+            let global = self.global.get_mut();
+            let core = &global.core;
+            (
+                core.allocation_count(),
+                core.chunk_bytes() - core.free_bytes(),
+            )
+        };
+        for shard in self.shards.iter_mut() {
+            let core = &shard.get_mut().level.core;
+            allocations = allocations + core.allocation_count() - core.chunk_count();
+            bytes -= core.free_bytes();
+        }
+        if allocations > 0 {
+            self.device.defer_error(Error::Leaked {
+                what: "PoolResource",
+                allocations,
+                bytes,
+                device: self.device.id(),
+            });
         }
     }
 }

@@ -141,7 +141,7 @@ fn large_pools_have_shards_and_small_ones_do_not() {
     assert!(large.inner.shards.len().is_power_of_two());
     assert_eq!(
         (large.inner.shard_chunk, large.inner.shard_limit),
-        (4 * MIB + 64 * KIB, MIB)
+        (4 * MIB, MIB)
     );
 }
 
@@ -426,5 +426,82 @@ proptest! {
         ops in prop::collection::vec(any_op(32 * MIB), 1..160)
     ) {
         run_ops(ops, 0, SHARDED);
+    }
+}
+
+/// A pool dropped with allocations out (one in the global level of a small pool; one in a
+/// shard and one in the global level of a large one) records a typed error with their number
+/// and bytes on its device, which the user takes from there.
+#[test]
+fn drop_with_allocations_out_defers_a_leak_error() {
+    let device = host();
+    let stream = Stream::new(&device).unwrap();
+    let small = PoolResource::new(CudaResource::new(&device), 0, Some(4 * MIB)).unwrap();
+    small.try_allocate(1000, &stream).unwrap();
+    drop(small);
+    assert_eq!(device.deferred_error_count(), 1);
+    let err = device.take_deferred_error().expect("the leak is reported");
+    assert_eq!(
+        err,
+        crate::Error::Leaked {
+            what: "PoolResource",
+            allocations: 1,
+            bytes: 1024,
+            device: device.id()
+        }
+    );
+    assert!(device.take_deferred_error().is_none());
+
+    let large = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    assert!(!large.inner.shards.is_empty());
+    let p = large.try_allocate(KIB, &stream).unwrap();
+    large.try_allocate(64 * MIB, &stream).unwrap();
+    let q = large.try_allocate(KIB, &stream).unwrap();
+    free(&large, p, KIB, &stream);
+    free(&large, q, KIB, &stream);
+    let kept = large.try_allocate(100, &stream).unwrap();
+    assert!(!kept.is_null());
+    drop(large);
+    assert_eq!(device.deferred_error_count(), 2);
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(crate::Error::Leaked { allocations: 2, bytes, .. }) if bytes == 64 * MIB + 256
+    ));
+
+    // Dropped with nothing out: no error.
+    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let p = pool.try_allocate(KIB, &stream).unwrap();
+    free(&pool, p, KIB, &stream);
+    drop(pool);
+    assert_eq!(device.deferred_error_count(), 2);
+}
+
+/// Sizes at the top of `usize` are refused with a typed out-of-memory error carrying the
+/// request, never a panic (debug) or a wrapped size (release), with and without a maximum,
+/// sharded or not; the pool is unchanged and still serves.
+#[test]
+fn sizes_near_usize_max_are_out_of_memory() {
+    let device = host();
+    let stream = Stream::new(&device).unwrap();
+    for maximum in [None, Some(4 * MIB), Some(SHARDED)] {
+        let pool = PoolResource::new(CudaResource::new(&device), 0, maximum).unwrap();
+        for bytes in [
+            usize::MAX,
+            usize::MAX - 255,
+            usize::MAX / 2 + 1,
+            isize::MAX as usize,
+        ] {
+            let err = pool.try_allocate(bytes, &stream).unwrap_err();
+            assert!(
+                matches!(err, crate::Error::OutOfMemory { requested, device: d, .. }
+                    if requested == bytes && d == device.id()),
+                "{maximum:?} {bytes}: {err}"
+            );
+            let err = futures::executor::block_on(pool.allocate(bytes, &stream)).unwrap_err();
+            assert!(err.is_out_of_memory(), "{maximum:?} {bytes}: {err}");
+        }
+        assert_eq!(pool.statistics().live_allocations, 0);
+        let p = pool.try_allocate(MIB, &stream).unwrap();
+        free(&pool, p, MIB, &stream);
     }
 }

@@ -140,6 +140,77 @@ fn allocate_splits_and_the_rest_stays_free_on_the_stream() {
     pool.check_invariants();
 }
 
+/// A chunk's free head is cut off (the chunk then starts at its next block); wholly free
+/// chunks and chunks whose head is allocated are left alone; the rest still goes back whole.
+#[test]
+fn cut_free_heads_moves_the_chunk_start() {
+    let mut pool = pool_with_chunk(MIB, A);
+    let other = BASE + 4 * MIB as u64;
+    pool.add_chunk(other, MIB, B);
+    let full = BASE + 8 * MIB as u64;
+    pool.add_chunk(full, MIB, B);
+    let p = pool.allocate(300 * KIB, A).unwrap();
+    assert_eq!(pool.allocate(MIB, B), Some(full));
+    pool.free(full, MIB, B);
+    let q = pool.allocate(KIB, B).unwrap();
+    let head = (MIB - 300 * KIB) as u64;
+    assert_eq!(
+        pool.cut_free_heads(),
+        vec![(BASE, head as usize, A), (full, MIB - KIB, B)]
+    );
+    pool.check_invariants();
+    assert_eq!(
+        pool.chunks().iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(),
+        vec![
+            (BASE + head, 300 * KIB as u64),
+            (other, MIB as u64),
+            (q, KIB as u64)
+        ]
+    );
+    assert_eq!(pool.free_bytes(), MIB);
+    assert_eq!(pool.cut_free_heads(), vec![], "nothing left to cut");
+    pool.free(p, 300 * KIB, A);
+    pool.check_invariants();
+    assert_eq!(
+        pool.release_empty_chunks(),
+        vec![(BASE + head, 300 * KIB, A), (other, MIB, B)]
+    );
+    pool.check_invariants();
+}
+
+/// The head of an allocated block is freed, the rest stays allocated at its new start; the
+/// free block of another stream just below it is adopted and the two coalesce.
+#[test]
+fn free_front_then_adopt_below_coalesces_across_owners() {
+    let mut pool = pool_with_chunk(4 * MIB, B);
+    let p = pool.allocate(MIB, B).unwrap();
+    assert_eq!(p, BASE + 3 * MIB as u64);
+    assert_eq!(pool.free_front(p, 1000, A), None, "unaligned head");
+    assert_eq!(pool.free_front(p, MIB, A), None, "the whole block");
+    assert_eq!(
+        pool.free_front(p + 256, 256, A),
+        None,
+        "not an allocated block"
+    );
+    assert!(pool.free_front(p, 256 * KIB, A).is_some());
+    pool.check_invariants();
+    let rest = p + 256 * KIB as u64;
+    assert_eq!(pool.allocation_count(), 1);
+    assert_eq!(pool.other_owner_below(rest), Some(B));
+    assert_eq!(pool.other_owner_below(p), None, "not allocated any more");
+    pool.adopt_below(rest);
+    pool.check_invariants();
+    assert_eq!(pool.free_blocks(), vec![(BASE, rest - BASE, A)]);
+    assert_eq!(
+        (pool.free_bytes_of(A), pool.free_bytes_of(B)),
+        ((rest - BASE) as usize, 0)
+    );
+    assert_eq!(pool.other_owner_below(rest), None);
+    pool.free(rest, 768 * KIB, A);
+    pool.check_invariants();
+    assert_eq!(pool.free_blocks(), vec![(BASE, 4 * MIB as u64, A)]);
+}
+
 #[test]
 fn exact_fit_removes_the_block() {
     let mut pool = pool_with_chunk(4 * KIB, A);
