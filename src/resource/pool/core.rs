@@ -417,22 +417,27 @@ impl PoolCore {
     /// free, or a foreign pointer), or `size` does not round to that block's size.
     #[cfg(test)]
     pub(crate) fn free(&mut self, addr: u64, size: usize, stream: StreamKey) -> u32 {
+        if let Some(&idx) = self.live.get(&addr) {
+            let block_size = self.blocks[idx as usize].size;
+            assert!(
+                align_up(size) == Some(block_size as usize),
+                "{addr:#x} was allocated with {block_size} bytes, freed with {size}"
+            );
+        }
         self.try_free(addr, size, stream)
             .unwrap_or_else(|| panic!("{addr:#x} is not allocated from this pool (double free?)"))
     }
 
     /// [`free`](Self::free) for an address that may belong to another core: `None`, and
-    /// nothing changed, when `addr` is not a block allocated here.
-    ///
-    /// # Panics
-    /// When `addr` is allocated here but `size` does not round to its block's size.
+    /// nothing changed, when `addr` is not a block allocated here with a size that rounds to
+    /// `size`'s (a wrong size is refused like a foreign pointer: the caller reports it).
     pub(crate) fn try_free(&mut self, addr: u64, size: usize, stream: StreamKey) -> Option<u32> {
-        let idx = self.live.remove(&addr)?;
+        let &idx = self.live.get(&addr)?;
         let block_size = self.blocks[idx as usize].size;
-        assert!(
-            align_up(size) == Some(block_size as usize),
-            "{addr:#x} was allocated with {block_size} bytes, freed with {size}"
-        );
+        if align_up(size) != Some(block_size as usize) {
+            return None;
+        }
+        self.live.remove(&addr);
         let slot = self.slot_or_insert(stream);
         self.blocks[idx as usize].stream = slot;
         self.coalesce_and_link(idx);

@@ -83,7 +83,9 @@ use crate::stream::Stream;
 /// than any pool could hold, such as `usize::MAX` bytes). A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
 /// [`Error::Leaked`] with their number and bytes on its device: take it with
-/// [`Device::take_deferred_error`].
+/// [`Device::take_deferred_error`]. A free of a pointer the pool does not hold as allocated
+/// with that size (a double free, a wrong size, a foreign pointer) frees nothing and records an
+/// [`Error::InvalidArgument`] naming the pointer there too.
 ///
 /// # Examples
 ///
@@ -636,10 +638,14 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
             inner.global.lock().try_free_user(ptr.addr(), bytes, stream)
                 || (!inner.shards.is_empty() && inner.shard_free(ptr.addr(), bytes, stream))
         };
-        assert!(
-            freed,
-            "{ptr} is not allocated from this pool (double free?)"
-        );
+        if !freed {
+            // A double free or a foreign pointer: nothing is freed, and the caller hears of it
+            // through the device's deferred errors (a panic here could abort a `Drop`).
+            inner.device.defer_error(Error::invalid(format!(
+                "{ptr} ({bytes} bytes) is not allocated from this pool with that size (double free?)"
+            )));
+            return;
+        }
         inner.availability.notify();
     }
 

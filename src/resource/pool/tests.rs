@@ -505,3 +505,33 @@ fn sizes_near_usize_max_are_out_of_memory() {
         free(&pool, p, MIB, &stream);
     }
 }
+
+/// A double free, a free with the wrong size and a foreign pointer free nothing and panic not:
+/// each is a deferred error naming the pointer, and the pool goes on serving (sharded pools
+/// and small ones alike).
+#[test]
+fn bad_frees_are_deferred_errors_not_panics() {
+    for (initial, maximum) in [(MIB, None), (0, Some(256 * MIB))] {
+        let device = host();
+        let s = Stream::new(&device).unwrap();
+        let pool = PoolResource::new(CudaResource::new(&device), initial, maximum).unwrap();
+        let p = pool.try_allocate(4 * KIB, &s).unwrap();
+        let q = pool.try_allocate(4 * KIB, &s).unwrap();
+        free(&pool, p, 4 * KIB, &s);
+        free(&pool, p, 4 * KIB, &s); // double free
+        free(&pool, q, 64 * KIB, &s); // wrong size
+        free(&pool, DevicePtr::from_raw(0x10), 256, &s); // foreign
+        assert_eq!(device.deferred_error_count(), 3);
+        for what in [p, q, DevicePtr::from_raw(0x10)] {
+            let e = device
+                .take_deferred_error()
+                .expect("a deferred error per bad free");
+            assert!(e.to_string().contains(&what.to_string()), "{e}");
+        }
+        free(&pool, q, 4 * KIB, &s); // the right size still frees it
+        assert_eq!(pool.statistics().live_allocations, 0);
+        let r = pool.try_allocate(4 * KIB, &s).unwrap();
+        free(&pool, r, 4 * KIB, &s);
+        assert!(device.take_deferred_error().is_none());
+    }
+}
