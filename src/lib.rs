@@ -81,6 +81,7 @@ pub use adaptor::{
     StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
 pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
+pub use backend::PrefetchTarget;
 pub use backend::{BackendKind, MemoryInfo};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
 pub use device::{Device, DeviceId, DEFERRED_ERRORS_KEPT};
@@ -90,6 +91,7 @@ pub use resource::registry::{
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
     set_current_device_resource_for,
 };
+pub use resource::CudaAsyncManagedResource;
 pub use resource::{
     Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
     BinningResource, CallbackResource, CudaAsyncResource, CudaAsyncResourceBuilder,

@@ -50,6 +50,26 @@ pub(crate) enum MemoryKind {
     PinnedHost,
 }
 
+/// A stream every context has without creating it: CUDA's legacy default stream
+/// (`CU_STREAM_LEGACY`) or the calling thread's per-thread default stream
+/// (`CU_STREAM_PER_THREAD`). Never destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum DefaultStream {
+    Legacy,
+    PerThread,
+}
+
+/// Where a prefetch moves managed memory to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PrefetchTarget {
+    /// The memory's device (`CU_MEM_LOCATION_TYPE_DEVICE`): spares kernels their page faults.
+    #[default]
+    Device,
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`, the old `CU_DEVICE_CPU`): spares host reads
+    /// their page faults.
+    Host,
+}
+
 /// Free and total memory of a device, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryInfo {
@@ -97,11 +117,31 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     ///
     /// Safe: a prefetch moves pages without changing their contents, and the driver checks the
     /// range.
-    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool>;
+    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+        self.prefetch_to(ptr, bytes, PrefetchTarget::Device, stream)
+    }
+    /// [`prefetch`](Backend::prefetch) to `target`: the device or host memory.
+    fn prefetch_to(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        target: PrefetchTarget,
+        stream: &dyn BackendStream,
+    ) -> Result<bool>;
     fn create_stream(&self) -> Result<Arc<dyn BackendStream>>;
+    /// A handle to one of the context's built-in streams; dropping it destroys nothing.
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>>;
     fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>>;
     /// The device's default driver pool (`cuDeviceGetDefaultMemPool`).
     fn default_pool(&self) -> Result<Arc<dyn BackendPool>>;
+    /// The device's default pool of managed memory (`cuMemGetDefaultMemPool` with
+    /// `CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13). [`Error::Unsupported`] where there is none.
+    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
+        Err(Error::Unsupported {
+            what: "stream-ordered managed memory pools".into(),
+            device: self.id(),
+        })
+    }
     /// Fault injection and accounting, on the host backend only.
     fn host_controls(&self) -> Option<&host::HostControls> {
         None

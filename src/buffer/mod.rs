@@ -9,15 +9,20 @@ mod host_copy;
 mod uses;
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
 
+use crate::backend::PrefetchTarget;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::{check_stream, into_shared, DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{
+    check_stream, into_shared, CudaResource, DevicePtr, MemoryResource, SharedResource,
+    ALLOCATION_ALIGNMENT,
+};
 use crate::stream::Stream;
 use uses::Uses;
 
@@ -61,12 +66,22 @@ use uses::Uses;
 /// # }).unwrap();
 /// ```
 pub struct DeviceBuffer {
-    /// The start of the allocation; `capacity` bytes from `mr`, valid on the owner.
+    /// The start of the buffer: `capacity` bytes at `alignment` inside the allocation, valid on
+    /// the owner.
     ptr: DevicePtr,
     /// Bytes in use; `len <= capacity`.
     len: usize,
-    /// Bytes allocated, as passed to `mr` (the size `deallocate` needs).
+    /// Bytes usable from `ptr`; `base + allocated >= ptr + capacity`.
     capacity: usize,
+    /// What `mr` returned: `ptr` rounded down past the alignment padding (`base == ptr` unless
+    /// the alignment exceeds [`ALLOCATION_ALIGNMENT`]). What `deallocate` needs.
+    base: DevicePtr,
+    /// Bytes asked of `mr` for `base` (the size `deallocate` needs): `capacity` plus the
+    /// alignment padding.
+    allocated: usize,
+    /// The alignment of `ptr` that reallocations keep: a power of two, at least
+    /// [`ALLOCATION_ALIGNMENT`].
+    alignment: usize,
     mr: SharedResource,
     /// The device of the owner stream; fixed for the buffer's life.
     device: Device,
@@ -192,10 +207,180 @@ impl DeviceBuffer {
             ptr,
             len: bytes,
             capacity: bytes,
+            base: ptr,
+            allocated: bytes,
+            alignment: ALLOCATION_ALIGNMENT,
             mr,
             device: stream.device().clone(),
             uses: Mutex::new(Uses::new(stream.clone())),
         }
+    }
+
+    /// Allocates `bytes` from `mr` for use on `stream` at an address that is a multiple of
+    /// `alignment` (RMM's `device_buffer` with an alignment). Resizes keep the alignment.
+    ///
+    /// Alignments up to [`ALLOCATION_ALIGNMENT`] (256) are what every resource gives anyway.
+    /// A larger one is reached by asking `mr` for `bytes + alignment - 256` bytes and starting
+    /// the buffer at the first aligned address inside them; the buffer remembers what it asked
+    /// for and frees exactly that. A 0-byte buffer allocates nothing and has a null pointer.
+    ///
+    /// # Stream ordering
+    /// As [`new`](DeviceBuffer::new).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `alignment` is not a power of two;
+    /// [`Error::OutOfMemory`] when the padded size overflows `usize`, and the resource's errors
+    /// (an out-of-memory error names the padded size); [`Error::DeviceMismatch`] when `stream`
+    /// is not on the resource's device.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it resolves leaves nothing allocated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = CudaResource::new(&device);
+    /// let mut buf = DeviceBuffer::with_alignment(1000, 4096, &stream, mr.clone()).await?;
+    /// assert!(buf.ptr().is_aligned(4096));
+    /// assert_eq!((buf.len(), buf.alignment()), (1000, 4096));
+    /// buf.resize(1 << 20).await?;                   // reallocated, still aligned
+    /// assert!(buf.ptr().is_aligned(4096));
+    /// assert!(DeviceBuffer::with_alignment(8, 3000, &stream, mr).await.is_err());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn with_alignment(
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        mr: impl MemoryResource + 'static,
+    ) -> Result<DeviceBuffer> {
+        let alignment = checked_alignment(alignment)?;
+        Self::from_shared_aligned(bytes, alignment, stream, into_shared(mr)).await
+    }
+
+    async fn from_shared_aligned(
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        mr: SharedResource,
+    ) -> Result<Self> {
+        check_resource(&mr, stream)?;
+        let allocated = padded_size(bytes, alignment, stream.device())?;
+        let base = mr.allocate(allocated, stream).await?;
+        Self::from_aligned(base, allocated, bytes, alignment, mr, stream)
+    }
+
+    /// [`with_alignment`](DeviceBuffer::with_alignment) without waiting for memory: the
+    /// synchronous fast path.
+    ///
+    /// # Stream ordering
+    /// As [`new`](DeviceBuffer::new).
+    ///
+    /// # Errors
+    /// As [`with_alignment`](DeviceBuffer::with_alignment); [`Error::OutOfMemory`] also when
+    /// the memory is not there now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Error, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = CudaResource::new(&device);
+    /// let buf = DeviceBuffer::try_with_alignment(100, 1 << 16, &stream, mr.clone())?;
+    /// assert!(buf.ptr().is_aligned(1 << 16));
+    /// let odd = DeviceBuffer::try_with_alignment(100, 384, &stream, mr);
+    /// assert!(matches!(odd, Err(Error::InvalidArgument(_))));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn try_with_alignment(
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        mr: impl MemoryResource + 'static,
+    ) -> Result<DeviceBuffer> {
+        let mr = into_shared(mr);
+        check_resource(&mr, stream)?;
+        let alignment = checked_alignment(alignment)?;
+        let allocated = padded_size(bytes, alignment, stream.device())?;
+        let base = mr.try_allocate(allocated, stream)?;
+        Self::from_aligned(base, allocated, bytes, alignment, mr, stream)
+    }
+
+    /// A buffer of `bytes` at the first `alignment`-aligned address of the allocation `base`
+    /// (`allocated` bytes from `mr` on `stream`). Frees the allocation on failure.
+    fn from_aligned(
+        base: DevicePtr,
+        allocated: usize,
+        bytes: usize,
+        alignment: usize,
+        mr: SharedResource,
+        stream: &Stream,
+    ) -> Result<Self> {
+        let Some(ptr) = aligned_start(base, allocated, bytes, alignment) else {
+            // SAFETY: allocated just now from `mr` with this size on `stream`; unused.
+            unsafe { mr.deallocate(base, allocated, stream) };
+            return Err(misaligned(base, mr.as_ref()));
+        };
+        let mut buf = Self::from_parts(ptr, bytes, mr, stream);
+        buf.base = base;
+        buf.allocated = allocated;
+        buf.alignment = alignment;
+        Ok(buf)
+    }
+
+    /// Adopts memory allocated elsewhere: the buffer owns `bytes` at `ptr`, is owned by
+    /// `stream`, and frees them through `mr` (RMM's `device_buffer` over adopted memory).
+    ///
+    /// # Stream ordering
+    /// The buffer's operations and its free are enqueued on `stream`, which must already be
+    /// ordered after every earlier use of the memory (Safety, 3).
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] when `stream` is not on `mr`'s device. The memory is then
+    /// not adopted: it stays the caller's to free.
+    ///
+    /// # Safety
+    /// 1. `ptr` was returned by `try_allocate(bytes, ..)` (or `allocate`) of `mr` (or a clone
+    ///    of it), with exactly this `bytes`, and is not deallocated yet.
+    /// 2. Nothing else frees it: from a successful return on, the buffer does (on drop,
+    ///    stream-ordered on its owner).
+    /// 3. All work that uses the memory so far is ordered before this point of `stream`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, MemoryResource, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = CudaResource::new(&device);
+    /// let p = mr.try_allocate(64, &stream)?;
+    /// // SAFETY: `p` is 64 bytes from `mr`, used by nothing, freed by nobody else.
+    /// let mut buf = unsafe { DeviceBuffer::from_raw_parts(p, 64, &stream, mr)? };
+    /// buf.fill(1)?;
+    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![1; 64]);
+    /// drop(buf);                                        // frees `p` on `stream`
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub unsafe fn from_raw_parts(
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+        mr: impl MemoryResource + 'static,
+    ) -> Result<DeviceBuffer> {
+        let mr = into_shared(mr);
+        check_resource(&mr, stream)?;
+        Ok(Self::from_parts(ptr, bytes, mr, stream))
     }
 
     /// The address of the first byte ([`DevicePtr::NULL`] for a 0-byte allocation of most
@@ -263,6 +448,94 @@ impl DeviceBuffer {
         self.capacity
     }
 
+    /// The alignment of [`ptr`](DeviceBuffer::ptr) that the buffer keeps across
+    /// reallocations: [`ALLOCATION_ALIGNMENT`] unless made with a larger one
+    /// ([`with_alignment`](DeviceBuffer::with_alignment)).
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream, ALLOCATION_ALIGNMENT};
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// assert_eq!(buf.alignment(), ALLOCATION_ALIGNMENT);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// Migrates the bytes in use to the buffer's device ahead of use (RMM's `prefetch`), when
+    /// they are managed memory: [`prefetch_to`](DeviceBuffer::prefetch_to) the device.
+    ///
+    /// # Stream ordering
+    /// As [`prefetch_to`](DeviceBuffer::prefetch_to).
+    ///
+    /// # Errors
+    /// As [`prefetch_to`](DeviceBuffer::prefetch_to).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, ManagedResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let managed = DeviceBuffer::try_new(4096, &stream, ManagedResource::new(&device))?;
+    /// assert!(managed.prefetch(&stream)?);      // enqueued
+    /// let plain = DeviceBuffer::try_new(4096, &stream, CudaResource::new(&device))?;
+    /// assert!(!plain.prefetch(&stream)?);       // not managed: nothing to migrate
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn prefetch(&self, stream: &Stream) -> Result<bool> {
+        self.prefetch_to(PrefetchTarget::Device, stream)
+    }
+
+    /// Migrates the bytes in use to `target` (the device, or host memory) ahead of use
+    /// (`cuMemPrefetchAsync`; RMM's `prefetch`), a hint that spares the first accesses there
+    /// their page faults. Returns whether a prefetch was enqueued.
+    ///
+    /// Memory that is not managed (device or pinned memory), an empty buffer, and a device
+    /// that cannot prefetch (no concurrent managed access, a CUDA driver older than 12.2) make
+    /// it a no-op that returns `false`, as RMM's `prefetch` ignores them. On the host backend
+    /// nothing moves; a prefetch of managed memory is counted
+    /// ([`HostControls::prefetches`](crate::HostControls::prefetches)).
+    ///
+    /// # Stream ordering
+    /// Enqueued on `stream`, which need not be the owner and does not wait for it: a prefetch
+    /// moves pages without changing their contents. When `stream` is not the owner, the
+    /// prefetch is recorded as a read, so the owner's later writes and the free wait for it.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] when `stream` is on another device; driver errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaAsyncManagedResource, Device, DeviceBuffer, PrefetchTarget, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = CudaAsyncManagedResource::new(&device)?;
+    /// let buf = DeviceBuffer::try_new(1 << 20, &stream, mr)?;
+    /// assert!(buf.prefetch_to(PrefetchTarget::Host, &stream)?); // e.g. before host reads
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn prefetch_to(&self, target: PrefetchTarget, stream: &Stream) -> Result<bool> {
+        check_stream(&self.device, stream)?;
+        if self.len == 0 {
+            return Ok(false);
+        }
+        let mut uses = self.uses.lock();
+        let enqueued =
+            self.device
+                .raw()
+                .prefetch_to(self.ptr.addr(), self.len, target, stream.raw())?;
+        if enqueued {
+            uses.add_read_now(stream)?;
+        }
+        Ok(enqueued)
+    }
+
     /// The stream that owns the buffer: its operations are enqueued there and it frees it.
     ///
     /// ```
@@ -305,6 +578,23 @@ impl DeviceBuffer {
     /// ```
     pub fn resource(&self) -> &SharedResource {
         &self.mr
+    }
+
+    /// Whether `mr` can free this buffer's memory: it is the buffer's resource, or a handle
+    /// equal to it ([`MemoryResource::is_equal`], RMM's `is_equal`).
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, PoolResource, Stream};
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, pool.clone())?;
+    /// assert!(buf.can_be_freed_by(&pool));
+    /// assert!(!buf.can_be_freed_by(&CudaResource::new(&device)));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn can_be_freed_by(&self, mr: &dyn MemoryResource) -> bool {
+        self.mr.is_equal(mr)
     }
 
     /// Hands ownership to `stream`: from now on the buffer's operations and its free are
@@ -597,17 +887,30 @@ impl DeviceBuffer {
     async fn reallocate(&mut self, new_capacity: usize) -> Result<()> {
         debug_assert!(new_capacity >= self.len);
         let owner = self.uses.get_mut().owner().clone();
-        let new_ptr = self.mr.allocate(new_capacity, &owner).await?;
+        let allocated = padded_size(new_capacity, self.alignment, &self.device)?;
+        let new_base = self.mr.allocate(allocated, &owner).await?;
         // No await from here on: the rest runs to completion or is undone.
-        if let Err(e) = self.move_into(new_ptr, new_capacity, &owner) {
-            // SAFETY: allocated above from `mr` with this size on `owner`; the copy into it, if
-            // it was enqueued, is on `owner` before this point.
-            unsafe { self.mr.deallocate(new_ptr, new_capacity, &owner) };
-            return Err(e);
+        let moved = match aligned_start(new_base, allocated, new_capacity, self.alignment) {
+            Some(new_ptr) => self.move_into(new_ptr, new_capacity, &owner),
+            None => Err(misaligned(new_base, self.mr.as_ref())),
+        };
+        match moved {
+            Ok(()) => {
+                self.base = new_base;
+                self.allocated = allocated;
+                Ok(())
+            }
+            Err(e) => {
+                // SAFETY: allocated above from `mr` with this size on `owner`; the copy into
+                // it, if it was enqueued, is on `owner` before this point.
+                unsafe { self.mr.deallocate(new_base, allocated, &owner) };
+                Err(e)
+            }
         }
-        Ok(())
     }
 
+    /// Copies the bytes in use to `new_ptr` on the owner and frees the old allocation there.
+    /// The caller sets `base` and `allocated` to the new allocation's on success.
     fn move_into(&mut self, new_ptr: DevicePtr, new_capacity: usize, owner: &Stream) -> Result<()> {
         self.uses.get_mut().order_owner_after_readers()?;
         if self.len > 0 {
@@ -621,12 +924,12 @@ impl DeviceBuffer {
                     .copy(new_ptr.addr(), self.ptr.addr(), self.len)?
             };
         }
-        let old_ptr = std::mem::replace(&mut self.ptr, new_ptr);
-        let old_capacity = std::mem::replace(&mut self.capacity, new_capacity);
-        // SAFETY: the old block came from `mr` with `old_capacity` bytes and is not freed yet;
-        // its last uses (the copy above, earlier owner work, every recorded read) are ordered
-        // before this point of `owner`.
-        unsafe { self.mr.deallocate(old_ptr, old_capacity, owner) };
+        self.ptr = new_ptr;
+        self.capacity = new_capacity;
+        // SAFETY: the old allocation came from `mr` as `allocated` bytes at `base` and is not
+        // freed yet; its last uses (the copy above, earlier owner work, every recorded read) are
+        // ordered before this point of `owner`.
+        unsafe { self.mr.deallocate(self.base, self.allocated, owner) };
         Ok(())
     }
 
@@ -664,7 +967,8 @@ impl DeviceBuffer {
     /// ```
     pub async fn try_clone_on(&self, stream: &Stream) -> Result<DeviceBuffer> {
         check_stream(&self.device, stream)?;
-        let copy = Self::from_shared(self.len, stream, self.mr.clone()).await?;
+        let copy =
+            Self::from_shared_aligned(self.len, self.alignment, stream, self.mr.clone()).await?;
         if self.len > 0 {
             let mut uses = self.uses.lock();
             uses.order_after_owner(stream)?;
@@ -892,21 +1196,114 @@ fn check_resource(mr: &SharedResource, stream: &Stream) -> Result<()> {
     }
 }
 
+/// `alignment` when it is a power of two, raised to [`ALLOCATION_ALIGNMENT`], which every
+/// resource gives.
+fn checked_alignment(alignment: usize) -> Result<usize> {
+    if !alignment.is_power_of_two() {
+        return Err(Error::invalid(format!(
+            "a buffer alignment must be a power of two, not {alignment}"
+        )));
+    }
+    Ok(alignment.max(ALLOCATION_ALIGNMENT))
+}
+
+/// The bytes to ask a resource for so that `bytes` fit at an `alignment`-aligned address of
+/// its 256-aligned block: `bytes` plus `alignment - 256`. 0 bytes need no block at all.
+fn padded_size(bytes: usize, alignment: usize, device: &Device) -> Result<usize> {
+    if bytes == 0 {
+        return Ok(0);
+    }
+    let padding = alignment.saturating_sub(ALLOCATION_ALIGNMENT);
+    // A size past `usize` could never be allocated: out of memory, as `AlignedAdaptor` says.
+    bytes.checked_add(padding).ok_or(Error::OutOfMemory {
+        requested: bytes,
+        available: None,
+        device: device.id(),
+    })
+}
+
+/// The first `alignment`-aligned address of the block `base..base + allocated` with room for
+/// `bytes` before its end; `None` when there is none (a resource that broke the 256-byte
+/// alignment contract).
+fn aligned_start(
+    base: DevicePtr,
+    allocated: usize,
+    bytes: usize,
+    alignment: usize,
+) -> Option<DevicePtr> {
+    if allocated == 0 {
+        return Some(base);
+    }
+    let align = alignment as u64;
+    let start = base.addr().checked_next_multiple_of(align)?;
+    let end = base.addr().checked_add(allocated as u64)?;
+    (start.checked_add(bytes as u64)? <= end).then_some(DevicePtr::from_raw(start))
+}
+
+fn misaligned(base: DevicePtr, mr: &dyn MemoryResource) -> Error {
+    Error::invalid(format!(
+        "{mr:?} returned {base}, which is not {ALLOCATION_ALIGNMENT}-byte aligned"
+    ))
+}
+
+/// The owner of every [`Default`] buffer: the process-wide host device's legacy stream.
+fn default_owner() -> &'static Stream {
+    static OWNER: OnceLock<Stream> = OnceLock::new();
+    OWNER.get_or_init(|| {
+        Stream::legacy_default(&Device::host())
+            .expect("the host backend's legacy default stream cannot fail")
+    })
+}
+
+/// An empty buffer that owns no memory: size and capacity 0, a null pointer. It is what
+/// [`std::mem::take`] leaves behind, and costs no allocation and no resource call (the current
+/// device resource is not looked up).
+///
+/// Having no device of its own, it belongs to the process-wide host device
+/// ([`Device::host`]): its owner is that device's [`legacy default
+/// stream`](Stream::legacy_default) and its resource a [`CudaResource`] of it, so growing it
+/// allocates host-backend memory. For an empty buffer on your own device, stream and resource,
+/// use [`DeviceBuffer::try_new`] with 0 bytes (which allocates nothing either).
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, DeviceBuffer, DevicePtr, Stream};
+///
+/// let empty = DeviceBuffer::default();
+/// assert_eq!((empty.len(), empty.capacity(), empty.ptr()), (0, 0, DevicePtr::NULL));
+/// assert_eq!(empty.device(), &Device::host());
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mut buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+/// let taken = std::mem::take(&mut buf);         // `buf` is now an empty default buffer
+/// assert_eq!((taken.len(), buf.len()), (64, 0));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+impl Default for DeviceBuffer {
+    fn default() -> Self {
+        let owner = default_owner();
+        let mr = into_shared(CudaResource::new(owner.device()));
+        Self::from_parts(DevicePtr::NULL, 0, mr, owner)
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let uses = self.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             // Freeing now could free under a pending read: leak instead.
-            tracing::warn!(error = %e, ptr = %self.ptr, bytes = self.capacity,
+            tracing::warn!(error = %e, ptr = %self.base, bytes = self.allocated,
                 "leaking a device buffer: its owner could not wait for its readers");
             self.device.defer_error(e);
             return;
         }
-        // SAFETY: the memory came from `mr` with `capacity` bytes and is freed once, here; every
-        // recorded read is ordered before this point of the owner (just above), the owner's own
-        // work is stream-ordered before it, and earlier owners' work is ordered before it by
-        // the hand-off waits.
-        unsafe { self.mr.deallocate(self.ptr, self.capacity, uses.owner()) };
+        // SAFETY: the memory came from `mr` as `allocated` bytes at `base` and is freed once,
+        // here; every recorded read is ordered before this point of the owner (just above), the
+        // owner's own work is stream-ordered before it, and earlier owners' work is ordered
+        // before it by the hand-off waits.
+        unsafe { self.mr.deallocate(self.base, self.allocated, uses.owner()) };
     }
 }
 
@@ -917,6 +1314,7 @@ impl fmt::Debug for DeviceBuffer {
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("capacity", &self.capacity)
+            .field("alignment", &self.alignment)
             .field("device", &self.device.id())
             .field("stream", &uses.owner().id())
             .field("readers", &uses.reader_count())

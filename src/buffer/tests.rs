@@ -828,3 +828,81 @@ async fn works_across_tokio_tasks() {
     });
     assert_eq!(consumer.await.unwrap().unwrap(), vec![8u8; 1024]);
 }
+
+#[test]
+fn a_default_buffer_is_empty_and_can_grow() {
+    let mut buf = DeviceBuffer::default();
+    assert_eq!(
+        (buf.len(), buf.capacity(), buf.ptr()),
+        (0, 0, DevicePtr::NULL)
+    );
+    assert_eq!(buf.device(), &Device::host());
+    assert_eq!(
+        buf.stream(),
+        Stream::legacy_default(&Device::host()).unwrap()
+    );
+    // Growing allocates from its resource on its owner, like any buffer's.
+    block_on(buf.resize(300)).unwrap();
+    buf.fill(9).unwrap();
+    assert_eq!(
+        block_on(buf.copy_to_host(vec![0; 300])).unwrap(),
+        vec![9; 300]
+    );
+    // A buffer of another device refuses it, as for any buffer.
+    let other = device();
+    let s = Stream::new(&other).unwrap();
+    assert!(matches!(
+        DeviceBuffer::default().set_stream(&s),
+        Err(Error::DeviceMismatch { .. })
+    ));
+}
+
+#[test]
+fn take_leaves_a_default_buffer_and_frees_once() {
+    let device = device();
+    let [s] = streams::<1>(&device);
+    let mut buf = DeviceBuffer::try_new(4096, &s, CudaResource::new(&device)).unwrap();
+    let taken = std::mem::take(&mut buf);
+    assert_eq!((taken.len(), buf.len()), (4096, 0));
+    drop(buf);
+    s.synchronize_blocking().unwrap();
+    assert_eq!(
+        allocated(&device),
+        4096,
+        "dropping the default freed something"
+    );
+    drop(taken);
+    s.synchronize_blocking().unwrap();
+    assert_eq!(allocated(&device), 0);
+}
+
+#[test]
+fn a_prefetch_on_another_stream_delays_the_free() {
+    let device = device();
+    let [owner, other] = streams::<2>(&device);
+    let buf = DeviceBuffer::try_new(4096, &owner, crate::ManagedResource::new(&device)).unwrap();
+    let open = gate(&other);
+    assert!(buf.prefetch(&other).unwrap());
+    drop(buf);
+    std::thread::sleep(Duration::from_millis(20));
+    // `other` is still blocked before its recorded prefetch: the free on `owner` waits.
+    assert_eq!(allocated(&device), 4096, "freed under a pending prefetch");
+    drop(open);
+    other.synchronize_blocking().unwrap();
+    owner.synchronize_blocking().unwrap();
+    assert_eq!(allocated(&device), 0);
+}
+
+#[test]
+fn default_streams_are_shared_and_outlive_no_one() {
+    let (a, b) = (device(), device());
+    let la = Stream::legacy_default(&a).unwrap();
+    assert_eq!(la, Stream::legacy_default(&a).unwrap());
+    assert_ne!(la, Stream::legacy_default(&b).unwrap());
+    assert_ne!(la, Stream::per_thread_default(&a).unwrap());
+    // An event keeps working after every handle of its stream is gone.
+    la.enqueue_delay(Duration::from_millis(10)).unwrap();
+    let e = la.record().unwrap();
+    drop(la);
+    block_on(e).unwrap();
+}

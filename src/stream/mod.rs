@@ -4,16 +4,19 @@ mod event;
 pub(crate) mod notify;
 mod pool;
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 pub use event::Event;
 pub use notify::CompletionStrategy;
 pub use pool::StreamPool;
 
-use crate::backend::BackendStream;
+use parking_lot::Mutex;
+
+use crate::backend::{BackendStream, DefaultStream};
 use crate::device::Device;
 use crate::error::Result;
 
@@ -70,16 +73,98 @@ impl Stream {
     /// # Errors
     /// A driver error when the stream cannot be created.
     pub fn new(device: &Device) -> Result<Stream> {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
         let raw = device.raw().create_stream()?;
-        Ok(Stream {
+        Ok(Stream::wrap(device, raw))
+    }
+
+    fn wrap(device: &Device, raw: Arc<dyn BackendStream>) -> Stream {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Stream {
             inner: Arc::new(StreamInner {
                 id: StreamId(NEXT.fetch_add(1, Ordering::Relaxed)),
                 device: device.clone(),
                 raw,
                 shadow: OnceLock::new(),
             }),
-        })
+        }
+    }
+
+    /// The device's legacy default stream (`CU_STREAM_LEGACY`, RMM's `cuda_stream_legacy`), for
+    /// interop with libraries that enqueue work on it.
+    ///
+    /// Every call while a handle lives returns the same stream (equal, same [`id`](Stream::id)).
+    /// Nothing is created on CUDA, and dropping the last handle destroys nothing: the stream
+    /// belongs to the device's context. On CUDA it synchronizes with the context's blocking
+    /// streams; the streams of [`Stream::new`] are non-blocking, so only explicit
+    /// [`wait`](Stream::wait)s order them against it. The host backend emulates it with one
+    /// queue per device, kept while a handle lives.
+    ///
+    /// Events, waits, awaiting, buffer hand-offs and every resource work with it as with an
+    /// owned stream.
+    ///
+    /// # Errors
+    /// Never on CUDA; the host backend cannot fail either (a worker thread that cannot be
+    /// spawned panics, as for [`Stream::new`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let legacy = Stream::legacy_default(&device)?;
+    /// assert_eq!(legacy, Stream::legacy_default(&device)?); // the same stream
+    /// let mine = Stream::new(&device)?;
+    /// let mut buf = DeviceBuffer::new(64, &legacy, CudaResource::new(&device)).await?;
+    /// buf.fill(3)?;                  // on the legacy stream
+    /// buf.set_stream(&mine)?;        // `mine` waits for it
+    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![3; 64]);
+    /// legacy.synchronize().await?;
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn legacy_default(device: &Device) -> Result<Stream> {
+        static LEGACY: Mutex<Vec<Weak<StreamInner>>> = Mutex::new(Vec::new());
+        let mut cache = LEGACY.lock();
+        cached_default(&mut cache, device, DefaultStream::Legacy)
+    }
+
+    /// The calling thread's per-thread default stream of the device (`CU_STREAM_PER_THREAD`,
+    /// RMM's `cuda_stream_per_thread`), for interop with libraries built with
+    /// `--default-stream per-thread`.
+    ///
+    /// Each thread gets its own stream: calls on one thread while a handle lives return the
+    /// same stream, calls on two threads return two. Nothing is created on CUDA, and dropping
+    /// the last handle destroys nothing. Use a handle only on the thread that obtained it: on
+    /// CUDA the handle names the per-thread stream *of the thread that uses it*, so work
+    /// enqueued through it from another thread lands on that thread's stream (the host
+    /// backend's emulation, one queue per thread and device, keeps it on the first thread's).
+    ///
+    /// # Errors
+    /// As [`legacy_default`](Stream::legacy_default).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{Device, Stream};
+    ///
+    /// let device = Device::host();
+    /// let mine = Stream::per_thread_default(&device)?;
+    /// assert_eq!(mine, Stream::per_thread_default(&device)?);
+    /// let d = device.clone();
+    /// let other = std::thread::spawn(move || Stream::per_thread_default(&d).unwrap().id())
+    ///     .join()
+    ///     .unwrap();
+    /// assert_ne!(mine.id(), other);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn per_thread_default(device: &Device) -> Result<Stream> {
+        thread_local! {
+            static PER_THREAD: RefCell<Vec<Weak<StreamInner>>> = const { RefCell::new(Vec::new()) };
+        }
+        PER_THREAD
+            .with(|cache| cached_default(&mut cache.borrow_mut(), device, DefaultStream::PerThread))
     }
 
     /// This stream's process-unique id.
@@ -193,6 +278,32 @@ impl Stream {
     pub(crate) fn inner(&self) -> &StreamInner {
         &self.inner
     }
+}
+
+/// The default stream of `kind` for `device` from `cache`, or a new handle to it, cached. The
+/// cache holds weak references (a strong one would keep the device alive for ever) and drops
+/// the dead ones as it goes.
+fn cached_default(
+    cache: &mut Vec<Weak<StreamInner>>,
+    device: &Device,
+    kind: DefaultStream,
+) -> Result<Stream> {
+    let mut found = None;
+    cache.retain(|weak| match weak.upgrade() {
+        Some(inner) => {
+            if found.is_none() && &inner.device == device {
+                found = Some(inner);
+            }
+            true
+        }
+        None => false,
+    });
+    if let Some(inner) = found {
+        return Ok(Stream { inner });
+    }
+    let stream = Stream::wrap(device, device.raw().default_stream(kind)?);
+    cache.push(Arc::downgrade(&stream.inner));
+    Ok(stream)
 }
 
 impl StreamInner {

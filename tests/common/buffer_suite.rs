@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
-use streamalloc::{CompletionStrategy, CudaAsyncResource, Device, DeviceBuffer, Stream};
+use streamalloc::{
+    CompletionStrategy, CudaAsyncManagedResource, CudaAsyncResource, CudaResource, Device,
+    DeviceBuffer, Error, ManagedResource, MemoryResource, PrefetchTarget, Stream, TrackingAdaptor,
+};
 
 const LONG: Duration = Duration::from_millis(100);
 
@@ -114,6 +117,208 @@ pub fn events_resolve_after_device_work(device: Device) {
     device.set_completion_strategy(before);
 }
 
+/// The legacy and per-thread default streams work like owned ones: allocation and free,
+/// hand-offs both ways with the waits inserted, events recorded and awaited under both
+/// completion strategies; repeated calls give the same stream, and dropping every handle
+/// destroys nothing (the stream is usable again afterwards).
+pub fn default_streams_work_like_owned_streams(device: Device) {
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let owned = Stream::new(&device).unwrap();
+    let n = 1 << 20;
+    let before = device.completion_strategy();
+    for make in [Stream::legacy_default, Stream::per_thread_default] {
+        let default = make(&device).unwrap();
+        assert_eq!(
+            default,
+            make(&device).unwrap(),
+            "a second handle is another stream"
+        );
+        assert_ne!(default, owned);
+
+        // Default stream -> owned stream: the owned stream waits for the default one.
+        let mut buf = DeviceBuffer::try_new(n, &default, mr.clone()).unwrap();
+        default.enqueue_delay(LONG).unwrap();
+        buf.fill(0x11).unwrap();
+        buf.set_stream(&owned).unwrap();
+        let host = block_on(buf.copy_to_host(vec![0u8; n])).unwrap();
+        assert!(
+            host.iter().all(|&x| x == 0x11),
+            "owned stream ran before the default one"
+        );
+
+        // Owned stream -> default stream.
+        owned.enqueue_delay(LONG).unwrap();
+        buf.fill(0x22).unwrap();
+        buf.set_stream(&default).unwrap();
+        let host = block_on(buf.copy_to_host(vec![0u8; n])).unwrap();
+        assert!(
+            host.iter().all(|&x| x == 0x22),
+            "default stream ran before the owned one"
+        );
+        drop(buf); // freed on the default stream
+
+        // Raw allocate/free on it, and events with either completion strategy.
+        let p = mr.try_allocate(4096, &default).unwrap();
+        // SAFETY: allocated just above on `default`, used by nothing.
+        unsafe { mr.deallocate(p, 4096, &default) };
+        for strategy in [CompletionStrategy::HostFunction, CompletionStrategy::Poller] {
+            device.set_completion_strategy(strategy);
+            let start = Instant::now();
+            default.enqueue_delay(Duration::from_millis(30)).unwrap();
+            let e = default.record().unwrap();
+            owned.wait(&e).unwrap();
+            block_on(owned.record().unwrap()).unwrap();
+            assert!(
+                start.elapsed() >= Duration::from_millis(25),
+                "{strategy:?}: early"
+            );
+            assert!(e.is_complete().unwrap());
+            block_on(default.synchronize()).unwrap();
+        }
+        let raw = default.raw_handle();
+        drop(default);
+        // Every handle is gone: a new one still works (on CUDA it is the same driver handle).
+        let again = make(&device).unwrap();
+        block_on(again.synchronize()).unwrap();
+        if device.backend() == streamalloc::BackendKind::Cuda {
+            assert_eq!(again.raw_handle(), raw);
+        }
+    }
+    device.set_completion_strategy(before);
+    owned.synchronize_blocking().unwrap();
+}
+
+/// Per-thread default streams are per thread: two threads get two streams, each usable on
+/// its own thread.
+pub fn per_thread_default_streams_differ_between_threads(device: Device) {
+    let mine = Stream::per_thread_default(&device).unwrap();
+    let d = device.clone();
+    let theirs = std::thread::spawn(move || {
+        let s = Stream::per_thread_default(&d).unwrap();
+        block_on(s.synchronize()).unwrap();
+        s.id()
+    })
+    .join()
+    .unwrap();
+    assert_ne!(mine.id(), theirs);
+    block_on(mine.synchronize()).unwrap();
+}
+
+/// Buffers with an alignment above 256 start at an aligned address, hold their data across
+/// resizes (which keep the alignment), and free exactly what they allocated.
+pub fn aligned_buffers(device: Device) {
+    let mr = TrackingAdaptor::new(CudaAsyncResource::new(&device).unwrap());
+    let s = Stream::new(&device).unwrap();
+    for alignment in [1, 64, 256, 512, 4096, 1 << 16, 1 << 21] {
+        for n in [0, 1, 1000, (1 << 20) + 3] {
+            let mut buf = DeviceBuffer::try_with_alignment(n, alignment, &s, mr.clone()).unwrap();
+            assert!(buf.ptr().is_aligned(alignment), "{n} bytes at {alignment}");
+            assert_eq!(buf.alignment(), alignment.max(256));
+            assert_eq!(buf.len(), n);
+            if n > 0 {
+                let sent = block_on(buf.copy_from_host(pattern(n))).unwrap();
+                block_on(buf.resize(3 * n + 7)).unwrap();
+                assert!(
+                    buf.ptr().is_aligned(alignment),
+                    "resized {n} at {alignment}"
+                );
+                let back = block_on(buf.copy_to_host(vec![0u8; 3 * n + 7])).unwrap();
+                assert_eq!(&back[..n], &sent[..]);
+                let copy = block_on(buf.try_clone()).unwrap();
+                assert!(copy.ptr().is_aligned(alignment), "clone at {alignment}");
+            }
+            let awaited = block_on(DeviceBuffer::with_alignment(n, alignment, &s, mr.clone()));
+            assert!(awaited.unwrap().ptr().is_aligned(alignment));
+        }
+    }
+    s.synchronize_blocking().unwrap();
+    assert_eq!(mr.outstanding_count(), 0, "{}", mr.leak_report());
+    assert_eq!(mr.issue_count(), 0, "bad frees: {:?}", mr.issues());
+
+    let bad = DeviceBuffer::try_with_alignment(64, 768, &s, mr.clone());
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+    let bad = block_on(DeviceBuffer::with_alignment(64, 0, &s, mr.clone()));
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+    let huge = DeviceBuffer::try_with_alignment(usize::MAX - 100, 4096, &s, mr.clone());
+    assert!(huge.unwrap_err().is_out_of_memory());
+    assert_eq!(mr.outstanding_count(), 0);
+}
+
+/// Adopted memory is the buffer's: it is used and then freed through the given resource, on
+/// the buffer's owner, once.
+pub fn adopted_memory_is_freed_by_the_buffer(device: Device) {
+    let mr = TrackingAdaptor::new(CudaAsyncResource::new(&device).unwrap());
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let n = 10_000;
+    let p = mr.try_allocate(n, &a).unwrap();
+    // SAFETY: `p` holds `n` bytes from `mr`, nothing uses it, nobody else frees it.
+    let mut buf = unsafe { DeviceBuffer::from_raw_parts(p, n, &a, mr.clone()) }.unwrap();
+    assert_eq!((buf.ptr(), buf.len(), buf.stream()), (p, n, a.clone()));
+    let sent = block_on(buf.copy_from_host(pattern(n))).unwrap();
+    buf.set_stream(&b).unwrap();
+    assert_eq!(block_on(buf.copy_to_host(vec![0u8; n])).unwrap(), sent);
+    assert_eq!(mr.outstanding_count(), 1);
+    drop(buf);
+    b.synchronize_blocking().unwrap();
+    assert_eq!(mr.outstanding_count(), 0, "{}", mr.leak_report());
+    assert_eq!(mr.issue_count(), 0, "{:?}", mr.issues());
+
+    // A stream of another device is refused, and the memory stays the caller's.
+    let other = Device::host_with(Default::default());
+    let q = mr.try_allocate(64, &a).unwrap();
+    let s_other = Stream::new(&other).unwrap();
+    // SAFETY: as above; on failure nothing is adopted and `q` is freed below.
+    let refused = unsafe { DeviceBuffer::from_raw_parts(q, 64, &s_other, mr.clone()) };
+    assert!(
+        matches!(refused, Err(Error::DeviceMismatch { .. })),
+        "{refused:?}"
+    );
+    // SAFETY: `q` came from `mr` with 64 bytes on `a` and was not adopted.
+    unsafe { mr.deallocate(q, 64, &a) };
+}
+
+/// Prefetching: managed memory (leaf or stream-ordered pool) keeps its contents when moved to
+/// the host and back; device memory and empty buffers are a no-op that says so.
+pub fn prefetch_buffers(device: Device) {
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let n = 1 << 20;
+    let plain = DeviceBuffer::try_new(n, &s, CudaResource::new(&device)).unwrap();
+    assert!(!plain.prefetch(&s).unwrap(), "device memory is not managed");
+    assert!(!plain.prefetch_to(PrefetchTarget::Host, &t).unwrap());
+    assert!(!DeviceBuffer::try_new(0, &s, ManagedResource::new(&device))
+        .unwrap()
+        .prefetch(&s)
+        .unwrap());
+
+    let mut pools: Vec<streamalloc::SharedResource> =
+        vec![std::sync::Arc::new(ManagedResource::new(&device))];
+    match CudaAsyncManagedResource::new(&device) {
+        Ok(mr) => pools.push(std::sync::Arc::new(mr)),
+        Err(Error::Unsupported { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+    let counted = device.host_controls().map(|c| c.prefetches());
+    for mr in pools {
+        let mut buf = DeviceBuffer::try_new(n, &s, mr).unwrap();
+        let sent = block_on(buf.copy_from_host(pattern(n))).unwrap();
+        let to_host = buf.prefetch_to(PrefetchTarget::Host, &t).unwrap();
+        let to_device = buf.prefetch(&s).unwrap();
+        assert_eq!(to_host, to_device, "one device, one answer");
+        if counted.is_some() {
+            assert!(
+                to_host && to_device,
+                "the host backend prefetches managed memory"
+            );
+        }
+        assert_eq!(block_on(buf.copy_to_host(vec![0u8; n])).unwrap(), sent);
+        drop(buf); // freed on `s` after `t`'s prefetch (recorded as a read)
+    }
+    if let (Some(before), Some(c)) = (counted, device.host_controls()) {
+        assert_eq!(c.prefetches(), before + 4);
+    }
+    s.synchronize_blocking().unwrap();
+}
+
 /// Instantiates the buffer and stream cases for one device.
 #[macro_export]
 macro_rules! buffer_suite {
@@ -128,6 +333,11 @@ macro_rules! buffer_suite {
             $(#[$attr])* #[test] fn resize_and_clone_keep_contents() { suite::resize_and_clone_keep_contents($device) }
             $(#[$attr])* #[test] fn copy_between_buffers_orders_both_streams() { suite::copy_between_buffers_orders_both_streams($device) }
             $(#[$attr])* #[test] fn events_resolve_after_device_work() { suite::events_resolve_after_device_work($device) }
+            $(#[$attr])* #[test] fn default_streams_work_like_owned_streams() { suite::default_streams_work_like_owned_streams($device) }
+            $(#[$attr])* #[test] fn per_thread_default_streams_differ_between_threads() { suite::per_thread_default_streams_differ_between_threads($device) }
+            $(#[$attr])* #[test] fn aligned_buffers() { suite::aligned_buffers($device) }
+            $(#[$attr])* #[test] fn adopted_memory_is_freed_by_the_buffer() { suite::adopted_memory_is_freed_by_the_buffer($device) }
+            $(#[$attr])* #[test] fn prefetch_buffers() { suite::prefetch_buffers($device) }
         }
     };
 }

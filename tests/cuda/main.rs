@@ -31,6 +31,7 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(managed_resource, gpu(), |d| Arc::new(ManagedResource::new(d)), #[ignore = "needs a CUDA device"]);
+resource_suite!(cuda_async_managed_resource, gpu(), |d| Arc::new(CudaAsyncManagedResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 resource_suite!(pinned_host_resource, gpu(), |d| Arc::new(PinnedHostResource::new(d)), #[ignore = "needs a CUDA device"]);
 resource_suite!(host_resource, gpu(), |d| Arc::new(HostResource::new(d)), #[ignore = "needs a CUDA device"]);
 resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(d), #[ignore = "needs a CUDA device"]);

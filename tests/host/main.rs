@@ -27,6 +27,9 @@ resource_suite!(cuda_async_view_of_default_pool, host(), |d| {
 resource_suite!(managed_resource, host(), |d| Arc::new(
     ManagedResource::new(d)
 ));
+resource_suite!(cuda_async_managed_resource, host(), |d| Arc::new(
+    CudaAsyncManagedResource::new(d).unwrap()
+));
 resource_suite!(pinned_host_resource, host(), |d| Arc::new(
     PinnedHostResource::new(d)
 ));

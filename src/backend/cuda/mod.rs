@@ -31,7 +31,8 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use crate::backend::{
-    Backend, BackendKind, BackendPool, BackendStream, ErrorSink, MemoryInfo, MemoryKind, PoolConfig,
+    Backend, BackendKind, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo,
+    MemoryKind, PoolConfig, PrefetchTarget,
 };
 use crate::device::DeviceId;
 use crate::error::{Error, Result};
@@ -438,6 +439,8 @@ pub(crate) struct CudaBackend {
     default_pool: OnceLock<Arc<dyn BackendPool>>,
     /// Whether prefetches can run here, found out on the first one.
     can_prefetch: OnceLock<bool>,
+    /// The wrapper of the device's default managed-memory pool, created on first use.
+    managed_pool: OnceLock<Arc<dyn BackendPool>>,
 }
 
 impl CudaBackend {
@@ -513,6 +516,7 @@ impl CudaBackend {
             name,
             default_pool: OnceLock::new(),
             can_prefetch: OnceLock::new(),
+            managed_pool: OnceLock::new(),
         })
     }
 
@@ -620,7 +624,13 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+    fn prefetch_to(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        target: PrefetchTarget,
+        stream: &dyn BackendStream,
+    ) -> Result<bool> {
         if bytes == 0 {
             return Ok(false);
         }
@@ -630,10 +640,17 @@ impl Backend for CudaBackend {
             return Ok(false);
         }
         // The `_v2` entry point (CUDA 12.2+; the only one in CUDA 13 headers, where it is
-        // spelled `cuMemPrefetchAsync`) takes a location instead of a device ordinal.
-        let location = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.ctx.device,
+        // spelled `cuMemPrefetchAsync`) takes a location instead of a device ordinal; the host
+        // is `CU_MEM_LOCATION_TYPE_HOST` (the id is ignored), the old API's `CU_DEVICE_CPU`.
+        let location = match target {
+            PrefetchTarget::Device => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ctx.device,
+            },
+            PrefetchTarget::Host => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
         };
         // SAFETY: the context is current and the stream live (borrowed). The driver checks the
         // range and only migrates pages of it, leaving their contents unchanged; flags must be
@@ -654,6 +671,19 @@ impl Backend for CudaBackend {
 
     fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
         Ok(Arc::new(CudaPool::create(self.ctx.clone(), config)?))
+    }
+
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
+        Ok(Arc::new(CudaStream::builtin(self.ctx.clone(), kind)))
+    }
+
+    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
+        if let Some(pool) = self.managed_pool.get() {
+            return Ok(pool.clone());
+        }
+        let pool: Arc<dyn BackendPool> = Arc::new(CudaPool::managed_default(self.ctx.clone())?);
+        // A racing thread may have set it first; both wrap the same driver pool.
+        Ok(self.managed_pool.get_or_init(|| pool).clone())
     }
 
     fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {

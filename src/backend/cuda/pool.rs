@@ -112,6 +112,73 @@ impl CudaPool {
         })
     }
 
+    /// The device's default pool of managed memory (CUDA 13's `cuMemGetDefaultMemPool` with
+    /// `CU_MEM_ALLOCATION_TYPE_MANAGED`, as RMM's `cuda_async_managed_memory_resource`); never
+    /// destroyed.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] in builds for CUDA 12 headers, with a driver older than CUDA 13,
+    /// on a device without memory pools or without concurrent managed access; driver errors.
+    pub(crate) fn managed_default(ctx: Arc<DeviceContext>) -> Result<CudaPool> {
+        ctx.bind()?;
+        let id = ctx.id();
+        let what = "stream-ordered managed memory pools (cuMemGetDefaultMemPool, CUDA 13)";
+        let pools =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        let concurrent =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?;
+        if pools == 0 || concurrent == 0 {
+            return Err(Error::unsupported(
+                format!("{what}: the device lacks memory pools or concurrent managed access"),
+                id,
+            ));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            // SAFETY: the library is loaded (a context exists); the symbol is only looked up,
+            // never called through this pointer type. A driver older than CUDA 13 lacks it, and
+            // cudarc's loader would panic on the call.
+            let present = unsafe { sys::culib().get::<*const c_void>("cuMemGetDefaultMemPool") };
+            if present.is_err() {
+                return Err(Error::unsupported(
+                    format!("{what}: the driver is older than CUDA 13"),
+                    id,
+                ));
+            }
+            let mut location = sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ctx.device,
+            };
+            let mut raw: sys::CUmemoryPool = ptr::null_mut();
+            // SAFETY: the context is current and the entry point present (checked above);
+            // `raw` and `location` are valid pointers for the call, which only reads
+            // `location`.
+            let r = unsafe {
+                sys::cuMemGetDefaultMemPool(
+                    &mut raw,
+                    &mut location,
+                    sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+                )
+            };
+            if r == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+                return Err(Error::unsupported(what, id));
+            }
+            ctx.check("cuMemGetDefaultMemPool", r)?;
+            Ok(CudaPool {
+                ctx,
+                raw: RawPool(raw),
+                owned: false,
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(Error::unsupported(
+                format!("{what}: this build uses CUDA 12 headers"),
+                id,
+            ))
+        }
+    }
+
     /// The CUDA stream behind `stream`, checked to belong to this pool's device.
     fn stream<'s>(&self, stream: &'s dyn BackendStream) -> Result<&'s CudaStream> {
         let stream = as_cuda(stream)?;

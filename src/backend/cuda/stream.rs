@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
+use crate::backend::{panic_message, BackendEvent, BackendStream, Completion, DefaultStream};
 use crate::error::{Error, Result};
 
 use super::{DeviceContext, RawEvent, RawStream};
@@ -25,10 +25,18 @@ pub(crate) fn as_cuda(stream: &dyn BackendStream) -> Result<&CudaStream> {
 /// Bytes of pinned memory a stream keeps for staging copies to and from pageable memory.
 const STAGING_BYTES: usize = 4 << 20;
 
-/// A `CUstream` created with `CU_STREAM_NON_BLOCKING`, destroyed on drop.
+/// `CU_STREAM_LEGACY`, a macro of `cuda.h` that cudarc does not bind: `((CUstream)0x1)`.
+const CU_STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`: `((CUstream)0x2)`.
+const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// A `CUstream`: one created with `CU_STREAM_NON_BLOCKING` and destroyed on drop, or one of the
+/// context's built-in default streams, which is never destroyed.
 pub(crate) struct CudaStream {
     ctx: Arc<DeviceContext>,
     raw: RawStream,
+    /// Created by `cuStreamCreate`, so destroyed on drop; `false` for the default streams.
+    owned: bool,
     /// Pinned staging memory for pageable copies, allocated on first use. The lock is held while
     /// a staged copy is enqueued, so two copies never interleave their pieces in it; pieces on
     /// one stream run in order, so one buffer serves them all.
@@ -46,8 +54,25 @@ impl CudaStream {
         Ok(CudaStream {
             ctx,
             raw: RawStream(raw),
+            owned: true,
             staging: Mutex::new(None),
         })
+    }
+
+    /// A handle to one of `ctx`'s built-in default streams. Nothing is created, and dropping it
+    /// destroys nothing: the special handles name the stream of whichever context is current
+    /// when they are used, which every method binds first.
+    pub(crate) fn builtin(ctx: Arc<DeviceContext>, kind: DefaultStream) -> Self {
+        let handle = match kind {
+            DefaultStream::Legacy => CU_STREAM_LEGACY,
+            DefaultStream::PerThread => CU_STREAM_PER_THREAD,
+        };
+        CudaStream {
+            ctx,
+            raw: RawStream(handle as sys::CUstream),
+            owned: false,
+            staging: Mutex::new(None),
+        }
     }
 
     /// The stream's pinned staging buffer, allocated on first use.
@@ -88,6 +113,11 @@ impl Drop for CudaStream {
                 return;
             }
         }
+        if !self.owned {
+            // A built-in default stream belongs to the context; its queued work runs on.
+            free_staging(&self.ctx, staging);
+            return;
+        }
         // SAFETY: the stream was created by `cuStreamCreate` and is destroyed only here. Work
         // still queued on it (frees, host functions) runs to completion: the driver releases
         // the stream's resources once it is idle, without blocking this thread.
@@ -95,12 +125,18 @@ impl Drop for CudaStream {
         if let Err(error) = self.ctx.check("cuStreamDestroy", r) {
             self.ctx.errors().report(error);
         }
-        if let Some(p) = staging {
-            // SAFETY: `p` came from `cuMemHostAlloc`; the stream that used it has drained.
-            let r = unsafe { sys::cuMemFreeHost(p as *mut c_void) };
-            if let Err(error) = self.ctx.check("cuMemFreeHost", r) {
-                self.ctx.errors().report(error);
-            }
+        free_staging(&self.ctx, staging);
+    }
+}
+
+/// Frees a stream's staging buffer once the stream that used it has drained.
+fn free_staging(ctx: &DeviceContext, staging: Option<u64>) {
+    if let Some(p) = staging {
+        // SAFETY: `p` came from `cuMemHostAlloc`; the stream that used it has drained (the
+        // caller synchronized it) and the stream handle is gone, so nothing uses it again.
+        let r = unsafe { sys::cuMemFreeHost(p as *mut c_void) };
+        if let Err(error) = ctx.check("cuMemFreeHost", r) {
+            ctx.errors().report(error);
         }
     }
 }
@@ -110,6 +146,7 @@ impl fmt::Debug for CudaStream {
         f.debug_struct("CudaStream")
             .field("device", &self.ctx.id())
             .field("raw", &self.raw)
+            .field("owned", &self.owned)
             .finish()
     }
 }

@@ -16,7 +16,8 @@ pub use memory::HostControls;
 pub(crate) use memory::{system_allocate, system_free};
 
 use crate::backend::{
-    Backend, BackendPool, BackendStream, ErrorSink, MemoryInfo, MemoryKind, PoolConfig,
+    Backend, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo, MemoryKind,
+    PoolConfig, PrefetchTarget,
 };
 use crate::device::DeviceId;
 use crate::error::Result;
@@ -72,6 +73,8 @@ pub(crate) struct HostBackend {
     id: DeviceId,
     controls: HostControls,
     default_pool: OnceLock<Arc<dyn BackendPool>>,
+    /// The emulated managed-memory pool, created on first use.
+    managed_pool: OnceLock<Arc<dyn BackendPool>>,
 }
 
 impl HostBackend {
@@ -84,6 +87,7 @@ impl HostBackend {
             id,
             controls: HostControls::new(Arc::new(HostMemory::new(id, config.get_capacity()))),
             default_pool: OnceLock::new(),
+            managed_pool: OnceLock::new(),
         }
     }
 
@@ -136,10 +140,18 @@ impl Backend for HostBackend {
         queued
     }
 
-    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+    fn prefetch_to(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        target: PrefetchTarget,
+        stream: &dyn BackendStream,
+    ) -> Result<bool> {
         stream::as_host(stream)?;
-        // Emulated managed memory already lives where the "device" reads it: nothing moves,
-        // but the request is counted so that tests can see it was made.
+        // Emulated managed memory already lives where the "device" and the host read it:
+        // nothing moves, whatever the target, but the request is counted so that tests can see
+        // it was made.
+        let _ = target;
         self.memory().prefetch(ptr, bytes)
     }
 
@@ -153,6 +165,27 @@ impl Backend for HostBackend {
     fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
         let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
         Ok(Arc::new(pool::HostPool::new(self.memory().clone())))
+    }
+
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
+        // An ordinary queue: `Stream` keeps one per device (legacy) or per thread and device
+        // (per-thread) while handles to it live, which is all that the emulation needs.
+        let _ = kind;
+        self.create_stream()
+    }
+
+    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
+        // Host memory is managed memory already: the emulated pool hands out blocks that the
+        // host backend counts as managed (so prefetches of them are made, not skipped).
+        Ok(self
+            .managed_pool
+            .get_or_init(|| {
+                Arc::new(pool::HostPool::with_kind(
+                    self.memory().clone(),
+                    MemoryKind::Managed,
+                ))
+            })
+            .clone())
     }
 
     fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {

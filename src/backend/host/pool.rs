@@ -14,15 +14,23 @@ pub(crate) struct HostPool {
     memory: Arc<HostMemory>,
     handle: u64,
     reserved: Arc<AtomicUsize>,
+    /// What the blocks count as: device memory, or managed for the managed pool.
+    kind: MemoryKind,
 }
 
 impl HostPool {
     pub(crate) fn new(memory: Arc<HostMemory>) -> Self {
+        Self::with_kind(memory, MemoryKind::Device)
+    }
+
+    /// A pool whose blocks are `kind` memory.
+    pub(crate) fn with_kind(memory: Arc<HostMemory>, kind: MemoryKind) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         HostPool {
             memory,
             handle: NEXT.fetch_add(1, Ordering::Relaxed),
             reserved: Arc::default(),
+            kind,
         }
     }
 }
@@ -34,7 +42,7 @@ impl BackendPool for HostPool {
 
     fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64> {
         as_host(stream)?;
-        let ptr = self.memory.allocate(MemoryKind::Device, bytes)?;
+        let ptr = self.memory.allocate(self.kind, bytes)?;
         self.reserved.fetch_add(bytes.max(1), Ordering::Relaxed);
         Ok(ptr)
     }
@@ -42,13 +50,14 @@ impl BackendPool for HostPool {
     unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
         let stream = as_host(stream)?;
         // A double free fails here, while the first free may still be queued.
-        self.memory.begin_free(MemoryKind::Device, ptr, bytes)?;
+        self.memory.begin_free(self.kind, ptr, bytes)?;
         let memory = self.memory.clone();
         let reserved = self.reserved.clone();
+        let kind = self.kind;
         let queued = stream.enqueue_call(Box::new(move || {
             // SAFETY: the caller guarantees all work using the block is ordered before this
             // point of the stream, which has now been reached.
-            match unsafe { memory.finish_free(MemoryKind::Device, ptr, bytes) } {
+            match unsafe { memory.finish_free(kind, ptr, bytes) } {
                 Ok(()) => {
                     reserved.fetch_sub(bytes.max(1), Ordering::Relaxed);
                 }
