@@ -5,10 +5,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{
-    Availability, DevicePtr, MemoryResource, Properties, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
 use crate::stream::Stream;
 
 /// Alignment larger than 256 bytes, by over-allocation (RMM's `aligned_resource_adaptor`).
@@ -109,28 +107,27 @@ impl<R: MemoryResource> AlignedAdaptor<R> {
     pub fn threshold(&self) -> usize {
         self.inner.threshold
     }
+}
 
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
+impl<R: MemoryResource> Inner<R> {
     fn passes_through(&self, bytes: usize) -> bool {
-        bytes == 0 || self.inner.alignment == ALLOCATION_ALIGNMENT || bytes < self.inner.threshold
+        bytes == 0 || self.alignment == ALLOCATION_ALIGNMENT || bytes < self.threshold
     }
 
     /// What the upstream is asked for when `bytes` is aligned; `None` on overflow.
     fn padded(&self, bytes: usize) -> Option<usize> {
-        let alignment = self.inner.alignment;
+        let alignment = self.alignment;
         bytes
             .checked_next_multiple_of(alignment)?
             .checked_add(alignment - ALLOCATION_ALIGNMENT)
     }
 }
 
-impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] AlignedAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        let upstream = &self.inner.upstream;
+        let upstream = &self.upstream;
         if self.passes_through(bytes) {
             return upstream.try_allocate(bytes, stream);
         }
@@ -142,7 +139,7 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
         let original = upstream.try_allocate(size, stream)?;
         let Some(aligned) = original
             .addr()
-            .checked_next_multiple_of(self.inner.alignment as u64)
+            .checked_next_multiple_of(self.alignment as u64)
         else {
             // No aligned address follows it (a 2^63 alignment, a pointer above 2^63): the
             // block cannot serve the request, so it goes back.
@@ -156,7 +153,7 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
             });
         };
         if aligned != original.addr() {
-            let taken = self.inner.shifted.lock().insert(aligned, original.addr());
+            let taken = self.shifted.lock().insert(aligned, original.addr());
             assert!(
                 taken.is_none(),
                 "aligned pointer {aligned:#x} is already live: the upstream handed out \
@@ -167,13 +164,13 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        let upstream = &self.inner.upstream;
+        let upstream = &self.upstream;
         if self.passes_through(bytes) {
             // SAFETY: forwarded from the caller's contract; the pointer is the upstream's own.
             return unsafe { upstream.deallocate(ptr, bytes, stream) };
         }
         // Out of the map before the memory goes back (see `shifted`).
-        let original = self.inner.shifted.lock().remove(&ptr.addr());
+        let original = self.shifted.lock().remove(&ptr.addr());
         let original = original.map_or(ptr, DevicePtr::from_raw);
         let size = self
             .padded(bytes)
@@ -184,26 +181,14 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
         unsafe { upstream.deallocate(original, size, stream) }
     }
 
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.upstream.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
     fn capacity_limit(&self) -> Option<usize> {
-        let (alignment, threshold) = (self.inner.alignment, self.inner.threshold);
+        let (alignment, threshold) = (self.alignment, self.threshold);
         if alignment == ALLOCATION_ALIGNMENT {
-            return self.inner.upstream.capacity_limit();
+            return self.upstream.capacity_limit();
         }
         // Even without an upstream limit, a request whose padded size overflows can never be
         // served: the limit must say so, or an awaited one would wait for ever.
-        let up = self.inner.upstream.capacity_limit().unwrap_or(usize::MAX);
+        let up = self.upstream.capacity_limit().unwrap_or(usize::MAX);
         // The largest padded request whose padded size fits, if it is padded at all...
         let padded = up
             .checked_sub(alignment - ALLOCATION_ALIGNMENT)
@@ -212,18 +197,6 @@ impl<R: MemoryResource> MemoryResource for AlignedAdaptor<R> {
         // ...else the largest request below the threshold, which passes through.
         let passed = threshold.checked_sub(1).map(|below| below.min(up));
         Some(padded.or(passed).unwrap_or(0))
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for AlignedAdaptor<R> {
-    fn clone(&self) -> Self {
-        AlignedAdaptor {
-            inner: self.inner.clone(),
-        }
     }
 }
 

@@ -2,8 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// What the callback of a [`FailureCallbackAdaptor`] learns about a failed attempt.
@@ -126,18 +126,15 @@ impl<R: MemoryResource> FailureCallbackAdaptor<R> {
             }),
         }
     }
-
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
 }
 
-impl<R: MemoryResource> MemoryResource for FailureCallbackAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] FailureCallbackAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let mut attempt = 0u32;
         loop {
-            match self.inner.upstream.try_allocate(bytes, stream) {
+            match self.upstream.try_allocate(bytes, stream) {
                 Err(error) if error.is_out_of_memory() => {
                     attempt = attempt.saturating_add(1);
                     let failure = AllocationFailure {
@@ -146,45 +143,12 @@ impl<R: MemoryResource> MemoryResource for FailureCallbackAdaptor<R> {
                         error: &error,
                         stream,
                     };
-                    if !(self.inner.callback)(&failure) {
+                    if !(self.callback)(&failure) {
                         return Err(error);
                     }
                 }
                 done => return done,
             }
-        }
-    }
-
-    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        // SAFETY: forwarded from the caller's contract; the pointer is the upstream's own.
-        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) }
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.upstream.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.upstream.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for FailureCallbackAdaptor<R> {
-    fn clone(&self) -> Self {
-        FailureCallbackAdaptor {
-            inner: self.inner.clone(),
         }
     }
 }

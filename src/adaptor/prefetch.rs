@@ -2,8 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// Prefetches managed memory to the device after each allocation (RMM's
@@ -47,26 +47,27 @@ use crate::stream::Stream;
 /// # Ok::<(), streamalloc::Error>(())
 /// ```
 pub struct PrefetchAdaptor<R: MemoryResource = SharedResource> {
-    inner: Arc<R>,
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
+    upstream: R,
 }
 
 impl<R: MemoryResource> PrefetchAdaptor<R> {
     /// Wraps `upstream`, prefetching what it allocates.
     pub fn new(upstream: R) -> Self {
         PrefetchAdaptor {
-            inner: Arc::new(upstream),
+            inner: Arc::new(Inner { upstream }),
         }
-    }
-
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner
     }
 }
 
-impl<R: MemoryResource> MemoryResource for PrefetchAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] PrefetchAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        let ptr = self.inner.try_allocate(bytes, stream)?;
+        let ptr = self.upstream.try_allocate(bytes, stream)?;
         if bytes > 0 && !ptr.is_null() {
             let device = stream.device();
             if let Err(e) = device.raw().prefetch(ptr.addr(), bytes, stream.raw()) {
@@ -75,45 +76,12 @@ impl<R: MemoryResource> MemoryResource for PrefetchAdaptor<R> {
         }
         Ok(ptr)
     }
-
-    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        // SAFETY: forwarded from the caller's contract; the pointer is the upstream's own.
-        unsafe { self.inner.deallocate(ptr, bytes, stream) }
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for PrefetchAdaptor<R> {
-    fn clone(&self) -> Self {
-        PrefetchAdaptor {
-            inner: self.inner.clone(),
-        }
-    }
 }
 
 impl<R: MemoryResource> fmt::Debug for PrefetchAdaptor<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PrefetchAdaptor")
-            .field("upstream", &self.inner)
+            .field("upstream", &self.inner.upstream)
             .finish()
     }
 }

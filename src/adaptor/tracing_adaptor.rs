@@ -5,8 +5,8 @@ use std::time::Instant;
 use tracing::Level;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// The target of every span and event of a [`TracingAdaptor`].
@@ -100,16 +100,25 @@ impl<R: MemoryResource> TracingAdaptor<R> {
     pub fn level(&self) -> Level {
         self.inner.level
     }
+}
 
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
+fn outcome(result: &Result<DevicePtr>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(Error::OutOfMemory { .. }) => "out_of_memory",
+        Err(_) => "error",
     }
+}
 
+fn nanos(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<R: MemoryResource> Inner<R> {
     fn enabled(&self) -> bool {
         // The global max level first: one atomic load, where `enabled!` asks the dispatcher
         // (a thread-local lookup), which cost about 15 ns per call with no subscriber at all.
-        tracing::level_enabled!(self.inner.level) && at_level!(self.inner.level, enabled!())
+        tracing::level_enabled!(self.level) && at_level!(self.level, enabled!())
     }
 
     /// `try_allocate` with its span and event, out of line so that the untraced path stays
@@ -117,13 +126,12 @@ impl<R: MemoryResource> TracingAdaptor<R> {
     #[cold]
     #[inline(never)]
     fn traced_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        let upstream = &self.inner.upstream;
-        let level = self.inner.level;
+        let level = self.level;
         let sid = stream.id().0;
         let span = at_level!(level, span!("allocate", bytes, stream = sid));
         let _entered = span.enter();
         let start = Instant::now();
-        let result = upstream.try_allocate(bytes, stream);
+        let result = self.upstream.try_allocate(bytes, stream);
         let elapsed_ns = nanos(start);
         let device = stream.device().id();
         let outcome = outcome(&result);
@@ -165,14 +173,13 @@ impl<R: MemoryResource> TracingAdaptor<R> {
     #[cold]
     #[inline(never)]
     unsafe fn traced_deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        let upstream = &self.inner.upstream;
-        let level = self.inner.level;
+        let level = self.level;
         let sid = stream.id().0;
         let span = at_level!(level, span!("deallocate", bytes, stream = sid));
         let _entered = span.enter();
         let start = Instant::now();
         // SAFETY: forwarded from the caller's contract; the pointer is the upstream's own.
-        unsafe { upstream.deallocate(ptr, bytes, stream) };
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) };
         let elapsed_ns = nanos(start);
         let device = stream.device().id();
         at_level!(
@@ -189,24 +196,14 @@ impl<R: MemoryResource> TracingAdaptor<R> {
     }
 }
 
-fn outcome(result: &Result<DevicePtr>) -> &'static str {
-    match result {
-        Ok(_) => "ok",
-        Err(Error::OutOfMemory { .. }) => "out_of_memory",
-        Err(_) => "error",
-    }
-}
+memory_resource!(shared [R: MemoryResource] TracingAdaptor<R>);
 
-fn nanos(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
-impl<R: MemoryResource> MemoryResource for TracingAdaptor<R> {
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.enabled() {
             self.traced_allocate(bytes, stream)
         } else {
-            self.inner.upstream.try_allocate(bytes, stream)
+            self.upstream.try_allocate(bytes, stream)
         }
     }
 
@@ -216,36 +213,8 @@ impl<R: MemoryResource> MemoryResource for TracingAdaptor<R> {
             if self.enabled() {
                 self.traced_deallocate(ptr, bytes, stream)
             } else {
-                self.inner.upstream.deallocate(ptr, bytes, stream)
+                self.upstream.deallocate(ptr, bytes, stream)
             }
-        }
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.upstream.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.upstream.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for TracingAdaptor<R> {
-    fn clone(&self) -> Self {
-        TracingAdaptor {
-            inner: self.inner.clone(),
         }
     }
 }

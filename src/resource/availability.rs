@@ -121,6 +121,16 @@ impl Availability {
         }
     }
 
+    /// A new signal that every notification of `leader` (an upstream's availability, if it
+    /// has one) reaches too: what a resource with waiters of its own over an upstream holds.
+    pub(crate) fn following(leader: Option<&Availability>) -> std::sync::Arc<Availability> {
+        let follower = std::sync::Arc::new(Availability::new());
+        if let Some(leader) = leader {
+            leader.add_follower(&follower);
+        }
+        follower
+    }
+
     /// Queues a new waiter at the back.
     pub(crate) fn push(&self, waker: &Waker) -> Arc<Waiter> {
         self.queue.push(waker, || self.waiting.up())
