@@ -1,6 +1,6 @@
 //! Criterion benches of the allocation workloads W1–W3 (`../shared/bench/WORKLOADS.md`) on
-//! `PoolResource`, plus the allocation future's ready path against `try_allocate` and the wake
-//! latency from a free to the waiting task resuming.
+//! `PoolResource`, plus the allocation future's ready path against `try_allocate`, W1 through two
+//! adaptors, and the wake latency from a free to the waiting task resuming.
 //!
 //! Run: `cargo bench --bench pool`. They run on `Device::default()`: the host backend here,
 //! CUDA device 0 on a GPU machine, where `benches/workloads.rs` prints the side-by-side table.
@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use streamalloc::{
-    percent_of_free_device_memory, CudaResource, Device, MemoryResource, PoolResource, Stream,
+    percent_of_free_device_memory, CudaResource, Device, MemoryResource, PoolResource,
+    StatisticsAdaptor, Stream, TracingAdaptor,
 };
 
 use workloads::{pair_sizes, pair_step, random, threaded, RAND_1MIB, RAND_64MIB};
@@ -53,6 +54,16 @@ fn w1_pair(c: &mut Criterion) {
                 }
                 t.elapsed()
             })
+        })
+    });
+    // Through two adaptors, statically composed: what the adaptors' forwarding adds to the
+    // pair (tracing with no subscriber, so both adaptors take their fast path).
+    let adapted = StatisticsAdaptor::new(TracingAdaptor::new(pool(&device)));
+    let mut i = 0;
+    g.bench_function("pair/statistics(tracing(pool))", |b| {
+        b.iter(|| {
+            pair_step(&adapted, &stream, &sizes, i);
+            i += 1;
         })
     });
     g.finish();

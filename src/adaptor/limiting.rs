@@ -3,10 +3,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
+use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{
-    align_up, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
-    ALLOCATION_ALIGNMENT,
+    align_up, Availability, DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
 };
 use crate::stream::Stream;
 
@@ -71,11 +70,8 @@ fn charge(bytes: usize) -> Option<usize> {
 impl<R: MemoryResource> LimitingAdaptor<R> {
     /// Limits `upstream` to `limit` bytes outstanding.
     pub fn new(upstream: R, limit: usize) -> Self {
-        let availability = Arc::new(Availability::new());
         // Memory the upstream gets back may let a waiter here proceed too.
-        if let Some(up) = upstream.availability() {
-            up.add_follower(&availability);
-        }
+        let availability = Availability::following(upstream.availability());
         LimitingAdaptor {
             inner: Arc::new(Inner {
                 upstream,
@@ -95,24 +91,20 @@ impl<R: MemoryResource> LimitingAdaptor<R> {
     pub fn allocated_bytes(&self) -> usize {
         self.inner.used.load(Ordering::Acquire)
     }
+}
 
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
+impl<R: MemoryResource> Inner<R> {
     fn reserve(&self, requested: usize, stream: &Stream) -> Result<usize> {
-        let limit = self.inner.limit;
+        let limit = self.limit;
         let out_of_memory = |used: usize| Error::OutOfMemory {
             requested,
             available: Some(limit.saturating_sub(used)),
             device: stream.device().id(),
         };
         let Some(charged) = charge(requested) else {
-            return Err(out_of_memory(self.allocated_bytes()));
+            return Err(out_of_memory(self.used.load(Ordering::Acquire)));
         };
-        self.inner
-            .used
+        self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(charged).filter(|&total| total <= limit)
             })
@@ -124,73 +116,57 @@ impl<R: MemoryResource> LimitingAdaptor<R> {
     /// upstream failed frees nothing, and notifying then would wake the failing head waiter
     /// itself, over and over.
     fn release(&self, charged: usize, notify: bool) {
-        self.inner.used.fetch_sub(charged, Ordering::AcqRel);
+        self.used.fetch_sub(charged, Ordering::AcqRel);
         if notify {
-            self.inner.availability.notify();
+            self.availability.notify();
         }
     }
 }
 
-impl<R: MemoryResource> MemoryResource for LimitingAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] LimitingAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let charged = self.reserve(bytes, stream)?;
-        self.inner
-            .upstream
+        self.upstream
             .try_allocate(bytes, stream)
             .inspect_err(|_| self.release(charged, false))
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) };
         let charged = charge(bytes).expect("an allocation of this size was charged, so it rounds");
         self.release(charged, true);
     }
 
     fn availability(&self) -> Option<&Availability> {
-        Some(&self.inner.availability)
+        Some(&self.availability)
     }
 
     /// A request over what is left of the budget waits while something is charged; one
     /// within it was refused by the upstream, and waits as the upstream would.
     fn may_regain_memory(&self, bytes: usize) -> bool {
-        let used = self.allocated_bytes();
+        let used = self.used.load(Ordering::Acquire);
         let within_budget = charge(bytes)
             .and_then(|charged| used.checked_add(charged))
-            .is_some_and(|total| total <= self.inner.limit);
+            .is_some_and(|total| total <= self.limit);
         if within_budget {
-            self.inner.upstream.may_regain_memory(bytes)
+            self.upstream.may_regain_memory(bytes)
         } else {
             used > 0
         }
     }
 
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
     fn capacity_limit(&self) -> Option<usize> {
         // Requests are charged in 256-byte units: with a limit that is not a multiple of 256,
         // the largest request that can ever fit is the limit rounded down.
-        let limit = self.inner.limit / ALLOCATION_ALIGNMENT * ALLOCATION_ALIGNMENT;
+        let limit = self.limit / ALLOCATION_ALIGNMENT * ALLOCATION_ALIGNMENT;
         Some(
-            self.inner
-                .upstream
+            self.upstream
                 .capacity_limit()
                 .map_or(limit, |up| up.min(limit)),
         )
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for LimitingAdaptor<R> {
-    fn clone(&self) -> Self {
-        LimitingAdaptor {
-            inner: self.inner.clone(),
-        }
     }
 }
 
@@ -205,34 +181,4 @@ impl<R: MemoryResource> fmt::Debug for LimitingAdaptor<R> {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::charge;
-
-    /// The charge is the size rounded up to 256 while that fits a `usize`, and `None` (out of
-    /// memory) past it; before the fix the rounding overflowed (a panic in debug, a charge of 0
-    /// in release).
-    #[test]
-    fn charges_round_up_to_256_until_they_overflow() {
-        assert_eq!(charge(0), Some(0));
-        assert_eq!(charge(1), Some(256));
-        assert_eq!(charge(256), Some(256));
-        assert_eq!(charge(257), Some(512));
-        let last = usize::MAX - 255; // the largest multiple of 256
-        assert_eq!(charge(last), Some(last));
-        for bytes in [last + 1, usize::MAX - 1, usize::MAX] {
-            assert_eq!(charge(bytes), None, "{bytes}");
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn a_charge_covers_its_request_by_less_than_256(bytes in any::<usize>()) {
-            match charge(bytes) {
-                Some(c) => prop_assert!(c >= bytes && c - bytes < 256 && c % 256 == 0),
-                None => prop_assert!(bytes > usize::MAX - 255),
-            }
-        }
-    }
-}
+mod tests;

@@ -8,8 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// The header line of RMM's allocation log, which [`LoggingAdaptor`] writes first and the
@@ -371,11 +371,6 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
         LoggingAdaptorBuilder::new().build_from_env(upstream)
     }
 
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
     /// The log file's path, when logging to a file.
     pub fn path(&self) -> Option<&Path> {
         self.inner.path.as_deref()
@@ -398,24 +393,22 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
     pub fn write_error(&self) -> Option<Error> {
         self.inner.sink.lock().error.clone()
     }
+}
 
+impl<R> Inner<R> {
     fn log(&self, action: &str, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         let thread = os_thread_id();
-        let handle = if self.inner.streams_as_default {
+        let handle = if self.streams_as_default {
             0
         } else {
             stream.raw_handle()
         };
-        let mut sink = self.inner.sink.lock();
+        let mut sink = self.sink.lock();
         if sink.out.is_none() {
             return;
         }
         // Read under the lock, so times never go backwards down the file.
-        let now = self
-            .inner
-            .clock
-            .as_ref()
-            .map_or_else(SystemTime::now, |c| c());
+        let now = self.clock.as_ref().map_or_else(SystemTime::now, |c| c());
         let mut line = [0u8; MAX_LINE];
         let len = {
             let mut cursor = io::Cursor::new(&mut line[..]);
@@ -429,7 +422,7 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
             .expect("MAX_LINE holds the longest line");
             usize::try_from(cursor.position()).expect("at most MAX_LINE")
         };
-        sink.write_line(&line[..len], self.inner.auto_flush);
+        sink.write_line(&line[..len], self.auto_flush);
     }
 }
 
@@ -498,9 +491,11 @@ fn read_os_thread_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-impl<R: MemoryResource> MemoryResource for LoggingAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] LoggingAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        let result = self.inner.upstream.try_allocate(bytes, stream);
+        let result = self.upstream.try_allocate(bytes, stream);
         match &result {
             Ok(ptr) => self.log(ALLOCATE, *ptr, bytes, stream),
             Err(_) => self.log(ALLOCATE_FAILURE, DevicePtr::NULL, bytes, stream),
@@ -513,35 +508,7 @@ impl<R: MemoryResource> MemoryResource for LoggingAdaptor<R> {
         // log its allocation.
         self.log(FREE, ptr, bytes, stream);
         // SAFETY: forwarded from the caller's contract.
-        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.upstream.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.upstream.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for LoggingAdaptor<R> {
-    fn clone(&self) -> Self {
-        LoggingAdaptor {
-            inner: self.inner.clone(),
-        }
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) };
     }
 }
 

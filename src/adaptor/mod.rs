@@ -1,6 +1,8 @@
 //! Adaptors: resources that wrap an upstream resource to add a behaviour (limits, statistics,
 //! logging, …). One file per adaptor; each is generic over its upstream, with the type-erased
-//! [`SharedResource`](crate::SharedResource) as the default.
+//! [`SharedResource`](crate::SharedResource) as the default. Each file holds only its own
+//! behaviour: the handle, its `Clone` and what is forwarded unchanged to the upstream are
+//! written once, in `resource/forward.rs`.
 
 mod aligned;
 mod failure_callback;
@@ -19,6 +21,3 @@ pub use prefetch::PrefetchAdaptor;
 pub use statistics::{Counter, Counters, StatisticsAdaptor};
 pub use tracing_adaptor::TracingAdaptor;
 pub use tracking::{Allocation, LeakReport, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES};
-
-#[cfg(test)]
-pub(crate) use crate::test_support;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// One statistic of a [`StatisticsAdaptor`] scope: RMM's `statistics_resource_adaptor::counter`.
@@ -189,11 +189,6 @@ impl<R: MemoryResource> StatisticsAdaptor<R> {
         }
     }
 
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
     /// The innermost scope's bytes: RMM's `get_bytes_counter`.
     pub fn bytes_counter(&self) -> Counter {
         self.counters().bytes
@@ -319,10 +314,12 @@ impl<R: MemoryResource> StatisticsAdaptor<R> {
     }
 }
 
-impl<R: MemoryResource> MemoryResource for StatisticsAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] StatisticsAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        let ptr = self.inner.upstream.try_allocate(bytes, stream)?;
-        let live = &self.inner.live;
+        let ptr = self.upstream.try_allocate(bytes, stream)?;
+        let live = &self.live;
         add(
             &live.bytes,
             &live.bytes_total,
@@ -340,39 +337,11 @@ impl<R: MemoryResource> MemoryResource for StatisticsAdaptor<R> {
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // Counted first: once the upstream has the memory back it may hand it out again.
-        let live = &self.inner.live;
+        let live = &self.live;
         live.bytes.fetch_sub(bytes_i64(bytes), Relaxed);
         live.allocations.fetch_sub(1, Relaxed);
         // SAFETY: forwarded from the caller's contract.
-        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.upstream.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.upstream.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for StatisticsAdaptor<R> {
-    fn clone(&self) -> Self {
-        StatisticsAdaptor {
-            inner: self.inner.clone(),
-        }
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) };
     }
 }
 

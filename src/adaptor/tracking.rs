@@ -6,8 +6,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::error::Result;
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties, SharedResource};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::{Stream, StreamId};
 
 /// The most [`TrackingIssue`]s a [`TrackingAdaptor`] keeps; later ones are counted and logged
@@ -327,11 +327,6 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
         }
     }
 
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
     /// Whether allocations record a backtrace.
     pub fn captures_backtraces(&self) -> bool {
         self.inner.backtraces
@@ -395,15 +390,16 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
     }
 }
 
-impl<R: MemoryResource> MemoryResource for TrackingAdaptor<R> {
+memory_resource!(shared [R: MemoryResource] TrackingAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        let ptr = self.inner.upstream.try_allocate(bytes, stream)?;
+        let ptr = self.upstream.try_allocate(bytes, stream)?;
         if ptr.is_null() {
             return Ok(ptr);
         }
         // Captured outside the lock: it takes microseconds.
         let backtrace = self
-            .inner
             .backtraces
             .then(|| Arc::new(Backtrace::force_capture()));
         let record = Record {
@@ -411,7 +407,7 @@ impl<R: MemoryResource> MemoryResource for TrackingAdaptor<R> {
             stream: stream.id(),
             backtrace,
         };
-        let mut state = self.inner.state.lock();
+        let mut state = self.state.lock();
         state.bytes += bytes;
         if let Some(previous) = state.live.insert(ptr, record) {
             state.bytes -= previous.bytes;
@@ -428,7 +424,7 @@ impl<R: MemoryResource> MemoryResource for TrackingAdaptor<R> {
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if !(ptr.is_null() && bytes == 0) {
             // Untracked first: once the upstream has the memory back it may hand it out again.
-            let mut state = self.inner.state.lock();
+            let mut state = self.state.lock();
             match state.live.remove(&ptr) {
                 Some(record) => {
                     state.bytes -= record.bytes;
@@ -449,35 +445,7 @@ impl<R: MemoryResource> MemoryResource for TrackingAdaptor<R> {
             }
         }
         // SAFETY: forwarded from the caller's contract.
-        unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        self.inner.upstream.availability()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.upstream.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for TrackingAdaptor<R> {
-    fn clone(&self) -> Self {
-        TrackingAdaptor {
-            inner: self.inner.clone(),
-        }
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) };
     }
 }
 

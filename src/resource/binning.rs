@@ -4,10 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{
-    Availability, DevicePtr, FixedSizeResource, MemoryResource, Properties, SharedResource,
-};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{Availability, DevicePtr, FixedSizeResource, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// How many blocks each fixed-size bin takes from the upstream at a time (RMM's default).
@@ -95,10 +93,7 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
     /// A binning resource with no bins yet: every request goes to `upstream` until bins are
     /// added with [`add_bin`](BinningResource::add_bin).
     pub fn new(upstream: R) -> Self {
-        let availability = Arc::new(Availability::new());
-        if let Some(up) = upstream.availability() {
-            up.add_follower(&availability);
-        }
+        let availability = Availability::following(upstream.availability());
         BinningResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -200,11 +195,6 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
     pub fn bin_sizes(&self) -> Vec<usize> {
         self.inner.bins.iter().map(|b| b.size).collect()
     }
-
-    /// The upstream resource, which serves requests larger than every bin.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
 }
 
 impl<R: MemoryResource + Clone> Inner<R> {
@@ -216,12 +206,14 @@ impl<R: MemoryResource + Clone> Inner<R> {
     }
 }
 
-impl<R: MemoryResource + Clone> MemoryResource for BinningResource<R> {
+memory_resource!(shared [R: MemoryResource + Clone] BinningResource<R>);
+
+impl<R: MemoryResource + Clone> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        match self.inner.bin(bytes) {
+        match self.bin(bytes) {
             Some(BinResource::Fixed(r)) => r.try_allocate(bytes, stream),
             Some(BinResource::Given(r)) => r.try_allocate(bytes, stream),
-            None => self.inner.upstream.try_allocate(bytes, stream),
+            None => self.upstream.try_allocate(bytes, stream),
         }
     }
 
@@ -229,47 +221,27 @@ impl<R: MemoryResource + Clone> MemoryResource for BinningResource<R> {
         // SAFETY: forwarded from the caller's contract; `bytes` routes the memory back to the
         // resource that allocated it.
         unsafe {
-            match self.inner.bin(bytes) {
+            match self.bin(bytes) {
                 Some(BinResource::Fixed(r)) => r.deallocate(ptr, bytes, stream),
                 Some(BinResource::Given(r)) => r.deallocate(ptr, bytes, stream),
-                None => self.inner.upstream.deallocate(ptr, bytes, stream),
+                None => self.upstream.deallocate(ptr, bytes, stream),
             }
         }
         // The bins and the upstream wake their own followers, this resource among them; but a
         // bin given without a wait queue of its own wakes nobody, so say it here too. (Cheap
         // when nobody waits: a fence and a load.)
-        self.inner.availability.notify();
+        self.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
-        Some(&self.inner.availability)
+        Some(&self.availability)
     }
 
     /// As the bin or the upstream that serves `bytes`.
     fn may_regain_memory(&self, bytes: usize) -> bool {
-        match self.inner.bin(bytes) {
+        match self.bin(bytes) {
             Some(bin) => bin.resource().may_regain_memory(bytes),
-            None => self.inner.upstream.may_regain_memory(bytes),
-        }
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        self.inner.upstream.capacity_limit()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource + Clone> Clone for BinningResource<R> {
-    fn clone(&self) -> Self {
-        BinningResource {
-            inner: self.inner.clone(),
+            None => self.upstream.may_regain_memory(bytes),
         }
     }
 }

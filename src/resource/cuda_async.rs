@@ -1,11 +1,10 @@
 use std::fmt;
-use std::sync::Arc;
 
-use crate::backend::{BackendKind, BackendPool, PoolConfig};
+use crate::backend::PoolConfig;
 use crate::device::Device;
 use crate::error::Result;
-use crate::resource::ResourceIdentity;
-use crate::resource::{check_stream, DevicePtr, MemoryResource, Properties};
+use crate::resource::forward::memory_resource;
+use crate::resource::{CudaAsyncViewResource, MemoryResource};
 use crate::stream::Stream;
 
 /// Which OS handle a [`CudaAsyncResource`]'s memory can be exported as, for IPC
@@ -45,7 +44,9 @@ impl ExportHandleType {
 /// unless set), so after warm-up allocations do not reach the OS. Clones share the pool, which
 /// is destroyed with the last clone (and the last [`CudaAsyncViewResource`] over it).
 ///
-/// [`CudaAsyncViewResource`]: crate::CudaAsyncViewResource
+/// It is a [`CudaAsyncViewResource`] of the pool it owns: it allocates, frees and compares
+/// as that view does (an owner and a view of its pool are one resource), and adds the pool's
+/// creation and management.
 ///
 /// # Stream ordering
 /// Memory is usable on the allocating stream at once; a free is reusable by work ordered after
@@ -65,8 +66,8 @@ impl ExportHandleType {
 /// ```
 #[derive(Clone)]
 pub struct CudaAsyncResource {
-    device: Device,
-    pool: Arc<dyn BackendPool>,
+    /// A view of the pool this resource created: the last handle to it destroys the pool.
+    view: CudaAsyncViewResource,
 }
 
 /// Settings of a [`CudaAsyncResource`]; `Option` fields with documented defaults.
@@ -111,11 +112,10 @@ impl CudaAsyncResourceBuilder {
         };
         let pool = self.device.raw().create_pool(&config)?;
         let mr = CudaAsyncResource {
-            device: self.device,
-            pool,
+            view: CudaAsyncViewResource::over(&self.device, pool),
         };
         if let Some(bytes) = self.initial_pool_size.filter(|&b| b > 0) {
-            let stream = Stream::new(&mr.device)?;
+            let stream = Stream::new(&self.device)?;
             let p = mr.try_allocate(bytes, &stream)?;
             // SAFETY: just allocated from this resource on `stream`; nothing uses it.
             unsafe { mr.deallocate(p, bytes, &stream) };
@@ -146,7 +146,7 @@ impl CudaAsyncResource {
 
     /// The driver's pool handle (`CUmemoryPool` as an integer on CUDA).
     pub fn pool_handle(&self) -> u64 {
-        self.pool.handle()
+        self.view.pool_handle()
     }
 
     /// Bytes the pool now holds from the device, in use or cached
@@ -155,7 +155,7 @@ impl CudaAsyncResource {
     /// # Errors
     /// Driver errors.
     pub fn reserved_bytes(&self) -> Result<usize> {
-        self.pool.reserved()
+        self.view.pool().reserved()
     }
 
     /// Returns cached memory to the device until the pool holds at most `keep` bytes
@@ -164,87 +164,20 @@ impl CudaAsyncResource {
     /// # Errors
     /// Driver errors.
     pub fn trim_to(&self, keep: usize) -> Result<()> {
-        self.pool.trim_to(keep)
+        self.view.pool().trim_to(keep)
     }
 
-    pub(crate) fn parts(&self) -> (&Device, &Arc<dyn BackendPool>) {
-        (&self.device, &self.pool)
+    /// The view of the pool this resource owns.
+    pub(crate) fn view(&self) -> &CudaAsyncViewResource {
+        &self.view
     }
 }
 
-/// `try_allocate` over a driver pool, shared with [`CudaAsyncViewResource`](crate::CudaAsyncViewResource).
-pub(crate) fn pool_allocate(
-    device: &Device,
-    pool: &dyn BackendPool,
-    bytes: usize,
-    stream: &Stream,
-) -> Result<DevicePtr> {
-    check_stream(device, stream)?;
-    if bytes == 0 {
-        return Ok(DevicePtr::NULL);
-    }
-    pool.allocate_async(bytes, stream.raw())
-        .map(DevicePtr::from_raw)
-}
-
-/// `deallocate` over a driver pool.
-///
-/// # Safety
-/// As [`MemoryResource::deallocate`], for memory from [`pool_allocate`] of the same pool.
-pub(crate) unsafe fn pool_deallocate(
-    device: &Device,
-    pool: &dyn BackendPool,
-    ptr: DevicePtr,
-    bytes: usize,
-    stream: &Stream,
-) {
-    if ptr.is_null() {
-        return;
-    }
-    // SAFETY: forwarded from the caller's contract.
-    if let Err(e) = unsafe { pool.free_async(ptr.addr(), bytes, stream.raw()) } {
-        device.defer_error(e);
-    }
-}
-
-pub(crate) fn pool_properties(device: &Device) -> Properties {
-    Properties {
-        device_accessible: true,
-        host_accessible: device.backend() == BackendKind::Host,
-        device: device.id(),
-    }
-}
-
-impl MemoryResource for CudaAsyncResource {
-    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        pool_allocate(&self.device, &*self.pool, bytes, stream)
-    }
-
-    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { pool_deallocate(&self.device, &*self.pool, ptr, bytes, stream) }
-    }
-
-    /// The device's total memory: no single request can be larger.
-    fn capacity_limit(&self) -> Option<usize> {
-        self.device.total_memory().ok()
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.pool)
-    }
-
-    fn properties(&self) -> Properties {
-        pool_properties(&self.device)
-    }
-}
+memory_resource!(delegate [] CudaAsyncResource, |this| this.view);
 
 impl fmt::Debug for CudaAsyncResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaAsyncResource")
-            .field("device", &self.device.id())
-            .field("pool", &format_args!("{:#x}", self.pool.handle()))
-            .finish()
+        self.view.debug_as("CudaAsyncResource", f)
     }
 }
 
@@ -252,6 +185,7 @@ impl PartialEq for CudaAsyncResource {
     /// Equal when they allocate from the same driver pool (clones are equal; two constructions
     /// are not).
     fn eq(&self, other: &Self) -> bool {
-        self.pool.handle() == other.pool.handle() && self.device == other.device
+        self.view.pool_handle() == other.view.pool_handle()
+            && self.view.device() == other.view.device()
     }
 }

@@ -1,17 +1,21 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::BackendPool;
+use crate::backend::{BackendKind, BackendPool};
 use crate::device::Device;
 use crate::error::Result;
-use crate::resource::cuda_async::{pool_allocate, pool_deallocate, pool_properties};
-use crate::resource::ResourceIdentity;
-use crate::resource::{CudaAsyncResource, DevicePtr, MemoryResource, Properties};
+use crate::resource::{
+    check_stream, CudaAsyncResource, DevicePtr, MemoryResource, Properties, ResourceIdentity,
+};
 use crate::stream::Stream;
 
 /// Stream-ordered allocation from a driver pool that something else owns (RMM's
 /// `cuda_async_view_memory_resource`): another [`CudaAsyncResource`]'s pool, or the device's
 /// default pool. It never changes or destroys the pool.
+///
+/// A [`CudaAsyncResource`] is such a view of the pool it owns: the two allocate alike, and a
+/// view of an owner's pool is the same resource as the owner
+/// ([`is_equal`](MemoryResource::is_equal)).
 ///
 /// # Examples
 ///
@@ -36,10 +40,14 @@ pub struct CudaAsyncViewResource {
 impl CudaAsyncViewResource {
     /// A view of `owner`'s pool. The view keeps the pool alive.
     pub fn of(owner: &CudaAsyncResource) -> Self {
-        let (device, pool) = owner.parts();
+        owner.view().clone()
+    }
+
+    /// A view of `pool`, a pool of `device`.
+    pub(crate) fn over(device: &Device, pool: Arc<dyn BackendPool>) -> Self {
         CudaAsyncViewResource {
             device: device.clone(),
-            pool: pool.clone(),
+            pool,
         }
     }
 
@@ -49,26 +57,50 @@ impl CudaAsyncViewResource {
     /// [`Error::Unsupported`](crate::Error::Unsupported) when the device has no memory pools;
     /// driver errors.
     pub fn device_default(device: &Device) -> Result<Self> {
-        Ok(CudaAsyncViewResource {
-            device: device.clone(),
-            pool: device.raw().default_pool()?,
-        })
+        Ok(Self::over(device, device.raw().default_pool()?))
     }
 
     /// The driver's pool handle (`CUmemoryPool` as an integer on CUDA).
     pub fn pool_handle(&self) -> u64 {
         self.pool.handle()
     }
+
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub(crate) fn pool(&self) -> &dyn BackendPool {
+        &*self.pool
+    }
+
+    /// `Debug` under the name of the view's type or of its owner's.
+    pub(crate) fn debug_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("device", &self.device.id())
+            .field("pool", &format_args!("{:#x}", self.pool.handle()))
+            .finish()
+    }
 }
 
 impl MemoryResource for CudaAsyncViewResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        pool_allocate(&self.device, &*self.pool, bytes, stream)
+        check_stream(&self.device, stream)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.pool
+            .allocate_async(bytes, stream.raw())
+            .map(DevicePtr::from_raw)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { pool_deallocate(&self.device, &*self.pool, ptr, bytes, stream) }
+        if ptr.is_null() {
+            return;
+        }
+        // SAFETY: forwarded from the caller's contract: `ptr` came from this pool.
+        if let Err(e) = unsafe { self.pool.free_async(ptr.addr(), bytes, stream.raw()) } {
+            self.device.defer_error(e);
+        }
     }
 
     /// The device's total memory: no single request can be larger.
@@ -81,15 +113,16 @@ impl MemoryResource for CudaAsyncViewResource {
     }
 
     fn properties(&self) -> Properties {
-        pool_properties(&self.device)
+        Properties {
+            device_accessible: true,
+            host_accessible: self.device.backend() == BackendKind::Host,
+            device: self.device.id(),
+        }
     }
 }
 
 impl fmt::Debug for CudaAsyncViewResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaAsyncViewResource")
-            .field("device", &self.device.id())
-            .field("pool", &format_args!("{:#x}", self.pool.handle()))
-            .finish()
+        self.debug_as("CudaAsyncViewResource", f)
     }
 }

@@ -8,10 +8,10 @@ use rustc_hash::FxHashMap;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::FreeOrder;
-use crate::resource::ResourceIdentity;
 use crate::resource::{
-    align_up, check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
+    align_up, check_stream, Availability, DevicePtr, MemoryResource, SharedResource,
 };
 use crate::stream::{Stream, StreamId};
 
@@ -229,11 +229,6 @@ impl<R: MemoryResource> FixedSizeResource<R> {
     pub fn total_blocks(&self) -> usize {
         self.inner.state.lock().chunks.len() * self.inner.blocks_per_chunk
     }
-
-    /// The upstream resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
 }
 
 impl<R: MemoryResource> Inner<R> {
@@ -403,33 +398,34 @@ impl State {
     }
 }
 
-impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
+memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let inner = &*self.inner;
-        check_stream(&inner.device, stream)?;
-        if bytes > inner.block_size {
+        check_stream(&self.device, stream)?;
+        if bytes > self.block_size {
             return Err(Error::OutOfMemory {
                 requested: bytes,
-                available: Some(inner.block_size),
-                device: inner.device.id(),
+                available: Some(self.block_size),
+                device: self.device.id(),
             });
         }
-        let mut state = inner.state.lock();
+        let mut state = self.state.lock();
         let slot = state.slot_or_insert(stream);
         let block = match state.list(slot).blocks.pop() {
             Some(b) => b,
             None => {
-                if !inner.take(&mut state, slot, stream)? {
-                    match inner.grow(&mut state, stream) {
+                if !self.take(&mut state, slot, stream)? {
+                    match self.grow(&mut state, stream) {
                         Ok(()) => {}
                         Err(e) if e.is_out_of_memory() => {
                             return Err(Error::OutOfMemory {
                                 requested: bytes,
                                 available: Some(0),
-                                device: inner.device.id(),
+                                device: self.device.id(),
                             })
                         }
                         Err(e) => return Err(e),
@@ -441,7 +437,7 @@ impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
         };
         state.free_blocks -= 1;
         state.live += 1;
-        let (c, i) = locate(&state.chunks, &inner.geometry, block).expect("a block of a chunk");
+        let (c, i) = locate(&state.chunks, &self.geometry, block).expect("a block of a chunk");
         state.chunks[c].in_use[i / 64] |= 1 << (i % 64);
         Ok(DevicePtr::from_raw(block))
     }
@@ -451,8 +447,8 @@ impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
             return;
         }
         {
-            let mut state = self.inner.state.lock();
-            let bit = locate(&state.chunks, &self.inner.geometry, ptr.addr()).and_then(|(c, i)| {
+            let mut state = self.state.lock();
+            let bit = locate(&state.chunks, &self.geometry, ptr.addr()).and_then(|(c, i)| {
                 let word = &mut state.chunks[c].in_use[i / 64];
                 let mask = 1 << (i % 64);
                 let was = *word & mask != 0;
@@ -470,42 +466,25 @@ impl<R: MemoryResource> MemoryResource for FixedSizeResource<R> {
             list.order.changed();
             state.free_blocks += 1;
         }
-        self.inner.availability.notify();
+        self.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
-        Some(&self.inner.availability)
+        Some(&self.availability)
     }
 
     fn capacity_limit(&self) -> Option<usize> {
-        Some(self.inner.block_size)
+        Some(self.block_size)
     }
 
     /// While a block is in use, a free brings one back; else only the upstream could give the
     /// resource a new chunk.
     fn may_regain_memory(&self, bytes: usize) -> bool {
         let _ = bytes;
-        let inner = &*self.inner;
-        inner.state.lock().live > 0
-            || inner
+        self.state.lock().live > 0
+            || self
                 .upstream
-                .may_regain_memory(inner.block_size.saturating_mul(inner.blocks_per_chunk))
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for FixedSizeResource<R> {
-    fn clone(&self) -> Self {
-        FixedSizeResource {
-            inner: self.inner.clone(),
-        }
+                .may_regain_memory(self.block_size.saturating_mul(self.blocks_per_chunk))
     }
 }
 

@@ -10,6 +10,7 @@ mod cuda_async;
 mod cuda_async_managed;
 mod cuda_async_view;
 mod fixed_size;
+pub(crate) mod forward;
 mod host;
 mod managed;
 mod pinned_host;
@@ -314,36 +315,8 @@ fn on_current_thread_runtime() -> bool {
 /// stacks hold.
 pub type SharedResource = Arc<dyn MemoryResource>;
 
-impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
-    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        (**self).try_allocate(bytes, stream)
-    }
-
-    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { (**self).deallocate(ptr, bytes, stream) }
-    }
-
-    fn availability(&self) -> Option<&Availability> {
-        (**self).availability()
-    }
-
-    fn capacity_limit(&self) -> Option<usize> {
-        (**self).capacity_limit()
-    }
-
-    fn may_regain_memory(&self, bytes: usize) -> bool {
-        (**self).may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        (**self).identity()
-    }
-
-    fn properties(&self) -> Properties {
-        (**self).properties()
-    }
-}
+// A shared resource is the resource it shares.
+forward::memory_resource!(delegate [R: MemoryResource + ?Sized] Arc<R>, |this| &**this);
 
 /// What tells one resource from another ([`MemoryResource::identity`]).
 ///

@@ -4,7 +4,7 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::*;
-use crate::adaptor::test_support::{self, free, host, recording, KIB, MIB};
+use crate::test_support::{self, free, host, recording, KIB, MIB};
 use crate::{CudaResource, LimitingAdaptor};
 
 /// A writer whose bytes the test can read while the adaptor holds it.

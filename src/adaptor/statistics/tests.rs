@@ -2,7 +2,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 
 use super::*;
-use crate::adaptor::test_support::{self, free, host, recording, KIB, MIB};
+use crate::test_support::{self, free, host, recording, KIB, MIB};
 use crate::{CallbackResource, CudaResource, LimitingAdaptor};
 
 const TEN_MIB: usize = 10 * MIB;

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 
 use super::*;
-use crate::adaptor::test_support::{self, free, host, recording, Call, KIB, MIB};
+use crate::test_support::{self, free, host, recording, Call, KIB, MIB};
 use crate::{CallbackResource, CudaResource, Device, Error};
 
 /// A recording upstream that hands out 0x1000, 0x2000, ... and releases nothing, so bad frees
