@@ -1,12 +1,10 @@
 use std::fmt;
-use std::sync::Arc;
 
-use crate::backend::BackendPool;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::cuda_async::{pool_allocate, pool_deallocate};
-use crate::resource::ResourceIdentity;
-use crate::resource::{DevicePtr, MemoryResource, Properties};
+use crate::resource::{
+    CudaAsyncViewResource, DevicePtr, MemoryResource, Properties, ResourceIdentity,
+};
 use crate::stream::Stream;
 
 /// Stream-ordered allocation of managed (unified) memory from the device's default managed
@@ -53,8 +51,8 @@ use crate::stream::Stream;
 /// ```
 #[derive(Clone)]
 pub struct CudaAsyncManagedResource {
-    device: Device,
-    pool: Arc<dyn BackendPool>,
+    /// Allocation and free go through a view of the managed pool, as for device memory.
+    view: CudaAsyncViewResource,
 }
 
 impl CudaAsyncManagedResource {
@@ -65,8 +63,7 @@ impl CudaAsyncManagedResource {
     /// and on devices without memory pools or without concurrent managed access; driver errors.
     pub fn new(device: &Device) -> Result<Self> {
         Ok(CudaAsyncManagedResource {
-            device: device.clone(),
-            pool: device.raw().managed_pool()?,
+            view: CudaAsyncViewResource::over(device, device.raw().managed_pool()?),
         })
     }
 
@@ -81,7 +78,7 @@ impl CudaAsyncManagedResource {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn pool_handle(&self) -> u64 {
-        self.pool.handle()
+        self.view.pool_handle()
     }
 
     /// Bytes the pool now holds from the device, in use or cached
@@ -90,11 +87,11 @@ impl CudaAsyncManagedResource {
     /// # Errors
     /// Driver errors.
     pub fn reserved_bytes(&self) -> Result<usize> {
-        self.pool.reserved()
+        self.view.pool().reserved()
     }
 
     fn total(&self) -> Result<usize> {
-        self.device.total_memory()
+        self.view.device().total_memory()
     }
 }
 
@@ -104,15 +101,15 @@ impl MemoryResource for CudaAsyncManagedResource {
             return Err(Error::OutOfMemory {
                 requested: bytes,
                 available: None,
-                device: self.device.id(),
+                device: self.view.device().id(),
             });
         }
-        pool_allocate(&self.device, &*self.pool, bytes, stream)
+        self.view.try_allocate(bytes, stream)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { pool_deallocate(&self.device, &*self.pool, ptr, bytes, stream) }
+        unsafe { self.view.deallocate(ptr, bytes, stream) }
     }
 
     /// The device's total memory: no single request may be larger.
@@ -121,24 +118,21 @@ impl MemoryResource for CudaAsyncManagedResource {
     }
 
     fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.pool)
+        self.view.identity()
     }
 
     fn properties(&self) -> Properties {
         Properties {
             device_accessible: true,
             host_accessible: true,
-            device: self.device.id(),
+            device: self.view.device().id(),
         }
     }
 }
 
 impl fmt::Debug for CudaAsyncManagedResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaAsyncManagedResource")
-            .field("device", &self.device.id())
-            .field("pool", &format_args!("{:#x}", self.pool.handle()))
-            .finish()
+        self.view.debug_as("CudaAsyncManagedResource", f)
     }
 }
 
@@ -146,6 +140,6 @@ impl PartialEq for CudaAsyncManagedResource {
     /// Equal when they allocate from the same driver pool on the same device: every resource
     /// of one device is.
     fn eq(&self, other: &Self) -> bool {
-        self.pool.handle() == other.pool.handle() && self.device == other.device
+        self.pool_handle() == other.pool_handle() && self.view.device() == other.view.device()
     }
 }

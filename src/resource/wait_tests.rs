@@ -121,11 +121,14 @@ fn a_deadline_ends_the_wait_with_a_timeout_and_leaves_no_waiter() {
             requested, waited, ..
         } => {
             assert_eq!(requested, 512);
-            assert!(waited >= Duration::from_millis(25), "{waited:?}");
+            // `waited` counts from when the request queued, which may be a while after the
+            // deadline was set (a loaded machine): it is at most the time since then.
+            assert!(!waited.is_zero() && waited <= start.elapsed(), "{waited:?}");
         }
         other => panic!("expected a timeout, got {other}"),
     }
-    assert!(start.elapsed() >= Duration::from_millis(25));
+    // The deadline is not cut short.
+    assert!(start.elapsed() >= Duration::from_millis(30));
     assert!(!mr.availability().unwrap().has_waiters());
     assert_eq!(mr.allocated_bytes(), KIB);
     free(&mr, held, KIB, &s);
