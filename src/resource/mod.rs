@@ -16,7 +16,8 @@ mod managed;
 mod pinned_host;
 pub(crate) mod pool;
 pub(crate) mod registry;
-mod stream_order;
+mod size;
+pub(crate) mod stream_order;
 
 use std::fmt;
 use std::future::Future;
@@ -37,24 +38,12 @@ pub use host::HostResource;
 pub use managed::ManagedResource;
 pub use pinned_host::PinnedHostResource;
 pub use pool::{PoolResource, PoolStatistics};
+pub(crate) use size::align_up;
+pub use size::ALLOCATION_ALIGNMENT;
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
-
-/// The alignment of every pointer a resource returns, as `cuMemAlloc` guarantees.
-pub const ALLOCATION_ALIGNMENT: usize = 256;
-
-/// `bytes` rounded up to a multiple of [`ALLOCATION_ALIGNMENT`]; `None` when that does not fit
-/// a `usize`. Every size rounding goes through here: a request too large to round is one no
-/// resource can serve, so callers answer `None` with [`Error::OutOfMemory`].
-#[inline]
-pub(crate) const fn align_up(bytes: usize) -> Option<usize> {
-    match bytes.checked_add(ALLOCATION_ALIGNMENT - 1) {
-        Some(padded) => Some(padded & !(ALLOCATION_ALIGNMENT - 1)),
-        None => None,
-    }
-}
 
 /// An address in device (or device-visible) memory. A plain number: holding one owns nothing.
 ///

@@ -42,7 +42,9 @@ mod tree;
 use rustc_hash::FxHashMap;
 
 use self::tree::{FitTree, Pos};
-pub(crate) use crate::resource::{align_up, ALLOCATION_ALIGNMENT as ALIGN};
+pub(crate) use crate::resource::size::{
+    align_to_size_class, align_up, largest_size_class_within, ALIGN,
+};
 
 /// The smallest superblock: RMM's `superblock::minimum_size`, 1 MiB. Requests above it are
 /// served by the global arena directly.
@@ -51,42 +53,6 @@ pub(crate) const SUPERBLOCK_SIZE: usize = 1 << 20;
 pub(crate) const PAGE_SIZE: usize = 64 << 10;
 /// Pages in the smallest superblock.
 pub(crate) const SUPERBLOCK_PAGES: u64 = (SUPERBLOCK_SIZE / PAGE_SIZE) as u64;
-/// The largest size class; RMM's table ends here (larger requests cannot be served).
-const LARGEST_SIZE_CLASS: usize = 256 << 30;
-
-/// RMM's jemalloc-style size classes (`align_to_size_class`, used when RMM is built with
-/// `RMM_ARENA_USE_SIZE_CLASSES`): multiples of 256 up to 2 KiB, then four classes per doubling
-/// (2.5, 3, 3.5, 4 KiB; 5, 6, 7, 8 KiB; ...) up to 256 GiB. `None` above that, or for 0.
-///
-/// RMM's table lists 54 KiB where the progression (and jemalloc) has 56 KiB; this follows the
-/// progression.
-pub(crate) fn align_to_size_class(bytes: usize) -> Option<usize> {
-    if bytes == 0 {
-        return None;
-    }
-    if bytes <= 2048 {
-        return align_up(bytes);
-    }
-    // bytes lies in (2^k, 2^(k+1)]; classes there are 2^(k-2) apart.
-    let k = usize::BITS - 1 - (bytes - 1).leading_zeros();
-    let spacing = 1usize << (k - 2);
-    let class = bytes.checked_next_multiple_of(spacing)?;
-    (class <= LARGEST_SIZE_CLASS).then_some(class)
-}
-
-/// The largest size class not above `bytes` (at least 256): the largest request an arena of
-/// `bytes` can serve with size classes.
-pub(crate) fn largest_size_class_within(bytes: usize) -> usize {
-    let bytes = bytes.min(LARGEST_SIZE_CLASS);
-    if bytes <= 2048 {
-        return (bytes / ALIGN * ALIGN).max(ALIGN);
-    }
-    // bytes lies in [2^k, 2^(k+1)); the classes there are 2^k and multiples of 2^(k-2).
-    let k = usize::BITS - 1 - bytes.leading_zeros();
-    let spacing = 1usize << (k - 2);
-    bytes / spacing * spacing
-}
-
 /// A superblock a [`StreamArena`] gives back, wholly free, with the fences of everyone that
 /// freed memory in it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -85,8 +85,9 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 
-/// The granularity of every address and size in the pool (`cuMemAlloc`'s alignment).
-pub(crate) const ALIGN: usize = 256;
+/// The granularity of every address and size in the pool (`cuMemAlloc`'s alignment), and
+/// rounding to it: shared by every resource.
+pub(crate) use crate::resource::size::{align_up, ALIGN};
 const ALIGN_LOG2: u32 = ALIGN.trailing_zeros();
 
 /// log2 of the number of second-level classes per power of two.
@@ -112,11 +113,6 @@ pub(crate) struct StreamKey(pub(crate) u64);
 /// Names a chunk obtained from the upstream resource, in the order the pool received them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct ChunkId(pub(crate) u64);
-
-/// `size` rounded up to a multiple of [`ALIGN`]; `None` on overflow.
-pub(crate) fn align_up(size: usize) -> Option<usize> {
-    Some(size.checked_add(ALIGN - 1)? & !(ALIGN - 1))
-}
 
 /// The size class `(first level, second level)` of a block of `units` 256-byte units
 /// (`units >= 1`). Classes are ordered: a larger size never maps to a smaller class.
