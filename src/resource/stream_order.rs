@@ -1,11 +1,26 @@
-//! The stream-ordering bookkeeping shared by the sub-allocators (pool, fixed-size): what it takes
-//! for one stream to use memory another stream freed, without an event per free.
+//! Stream-ordered reuse, shared by the sub-allocators (pool, fixed-size, arena): what it takes
+//! for one stream to use memory another stream freed, without an event per free (RMM's
+//! `stream_ordered_memory_resource`, the base of its pool and fixed-size resources, records one
+//! on every free).
 //!
 //! Memory freed on stream S may be reused at once by S. Another stream T may use it only after
-//! waiting for an event recorded on S after the free. A [`FreeOrder`] per stream counts S's
-//! frees and keeps the latest such event with the number of frees it covers: the event is
-//! recorded lazily, when memory actually crosses streams, and covers every free before it; a
-//! stream that waited on it need not wait again until S frees more.
+//! waiting for an event recorded on S after the free. The event is recorded lazily, when memory
+//! actually crosses streams, and covers every free on S before it; a stream that waited on it
+//! need not wait again until S frees more. Each sub-allocator keeps one such record per stream
+//! as the per-stream payload of its core:
+//! - [`FreeOrder`]: one stream's frees, owned by whoever holds the resource's lock over them
+//!   (the pool's levels, the fixed-size free lists). It counts the frees, keeps the latest
+//!   event with the count it covers, and remembers which streams waited on that event.
+//! - [`SharedFreeOrder`], carried as a [`Fence`]: the same record for a resource whose frees
+//!   take no shared lock (the arena's): a free only sets a flag, the event sits behind its own
+//!   lock, and each taker remembers which events it already waits for
+//!   ([`OrderCounters::wait_fences`]). [`SharedFreeOrders`] finds a stream's record.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use crate::error::Result;
 use crate::stream::{Event, Stream, StreamId};
@@ -94,6 +109,166 @@ impl FreeOrder {
             self.waiters.clear();
         }
         self.waiters.push(me);
+        Ok(())
+    }
+}
+
+/// One stream's frees into a resource whose frees take no shared lock, and what other streams
+/// need to take that memory: [`FreeOrder`] for concurrent use. Aligned so that the flag written
+/// on every free does not share a cache line with another stream's.
+#[repr(align(128))]
+pub(crate) struct SharedFreeOrder {
+    stream: Stream,
+    /// Set by every free on the stream; cleared when an event is recorded after it.
+    dirty: AtomicBool,
+    /// The latest event recorded for another stream to wait on, and its generation (1, 2, ...).
+    event: Mutex<Option<(Event, u64)>>,
+    /// For each other stream, the generation of its latest event this stream already waits
+    /// for, so that taking more memory behind the same event adds no second wait.
+    waited: Mutex<FxHashMap<StreamId, u64>>,
+}
+
+/// How many other streams' waited-for events a [`SharedFreeOrder`] remembers.
+const WAITED_LIMIT: usize = 256;
+
+impl SharedFreeOrder {
+    pub(crate) fn new(stream: Stream) -> Arc<Self> {
+        Arc::new(SharedFreeOrder {
+            stream,
+            // No event recorded yet.
+            dirty: AtomicBool::new(true),
+            event: Mutex::new(None),
+            waited: Mutex::new(FxHashMap::default()),
+        })
+    }
+
+    /// Notes a free on the stream, before the freed block becomes visible to anyone else.
+    pub(crate) fn note_free(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// An event on the stream after every free on it that happened before this call: the
+    /// cached one when no free came since, else a new one. With its generation, and whether
+    /// it is new.
+    fn covering_event(&self) -> Result<(Event, u64, bool)> {
+        let mut cached = self.event.lock();
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            if let Some((e, g)) = &*cached {
+                return Ok((e.clone(), *g, false));
+            }
+        }
+        match self.stream.record() {
+            Ok(e) => {
+                static GENERATION: AtomicU64 = AtomicU64::new(1);
+                let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+                *cached = Some((e.clone(), generation));
+                Ok((e, generation, true))
+            }
+            Err(err) => {
+                self.dirty.store(true, Ordering::Release);
+                Err(err)
+            }
+        }
+    }
+}
+
+/// What the arena's cores carry: the stream whose frees must be waited for.
+#[derive(Clone)]
+pub(crate) struct Fence(pub(crate) Arc<SharedFreeOrder>);
+
+impl PartialEq for Fence {
+    fn eq(&self, other: &Fence) -> bool {
+        self.0.stream.id() == other.0.stream.id()
+    }
+}
+
+/// Every stream's [`SharedFreeOrder`] while someone holds it: what frees and takers look up.
+pub(crate) struct SharedFreeOrders {
+    orders: FxHashMap<StreamId, Weak<SharedFreeOrder>>,
+    /// `orders` is pruned of dead entries when it reaches this length.
+    prune_at: usize,
+}
+
+impl Default for SharedFreeOrders {
+    fn default() -> Self {
+        SharedFreeOrders {
+            orders: FxHashMap::default(),
+            prune_at: 64,
+        }
+    }
+}
+
+impl SharedFreeOrders {
+    /// The record of `stream`, if someone holds it.
+    pub(crate) fn get(&self, stream: StreamId) -> Option<Arc<SharedFreeOrder>> {
+        self.orders.get(&stream).and_then(Weak::upgrade)
+    }
+
+    /// The record of `stream`, made on first use.
+    pub(crate) fn get_or_make(&mut self, stream: &Stream) -> Arc<SharedFreeOrder> {
+        if let Some(r) = self.get(stream.id()) {
+            return r;
+        }
+        if self.orders.len() >= self.prune_at {
+            self.orders.retain(|_, r| r.strong_count() > 0);
+            self.prune_at = (2 * self.orders.len()).max(64);
+        }
+        let r = SharedFreeOrder::new(stream.clone());
+        self.orders.insert(stream.id(), Arc::downgrade(&r));
+        r
+    }
+}
+
+/// Counts the events and waits that [`wait_fences`](OrderCounters::wait_fences) inserts, for a
+/// resource's statistics.
+#[derive(Default)]
+pub(crate) struct OrderCounters {
+    events_recorded: AtomicU64,
+    stream_waits: AtomicU64,
+}
+
+impl OrderCounters {
+    /// Events recorded so that memory freed on one stream could be used on another.
+    pub(crate) fn events_recorded(&self) -> u64 {
+        self.events_recorded.load(Ordering::Relaxed)
+    }
+
+    /// Stream waits inserted for the same purpose.
+    pub(crate) fn stream_waits(&self) -> u64 {
+        self.stream_waits.load(Ordering::Relaxed)
+    }
+
+    /// Makes `taker`'s stream wait for every fence of another stream, recording events lazily
+    /// and skipping events it already waits for or that are complete.
+    ///
+    /// # Errors
+    /// A driver error recording an event, querying it or enqueueing the wait.
+    pub(crate) fn wait_fences(&self, taker: &SharedFreeOrder, fences: &[Fence]) -> Result<()> {
+        for Fence(record) in fences {
+            let id = record.stream.id();
+            if id == taker.stream.id() {
+                continue;
+            }
+            let (event, generation, fresh) = record.covering_event()?;
+            if fresh {
+                self.events_recorded.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut waited = taker.waited.lock();
+            if waited.get(&id).is_some_and(|&g| g >= generation) {
+                continue;
+            }
+            if !event.is_complete()? {
+                taker.stream.wait(&event)?;
+                // What the taker hands on from now must be ordered after this wait too.
+                taker.note_free();
+                self.stream_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            if waited.len() >= WAITED_LIMIT {
+                // Forgetting only costs a redundant wait later.
+                waited.clear();
+            }
+            waited.insert(id, generation);
+        }
         Ok(())
     }
 }

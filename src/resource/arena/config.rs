@@ -1,0 +1,109 @@
+//! The settings of an [`ArenaResource`](super::ArenaResource): [`ArenaConfig`] and where a
+//! failure is dumped ([`ArenaDump`]).
+
+use std::path::PathBuf;
+
+/// Where an [`ArenaResource`](super::ArenaResource) describes its state when a request fails with out-of-memory
+/// ([`ArenaConfig::dump_on_failure`]): the arena's size, free, pending and live bytes, the
+/// largest free block and the fragmentation (RMM's figures), then every free range of the global
+/// arena and every stream arena.
+///
+/// Every failed [`try_allocate`](crate::MemoryResource::try_allocate) dumps, including the retries of
+/// an awaited allocation that is waiting for memory; use it to debug, not in steady state.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{ArenaConfig, ArenaDump};
+///
+/// let to_log = ArenaConfig::default().dump_on_failure(ArenaDump::Tracing);
+/// let to_file = ArenaConfig::default()
+///     .dump_on_failure(ArenaDump::File(std::env::temp_dir().join("arena_dump.log")));
+/// assert_eq!(to_log.get_dump_on_failure(), Some(&ArenaDump::Tracing));
+/// # let _ = to_file;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ArenaDump {
+    /// A `tracing` event at `WARN` level with target `streamalloc::arena`; the dump is its
+    /// `dump` field.
+    Tracing,
+    /// Appended to this file, which is created if missing (RMM writes
+    /// `rmm_arena_memory_dump.log`).
+    File(PathBuf),
+}
+
+/// Settings of an [`ArenaResource`](super::ArenaResource)
+/// ([`ArenaResource::with_config`](super::ArenaResource::with_config)): `Option` fields with
+/// documented defaults and by-value setters.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{ArenaConfig, ArenaResource, CudaResource, Device};
+///
+/// let device = Device::host();
+/// let config = ArenaConfig::default().arena_size(16 << 20).size_classes(true);
+/// let arena = ArenaResource::with_config(CudaResource::new(&device), config)?;
+/// assert_eq!(arena.arena_size(), 16 << 20);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ArenaConfig {
+    pub(super) arena_size: Option<usize>,
+    pub(super) dump_on_failure: Option<ArenaDump>,
+    pub(super) size_classes: Option<bool>,
+    pub(super) per_thread_arenas: Option<bool>,
+}
+
+impl ArenaConfig {
+    /// The bytes taken from the upstream, rounded down to a multiple of 64 KiB; at least 1 MiB.
+    pub fn arena_size(mut self, bytes: usize) -> Self {
+        self.arena_size = Some(bytes);
+        self
+    }
+
+    /// The arena size if set; `None` means half of the device's free memory at construction
+    /// (RMM's default).
+    pub fn get_arena_size(&self) -> Option<usize> {
+        self.arena_size
+    }
+
+    /// Describes the arena's state in `dump` whenever a request fails with out-of-memory.
+    pub fn dump_on_failure(mut self, dump: ArenaDump) -> Self {
+        self.dump_on_failure = Some(dump);
+        self
+    }
+
+    /// Where failures are dumped; default `None`, no dump.
+    pub fn get_dump_on_failure(&self) -> Option<&ArenaDump> {
+        self.dump_on_failure.as_ref()
+    }
+
+    /// Rounds requests up to RMM's jemalloc-style size classes (256 B steps to 2 KiB, then four
+    /// classes per doubling, up to 256 GiB) instead of to 256 bytes: more waste inside blocks,
+    /// less fragmentation between them. RMM builds with them under `RMM_ARENA_USE_SIZE_CLASSES`.
+    pub fn size_classes(mut self, on: bool) -> Self {
+        self.size_classes = Some(on);
+        self
+    }
+
+    /// Whether size classes are used; default `false` (256-byte rounding, as RMM's default
+    /// build).
+    pub fn get_size_classes(&self) -> bool {
+        self.size_classes.unwrap_or(false)
+    }
+
+    /// Gives every (thread, stream) pair its own arena instead of every stream, for threads
+    /// that share a stream. A thread's arenas keep their superblocks after the thread exits
+    /// until they are wholly free and the arena is defragmented.
+    pub fn per_thread_arenas(mut self, on: bool) -> Self {
+        self.per_thread_arenas = Some(on);
+        self
+    }
+
+    /// Whether arenas are per (thread, stream); default `false` (per stream).
+    pub fn get_per_thread_arenas(&self) -> bool {
+        self.per_thread_arenas.unwrap_or(false)
+    }
+}

@@ -1,0 +1,289 @@
+//! The arena's levels and how a request moves between them: a small request from its stream
+//! arena, which grows by a superblock of the global arena; a large one from the global arena in
+//! whole pages; on exhaustion, wholly free superblocks go back (defragment) and a small request
+//! may borrow from another stream's arena. Each move across streams waits on the fences of the
+//! streams that freed the memory ([`OrderCounters::wait_fences`]).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::config::ArenaDump;
+use super::core::{align_to_size_class, align_up, GlobalArena, Use, PAGE_SIZE};
+use super::slots::{cache_forget, Registry, SlotState, Slots};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::resource::stream_order::{Fence, OrderCounters};
+use crate::resource::{Availability, DevicePtr, MemoryResource};
+use crate::stream::Stream;
+
+/// [`Inner::owners`] of a page in the global arena (free or part of a large block).
+pub(super) const GLOBAL: u32 = u32::MAX;
+
+/// The state every handle of one [`ArenaResource`](super::ArenaResource) shares.
+pub(super) struct Inner<R: MemoryResource> {
+    /// Process-unique, never 0: keys the thread-local arena cache.
+    pub(super) uid: u64,
+    pub(super) upstream: R,
+    pub(super) device: Device,
+    /// The arena's memory: one upstream allocation of `size` bytes.
+    pub(super) base: u64,
+    pub(super) size: usize,
+    /// The largest request that can ever succeed.
+    pub(super) capacity: usize,
+    pub(super) size_classes: bool,
+    pub(super) per_thread: bool,
+    pub(super) dump: Option<ArenaDump>,
+    /// Page → the slot of the stream arena it is lent to, or [`GLOBAL`].
+    pub(super) owners: Box<[AtomicU32]>,
+    pub(super) global: Mutex<GlobalArena<Fence>>,
+    pub(super) slots: Slots,
+    pub(super) registry: RwLock<Registry>,
+    /// The stream the arena was allocated on; it gives the arena back.
+    pub(super) home: Stream,
+    pub(super) availability: Arc<Availability>,
+    /// The events and waits inserted to order streams after each other's frees.
+    pub(super) counters: OrderCounters,
+}
+
+impl<R: MemoryResource> Inner<R> {
+    /// `bytes` as the arena rounds it: to 256 or to a size class; `None` when that overflows
+    /// or there is no class.
+    pub(super) fn round(&self, bytes: usize) -> Option<usize> {
+        if self.size_classes {
+            align_to_size_class(bytes)
+        } else {
+            align_up(bytes)
+        }
+    }
+
+    pub(super) fn page_addr(&self, page: u64) -> u64 {
+        self.base + page * PAGE_SIZE as u64
+    }
+
+    /// The page of `addr`.
+    ///
+    /// # Panics
+    /// When `addr` lies outside the arena.
+    pub(super) fn page_of(&self, addr: u64) -> u64 {
+        let offset = addr.wrapping_sub(self.base);
+        assert!(
+            offset < self.size as u64,
+            "{addr:#x} is not allocated from this arena"
+        );
+        offset / PAGE_SIZE as u64
+    }
+
+    pub(super) fn set_owner(&self, base: u64, bytes: u64, owner: u32) {
+        let first = self.page_of(base) as usize;
+        let pages = (bytes / PAGE_SIZE as u64) as usize;
+        for page in &self.owners[first..first + pages] {
+            page.store(owner, Ordering::Release);
+        }
+    }
+
+    /// Serves a request of at most one superblock from `stream`'s arena.
+    pub(super) fn allocate_small(
+        &self,
+        size: u64,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
+        let key = self.key(stream);
+        for attempt in 0..2 {
+            loop {
+                let index = self.arena_slot(stream, key);
+                let mut state = self.slots.get(index).state.lock();
+                if state.key != Some(key) {
+                    // The cached arena was retired; look again.
+                    drop(state);
+                    cache_forget(self.uid, stream.id().0);
+                    continue;
+                }
+                if let Some(p) = state.core.allocate(size) {
+                    return Ok(DevicePtr::from_raw(p));
+                }
+                if let Some(p) = self.refill(index, &mut state, size)? {
+                    return Ok(DevicePtr::from_raw(p));
+                }
+                break;
+            }
+            if attempt == 0 {
+                // Exhausted: gather every wholly free superblock and retry once.
+                self.defragment();
+            }
+        }
+        if let Some(p) = self.borrow(size, stream)? {
+            return Ok(DevicePtr::from_raw(p));
+        }
+        Err(self.out_of_memory(bytes, size as usize, stream))
+    }
+
+    /// Grows the arena in `slot` (`state`) for `size` bytes: with its pending frees when they
+    /// could serve it, else with a superblock from the global arena, else with any pending
+    /// frees. Returns the block, or `None` when none of that serves it.
+    fn refill(&self, slot: u32, state: &mut SlotState, size: u64) -> Result<Option<u64>> {
+        if state.core.pending_bytes() >= size {
+            self.reclaim(state)?;
+            if let Some(p) = state.core.allocate(size) {
+                return Ok(Some(p));
+            }
+        }
+        {
+            let mut global = self.global.lock();
+            if let Some(c) = global.find(Use::Superblock, 0) {
+                let me = state.record.as_ref().expect("a live arena has a stream");
+                self.counters.wait_fences(me, global.fences(&c))?;
+                global.take(c);
+                drop(global);
+                let (base, bytes) = (self.page_addr(c.start), c.pages * PAGE_SIZE as u64);
+                self.set_owner(base, bytes, slot);
+                state.core.add_superblock(base, bytes);
+                let p = state.core.allocate(size);
+                debug_assert!(p.is_some(), "a fresh superblock serves a small request");
+                return Ok(p);
+            }
+        }
+        if state.core.pending_bytes() > 0 {
+            self.reclaim(state)?;
+            return Ok(state.core.allocate(size));
+        }
+        Ok(None)
+    }
+
+    /// Makes the pending frees of the arena in `state` reusable, after `stream` (the arena's)
+    /// waits for the streams that freed them.
+    fn reclaim(&self, state: &mut SlotState) -> Result<()> {
+        let me = state.record.as_ref().expect("a live arena has a stream");
+        self.counters
+            .wait_fences(me, &state.core.pending_fences())?;
+        state.core.reclaim_pending();
+        Ok(())
+    }
+
+    /// The last resort of a small request: a free block of any stream arena, after `stream`
+    /// waits for that arena's stream. The block stays in that arena's superblock.
+    fn borrow(&self, size: u64, stream: &Stream) -> Result<Option<u64>> {
+        let me = self.record_of(stream);
+        let used = self.registry.read().used;
+        for index in 0..used {
+            let mut state = self.slots.get(index).state.lock();
+            let Some(record) = state.record.clone() else {
+                continue;
+            };
+            if state.core.pending_bytes() >= size {
+                // Memory other streams freed into this arena serves no one until the arena's
+                // stream waits for them: wait now, so that a borrower can have it too (after
+                // waiting on an event of that stream recorded after this wait).
+                self.reclaim(&mut state)?;
+            }
+            if let Some(p) = state.core.allocate(size) {
+                if let Err(e) = self.counters.wait_fences(&me, &[Fence(record)]) {
+                    state.core.free(p, size);
+                    return Err(e);
+                }
+                return Ok(Some(p));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Serves a request of more than one superblock from the global arena, in whole pages.
+    pub(super) fn allocate_large(
+        &self,
+        size: u64,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
+        let pages = size.div_ceil(PAGE_SIZE as u64);
+        let me = self.record_of(stream);
+        for attempt in 0..2 {
+            {
+                let mut global = self.global.lock();
+                if let Some(c) = global.find(Use::Large, pages) {
+                    self.counters.wait_fences(&me, global.fences(&c))?;
+                    global.take(c);
+                    return Ok(DevicePtr::from_raw(self.page_addr(c.start)));
+                }
+            }
+            if attempt == 0 {
+                self.defragment();
+            }
+        }
+        Err(self.out_of_memory(bytes, size as usize, stream))
+    }
+
+    /// Moves every wholly free superblock of every stream arena to the global arena and
+    /// retires the arenas left without superblocks; returns the bytes moved.
+    pub(super) fn defragment(&self) -> usize {
+        let mut registry = self.registry.write();
+        let mut returned = Vec::new();
+        for index in 0..registry.used {
+            let slot = self.slots.get(index);
+            let mut state = slot.state.lock();
+            let Some(record) = state.record.clone() else {
+                continue;
+            };
+            for r in state.core.release_free_superblocks(&Fence(record)) {
+                self.set_owner(r.base, r.size, GLOBAL);
+                returned.push(r);
+            }
+            if state.core.superblock_count() == 0 {
+                slot.home.store(0, Ordering::Release);
+                state.record = None;
+                let key = state.key.take().expect("a live slot has a key");
+                registry.arenas.remove(&key);
+                registry.vacant.push(index);
+            }
+        }
+        let mut global = self.global.lock();
+        let mut moved = 0;
+        for r in returned {
+            moved += r.size as usize;
+            global.return_superblock(self.page_of(r.base), r.size / PAGE_SIZE as u64, r.fences);
+        }
+        moved
+    }
+}
+
+impl<R: MemoryResource> Drop for Inner<R> {
+    /// Gives the arena back to the upstream, ordered after every free, if nothing is live;
+    /// else leaks it rather than free memory someone still uses, and the device records an
+    /// [`Error::Leaked`].
+    fn drop(&mut self) {
+        self.defragment();
+        let mut live = 0;
+        self.for_each_arena(|_, core| live += core.live_count());
+        let global = self.global.get_mut();
+        live += global.large_count();
+        if live > 0 || global.free_pages() != global.pages() {
+            let stats = self.statistics();
+            self.device.defer_error(Error::Leaked {
+                what: "ArenaResource",
+                allocations: stats.live_allocations,
+                bytes: stats.live_bytes,
+                device: self.device.id(),
+            });
+            return;
+        }
+        let fences: Vec<Fence> = global
+            .free_ranges()
+            .iter()
+            .flat_map(|(_, _, f)| f.iter().cloned())
+            .collect();
+        let home = self.record_of(&self.home);
+        if let Err(e) = self.counters.wait_fences(&home, &fences) {
+            tracing::error!(error = %e, "cannot order the arena's release after its frees; leaking it");
+            self.device.defer_error(e);
+            return;
+        }
+        // SAFETY: the block came from `upstream.try_allocate(size, home)` (construction),
+        // nothing in it is live, and `home` now waits for every stream that freed memory in it,
+        // so all work that used it is ordered before this point of `home`.
+        unsafe {
+            self.upstream
+                .deallocate(DevicePtr::from_raw(self.base), self.size, &self.home)
+        };
+    }
+}
