@@ -1,11 +1,16 @@
 //! `FixedSizeResource`: blocks of one size, stream-ordered, from chunks of an upstream resource.
+//!
+//! The resource (this file) is a thin wrapper: [`core`] holds the free lists and chunks, and
+//! knows nothing of streams' events or of the upstream.
+
+pub(crate) mod core;
 
 use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 
+use self::core::FixedSizeCore;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
@@ -13,7 +18,7 @@ use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
     align_up, check_stream, Availability, DevicePtr, MemoryResource, SharedResource,
 };
-use crate::stream::{Stream, StreamId};
+use crate::stream::Stream;
 
 /// RMM's default block size for a fixed-size resource.
 const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -72,68 +77,14 @@ pub struct FixedSizeResource<R: MemoryResource = SharedResource> {
     inner: Arc<Inner<R>>,
 }
 
+/// The state every handle of one [`FixedSizeResource`] shares.
 struct Inner<R: MemoryResource> {
     upstream: R,
     device: Device,
     block_size: usize,
     blocks_per_chunk: usize,
-    geometry: Geometry,
-    state: Mutex<State>,
+    state: Mutex<FixedSizeCore<FreeOrder>>,
     availability: Arc<Availability>,
-}
-
-struct State {
-    /// Each stream's free blocks, by slot; `None` for a vacant slot.
-    lists: Vec<Option<FreeList>>,
-    /// Stream → its slot in `lists`.
-    slots: FxHashMap<StreamId, u32>,
-    /// The last stream looked up and its slot: saves the map lookup for runs on one stream.
-    /// Never stale: cleared when that slot is vacated.
-    last: Option<(StreamId, u32)>,
-    /// Vacant slots of `lists`.
-    vacant: Vec<u32>,
-    /// Every upstream chunk, sorted by base, with a bit per block that is in use: a free finds
-    /// its block's bit with a binary search over the chunks, which is how a foreign pointer or
-    /// a double free is caught without a hash per operation.
-    chunks: Vec<Chunk>,
-    /// Blocks in use.
-    live: usize,
-    /// Blocks on all free lists.
-    free_blocks: usize,
-}
-
-struct FreeList {
-    order: FreeOrder,
-    blocks: Vec<u64>,
-}
-
-struct Chunk {
-    base: u64,
-    /// Bit `i` is set while block `i` is in use.
-    in_use: Box<[u64]>,
-}
-
-/// Where a block lies: `(chunk index, block index)`, when `addr` is a block of these chunks.
-#[inline]
-fn locate(chunks: &[Chunk], geometry: &Geometry, addr: u64) -> Option<(usize, usize)> {
-    let c = chunks.partition_point(|c| c.base <= addr).checked_sub(1)?;
-    let offset = addr - chunks[c].base;
-    if offset >= geometry.chunk_bytes {
-        return None;
-    }
-    let block = match geometry.block_shift {
-        Some(shift) => (offset & ((1 << shift) - 1) == 0).then_some((offset >> shift) as usize)?,
-        None => (offset % geometry.block_size == 0)
-            .then_some((offset / geometry.block_size) as usize)?,
-    };
-    Some((c, block))
-}
-
-/// The sizes `locate` needs, with a shift in place of a division for power-of-two blocks.
-struct Geometry {
-    block_size: u64,
-    block_shift: Option<u32>,
-    chunk_bytes: u64,
 }
 
 impl<R: MemoryResource> FixedSizeResource<R> {
@@ -180,20 +131,7 @@ impl<R: MemoryResource> FixedSizeResource<R> {
                 device,
                 block_size: rounded,
                 blocks_per_chunk: blocks_to_preallocate,
-                geometry: Geometry {
-                    block_size: rounded as u64,
-                    block_shift: rounded.is_power_of_two().then(|| rounded.trailing_zeros()),
-                    chunk_bytes: (rounded * blocks_to_preallocate) as u64,
-                },
-                state: Mutex::new(State {
-                    lists: Vec::new(),
-                    slots: FxHashMap::default(),
-                    last: None,
-                    vacant: Vec::new(),
-                    chunks: Vec::new(),
-                    live: 0,
-                    free_blocks: 0,
-                }),
+                state: Mutex::new(FixedSizeCore::new(rounded, blocks_to_preallocate)),
                 availability,
             }),
         };
@@ -222,75 +160,45 @@ impl<R: MemoryResource> FixedSizeResource<R> {
 
     /// Blocks on the free lists, of all streams.
     pub fn free_blocks(&self) -> usize {
-        self.inner.state.lock().free_blocks
+        self.inner.state.lock().free_blocks()
     }
 
     /// Blocks the resource holds from the upstream, free or in use.
     pub fn total_blocks(&self) -> usize {
-        self.inner.state.lock().chunks.len() * self.inner.blocks_per_chunk
+        self.inner.state.lock().chunk_count() * self.inner.blocks_per_chunk
     }
 }
 
 impl<R: MemoryResource> Inner<R> {
     /// Takes another batch of blocks from the upstream, on `stream`, for `stream`.
-    fn grow(&self, state: &mut State, stream: &Stream) -> Result<()> {
+    fn grow(&self, state: &mut FixedSizeCore<FreeOrder>, stream: &Stream) -> Result<()> {
         let bytes = self.block_size * self.blocks_per_chunk;
         let base = self.upstream.try_allocate(bytes, stream)?.addr();
-        let at = state.chunks.partition_point(|c| c.base < base);
-        state.chunks.insert(
-            at,
-            Chunk {
-                base,
-                in_use: vec![0; self.blocks_per_chunk.div_ceil(64)].into_boxed_slice(),
-            },
-        );
-        let slot = state.slot_or_insert(stream);
-        let list = state.list(slot);
-        // Highest address first, so blocks are handed out in address order.
-        list.blocks.extend(
-            (0..self.blocks_per_chunk as u64)
-                .rev()
-                .map(|i| base + i * self.block_size as u64),
-        );
+        let slot = state.slot_or_insert(stream.id(), || FreeOrder::new(stream));
+        state.add_chunk(base, slot);
         // Upstream memory is ordered on `stream`: others must wait for it too.
-        list.order.changed();
-        state.free_blocks += self.blocks_per_chunk;
+        state.order_mut(slot).changed();
         Ok(())
     }
 
     /// Moves half of another stream's free blocks to `stream`'s list, after `stream` waits for
     /// that stream's frees; picks the stream cheapest to wait for, then the one with the most.
     /// Returns whether any moved.
-    fn take(&self, state: &mut State, slot: u32, stream: &Stream) -> Result<bool> {
+    fn take(
+        &self,
+        state: &mut FixedSizeCore<FreeOrder>,
+        slot: u32,
+        stream: &Stream,
+    ) -> Result<bool> {
         let me = stream.id();
-        let victim = state
-            .lists
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| {
-                let l = l.as_ref()?;
-                (i as u32 != slot && !l.blocks.is_empty()).then_some((
-                    std::cmp::Reverse(l.order.wait_cost(me)),
-                    l.blocks.len(),
-                    i,
-                ))
-            })
-            .max()
-            .map(|(_, _, i)| i);
-        let Some(victim) = victim else {
+        let Some(victim) = state.pick_victim(slot, |o| std::cmp::Reverse(o.wait_cost(me))) else {
             return Ok(false);
         };
-        let moved = {
-            let v = state.lists[victim].as_mut().expect("chosen above");
-            v.order.order(stream)?;
-            let keep = v.blocks.len() / 2;
-            v.blocks.split_off(keep)
-        };
-        let list = state.list(slot);
-        list.blocks.extend(moved);
+        state.order_mut(victim).order(stream)?;
+        state.move_half(victim, slot);
         // These blocks are ordered after `stream`'s wait now: a third stream taking them from
         // `stream` must wait for an event of `stream` recorded after it.
-        list.order.changed();
+        state.order_mut(slot).changed();
         state.forget_idle(slot);
         Ok(true)
     }
@@ -298,30 +206,24 @@ impl<R: MemoryResource> Inner<R> {
     /// Gives every chunk back to the upstream when no block is in use; says whether it did.
     fn release_all(&self) -> bool {
         let mut state = self.state.lock();
-        if state.live != 0 {
+        if state.live() != 0 {
             return false;
         }
         // Every block is on some list. The chunks go back on one stream that first waits for
         // each stream that freed blocks.
-        let Some(release_on) = state
-            .lists
-            .iter()
-            .flatten()
-            .map(|l| l.order.stream().clone())
-            .next()
-        else {
-            return state.chunks.is_empty();
+        let Some(release_on) = state.orders_mut().map(|o| o.stream().clone()).next() else {
+            return state.chunk_count() == 0;
         };
-        for list in state.lists.iter_mut().flatten() {
-            if list.order.stream() != &release_on {
-                if let Err(error) = list.order.order(&release_on) {
+        for order in state.orders_mut() {
+            if order.stream() != &release_on {
+                if let Err(error) = order.order(&release_on) {
                     tracing::error!(%error, "ordering a fixed-size resource's release; leaking its chunks");
                     return false;
                 }
             }
         }
         let bytes = self.block_size * self.blocks_per_chunk;
-        for Chunk { base, .. } in state.chunks.drain(..) {
+        for base in state.take_chunks() {
             // SAFETY: the chunk came from `upstream.try_allocate(bytes, ..)` in `grow`; no block
             // of it is in use, and `release_on` waited for every stream that freed one.
             unsafe {
@@ -329,72 +231,7 @@ impl<R: MemoryResource> Inner<R> {
                     .deallocate(DevicePtr::from_raw(base), bytes, &release_on)
             };
         }
-        state.lists.clear();
-        state.slots.clear();
-        state.vacant.clear();
-        state.last = None;
-        state.free_blocks = 0;
         true
-    }
-}
-
-impl State {
-    #[inline]
-    fn slot_or_insert(&mut self, stream: &Stream) -> u32 {
-        match self.last {
-            Some((s, slot)) if s == stream.id() => slot,
-            _ => self.slot_or_insert_slow(stream),
-        }
-    }
-
-    #[cold]
-    fn slot_or_insert_slow(&mut self, stream: &Stream) -> u32 {
-        // The fast path already found `last` to be another stream.
-        if let Some(&slot) = self.slots.get(&stream.id()) {
-            self.last = Some((stream.id(), slot));
-            return slot;
-        }
-        let list = FreeList {
-            order: FreeOrder::new(stream),
-            blocks: Vec::new(),
-        };
-        let slot = match self.vacant.pop() {
-            Some(slot) => {
-                self.lists[slot as usize] = Some(list);
-                slot
-            }
-            None => {
-                self.lists.push(Some(list));
-                (self.lists.len() - 1) as u32
-            }
-        };
-        self.slots.insert(stream.id(), slot);
-        self.last = Some((stream.id(), slot));
-        slot
-    }
-
-    #[inline]
-    fn list(&mut self, slot: u32) -> &mut FreeList {
-        self.lists[slot as usize]
-            .as_mut()
-            .expect("a vacant fixed-size list")
-    }
-
-    /// Forgets the lists (other than `keep`) that hold no block, so the resource does not keep
-    /// their streams alive.
-    fn forget_idle(&mut self, keep: u32) {
-        for i in 0..self.lists.len() {
-            let idle =
-                i as u32 != keep && self.lists[i].as_ref().is_some_and(|l| l.blocks.is_empty());
-            if idle {
-                let list = self.lists[i].take().expect("checked above");
-                self.slots.remove(&list.order.stream().id());
-                self.vacant.push(i as u32);
-                if self.last.is_some_and(|(_, slot)| slot == i as u32) {
-                    self.last = None;
-                }
-            }
-        }
     }
 }
 
@@ -414,8 +251,8 @@ impl<R: MemoryResource> Forward for Inner<R> {
             });
         }
         let mut state = self.state.lock();
-        let slot = state.slot_or_insert(stream);
-        let block = match state.list(slot).blocks.pop() {
+        let slot = state.slot_or_insert(stream.id(), || FreeOrder::new(stream));
+        let block = match state.allocate(slot) {
             Some(b) => b,
             None => {
                 if !self.take(&mut state, slot, stream)? {
@@ -432,13 +269,9 @@ impl<R: MemoryResource> Forward for Inner<R> {
                     }
                 }
                 // `take` keeps this stream's slot, and `grow` fills that same slot.
-                state.list(slot).blocks.pop().expect("just filled")
+                state.allocate(slot).expect("just filled")
             }
         };
-        state.free_blocks -= 1;
-        state.live += 1;
-        let (c, i) = locate(&state.chunks, &self.geometry, block).expect("a block of a chunk");
-        state.chunks[c].in_use[i / 64] |= 1 << (i % 64);
         Ok(DevicePtr::from_raw(block))
     }
 
@@ -448,23 +281,12 @@ impl<R: MemoryResource> Forward for Inner<R> {
         }
         {
             let mut state = self.state.lock();
-            let bit = locate(&state.chunks, &self.geometry, ptr.addr()).and_then(|(c, i)| {
-                let word = &mut state.chunks[c].in_use[i / 64];
-                let mask = 1 << (i % 64);
-                let was = *word & mask != 0;
-                *word &= !mask;
-                was.then_some(())
-            });
-            assert!(
-                bit.is_some(),
-                "{ptr} ({bytes} bytes) is not a block of this fixed-size resource in use (double free?)"
-            );
-            state.live -= 1;
-            let slot = state.slot_or_insert(stream);
-            let list = state.list(slot);
-            list.blocks.push(ptr.addr());
-            list.order.changed();
-            state.free_blocks += 1;
+            let Some(order) = state.free(ptr.addr(), stream.id(), || FreeOrder::new(stream)) else {
+                panic!(
+                    "{ptr} ({bytes} bytes) is not a block of this fixed-size resource in use (double free?)"
+                );
+            };
+            order.changed();
         }
         self.availability.notify();
     }
@@ -481,7 +303,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
     /// resource a new chunk.
     fn may_regain_memory(&self, bytes: usize) -> bool {
         let _ = bytes;
-        self.state.lock().live > 0
+        self.state.lock().live() > 0
             || self
                 .upstream
                 .may_regain_memory(self.block_size.saturating_mul(self.blocks_per_chunk))
@@ -494,8 +316,8 @@ impl<R: MemoryResource> fmt::Debug for FixedSizeResource<R> {
         f.debug_struct("FixedSizeResource")
             .field("device", &self.inner.device.id())
             .field("block_size", &self.inner.block_size)
-            .field("free_blocks", &state.free_blocks)
-            .field("live_blocks", &state.live)
+            .field("free_blocks", &state.free_blocks())
+            .field("live_blocks", &state.live())
             .finish()
     }
 }
@@ -505,7 +327,7 @@ impl<R: MemoryResource> Drop for Inner<R> {
     /// freed under memory someone still uses, and the device records an [`Error::Leaked`].
     fn drop(&mut self) {
         if !self.release_all() {
-            let allocations = self.state.get_mut().live;
+            let allocations = self.state.get_mut().live();
             self.device.defer_error(Error::Leaked {
                 what: "FixedSizeResource",
                 allocations,

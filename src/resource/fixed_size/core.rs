@@ -1,0 +1,274 @@
+//! The allocator core of the fixed-size resource: per-stream free lists of equal blocks, and
+//! the chunks they were cut from, with a bit per block in use.
+//!
+//! A plain single-threaded data structure over *addresses*: it knows nothing of CUDA, events or
+//! upstream resources. Each free list carries an opaque per-stream payload `O` (the wrapper's
+//! [`FreeOrder`](crate::resource::stream_order::FreeOrder): what another stream must wait for
+//! before it takes blocks from that list); the wrapper decides when lists trade blocks and
+//! waits in between, puts the core behind a lock and takes chunks from the upstream.
+
+use rustc_hash::FxHashMap;
+
+use crate::stream::StreamId;
+
+/// Blocks of one size, on per-stream free lists. See the [module documentation](self).
+pub(crate) struct FixedSizeCore<O> {
+    geometry: Geometry,
+    blocks_per_chunk: usize,
+    /// Each stream's free blocks, by slot; `None` for a vacant slot.
+    lists: Vec<Option<FreeList<O>>>,
+    /// Stream → its slot in `lists`.
+    slots: FxHashMap<StreamId, u32>,
+    /// The last stream looked up and its slot: saves the map lookup for runs on one stream.
+    /// Never stale: cleared when that slot is vacated.
+    last: Option<(StreamId, u32)>,
+    /// Vacant slots of `lists`.
+    vacant: Vec<u32>,
+    /// Every chunk, sorted by base, with a bit per block that is in use: a free finds its
+    /// block's bit with a binary search over the chunks, which is how a foreign pointer or a
+    /// double free is caught without a hash per operation.
+    chunks: Vec<Chunk>,
+    /// Blocks in use.
+    live: usize,
+    /// Blocks on all free lists.
+    free_blocks: usize,
+}
+
+/// One stream's free blocks, and its payload.
+struct FreeList<O> {
+    stream: StreamId,
+    order: O,
+    blocks: Vec<u64>,
+}
+
+struct Chunk {
+    base: u64,
+    /// Bit `i` is set while block `i` is in use.
+    in_use: Box<[u64]>,
+}
+
+/// The sizes `locate` needs, with a shift in place of a division for power-of-two blocks.
+struct Geometry {
+    block_size: u64,
+    block_shift: Option<u32>,
+    chunk_bytes: u64,
+}
+
+/// Where a block lies: `(chunk index, block index)`, when `addr` is a block of these chunks.
+#[inline]
+fn locate(chunks: &[Chunk], geometry: &Geometry, addr: u64) -> Option<(usize, usize)> {
+    let c = chunks.partition_point(|c| c.base <= addr).checked_sub(1)?;
+    let offset = addr - chunks[c].base;
+    if offset >= geometry.chunk_bytes {
+        return None;
+    }
+    let block = match geometry.block_shift {
+        Some(shift) => (offset & ((1 << shift) - 1) == 0).then_some((offset >> shift) as usize)?,
+        None => (offset % geometry.block_size == 0)
+            .then_some((offset / geometry.block_size) as usize)?,
+    };
+    Some((c, block))
+}
+
+impl<O> FixedSizeCore<O> {
+    /// A core of `block_size`-byte blocks (a multiple of 256) taken `blocks_per_chunk` at a
+    /// time; the caller has checked that a chunk's size fits a `usize`.
+    pub(crate) fn new(block_size: usize, blocks_per_chunk: usize) -> Self {
+        FixedSizeCore {
+            geometry: Geometry {
+                block_size: block_size as u64,
+                block_shift: block_size
+                    .is_power_of_two()
+                    .then(|| block_size.trailing_zeros()),
+                chunk_bytes: (block_size * blocks_per_chunk) as u64,
+            },
+            blocks_per_chunk,
+            lists: Vec::new(),
+            slots: FxHashMap::default(),
+            last: None,
+            vacant: Vec::new(),
+            chunks: Vec::new(),
+            live: 0,
+            free_blocks: 0,
+        }
+    }
+
+    /// The slot of `stream`'s free list, made (with the payload `make` returns) if it has none.
+    #[inline]
+    pub(crate) fn slot_or_insert(&mut self, stream: StreamId, make: impl FnOnce() -> O) -> u32 {
+        match self.last {
+            Some((s, slot)) if s == stream => slot,
+            _ => self.slot_or_insert_slow(stream, make),
+        }
+    }
+
+    #[cold]
+    fn slot_or_insert_slow(&mut self, stream: StreamId, make: impl FnOnce() -> O) -> u32 {
+        // The fast path already found `last` to be another stream.
+        if let Some(&slot) = self.slots.get(&stream) {
+            self.last = Some((stream, slot));
+            return slot;
+        }
+        let list = FreeList {
+            stream,
+            order: make(),
+            blocks: Vec::new(),
+        };
+        let slot = match self.vacant.pop() {
+            Some(slot) => {
+                self.lists[slot as usize] = Some(list);
+                slot
+            }
+            None => {
+                self.lists.push(Some(list));
+                (self.lists.len() - 1) as u32
+            }
+        };
+        self.slots.insert(stream, slot);
+        self.last = Some((stream, slot));
+        slot
+    }
+
+    #[inline]
+    fn list(&mut self, slot: u32) -> &mut FreeList<O> {
+        self.lists[slot as usize]
+            .as_mut()
+            .expect("a vacant fixed-size list")
+    }
+
+    /// The payload of the list in `slot`.
+    #[inline]
+    pub(crate) fn order_mut(&mut self, slot: u32) -> &mut O {
+        &mut self.list(slot).order
+    }
+
+    /// Adds the chunk at `base` and puts its blocks on the list in `slot`.
+    pub(crate) fn add_chunk(&mut self, base: u64, slot: u32) {
+        let at = self.chunks.partition_point(|c| c.base < base);
+        self.chunks.insert(
+            at,
+            Chunk {
+                base,
+                in_use: vec![0; self.blocks_per_chunk.div_ceil(64)].into_boxed_slice(),
+            },
+        );
+        let (n, size) = (self.blocks_per_chunk as u64, self.geometry.block_size);
+        // Highest address first, so blocks are handed out in address order.
+        self.list(slot)
+            .blocks
+            .extend((0..n).rev().map(|i| base + i * size));
+        self.free_blocks += self.blocks_per_chunk;
+    }
+
+    /// A block from the list in `slot`, now in use; `None` when that list is empty.
+    #[inline]
+    pub(crate) fn allocate(&mut self, slot: u32) -> Option<u64> {
+        let block = self.list(slot).blocks.pop()?;
+        self.free_blocks -= 1;
+        self.live += 1;
+        let (c, i) = locate(&self.chunks, &self.geometry, block).expect("a block of a chunk");
+        self.chunks[c].in_use[i / 64] |= 1 << (i % 64);
+        Some(block)
+    }
+
+    /// Puts the block at `addr` on `stream`'s list (made with `make` if it has none) and
+    /// returns that list's payload; `None`, changing nothing, when `addr` is not a block in use.
+    #[inline]
+    pub(crate) fn free(
+        &mut self,
+        addr: u64,
+        stream: StreamId,
+        make: impl FnOnce() -> O,
+    ) -> Option<&mut O> {
+        let (c, i) = locate(&self.chunks, &self.geometry, addr)?;
+        let word = &mut self.chunks[c].in_use[i / 64];
+        let mask = 1 << (i % 64);
+        if *word & mask == 0 {
+            return None;
+        }
+        *word &= !mask;
+        self.live -= 1;
+        let slot = self.slot_or_insert(stream, make);
+        self.free_blocks += 1;
+        let list = self.list(slot);
+        list.blocks.push(addr);
+        Some(&mut list.order)
+    }
+
+    /// The list, other than `slot`'s, to take blocks from: among those with blocks, the one of
+    /// highest `rank`, then with the most blocks.
+    pub(crate) fn pick_victim<K: Ord>(&self, slot: u32, rank: impl Fn(&O) -> K) -> Option<u32> {
+        self.lists
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let l = l.as_ref()?;
+                (i as u32 != slot && !l.blocks.is_empty()).then_some((
+                    rank(&l.order),
+                    l.blocks.len(),
+                    i,
+                ))
+            })
+            .max()
+            .map(|(_, _, i)| i as u32)
+    }
+
+    /// Moves half (rounded up) of the blocks of the list in `from` to the list in `to`.
+    pub(crate) fn move_half(&mut self, from: u32, to: u32) {
+        let moved = {
+            let v = self.list(from);
+            let keep = v.blocks.len() / 2;
+            v.blocks.split_off(keep)
+        };
+        self.list(to).blocks.extend(moved);
+    }
+
+    /// Forgets the lists (other than `keep`) that hold no block, so that their payloads (and
+    /// the streams they hold) go.
+    pub(crate) fn forget_idle(&mut self, keep: u32) {
+        for i in 0..self.lists.len() {
+            let idle =
+                i as u32 != keep && self.lists[i].as_ref().is_some_and(|l| l.blocks.is_empty());
+            if idle {
+                let list = self.lists[i].take().expect("checked above");
+                self.slots.remove(&list.stream);
+                self.vacant.push(i as u32);
+                if self.last.is_some_and(|(_, slot)| slot == i as u32) {
+                    self.last = None;
+                }
+            }
+        }
+    }
+
+    /// The payloads of every list.
+    pub(crate) fn orders_mut(&mut self) -> impl Iterator<Item = &mut O> {
+        self.lists.iter_mut().flatten().map(|l| &mut l.order)
+    }
+
+    /// Removes every chunk and list; returns the chunks' bases. For when no block is in use.
+    pub(crate) fn take_chunks(&mut self) -> Vec<u64> {
+        debug_assert_eq!(self.live, 0, "chunks taken with blocks in use");
+        let bases = self.chunks.drain(..).map(|c| c.base).collect();
+        self.lists.clear();
+        self.slots.clear();
+        self.vacant.clear();
+        self.last = None;
+        self.free_blocks = 0;
+        bases
+    }
+
+    /// Blocks in use.
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Blocks on all free lists.
+    pub(crate) fn free_blocks(&self) -> usize {
+        self.free_blocks
+    }
+
+    /// How many chunks the core holds.
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+}
