@@ -1,0 +1,276 @@
+//! [`GlobalArena`]: the arena's pages, lent out as superblocks or handed out whole for large
+//! requests, free ranges carrying the fences of the streams that freed them. See the [core's
+//! documentation](super).
+
+use rustc_hash::FxHashMap;
+
+use super::tree::{FitTree, Pos};
+use super::{merge_fences, SUPERBLOCK_PAGES};
+
+/// What the global arena hands out: a superblock lent to a stream arena, or a large block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Use {
+    Superblock,
+    Large,
+}
+
+/// Pages the global arena can hand out, found by [`GlobalArena::find`]: valid until the arena
+/// changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pos: Pos,
+    /// The first page.
+    pub(crate) start: u64,
+    /// How many pages would be taken.
+    pub(crate) pages: u64,
+    pub(crate) what: Use,
+}
+
+/// The global arena: the arena's pages, free ones in address-ordered ranges that carry the
+/// fences of the streams that freed them. See the [core's documentation](super).
+pub(crate) struct GlobalArena<F> {
+    pages: u64,
+    /// Free page ranges, coalesced: no two are adjacent.
+    free: FitTree<Vec<F>>,
+    /// First page → pages, of every large block handed out.
+    large: FxHashMap<u64, u64>,
+    free_pages: u64,
+    large_pages: u64,
+    /// Pages lent to stream arenas as superblocks.
+    lent_pages: u64,
+}
+
+impl<F> std::fmt::Debug for GlobalArena<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GlobalArena")
+            .field("pages", &self.pages)
+            .field("free_pages", &self.free_pages)
+            .field("large_pages", &self.large_pages)
+            .field("lent_pages", &self.lent_pages)
+            .finish()
+    }
+}
+
+impl<F: Clone + PartialEq> GlobalArena<F> {
+    /// An arena of `pages` free pages (at least one superblock), to be waited on with
+    /// `fences` before first use.
+    ///
+    /// # Panics
+    /// When `pages` is below [`SUPERBLOCK_PAGES`].
+    pub(crate) fn new(pages: u64, fences: Vec<F>) -> Self {
+        assert!(
+            pages >= SUPERBLOCK_PAGES,
+            "an arena holds at least one superblock"
+        );
+        let mut free = FitTree::new();
+        let mut initial = Vec::new();
+        merge_fences(&mut initial, fences);
+        free.insert(0, pages, initial);
+        GlobalArena {
+            pages,
+            free,
+            large: FxHashMap::default(),
+            free_pages: pages,
+            large_pages: 0,
+            lent_pages: 0,
+        }
+    }
+
+    /// The lowest free pages that serve `what`: a superblock of [`SUPERBLOCK_PAGES`] (the
+    /// whole range when the rest would be smaller than a superblock, as RMM does), or a large
+    /// block of exactly `pages`.
+    pub(crate) fn find(&self, what: Use, pages: u64) -> Option<Candidate> {
+        let want = match what {
+            Use::Superblock => SUPERBLOCK_PAGES,
+            Use::Large => pages,
+        };
+        debug_assert!(want > 0);
+        let pos = self.free.first_fit(want)?;
+        let (start, size) = self.free.entry(pos);
+        let pages = if what == Use::Superblock && size < want + SUPERBLOCK_PAGES {
+            size
+        } else {
+            want
+        };
+        Some(Candidate {
+            pos,
+            start,
+            pages,
+            what,
+        })
+    }
+
+    /// The fences of the range `c` lies in.
+    pub(crate) fn fences(&self, c: &Candidate) -> &[F] {
+        self.free.value(c.pos)
+    }
+
+    /// Hands out the pages of `c`, found by [`find`](Self::find) with no change since. The
+    /// rest of the range keeps its fences.
+    pub(crate) fn take(&mut self, c: Candidate) {
+        let (start, size) = self.free.entry(c.pos);
+        debug_assert_eq!(start, c.start, "stale candidate");
+        if size == c.pages {
+            self.free.remove(c.pos);
+        } else {
+            self.free.set(c.pos, c.start + c.pages, size - c.pages);
+        }
+        self.free_pages -= c.pages;
+        match c.what {
+            Use::Superblock => self.lent_pages += c.pages,
+            Use::Large => {
+                self.large.insert(c.start, c.pages);
+                self.large_pages += c.pages;
+            }
+        }
+    }
+
+    /// Takes back the large block at page `start`, freed behind `fence`.
+    ///
+    /// # Panics
+    /// When no large block starts there or it has another number of pages.
+    pub(crate) fn free_large(&mut self, start: u64, pages: u64, fence: F) {
+        let allocated = self.large.remove(&start).unwrap_or_else(|| {
+            panic!("page {start} does not start a large block of this arena (double free?)")
+        });
+        assert_eq!(
+            allocated, pages,
+            "the large block at page {start} has {allocated} pages, freed as {pages}"
+        );
+        self.large_pages -= pages;
+        self.insert_free(start, pages, vec![fence]);
+    }
+
+    /// Takes back a superblock from a stream arena, freed behind `fences`.
+    pub(crate) fn return_superblock(&mut self, start: u64, pages: u64, fences: Vec<F>) {
+        assert!(
+            start + pages <= self.pages,
+            "superblock pages {start}+{pages} outside the arena"
+        );
+        self.lent_pages -= pages;
+        self.insert_free(start, pages, fences);
+    }
+
+    /// The arena's size in pages.
+    pub(crate) fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Free pages.
+    pub(crate) fn free_pages(&self) -> u64 {
+        self.free_pages
+    }
+
+    /// Pages of live large blocks.
+    pub(crate) fn large_pages(&self) -> u64 {
+        self.large_pages
+    }
+
+    /// The number of live large blocks.
+    pub(crate) fn large_count(&self) -> usize {
+        self.large.len()
+    }
+
+    /// Pages lent to stream arenas.
+    pub(crate) fn lent_pages(&self) -> u64 {
+        self.lent_pages
+    }
+
+    /// The longest free range, in pages. O(1).
+    pub(crate) fn largest_free_pages(&self) -> u64 {
+        self.free.max_size()
+    }
+
+    /// The free ranges as `(first page, pages, fences)`, in address order.
+    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64, &[F])> {
+        self.free
+            .iter()
+            .map(|(start, pages, fences)| (start, pages, fences.as_slice()))
+            .collect()
+    }
+
+    /// Adds the free range `[start, start + pages)` behind `fences`, merged with its free
+    /// neighbours (whose fences it joins).
+    fn insert_free(&mut self, start: u64, pages: u64, fences: Vec<F>) {
+        let near = self.free.near(start);
+        let end = start + pages;
+        let below = near.below.filter(|&b| {
+            let (k, n) = self.free.entry(b);
+            k + n == start
+        });
+        let above = near.above.filter(|&a| self.free.entry(a).0 == end);
+        match (below, above) {
+            (Some(b), Some(a)) => {
+                let (k, n) = self.free.entry(b);
+                let merged = n + pages + self.free.entry(a).1;
+                let above_fences = std::mem::take(self.free.value_mut(a));
+                merge_fences(
+                    self.free.value_mut(b),
+                    above_fences.into_iter().chain(fences),
+                );
+                self.free.set(b, k, merged);
+                self.free.remove(a);
+            }
+            (Some(b), None) => {
+                let (k, n) = self.free.entry(b);
+                merge_fences(self.free.value_mut(b), fences);
+                self.free.set(b, k, n + pages);
+            }
+            (None, Some(a)) => {
+                let merged = pages + self.free.entry(a).1;
+                merge_fences(self.free.value_mut(a), fences);
+                self.free.set(a, start, merged);
+            }
+            (None, None) => {
+                let mut own = Vec::new();
+                merge_fences(&mut own, fences);
+                self.free.insert_at(near.at, start, pages, own);
+            }
+        }
+        self.free_pages += pages;
+    }
+
+    /// Checks every invariant exhaustively; panics with a description of the first broken one.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        self.free.check();
+        let mut at = None;
+        let mut total = 0;
+        let mut pieces = std::collections::BTreeMap::<u64, u64>::new();
+        for (start, pages, fences) in self.free_ranges() {
+            assert!(pages > 0);
+            if let Some(end) = at {
+                assert!(
+                    end < start,
+                    "free ranges at page {start} overlap or are not merged"
+                );
+            }
+            at = Some(start + pages);
+            total += pages;
+            for (i, f) in fences.iter().enumerate() {
+                assert!(!fences[..i].contains(f), "a fence twice at page {start}");
+            }
+            pieces.insert(start, pages);
+        }
+        assert_eq!(total, self.free_pages, "free pages");
+        let large: u64 = self.large.values().sum();
+        assert_eq!(large, self.large_pages, "large pages");
+        for (&start, &pages) in &self.large {
+            assert!(
+                pieces.insert(start, pages).is_none(),
+                "large block at free page {start}"
+            );
+        }
+        let mut end = 0;
+        for (&start, &pages) in &pieces {
+            assert!(end <= start, "page {start} both free and in a large block");
+            end = start + pages;
+        }
+        assert!(end <= self.pages, "pages past the arena");
+        assert_eq!(
+            self.free_pages + self.large_pages + self.lent_pages,
+            self.pages,
+            "pages lost"
+        );
+    }
+}
