@@ -15,14 +15,14 @@
 //! pages to addresses.
 //!
 //! # Address-ordered first fit in O(log n)
-//! Free blocks (and the global arena's free page ranges) live in a [`FitTree`](tree::FitTree): a B+tree by
-//! address whose inner nodes know the largest free size below each child. First fit — the free block
-//! with the lowest address that is large enough, RMM's and jemalloc's policy against
-//! fragmentation — is one walk down the tree; a block is carved from the *head* of the block
-//! found, so the remainder keeps its place in the tree. A free finds its free neighbours with
-//! one more walk and merges with them, unless they lie across a superblock boundary: blocks
-//! never merge across superblocks, so that a wholly free superblock is a whole range that can go
-//! back to the global arena. RMM's arena scans its superblocks and their free lists linearly.
+//! Free blocks (and the global arena's free page ranges) live in a [`FitTree`](tree::FitTree): a
+//! B+tree by address whose inner nodes know the largest free size below each child. First fit — the
+//! free block with the lowest address that is large enough, RMM's and jemalloc's policy against
+//! fragmentation — is one walk down the tree; a block is carved from the *head* of the block found,
+//! so the remainder keeps its place in the tree. A free finds its free neighbours with one more
+//! walk and merges with them, unless they lie across a superblock boundary: blocks never merge
+//! across superblocks, so that a wholly free superblock is a whole range that can go back to the
+//! global arena. RMM's arena scans its superblocks and their free lists linearly.
 //!
 //! # Frees on other streams: pending blocks
 //! A block freed on the arena's own stream is reusable at once. A block freed on another stream
