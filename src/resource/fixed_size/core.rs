@@ -272,3 +272,6 @@ impl<O> FixedSizeCore<O> {
         self.chunks.len()
     }
 }
+
+#[cfg(test)]
+mod tests;
