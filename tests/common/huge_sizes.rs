@@ -294,6 +294,9 @@ pub fn edge_configurations(device: Device) {
         ),
     ];
     let s = Stream::new(&device).unwrap();
+    // Each resource is kept until the end: an arena dropped gives its memory back on a stream
+    // of its own, which would change the device's count under the next resource's check.
+    let mut checked = Vec::new();
     for (name, mr) in resources {
         let before = device_bytes(&device);
         for bytes in edge_sizes() {
@@ -310,7 +313,9 @@ pub fn edge_configurations(device: Device) {
             Err(e) => assert!(e.is_out_of_memory(), "{name}: {e}"),
         }
         s.synchronize_blocking().unwrap();
+        checked.push(mr);
     }
+    drop(checked);
     // A fixed-size resource of the largest block that rounds to 256 asks its upstream for it
     // at once, and is refused with out-of-memory; one past it does not round at all.
     let e = FixedSizeResource::new(leaf(), usize::MAX - 255, 1).unwrap_err();
