@@ -50,12 +50,10 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// # Errors
 /// [`Error::InvalidArgument`] from the constructors for a block size or count of 0 or a chunk
 /// size that overflows; [`Error::OutOfMemory`] for requests larger than the block size and when
-/// the upstream cannot grow the resource.
-///
-/// # Panics
-/// `deallocate` panics on a pointer this resource did not hand out or already took back (a
-/// double free): that is a bug in the caller, and silently accepting it would hand one block to
-/// two users.
+/// the upstream cannot grow the resource. `deallocate` of a pointer this resource did not hand out or already took back (a double
+/// free) frees nothing (accepting it would hand one block to two users) and records an
+/// [`Error::InvalidArgument`] naming the pointer on the device
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)).
 ///
 /// # Examples
 ///
@@ -282,9 +280,13 @@ impl<R: MemoryResource> Forward for Inner<R> {
         {
             let mut state = self.state.lock();
             let Some(order) = state.free(ptr.addr(), stream.id(), || FreeOrder::new(stream)) else {
-                panic!(
+                // Nothing is freed, and the caller hears of it through the device's deferred
+                // errors (a panic here could abort a `Drop`).
+                drop(state);
+                self.device.defer_error(Error::invalid(format!(
                     "{ptr} ({bytes} bytes) is not a block of this fixed-size resource in use (double free?)"
-                );
+                )));
+                return;
             };
             order.changed();
         }

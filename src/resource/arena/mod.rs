@@ -28,12 +28,10 @@ use self::slots::{Registry, Slots};
 pub use self::stats::ArenaStatistics;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::registry::percent_of_free_device_memory;
 use crate::resource::stream_order::{Fence, OrderCounters};
-use crate::resource::ResourceIdentity;
-use crate::resource::{
-    check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
-};
+use crate::resource::{check_stream, Availability, DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// RMM's arena allocator (`arena_memory_resource`) over any upstream resource: a global arena
@@ -83,11 +81,10 @@ use crate::stream::Stream;
 /// # Errors
 /// [`Error::InvalidArgument`] from construction when the arena would be smaller than one
 /// superblock; [`Error::OutOfMemory`] with the request and the bytes free in the arena when it
-/// cannot serve a request.
-///
-/// # Panics
-/// [`deallocate`](MemoryResource::deallocate) of a pointer this arena did not hand out, of one
-/// already freed, or with another size than it was allocated with.
+/// cannot serve a request. [`deallocate`](MemoryResource::deallocate) of a pointer this arena
+/// did not hand out, of one already freed, or with another size than it was allocated with
+/// frees nothing and records an [`Error::InvalidArgument`] naming the pointer on the device
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)).
 ///
 /// # Examples
 ///
@@ -216,11 +213,6 @@ impl<R: MemoryResource> ArenaResource<R> {
         self.inner.size
     }
 
-    /// The upstream resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
     /// A snapshot of the arena's accounting. Takes every stream arena's lock in turn.
     ///
     /// ```
@@ -272,21 +264,22 @@ impl<R: MemoryResource> ArenaResource<R> {
     }
 }
 
-impl<R: MemoryResource> MemoryResource for ArenaResource<R> {
+memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        check_stream(&self.inner.device, stream)?;
-        let inner = &*self.inner;
-        let size = match inner.round(bytes) {
-            Some(size) if size <= inner.size => size as u64,
-            rounded => return Err(inner.out_of_memory(bytes, rounded.unwrap_or(bytes), stream)),
+        check_stream(&self.device, stream)?;
+        let size = match self.round(bytes) {
+            Some(size) if size <= self.size => size as u64,
+            rounded => return Err(self.out_of_memory(bytes, rounded.unwrap_or(bytes), stream)),
         };
         if size > SUPERBLOCK_SIZE as u64 {
-            inner.allocate_large(size, bytes, stream)
+            self.allocate_large(size, bytes, stream)
         } else {
-            inner.allocate_small(size, bytes, stream)
+            self.allocate_small(size, bytes, stream)
         }
     }
 
@@ -294,47 +287,72 @@ impl<R: MemoryResource> MemoryResource for ArenaResource<R> {
         if ptr.is_null() {
             return;
         }
-        let inner = &*self.inner;
         let addr = ptr.addr();
-        let size = inner
-            .round(bytes)
-            .unwrap_or_else(|| panic!("{addr:#x} freed with {bytes} bytes, more than any block"))
-            as u64;
-        let page = inner.page_of(addr);
-        let owner = inner.owners[page as usize].load(Ordering::Acquire);
-        if owner == GLOBAL {
-            let record = inner.record_of(stream);
-            record.note_free();
+        // A pointer outside the arena or a size no block has frees nothing: the caller hears
+        // of it through the device's deferred errors (a panic here could abort a `Drop`).
+        let size = match self.round(bytes) {
+            Some(size) if addr.wrapping_sub(self.base) < self.size as u64 => size as u64,
+            _ => {
+                self.device.defer_error(Error::invalid(format!(
+                    "{ptr} ({bytes} bytes) is not allocated from this arena"
+                )));
+                return;
+            }
+        };
+        let page = self.page_of(addr);
+        let owner = self.owners[page as usize].load(Ordering::Acquire);
+        let freed = if owner == GLOBAL {
             let pages = size.div_ceil(PAGE_SIZE as u64);
-            inner.global.lock().free_large(page, pages, Fence(record));
+            // The stream's record before the global lock, in the lock order of the old code
+            // (the record table is never locked under the global arena's lock).
+            let record = self.record_of(stream);
+            let mut global = self.global.lock();
+            let live = global.is_large(page, pages);
+            if live {
+                record.note_free();
+                global.free_large(page, pages, Fence(record));
+            }
+            live
         } else {
-            let slot = inner.slots.get(owner);
+            let slot = self.slots.get(owner);
             if slot.home.load(Ordering::Acquire) == stream.id().0 {
                 let mut state = slot.state.lock();
-                state
-                    .record
-                    .as_ref()
-                    .expect("an arena that holds pages has a stream")
-                    .note_free();
-                state.core.free(addr, size);
+                let live = state.core.is_live_with(addr, size);
+                if live {
+                    state
+                        .record
+                        .as_ref()
+                        .expect("an arena that holds pages has a stream")
+                        .note_free();
+                    state.core.free(addr, size);
+                }
+                live
             } else {
-                let record = inner.record_of(stream);
-                record.note_free();
-                slot.state
-                    .lock()
-                    .core
-                    .free_pending(addr, size, Fence(record));
+                let record = self.record_of(stream);
+                let mut state = slot.state.lock();
+                let live = state.core.is_live_with(addr, size);
+                if live {
+                    record.note_free();
+                    state.core.free_pending(addr, size, Fence(record));
+                }
+                live
             }
+        };
+        if !freed {
+            self.device.defer_error(Error::invalid(format!(
+                "{ptr} ({bytes} bytes) is not a live allocation of this arena (double free?)"
+            )));
+            return;
         }
-        inner.availability.notify();
+        self.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
-        Some(&self.inner.availability)
+        Some(&self.availability)
     }
 
     fn capacity_limit(&self) -> Option<usize> {
-        Some(self.inner.capacity)
+        Some(self.capacity)
     }
 
     /// The arena never grows: only a live allocation or a pending free can bring memory back.
@@ -342,22 +360,6 @@ impl<R: MemoryResource> MemoryResource for ArenaResource<R> {
         let _ = bytes;
         let stats = self.statistics();
         stats.live_allocations > 0 || stats.pending_bytes > 0
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for ArenaResource<R> {
-    fn clone(&self) -> Self {
-        ArenaResource {
-            inner: self.inner.clone(),
-        }
     }
 }
 

@@ -125,6 +125,11 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         }
     }
 
+    /// Whether a large block of `pages` pages starts at page `start`.
+    pub(crate) fn is_large(&self, start: u64, pages: u64) -> bool {
+        self.large.get(&start) == Some(&pages)
+    }
+
     /// Takes back the large block at page `start`, freed behind `fence`.
     ///
     /// # Panics

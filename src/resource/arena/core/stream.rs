@@ -223,6 +223,11 @@ impl<F: Clone + PartialEq> StreamArena<F> {
         self.free_bytes
     }
 
+    /// Whether a block of `size` bytes allocated here starts at `addr` and is live.
+    pub(crate) fn is_live_with(&self, addr: u64, size: u64) -> bool {
+        self.live.get(&addr) == Some(&size)
+    }
+
     /// The total size of the live blocks.
     pub(crate) fn live_bytes(&self) -> u64 {
         self.live_bytes
