@@ -103,7 +103,7 @@ fn set_stream_without_waits_reads_stale_data() {
         buf.fill(7)?;
         // SAFETY: `a` is blocked by the gate until `b`'s copy below has completed, so the fill
         // and the copy never overlap.
-        unsafe { buf.__disable_handoff_waits() };
+        unsafe { buf.disable_handoff_waits() };
         buf.set_stream(&b)?;
         let host = buf.copy_to_host(vec![1u8; 4096]).await?;
         assert!(
@@ -165,7 +165,7 @@ fn read_on_without_waits_reads_stale_data() {
     let open = gate(&owner);
     buf.fill(7).unwrap();
     // SAFETY: the owner is blocked by the gate until the reader's copy has completed.
-    unsafe { buf.__disable_handoff_waits() };
+    unsafe { buf.disable_handoff_waits() };
     let mut seen = vec![1u8; 4096];
     {
         let read = buf.read_on(&reader).unwrap();

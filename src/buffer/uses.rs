@@ -46,6 +46,7 @@ impl Uses {
         self.handoff_waits
     }
 
+    #[cfg(test)]
     pub(crate) fn disable_handoff_waits(&mut self) {
         self.handoff_waits = false;
     }

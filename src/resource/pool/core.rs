@@ -36,18 +36,18 @@
 //!
 //! # Per-stream TLSF index
 //! Each stream that owns free memory has its own two-level segregated-fit index (TLSF, as in
-//! `rlsf`): sizes are counted in 256-byte *units*; the first level is `log2(units)`, the
-//! second level splits each power-of-two range into [`SL_COUNT`] (32) equal classes, and
-//! sizes below 64 units (16 KiB) get one exact class each. Each class is an intrusive doubly
-//! linked list threaded through the slab, and two bitmaps (one bit per first level, one per
-//! class) say which lists are non-empty. An allocation maps its size *up* to the first class
-//! whose every block fits, then finds the first non-empty class at or above it with two
-//! `trailing_zeros` scans: O(1), and the block found is at most 1/32 (about 3 %) larger than
-//! the best fit would have been; the excess is split off and stays free. When nothing at or
-//! above that class exists, up to [`OWN_CLASS_PROBES`] blocks of the request's own class
-//! (which may hold blocks both smaller and larger than the request) are tried, so that a lone
-//! block only slightly larger than the request (say, the last free chunk of a bounded pool) is
-//! still found. Free blocks are never scanned beyond that.
+//! `rlsf`): sizes are counted in 256-byte *units*; the first level is `log2(units)`, the second
+//! level splits each power-of-two range into [`SL_COUNT`](index::SL_COUNT) (32) equal classes, and
+//! sizes below 64 units (16 KiB) get one exact class each. Each class is an intrusive doubly linked
+//! list threaded through the slab, and two bitmaps (one bit per first level, one per class) say
+//! which lists are non-empty. An allocation maps its size *up* to the first class whose every block
+//! fits, then finds the first non-empty class at or above it with two `trailing_zeros` scans: O(1),
+//! and the block found is at most 1/32 (about 3 %) larger than the best fit would have been; the
+//! excess is split off and stays free. When nothing at or above that class exists, up to
+//! [`OWN_CLASS_PROBES`](index::OWN_CLASS_PROBES) blocks of the request's own class (which may hold
+//! blocks both smaller and larger than the request) are tried, so that a lone block only slightly
+//! larger than the request (say, the last free chunk of a bounded pool) is still found. Free blocks
+//! are never scanned beyond that.
 //!
 //! # Stream ownership, taking and merging
 //! A block freed on stream S is owned by S: S may reuse it at once, because any later work on S
@@ -71,7 +71,7 @@
 //! # Complexity
 //! | operation | cost |
 //! |---|---|
-//! | [`allocate`](PoolCore::allocate) | O(1): a stream lookup (cached for runs on one stream), two bitmap scans, one hash insert, at most one relink (≤ [`OWN_CLASS_PROBES`] probes when the scan fails) |
+//! | [`allocate`](PoolCore::allocate) | O(1): a stream lookup (cached for runs on one stream), two bitmap scans, one hash insert, at most one relink (≤ [`OWN_CLASS_PROBES`](index::OWN_CLASS_PROBES) probes when the scan fails) |
 //! | [`free`](PoolCore::free) | O(1): one hash remove, two link-following merges, at most one relink |
 //! | [`add_chunk`](PoolCore::add_chunk) | O(log chunks) |
 //! | [`stream_with_block`](PoolCore::stream_with_block) | O(streams) |
@@ -79,32 +79,31 @@
 //! | [`release_empty_chunks`](PoolCore::release_empty_chunks) | O(chunks) |
 //! | [`largest_free_block`](PoolCore::largest_free_block) | O(streams + blocks in each stream's largest class) |
 //! | the other statistics | O(1) |
+//!
+//! # Files
+//! This file holds the core's state and its operations on chunks and allocations; beside it,
+//! `index.rs` the size classes and each stream's class lists, `blocks.rs` the slab of blocks and
+//! their coalescing, `streams.rs` the per-stream slots and memory crossing streams, and
+//! `invariants.rs` (tests only) the exhaustive invariant check.
+
+mod blocks;
+mod index;
+#[cfg(test)]
+mod invariants;
+mod streams;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use rustc_hash::FxHashMap;
 
+use self::blocks::{Block, NIL, USED};
+use self::index::StreamFree;
+
 /// The granularity of every address and size in the pool (`cuMemAlloc`'s alignment), and
 /// rounding to it: shared by every resource.
 pub(crate) use crate::resource::size::{align_up, ALIGN};
 const ALIGN_LOG2: u32 = ALIGN.trailing_zeros();
-
-/// log2 of the number of second-level classes per power of two.
-const SL_LOG2: u32 = 5;
-/// The number of second-level classes per power of two.
-const SL_COUNT: usize = 1 << SL_LOG2;
-/// The number of first levels: enough for any size below 2^64 bytes (units below 2^56).
-const FL_COUNT: usize = (u64::BITS - ALIGN_LOG2 - SL_LOG2 + 1) as usize;
-/// The number of size classes of one stream's index.
-const CLASS_COUNT: usize = FL_COUNT * SL_COUNT;
-/// How many blocks of the request's own class an allocation tries when no class whose every
-/// block fits has a block.
-const OWN_CLASS_PROBES: usize = 8;
-/// The null slab index (also [`Block::stream`] of a vacant slot).
-const NIL: u32 = u32::MAX;
-/// [`Block::stream`] of an allocated block.
-const USED: u32 = u32::MAX - 1;
 
 /// A stream as the core sees it: an opaque key (the wrapper uses the stream's id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -113,144 +112,6 @@ pub(crate) struct StreamKey(pub(crate) u64);
 /// Names a chunk obtained from the upstream resource, in the order the pool received them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct ChunkId(pub(crate) u64);
-
-/// The size class `(first level, second level)` of a block of `units` 256-byte units
-/// (`units >= 1`). Classes are ordered: a larger size never maps to a smaller class.
-fn class_of(units: u64) -> (usize, usize) {
-    debug_assert!(units > 0);
-    if units < SL_COUNT as u64 {
-        (0, units as usize)
-    } else {
-        let msb = u64::BITS - 1 - units.leading_zeros();
-        let shift = msb - SL_LOG2;
-        ((shift + 1) as usize, (units >> shift) as usize - SL_COUNT)
-    }
-}
-
-/// The smallest size, in units, of class `(fl, sl)`.
-fn class_min(fl: usize, sl: usize) -> u64 {
-    if fl == 0 {
-        sl as u64
-    } else {
-        ((SL_COUNT + sl) as u64) << (fl - 1)
-    }
-}
-
-/// The smallest class whose *every* block holds `units`: the class of `units` rounded up to
-/// the next class boundary. `None` when that is past the largest class.
-fn search_class(units: u64) -> Option<(usize, usize)> {
-    debug_assert!(units > 0);
-    if units < SL_COUNT as u64 {
-        return Some((0, units as usize));
-    }
-    let msb = u64::BITS - 1 - units.leading_zeros();
-    let rounded = units.checked_add((1 << (msb - SL_LOG2)) - 1)?;
-    let (fl, sl) = class_of(rounded);
-    (fl < FL_COUNT).then_some((fl, sl))
-}
-
-/// The flat index of class `(fl, sl)` in [`StreamFree::heads`].
-fn class_index(fl: usize, sl: usize) -> usize {
-    fl * SL_COUNT + sl
-}
-
-/// The flat class index of a block of `size` bytes.
-fn class_index_of_size(size: u64) -> usize {
-    let (fl, sl) = class_of(size >> ALIGN_LOG2);
-    class_index(fl, sl)
-}
-
-/// A block of a chunk, free or allocated, or a vacant slab slot.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    /// The first address; a multiple of [`ALIGN`].
-    start: u64,
-    /// The size in bytes; a non-zero multiple of [`ALIGN`].
-    size: u64,
-    /// For a free block, the slot in [`PoolCore::streams`] of the owning stream (always below
-    /// [`USED`]); [`USED`] for an allocated block; [`NIL`] for a vacant slab slot.
-    stream: u32,
-    /// Free blocks: the previous block of the same class list ([`NIL`] at the head).
-    prev: u32,
-    /// Free blocks: the next block of the same class list ([`NIL`] at the tail). Vacant
-    /// slots: the next vacant slot.
-    next: u32,
-    /// The block just below in the same chunk ([`NIL`] for the chunk's first block):
-    /// `blocks[prev_phys].start + blocks[prev_phys].size == start`.
-    prev_phys: u32,
-    /// The block just above in the same chunk ([`NIL`] for the chunk's last block).
-    next_phys: u32,
-}
-
-impl Block {
-    #[cfg(test)]
-    fn end(&self) -> u64 {
-        self.start + self.size
-    }
-
-    fn end_addr(&self) -> u64 {
-        self.start + self.size
-    }
-
-    fn is_free(&self) -> bool {
-        self.stream < USED
-    }
-}
-
-/// One stream's free blocks: a TLSF index of class lists.
-struct StreamFree {
-    /// The stream.
-    key: StreamKey,
-    /// Bit `fl` is set iff `sl_bitmaps[fl] != 0`.
-    fl_bitmap: u64,
-    /// Bit `sl` of `sl_bitmaps[fl]` is set iff `heads[class_index(fl, sl)] != NIL`.
-    sl_bitmaps: [u32; FL_COUNT],
-    /// The head of each class's list of blocks (linked through [`Block::prev`]/`next`);
-    /// every block on list `c` is owned by this stream and has a size of class `c`.
-    heads: Box<[u32]>,
-    /// The total size of the blocks on the lists.
-    free_bytes: u64,
-    /// The number of blocks on the lists.
-    blocks: usize,
-}
-
-impl StreamFree {
-    fn new(key: StreamKey) -> Self {
-        StreamFree {
-            key,
-            fl_bitmap: 0,
-            sl_bitmaps: [0; FL_COUNT],
-            heads: vec![NIL; CLASS_COUNT].into_boxed_slice(),
-            free_bytes: 0,
-            blocks: 0,
-        }
-    }
-
-    /// The first non-empty class at or above `(fl, sl)`.
-    fn first_nonempty_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
-        let sl_map = self.sl_bitmaps[fl] & (u32::MAX << sl);
-        if sl_map != 0 {
-            return Some((fl, sl_map.trailing_zeros() as usize));
-        }
-        // fl + 1 <= FL_COUNT < 64, so the shift never overflows.
-        let fl_map = self.fl_bitmap & (u64::MAX << (fl + 1));
-        if fl_map == 0 {
-            return None;
-        }
-        let fl = fl_map.trailing_zeros() as usize;
-        Some((fl, self.sl_bitmaps[fl].trailing_zeros() as usize))
-    }
-
-    /// The largest non-empty class.
-    fn last_nonempty(&self) -> Option<(usize, usize)> {
-        if self.fl_bitmap == 0 {
-            return None;
-        }
-        let fl = (u64::BITS - 1 - self.fl_bitmap.leading_zeros()) as usize;
-        let sl = (u32::BITS - 1 - self.sl_bitmaps[fl].leading_zeros()) as usize;
-        Some((fl, sl))
-    }
-}
 
 /// A chunk obtained from the upstream resource.
 #[derive(Clone, Copy, Debug)]
@@ -441,102 +302,6 @@ impl PoolCore {
         Some(slot)
     }
 
-    /// Another stream than `exclude` whose own free blocks can serve `size` bytes, as
-    /// [`allocate`](Self::allocate) would find them; among several, the one with the most free
-    /// bytes (then the smallest key), so that one [`merge_stream`](Self::merge_stream)
-    /// reclaims the most.
-    ///
-    /// # Panics
-    /// When `size` is 0.
-    #[cfg(test)]
-    pub(crate) fn stream_with_block(&self, size: usize, exclude: StreamKey) -> Option<StreamKey> {
-        self.streams_with_block(size, exclude)
-            .max_by_key(|&(key, _, bytes)| (bytes, std::cmp::Reverse(key)))
-            .map(|(key, _, _)| key)
-    }
-
-    /// Every stream other than `exclude` whose own free blocks can serve `size` bytes, as
-    /// [`allocate`](Self::allocate) would find them, with its slot and its free bytes.
-    ///
-    /// # Panics
-    /// When `size` is 0.
-    pub(crate) fn streams_with_block(
-        &self,
-        size: usize,
-        exclude: StreamKey,
-    ) -> impl Iterator<Item = (StreamKey, u32, usize)> + '_ {
-        assert!(size != 0, "the pool core does not serve 0-byte requests");
-        let size = align_up(size).map(|s| s as u64);
-        (0..self.streams.len() as u32).filter_map(move |slot| {
-            let s = self.streams[slot as usize].as_ref()?;
-            (s.key != exclude && self.find_block(slot, size?).is_some()).then_some((
-                s.key,
-                slot,
-                s.free_bytes as usize,
-            ))
-        })
-    }
-
-    /// Gives every free block of `from` to `into`, coalescing each with `into`'s neighbours,
-    /// and forgets `from` (which then owns nothing). The caller must first have made `into`
-    /// wait for an event recorded on `from` after all of `from`'s frees so far. A no-op when
-    /// `from == into` or `from` has no slot. Returns the slot `from` had, now vacant.
-    pub(crate) fn merge_stream(&mut self, from: StreamKey, into: StreamKey) -> Option<u32> {
-        if from == into {
-            return None;
-        }
-        let from_slot = self.slot_of(from)?;
-        let into_slot = self.slot_or_insert(into);
-        let moved = self.stream(from_slot).free_bytes;
-        // Blocks of `from` that are not moved yet have another owner than `into`, so a moved
-        // block does not merge with them now; each merges with the moved ones when its turn
-        // comes, which leaves the result fully coalesced.
-        while let Some((fl, sl)) = self.stream(from_slot).first_nonempty_from(0, 0) {
-            let idx = self.stream(from_slot).heads[class_index(fl, sl)];
-            self.unlink(idx);
-            self.blocks[idx as usize].stream = into_slot;
-            self.coalesce_and_link(idx);
-        }
-        self.stream_mut(from_slot).free_bytes = 0;
-        self.stream_mut(into_slot).free_bytes += moved;
-        self.remove_stream(from_slot);
-        Some(from_slot)
-    }
-
-    /// Forgets every stream that owns no free block, except `keep`, if given; returns their slots, now
-    /// vacant. (A stream's index is kept while it is empty, so that a stream that allocates
-    /// and frees in turn does not rebuild it each time; the wrapper calls this off the fast
-    /// path.)
-    pub(crate) fn remove_idle_streams(&mut self, keep: Option<StreamKey>) -> Vec<u32> {
-        let idle: Vec<u32> = (0..self.streams.len() as u32)
-            .filter(|&slot| {
-                self.streams[slot as usize]
-                    .as_ref()
-                    .is_some_and(|s| s.blocks == 0 && Some(s.key) != keep)
-            })
-            .collect();
-        for &slot in &idle {
-            self.remove_stream(slot);
-        }
-        idle
-    }
-
-    /// The slot of `stream`'s index, while it has one: a small integer, stable until the
-    /// stream is removed ([`merge_stream`](Self::merge_stream),
-    /// [`remove_idle_streams`](Self::remove_idle_streams)), that the wrapper uses to index its
-    /// own per-stream data. Slots of removed streams are reused.
-    pub(crate) fn stream_slot(&self, stream: StreamKey) -> Option<u32> {
-        if self.last_stream.1 != NIL && self.last_stream.0 == stream {
-            return Some(self.last_stream.1);
-        }
-        self.stream_slots.get(&stream.0).copied()
-    }
-
-    /// The number of stream slots, vacant or not: every slot is below it.
-    pub(crate) fn stream_slot_bound(&self) -> usize {
-        self.streams.len()
-    }
-
     /// Removes every chunk that is wholly free (one free block spanning it) and returns its
     /// `(base, size, owner)`, in address order, for the wrapper to give back to the upstream on
     /// the stream that owns the free memory.
@@ -719,447 +484,6 @@ impl PoolCore {
     /// The total size of the chunks in the pool (free and allocated).
     pub(crate) fn chunk_bytes(&self) -> usize {
         self.chunk_bytes as usize
-    }
-
-    // ---- internals ----
-
-    fn stream(&self, slot: u32) -> &StreamFree {
-        self.streams[slot as usize]
-            .as_ref()
-            .expect("stream slot is vacant")
-    }
-
-    fn stream_mut(&mut self, slot: u32) -> &mut StreamFree {
-        self.streams[slot as usize]
-            .as_mut()
-            .expect("stream slot is vacant")
-    }
-
-    /// `stream`'s slot, if it has one.
-    fn slot_of(&mut self, stream: StreamKey) -> Option<u32> {
-        if self.last_stream.1 != NIL && self.last_stream.0 == stream {
-            return Some(self.last_stream.1);
-        }
-        let slot = *self.stream_slots.get(&stream.0)?;
-        self.last_stream = (stream, slot);
-        Some(slot)
-    }
-
-    /// `stream`'s slot, made when it has none.
-    fn slot_or_insert(&mut self, stream: StreamKey) -> u32 {
-        if let Some(slot) = self.slot_of(stream) {
-            return slot;
-        }
-        let index = StreamFree::new(stream);
-        let slot = match self.vacant_streams.pop() {
-            Some(slot) => {
-                self.streams[slot as usize] = Some(index);
-                slot
-            }
-            None => {
-                let slot = u32::try_from(self.streams.len())
-                    .ok()
-                    .filter(|&s| s < USED)
-                    .expect("too many streams");
-                self.streams.push(Some(index));
-                slot
-            }
-        };
-        self.stream_slots.insert(stream.0, slot);
-        self.last_stream = (stream, slot);
-        slot
-    }
-
-    /// Forgets the (empty) stream in `slot`.
-    fn remove_stream(&mut self, slot: u32) {
-        let index = self.streams[slot as usize]
-            .take()
-            .expect("stream slot is vacant");
-        debug_assert!(index.blocks == 0 && index.fl_bitmap == 0 && index.free_bytes == 0);
-        self.stream_slots.remove(&index.key.0);
-        self.vacant_streams.push(slot);
-        if self.last_stream.1 == slot {
-            self.last_stream.1 = NIL;
-        }
-    }
-
-    fn add_free_bytes(&mut self, slot: u32, size: u64) {
-        self.stream_mut(slot).free_bytes += size;
-        self.free_bytes += size;
-    }
-
-    fn sub_free_bytes(&mut self, slot: u32, size: u64) {
-        self.stream_mut(slot).free_bytes -= size;
-        self.free_bytes -= size;
-    }
-
-    /// A block of `slot`'s that holds `size` bytes: the head of the first non-empty class
-    /// whose every block fits, else one of the first [`OWN_CLASS_PROBES`] blocks of the
-    /// request's own class that fits.
-    fn find_block(&self, slot: u32, size: u64) -> Option<u32> {
-        let s = self.stream(slot);
-        let units = size >> ALIGN_LOG2;
-        if let Some((fl, sl)) = search_class(units) {
-            if let Some((fl, sl)) = s.first_nonempty_from(fl, sl) {
-                return Some(s.heads[class_index(fl, sl)]);
-            }
-        }
-        let (fl, sl) = class_of(units);
-        if class_min(fl, sl) == units {
-            // The own class is the search class, already found empty.
-            return None;
-        }
-        let mut idx = s.heads[class_index(fl, sl)];
-        for _ in 0..OWN_CLASS_PROBES {
-            if idx == NIL {
-                break;
-            }
-            let block = &self.blocks[idx as usize];
-            if block.size >= size {
-                return Some(idx);
-            }
-            idx = block.next;
-        }
-        None
-    }
-
-    /// The size of the largest block of `slot`'s: the largest on its largest class's list.
-    fn largest_of_slot(&self, slot: u32) -> u64 {
-        let s = self.stream(slot);
-        let Some((fl, sl)) = s.last_nonempty() else {
-            return 0;
-        };
-        let mut largest = 0;
-        let mut idx = s.heads[class_index(fl, sl)];
-        while idx != NIL {
-            let block = &self.blocks[idx as usize];
-            largest = largest.max(block.size);
-            idx = block.next;
-        }
-        largest
-    }
-
-    /// Merges the free, unlinked block `idx` with its physical neighbours of the same stream
-    /// (the left one survives) and links the result. The byte counters are the caller's.
-    fn coalesce_and_link(&mut self, idx: u32) {
-        let Block {
-            stream,
-            prev_phys: left,
-            next_phys: right,
-            ..
-        } = self.blocks[idx as usize];
-        debug_assert!(stream < USED);
-        if right != NIL && self.blocks[right as usize].stream == stream {
-            self.unlink(right);
-            let r = self.blocks[right as usize];
-            self.blocks[idx as usize].size += r.size;
-            self.unlink_phys(right);
-        }
-        let survivor = if left != NIL && self.blocks[left as usize].stream == stream {
-            let size = self.blocks[left as usize].size + self.blocks[idx as usize].size;
-            self.unlink_phys(idx);
-            self.resize(left, size);
-            left
-        } else {
-            self.link(idx);
-            idx
-        };
-        debug_assert!(self.is_coalesced(survivor));
-    }
-
-    /// Takes block `idx`, already merged into its left neighbour's size (or the other way
-    /// round) and off any class list, out of its chunk's physical list and frees its slot.
-    fn unlink_phys(&mut self, idx: u32) {
-        let Block {
-            prev_phys,
-            next_phys,
-            ..
-        } = self.blocks[idx as usize];
-        debug_assert!(
-            prev_phys != NIL,
-            "a chunk's first block is never merged away"
-        );
-        self.blocks[prev_phys as usize].next_phys = next_phys;
-        if next_phys != NIL {
-            self.blocks[next_phys as usize].prev_phys = prev_phys;
-        }
-        self.drop_block(idx);
-    }
-
-    /// Whether the free block `idx` has no physical neighbour of the same stream.
-    fn is_coalesced(&self, idx: u32) -> bool {
-        let b = &self.blocks[idx as usize];
-        let same = |n: u32| n != NIL && self.blocks[n as usize].stream == b.stream;
-        b.is_free() && !same(b.prev_phys) && !same(b.next_phys)
-    }
-
-    /// Sets the size of the free, linked block `idx`, moving it to its new class list if the
-    /// class changes.
-    fn resize(&mut self, idx: u32, size: u64) {
-        let old = self.blocks[idx as usize].size;
-        if class_index_of_size(old) == class_index_of_size(size) {
-            self.blocks[idx as usize].size = size;
-        } else {
-            self.unlink(idx);
-            self.blocks[idx as usize].size = size;
-            self.link(idx);
-        }
-    }
-
-    /// A new block, on no class list and in no map, in a slab slot.
-    fn new_block(
-        &mut self,
-        start: u64,
-        size: u64,
-        stream: u32,
-        prev_phys: u32,
-        next_phys: u32,
-    ) -> u32 {
-        let block = Block {
-            start,
-            size,
-            stream,
-            prev: NIL,
-            next: NIL,
-            prev_phys,
-            next_phys,
-        };
-        if self.vacant != NIL {
-            let idx = self.vacant;
-            self.vacant = self.blocks[idx as usize].next;
-            self.blocks[idx as usize] = block;
-            idx
-        } else {
-            let idx = u32::try_from(self.blocks.len())
-                .ok()
-                .filter(|&i| i != NIL)
-                .expect("too many blocks");
-            self.blocks.push(block);
-            idx
-        }
-    }
-
-    /// Returns a slot, on no list and in no map, to the vacant list.
-    fn drop_block(&mut self, idx: u32) {
-        let block = &mut self.blocks[idx as usize];
-        block.stream = NIL;
-        block.prev = NIL;
-        block.prev_phys = NIL;
-        block.next_phys = NIL;
-        block.next = self.vacant;
-        self.vacant = idx;
-    }
-
-    /// Puts the free block `idx` at the head of its class list in its stream's index.
-    fn link(&mut self, idx: u32) {
-        let Block { size, stream, .. } = self.blocks[idx as usize];
-        let (fl, sl) = class_of(size >> ALIGN_LOG2);
-        let c = class_index(fl, sl);
-        let s = self.streams[stream as usize]
-            .as_mut()
-            .expect("stream slot is vacant");
-        let head = s.heads[c];
-        s.heads[c] = idx;
-        s.sl_bitmaps[fl] |= 1 << sl;
-        s.fl_bitmap |= 1 << fl;
-        s.blocks += 1;
-        self.free_count += 1;
-        let block = &mut self.blocks[idx as usize];
-        block.prev = NIL;
-        block.next = head;
-        if head != NIL {
-            self.blocks[head as usize].prev = idx;
-        }
-    }
-
-    /// Takes the free block `idx` off its class list in its stream's index.
-    fn unlink(&mut self, idx: u32) {
-        let Block {
-            size,
-            stream,
-            prev,
-            next,
-            ..
-        } = self.blocks[idx as usize];
-        let (fl, sl) = class_of(size >> ALIGN_LOG2);
-        if next != NIL {
-            self.blocks[next as usize].prev = prev;
-        }
-        if prev != NIL {
-            self.blocks[prev as usize].next = next;
-        }
-        let s = self.streams[stream as usize]
-            .as_mut()
-            .expect("stream slot is vacant");
-        s.blocks -= 1;
-        self.free_count -= 1;
-        if prev == NIL {
-            let c = class_index(fl, sl);
-            debug_assert_eq!(s.heads[c], idx, "unlinked block is not on its class list");
-            s.heads[c] = next;
-            if next == NIL {
-                s.sl_bitmaps[fl] &= !(1 << sl);
-                if s.sl_bitmaps[fl] == 0 {
-                    s.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        debug_assert_eq!(
-            s.heads[class_index(fl, sl)] != NIL,
-            s.sl_bitmaps[fl] & (1 << sl) != 0
-        );
-    }
-
-    /// The free blocks as `(start, size, owner)`, in address order.
-    #[cfg(test)]
-    fn free_blocks(&self) -> Vec<(u64, u64, StreamKey)> {
-        let mut out: Vec<_> = self
-            .blocks
-            .iter()
-            .filter(|b| b.is_free())
-            .map(|b| (b.start, b.size, self.stream(b.stream).key))
-            .collect();
-        out.sort_unstable();
-        out
-    }
-
-    /// The chunks as `(base, size, id)`, in address order.
-    #[cfg(test)]
-    fn chunks(&self) -> Vec<(u64, u64, ChunkId)> {
-        self.chunks
-            .iter()
-            .map(|(&base, c)| (base, c.size, c.id))
-            .collect()
-    }
-
-    /// Checks every invariant exhaustively; panics with a description of the first broken one.
-    #[cfg(test)]
-    fn check_invariants(&self) {
-        // Streams: map and slots agree; the cache is not stale.
-        assert_eq!(
-            self.stream_slots.len() + self.vacant_streams.len(),
-            self.streams.len()
-        );
-        for (&key, &slot) in &self.stream_slots {
-            assert_eq!(self.stream(slot).key, StreamKey(key));
-        }
-        for &slot in &self.vacant_streams {
-            assert!(self.streams[slot as usize].is_none());
-        }
-        if self.last_stream.1 != NIL {
-            assert_eq!(
-                self.stream_slots.get(&self.last_stream.0 .0),
-                Some(&self.last_stream.1),
-                "stale stream cache"
-            );
-        }
-
-        // Chunks: aligned, disjoint, counted, tiled exactly by their physical lists.
-        let mut chunk_bytes = 0;
-        let mut prev_end = 0;
-        let (mut reached, mut free_reached, mut used_reached) = (0, 0, 0);
-        for (&base, chunk) in &self.chunks {
-            assert!(base % ALIGN as u64 == 0 && chunk.size % ALIGN as u64 == 0 && chunk.size > 0);
-            assert!(prev_end <= base, "chunks overlap at {base:#x}");
-            prev_end = base + chunk.size;
-            chunk_bytes += chunk.size;
-            let mut at = base;
-            let mut prev = NIL;
-            let mut idx = chunk.first;
-            while idx != NIL {
-                let b = self.blocks[idx as usize];
-                assert_ne!(b.stream, NIL, "vacant slot {idx} in chunk {base:#x}");
-                assert_eq!(b.start, at, "{b:?}: gap or overlap in chunk {base:#x}");
-                assert!(b.size % ALIGN as u64 == 0 && b.size > 0, "{b:?} size");
-                assert_eq!(b.prev_phys, prev, "{b:?} physical back link");
-                if b.is_free() {
-                    assert!(self.streams[b.stream as usize].is_some(), "{b:?} owner");
-                    assert!(self.is_coalesced(idx), "{b:?} not coalesced");
-                    free_reached += 1;
-                } else {
-                    assert_eq!(self.live.get(&b.start), Some(&idx), "{b:?} not in live");
-                    used_reached += 1;
-                }
-                reached += 1;
-                at = b.end();
-                prev = idx;
-                idx = b.next_phys;
-            }
-            assert_eq!(
-                at,
-                base + chunk.size,
-                "chunk {base:#x} not tiled to its end"
-            );
-        }
-        assert_eq!(chunk_bytes, self.chunk_bytes, "chunk_bytes");
-        assert_eq!(
-            used_reached,
-            self.live.len(),
-            "live has blocks outside the chunks"
-        );
-        assert_eq!(free_reached, self.free_count, "free_count");
-
-        // Slab: every slot is in a chunk or on the vacant list.
-        let mut vacant = 0;
-        let mut v = self.vacant;
-        while v != NIL {
-            assert_eq!(
-                self.blocks[v as usize].stream, NIL,
-                "block on the vacant list"
-            );
-            vacant += 1;
-            v = self.blocks[v as usize].next;
-        }
-        assert_eq!(reached + vacant, self.blocks.len(), "slab slots lost");
-
-        // Each stream's index: bitmaps iff lists, lists well linked, classes right, counts.
-        let (mut total, mut on_lists) = (0, 0);
-        for (slot, s) in self.streams.iter().enumerate() {
-            let Some(s) = s else { continue };
-            let (mut bytes, mut blocks) = (0, 0);
-            for fl in 0..FL_COUNT {
-                assert_eq!(
-                    s.fl_bitmap & (1 << fl) != 0,
-                    s.sl_bitmaps[fl] != 0,
-                    "first-level bit {fl}"
-                );
-                for sl in 0..SL_COUNT {
-                    let head = s.heads[class_index(fl, sl)];
-                    assert_eq!(
-                        s.sl_bitmaps[fl] & (1 << sl) != 0,
-                        head != NIL,
-                        "bit of class ({fl}, {sl})"
-                    );
-                    let mut prev = NIL;
-                    let mut idx = head;
-                    while idx != NIL {
-                        let b = self.blocks[idx as usize];
-                        assert_eq!(b.stream, slot as u32, "{b:?} on another stream's list");
-                        assert_eq!(class_of(b.size >> ALIGN_LOG2), (fl, sl), "{b:?} class");
-                        assert_eq!(b.prev, prev, "{b:?} back link");
-                        bytes += b.size;
-                        blocks += 1;
-                        prev = idx;
-                        idx = b.next;
-                    }
-                }
-            }
-            assert_eq!(bytes, s.free_bytes, "free bytes of {:?}", s.key);
-            assert_eq!(blocks, s.blocks, "block count of {:?}", s.key);
-            total += bytes;
-            on_lists += blocks;
-        }
-        assert_eq!(
-            on_lists, self.free_count,
-            "free blocks missing from the class lists"
-        );
-        assert_eq!(total, self.free_bytes, "free_bytes");
-        let live_bytes: u64 = self
-            .live
-            .values()
-            .map(|&i| self.blocks[i as usize].size)
-            .sum();
-        assert_eq!(self.free_bytes + live_bytes, self.chunk_bytes, "bytes lost");
     }
 }
 

@@ -12,10 +12,8 @@ use self::core::{align_up, ALIGN};
 use self::level::{Level, Released};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::ResourceIdentity;
-use crate::resource::{
-    check_stream, Availability, DevicePtr, MemoryResource, Properties, SharedResource,
-};
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{check_stream, Availability, DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
@@ -260,38 +258,10 @@ impl<R: MemoryResource> PoolResource<R> {
         self.inner.maximum
     }
 
-    /// The upstream resource.
-    pub fn upstream(&self) -> &R {
-        &self.inner.upstream
-    }
-
     /// A snapshot of the pool's accounting (over the global level and every shard, each read
     /// under its own lock).
     pub fn statistics(&self) -> PoolStatistics {
-        // Every level at once, so that no sub-chunk moves while it is counted: the shards in
-        // order, then the global level. (Nothing else holds two shards, and the global level is
-        // only ever locked after a shard, so this cannot deadlock.)
-        let shards: Vec<_> = self.inner.shards.iter().map(|s| s.lock()).collect();
-        let global = self.inner.global.lock();
-        let core = &global.core;
-        let mut stats = PoolStatistics {
-            pool_size: global.chunk_bytes,
-            free_bytes: core.free_bytes(),
-            largest_free_block: core.largest_free_block(),
-            free_blocks: core.free_block_count(),
-            live_allocations: core.allocation_count(),
-            upstream_chunks: core.chunk_count(),
-        };
-        for shard in &shards {
-            let core = &shard.level.core;
-            stats.free_bytes += core.free_bytes();
-            stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
-            stats.free_blocks += core.free_block_count();
-            // The shard's sub-chunks are allocations of the global level, not of the user.
-            stats.live_allocations += core.allocation_count();
-            stats.live_allocations -= core.chunk_count();
-        }
-        stats
+        self.inner.statistics()
     }
 
     /// Returns every wholly free chunk to the upstream; returns the bytes released. RMM's pool
@@ -328,6 +298,34 @@ impl<R: MemoryResource> PoolResource<R> {
 }
 
 impl<R: MemoryResource> Inner<R> {
+    /// [`PoolResource::statistics`].
+    fn statistics(&self) -> PoolStatistics {
+        // Every level at once, so that no sub-chunk moves while it is counted: the shards in
+        // order, then the global level. (Nothing else holds two shards, and the global level is
+        // only ever locked after a shard, so this cannot deadlock.)
+        let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let global = self.global.lock();
+        let core = &global.core;
+        let mut stats = PoolStatistics {
+            pool_size: global.chunk_bytes,
+            free_bytes: core.free_bytes(),
+            largest_free_block: core.largest_free_block(),
+            free_blocks: core.free_block_count(),
+            live_allocations: core.allocation_count(),
+            upstream_chunks: core.chunk_count(),
+        };
+        for shard in &shards {
+            let core = &shard.level.core;
+            stats.free_bytes += core.free_bytes();
+            stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
+            stats.free_blocks += core.free_block_count();
+            // The shard's sub-chunks are allocations of the global level, not of the user.
+            stats.live_allocations += core.allocation_count();
+            stats.live_allocations -= core.chunk_count();
+        }
+        stats
+    }
+
     /// Takes at least `min_size` more bytes from the upstream, trying `try_size` first and
     /// halving on failure (RMM's `try_to_expand`); the chunk is owned by `stream`.
     fn expand(
@@ -567,29 +565,30 @@ impl<R: MemoryResource> Inner<R> {
     }
 }
 
-impl<R: MemoryResource> MemoryResource for PoolResource<R> {
+memory_resource!(shared [R: MemoryResource] PoolResource<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let inner = &*self.inner;
-        check_stream(&inner.device, stream)?;
+        check_stream(&self.device, stream)?;
         let Some(size) = align_up(bytes) else {
             return Err(Error::OutOfMemory {
                 requested: bytes,
                 available: None,
-                device: inner.device.id(),
+                device: self.device.id(),
             });
         };
-        let first = if size <= inner.shard_limit {
-            inner.shard_allocate(size, stream)?
+        let first = if size <= self.shard_limit {
+            self.shard_allocate(size, stream)?
         } else {
-            if !inner.shards.is_empty() && inner.maximum.is_some() {
+            if !self.shards.is_empty() && self.maximum.is_some() {
                 // The stream's shard gives back the rest of its newest sub-chunk first, so
                 // that this block is carved next to it rather than strand it.
-                inner.return_heads(&mut inner.shard_of(stream).lock(), stream)?;
+                self.return_heads(&mut self.shard_of(stream).lock(), stream)?;
             }
-            inner.global_allocate(size, stream, true, false)?
+            self.global_allocate(size, stream, true, false)?
         };
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
@@ -598,12 +597,12 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         // so that one freed piecewise on several streams counts; once gathered, a shard has
         // nothing to gather again until it frees more), then the request is served from any
         // level that can.
-        if !inner.shards.is_empty() {
-            inner.reclaim();
-            if let Some(p) = inner.global_allocate(size, stream, true, false)? {
+        if !self.shards.is_empty() {
+            self.reclaim();
+            if let Some(p) = self.global_allocate(size, stream, true, false)? {
                 return Ok(DevicePtr::from_raw(p));
             }
-            for shard in inner.shards.iter() {
+            for shard in self.shards.iter() {
                 if let Some(p) = shard.lock().level.serve(size, stream)? {
                     return Ok(DevicePtr::from_raw(p));
                 }
@@ -615,72 +614,55 @@ impl<R: MemoryResource> MemoryResource for PoolResource<R> {
         // maximum for ever, and an awaited one would wait for ever. A request that could never
         // fit changes nothing.
         let could_fit = self.capacity_limit().is_none_or(|limit| bytes <= limit);
-        if could_fit && inner.release_empty_chunks() > 0 {
-            if let Some(p) = inner.global_allocate(size, stream, true, false)? {
+        if could_fit && self.release_empty_chunks() > 0 {
+            if let Some(p) = self.global_allocate(size, stream, true, false)? {
                 return Ok(DevicePtr::from_raw(p));
             }
         }
-        Err(inner.out_of_memory(bytes))
+        Err(self.out_of_memory(bytes))
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if ptr.is_null() {
             return;
         }
-        let inner = &*self.inner;
         // Small blocks are most likely in a shard, large ones in the global level; but under
         // pressure either may have been served by the other (see `try_allocate`).
-        let small = align_up(bytes).is_some_and(|size| size <= inner.shard_limit);
+        let small = align_up(bytes).is_some_and(|size| size <= self.shard_limit);
         let freed = if small {
-            inner.shard_free(ptr.addr(), bytes, stream)
-                || inner.global.lock().try_free_user(ptr.addr(), bytes, stream)
+            self.shard_free(ptr.addr(), bytes, stream)
+                || self.global.lock().try_free_user(ptr.addr(), bytes, stream)
         } else {
-            inner.global.lock().try_free_user(ptr.addr(), bytes, stream)
-                || (!inner.shards.is_empty() && inner.shard_free(ptr.addr(), bytes, stream))
+            self.global.lock().try_free_user(ptr.addr(), bytes, stream)
+                || (!self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream))
         };
         if !freed {
             // A double free or a foreign pointer: nothing is freed, and the caller hears of it
             // through the device's deferred errors (a panic here could abort a `Drop`).
-            inner.device.defer_error(Error::invalid(format!(
+            self.device.defer_error(Error::invalid(format!(
                 "{ptr} ({bytes} bytes) is not allocated from this pool with that size (double free?)"
             )));
             return;
         }
-        inner.availability.notify();
+        self.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
-        Some(&self.inner.availability)
+        Some(&self.availability)
     }
 
     /// A live allocation may come back; so may the upstream's memory, which the pool follows.
     /// (A request that fails has first made the pool give back its wholly free chunks, so the
     /// upstream's outstanding memory is not only the pool's own free memory.)
     fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.statistics().live_allocations > 0 || self.inner.upstream.may_regain_memory(bytes)
-    }
-
-    fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.inner)
+        self.statistics().live_allocations > 0 || self.upstream.may_regain_memory(bytes)
     }
 
     fn capacity_limit(&self) -> Option<usize> {
-        let up = self.inner.upstream.capacity_limit();
-        match (self.inner.maximum, up) {
+        let up = self.upstream.capacity_limit();
+        match (self.maximum, up) {
             (Some(m), Some(u)) => Some(m.min(u)),
             (m, u) => m.or(u),
-        }
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.upstream.properties()
-    }
-}
-
-impl<R: MemoryResource> Clone for PoolResource<R> {
-    fn clone(&self) -> Self {
-        PoolResource {
-            inner: self.inner.clone(),
         }
     }
 }

@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::index::{class_min, class_of, search_class, FL_COUNT, OWN_CLASS_PROBES, SL_COUNT};
 use super::*;
 
 const A: StreamKey = StreamKey(1);
