@@ -14,30 +14,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::device::DeviceId;
 use crate::error::{Error, Result};
+use crate::ids::DeviceId;
 
 #[cfg(feature = "cuda-driver")]
 pub(crate) mod cuda;
 pub(crate) mod host;
-
-/// Which backend a device runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BackendKind {
-    /// CPU emulation: device memory is host memory, streams are worker threads.
-    Host,
-    /// An NVIDIA GPU through the CUDA driver API.
-    Cuda,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendKind::Host => "host",
-            BackendKind::Cuda => "cuda",
-        })
-    }
-}
 
 /// The kinds of memory a backend allocates directly (without a driver pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,9 +1,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{BackendKind, BackendPool};
+use crate::backend::BackendPool;
 use crate::device::Device;
 use crate::error::Result;
+use crate::ids::BackendKind;
 use crate::resource::{
     check_stream, CudaAsyncResource, DevicePtr, MemoryResource, Properties, ResourceIdentity,
 };

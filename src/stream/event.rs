@@ -114,8 +114,14 @@ impl Future for Event {
             return Poll::Ready(self.completion_result());
         }
         if !inner.armed.swap(true, Ordering::AcqRel) {
-            let driver = inner.stream.device().completion_driver();
-            if let Err(e) = driver.arm(&inner.stream, &inner.raw, &inner.completion) {
+            let stream = &inner.stream;
+            let armed = stream.device().arm_completion(
+                stream.id(),
+                stream.shadow(),
+                &inner.raw,
+                &inner.completion,
+            );
+            if let Err(e) = armed {
                 inner.armed.store(false, Ordering::Release);
                 return Poll::Ready(Err(e));
             }

@@ -31,11 +31,11 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use crate::backend::{
-    Backend, BackendKind, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo,
-    MemoryKind, PoolConfig, PrefetchTarget,
+    Backend, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo, MemoryKind,
+    PoolConfig, PrefetchTarget,
 };
-use crate::device::DeviceId;
 use crate::error::{Error, Result};
+use crate::ids::{BackendKind, DeviceId};
 
 use self::pool::CudaPool;
 use self::spin::SpinKernel;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::backend::{ErrorSink, MemoryInfo, MemoryKind};
-use crate::device::DeviceId;
 use crate::error::{Error, Result};
+use crate::ids::DeviceId;
 
 /// The alignment of every allocation, as CUDA guarantees for `cuMemAlloc`.
 pub(crate) const ALIGNMENT: usize = 256;

@@ -19,54 +19,9 @@ use crate::backend::{
     Backend, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo, MemoryKind,
     PoolConfig, PrefetchTarget,
 };
-use crate::device::DeviceId;
 use crate::error::Result;
-use crate::stream::CompletionStrategy;
+use crate::ids::{BackendKind, DeviceId};
 use memory::HostMemory;
-
-/// Configuration of a host-backend device ([`Device::host_with`](crate::Device::host_with)).
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::{CompletionStrategy, HostConfig};
-///
-/// let config = HostConfig::default()
-///     .capacity(64 << 20)
-///     .completion_strategy(CompletionStrategy::Poller);
-/// assert_eq!(config.get_capacity(), 64 << 20);
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct HostConfig {
-    capacity: Option<usize>,
-    completion_strategy: Option<CompletionStrategy>,
-}
-
-/// The emulated memory of a host device when none is configured: 16 GiB.
-pub const DEFAULT_HOST_CAPACITY: usize = 16 << 30;
-
-impl HostConfig {
-    /// Bytes of emulated device memory; allocations beyond it fail with out-of-memory.
-    pub fn capacity(mut self, bytes: usize) -> Self {
-        self.capacity = Some(bytes);
-        self
-    }
-
-    /// The emulated memory: [`DEFAULT_HOST_CAPACITY`] unless set.
-    pub fn get_capacity(&self) -> usize {
-        self.capacity.unwrap_or(DEFAULT_HOST_CAPACITY)
-    }
-
-    /// The device's completion strategy (default [`CompletionStrategy::Poller`]).
-    pub fn completion_strategy(mut self, strategy: CompletionStrategy) -> Self {
-        self.completion_strategy = Some(strategy);
-        self
-    }
-
-    pub(crate) fn get_completion_strategy(&self) -> CompletionStrategy {
-        self.completion_strategy.unwrap_or_default()
-    }
-}
 
 #[derive(Debug)]
 pub(crate) struct HostBackend {
@@ -78,14 +33,15 @@ pub(crate) struct HostBackend {
 }
 
 impl HostBackend {
-    pub(crate) fn new(config: HostConfig, ordinal: u32) -> Self {
+    /// A host device `host:{ordinal}` with `capacity` bytes of emulated memory.
+    pub(crate) fn new(capacity: usize, ordinal: u32) -> Self {
         let id = DeviceId {
-            backend: super::BackendKind::Host,
+            backend: BackendKind::Host,
             ordinal,
         };
         HostBackend {
             id,
-            controls: HostControls::new(Arc::new(HostMemory::new(id, config.get_capacity()))),
+            controls: HostControls::new(Arc::new(HostMemory::new(id, capacity))),
             default_pool: OnceLock::new(),
             managed_pool: OnceLock::new(),
         }

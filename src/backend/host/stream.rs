@@ -10,8 +10,8 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
-use crate::device::DeviceId;
 use crate::error::{Error, Result};
+use crate::ids::DeviceId;
 
 use super::memory::HostMemory;
 

@@ -1,5 +1,11 @@
-//! Devices: which backend, which ordinal, how much memory, and how events are turned into
-//! wake-ups.
+//! Devices: which backend, which ordinal, how much memory, their settings ([`config`]), and the
+//! completion driver ([`notify`]) that turns their events into wake-ups.
+//!
+//! The device sits on the backend and below streams: the driver arms on a stream's id and its
+//! backend streams, never on a [`Stream`](crate::Stream).
+
+mod config;
+pub(crate) mod notify;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -7,26 +13,14 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
-use crate::backend::host::{HostBackend, HostConfig, HostControls};
-use crate::backend::{Backend, BackendKind, MemoryInfo};
+pub(crate) use crate::ids::DeviceId;
+pub use config::{CompletionStrategy, HostConfig, DEFAULT_HOST_CAPACITY};
+
+use crate::backend::host::{HostBackend, HostControls};
+use crate::backend::{Backend, BackendEvent, Completion, MemoryInfo};
 use crate::error::{Error, Result};
-use crate::stream::notify::{CompletionDriver, CompletionStrategy};
-
-/// Names a device: its backend and ordinal (`cuda:0`, `host:0`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceId {
-    /// The backend the device runs on.
-    pub backend: BackendKind,
-    /// The device's ordinal within its backend. Host devices are numbered in creation order;
-    /// `host:0` is the shared one that [`Device::host`] returns.
-    pub ordinal: u32,
-}
-
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.backend, self.ordinal)
-    }
-}
+use crate::ids::{BackendKind, StreamId};
+use notify::{CompletionDriver, ShadowStream};
 
 /// A device: a CUDA GPU or the host emulation of one. A cheap `Clone` handle.
 ///
@@ -121,7 +115,8 @@ impl Device {
 
     fn host_with_ordinal(config: HostConfig, ordinal: u32) -> Device {
         let strategy = config.get_completion_strategy();
-        Device::from_backend(Arc::new(HostBackend::new(config, ordinal)), strategy)
+        let backend = HostBackend::new(config.get_capacity(), ordinal);
+        Device::from_backend(Arc::new(backend), strategy)
     }
 
     /// The CUDA device with this ordinal, with its primary context.
@@ -307,8 +302,20 @@ impl Device {
         &self.inner.backend
     }
 
-    pub(crate) fn completion_driver(&self) -> &CompletionDriver {
-        &self.inner.driver
+    /// Arranges for `completion` to be completed once `event`, recorded on the stream
+    /// `stream`, is: through the device's completion driver, with `shadow` the stream's private
+    /// notification stream.
+    pub(crate) fn arm_completion(
+        &self,
+        stream: StreamId,
+        shadow: &ShadowStream,
+        event: &Arc<dyn BackendEvent>,
+        completion: &Arc<Completion>,
+    ) -> Result<()> {
+        let backend = &*self.inner.backend;
+        self.inner
+            .driver
+            .arm(backend, stream, shadow, event, completion)
     }
 }
 
