@@ -20,6 +20,7 @@ use crate::ids::DeviceId;
 #[cfg(feature = "cuda-driver")]
 pub(crate) mod cuda;
 pub(crate) mod host;
+pub(crate) mod pageable;
 
 /// The kinds of memory a backend allocates directly (without a driver pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,7 +65,7 @@ pub struct MemoryInfo {
 /// How a driver pool is set up (`cuMemPoolCreate`).
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))] // the host pool ignores it
-pub(crate) struct PoolConfig {
+pub(crate) struct MemPoolConfig {
     /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
     pub(crate) release_threshold: u64,
     /// Bitmask of `CUmemAllocationHandleType` to allow exporting; 0 for none.
@@ -113,12 +114,12 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn create_stream(&self) -> Result<Arc<dyn BackendStream>>;
     /// A handle to one of the context's built-in streams; dropping it destroys nothing.
     fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>>;
-    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>>;
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<dyn BackendMemPool>>;
     /// The device's default driver pool (`cuDeviceGetDefaultMemPool`).
-    fn default_pool(&self) -> Result<Arc<dyn BackendPool>>;
+    fn default_mempool(&self) -> Result<Arc<dyn BackendMemPool>>;
     /// The device's default pool of managed memory (`cuMemGetDefaultMemPool` with
     /// `CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13). [`Error::Unsupported`] where there is none.
-    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
+    fn managed_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
         Err(Error::Unsupported {
             what: "stream-ordered managed memory pools".into(),
             device: self.id(),
@@ -243,7 +244,7 @@ pub(crate) trait BackendEvent: Send + Sync + fmt::Debug {
 }
 
 /// A driver-managed, stream-ordered pool (`CUmemoryPool`).
-pub(crate) trait BackendPool: Send + Sync + fmt::Debug {
+pub(crate) trait BackendMemPool: Send + Sync + fmt::Debug {
     /// The driver's handle (`CUmemoryPool` as an integer).
     fn handle(&self) -> u64;
     /// `cuMemAllocFromPoolAsync`: valid on `stream` in stream order.

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::BackendPool;
+use crate::backend::BackendMemPool;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ids::BackendKind;
@@ -35,7 +35,7 @@ use crate::stream::Stream;
 #[derive(Clone)]
 pub struct CudaAsyncViewResource {
     device: Device,
-    pool: Arc<dyn BackendPool>,
+    pool: Arc<dyn BackendMemPool>,
 }
 
 impl CudaAsyncViewResource {
@@ -45,7 +45,7 @@ impl CudaAsyncViewResource {
     }
 
     /// A view of `pool`, a pool of `device`.
-    pub(crate) fn over(device: &Device, pool: Arc<dyn BackendPool>) -> Self {
+    pub(crate) fn over(device: &Device, pool: Arc<dyn BackendMemPool>) -> Self {
         CudaAsyncViewResource {
             device: device.clone(),
             pool,
@@ -58,7 +58,7 @@ impl CudaAsyncViewResource {
     /// [`Error::Unsupported`](crate::Error::Unsupported) when the device has no memory pools;
     /// driver errors.
     pub fn device_default(device: &Device) -> Result<Self> {
-        Ok(Self::over(device, device.raw().default_pool()?))
+        Ok(Self::over(device, device.raw().default_mempool()?))
     }
 
     /// The driver's pool handle (`CUmemoryPool` as an integer on CUDA).
@@ -70,7 +70,7 @@ impl CudaAsyncViewResource {
         &self.device
     }
 
-    pub(crate) fn pool(&self) -> &dyn BackendPool {
+    pub(crate) fn pool(&self) -> &dyn BackendMemPool {
         &*self.pool
     }
 

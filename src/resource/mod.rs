@@ -11,8 +11,8 @@ mod cuda_async_managed;
 mod cuda_async_view;
 mod fixed_size;
 pub(crate) mod forward;
-mod host;
 mod managed;
+mod pageable;
 mod pinned_host;
 pub(crate) mod pool;
 pub(crate) mod registry;
@@ -33,8 +33,8 @@ pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleTy
 pub use cuda_async_managed::CudaAsyncManagedResource;
 pub use cuda_async_view::CudaAsyncViewResource;
 pub use fixed_size::FixedSizeResource;
-pub use host::HostResource;
 pub use managed::ManagedResource;
+pub use pageable::HostResource;
 pub use pinned_host::PinnedHostResource;
 pub use pool::{PoolResource, PoolStatistics};
 

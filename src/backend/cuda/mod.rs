@@ -14,7 +14,7 @@
 //!   raw pointers; they are wrapped in `Send + Sync` newtypes because the driver API is
 //!   thread-safe.
 
-mod pool;
+mod mempool;
 mod spin;
 mod stream;
 #[cfg(test)]
@@ -31,13 +31,13 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use crate::backend::{
-    Backend, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo, MemoryKind,
-    PoolConfig, PrefetchTarget,
+    Backend, BackendMemPool, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo,
+    MemoryKind, PrefetchTarget,
 };
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
-use self::pool::CudaPool;
+use self::mempool::CudaMemPool;
 use self::spin::SpinKernel;
 use self::stream::{as_cuda, CudaStream};
 
@@ -78,7 +78,7 @@ driver_handle!(
 );
 driver_handle!(
     /// A `CUmemoryPool`.
-    RawPool(sys::CUmemoryPool)
+    RawMemPool(sys::CUmemoryPool)
 );
 driver_handle!(
     /// A `CUmodule`.
@@ -436,11 +436,11 @@ pub(crate) struct CudaBackend {
     /// `cuDeviceGetName`, read once.
     name: String,
     /// The wrapper of the device's default pool, created on first use.
-    default_pool: OnceLock<Arc<dyn BackendPool>>,
+    default_mempool: OnceLock<Arc<dyn BackendMemPool>>,
     /// Whether prefetches can run here, found out on the first one.
     can_prefetch: OnceLock<bool>,
     /// The wrapper of the device's default managed-memory pool, created on first use.
-    managed_pool: OnceLock<Arc<dyn BackendPool>>,
+    managed_mempool: OnceLock<Arc<dyn BackendMemPool>>,
 }
 
 impl CudaBackend {
@@ -514,9 +514,9 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             name,
-            default_pool: OnceLock::new(),
+            default_mempool: OnceLock::new(),
             can_prefetch: OnceLock::new(),
-            managed_pool: OnceLock::new(),
+            managed_mempool: OnceLock::new(),
         })
     }
 
@@ -669,30 +669,32 @@ impl Backend for CudaBackend {
         Ok(Arc::new(CudaStream::new(self.ctx.clone())?))
     }
 
-    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
-        Ok(Arc::new(CudaPool::create(self.ctx.clone(), config)?))
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<dyn BackendMemPool>> {
+        Ok(Arc::new(CudaMemPool::create(self.ctx.clone(), config)?))
     }
 
     fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
         Ok(Arc::new(CudaStream::builtin(self.ctx.clone(), kind)))
     }
 
-    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
-        if let Some(pool) = self.managed_pool.get() {
+    fn managed_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
+        if let Some(pool) = self.managed_mempool.get() {
             return Ok(pool.clone());
         }
-        let pool: Arc<dyn BackendPool> = Arc::new(CudaPool::managed_default(self.ctx.clone())?);
+        let pool: Arc<dyn BackendMemPool> =
+            Arc::new(CudaMemPool::managed_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
-        Ok(self.managed_pool.get_or_init(|| pool).clone())
+        Ok(self.managed_mempool.get_or_init(|| pool).clone())
     }
 
-    fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {
-        if let Some(pool) = self.default_pool.get() {
+    fn default_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
+        if let Some(pool) = self.default_mempool.get() {
             return Ok(pool.clone());
         }
-        let pool: Arc<dyn BackendPool> = Arc::new(CudaPool::device_default(self.ctx.clone())?);
+        let pool: Arc<dyn BackendMemPool> =
+            Arc::new(CudaMemPool::device_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
-        Ok(self.default_pool.get_or_init(|| pool).clone())
+        Ok(self.default_mempool.get_or_init(|| pool).clone())
     }
 
     fn errors(&self) -> &ErrorSink {

@@ -181,11 +181,11 @@ fn too_large_device_requests_are_out_of_memory() {
         matches!(e, Error::OutOfMemory { requested, .. } if requested == huge),
         "{e}"
     );
-    let pool = backend().create_pool(&PoolConfig::default()).unwrap();
+    let pool = backend().create_mempool(&MemPoolConfig::default()).unwrap();
     let e = pool.allocate_async(huge, &*s).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     let e = backend()
-        .default_pool()
+        .default_mempool()
         .unwrap()
         .allocate_async(huge, &*s)
         .unwrap_err();
@@ -249,7 +249,7 @@ fn foreign_streams_and_events_are_rejected() {
         s.wait_event(&*host_event),
         Err(Error::InvalidArgument(_))
     ));
-    let pool = backend().default_pool().unwrap();
+    let pool = backend().default_mempool().unwrap();
     assert!(matches!(
         pool.allocate_async(256, &*host_stream),
         Err(Error::InvalidArgument(_))
@@ -315,7 +315,7 @@ fn host_functions_run_in_order_and_survive_a_panic() {
 fn pools_allocate_free_and_trim() {
     let s = stream();
     let pool = backend()
-        .create_pool(&PoolConfig {
+        .create_mempool(&MemPoolConfig {
             release_threshold: u64::MAX,
             export_handle_types: 0,
         })
@@ -341,11 +341,11 @@ fn pools_allocate_free_and_trim() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn pools_export_handles_or_say_unsupported() {
-    let config = PoolConfig {
+    let config = MemPoolConfig {
         release_threshold: 0,
         export_handle_types: 1, // POSIX file descriptor
     };
-    match backend().create_pool(&config) {
+    match backend().create_mempool(&config) {
         Ok(pool) => {
             let s = stream();
             let p = pool.allocate_async(1 << 20, &*s).unwrap();
@@ -356,12 +356,12 @@ fn pools_export_handles_or_say_unsupported() {
         Err(Error::Unsupported { .. }) => {}
         Err(e) => panic!("unexpected error: {e}"),
     }
-    let bogus = PoolConfig {
+    let bogus = MemPoolConfig {
         release_threshold: 0,
         export_handle_types: 1 << 30,
     };
     assert!(matches!(
-        backend().create_pool(&bogus),
+        backend().create_mempool(&bogus),
         Err(Error::Unsupported { .. })
     ));
 }
@@ -370,15 +370,15 @@ fn pools_export_handles_or_say_unsupported() {
 #[ignore = "needs a CUDA device"]
 fn the_default_pool_is_shared_and_never_destroyed() {
     let s = stream();
-    let a = backend().default_pool().unwrap();
-    let b = backend().default_pool().unwrap();
+    let a = backend().default_mempool().unwrap();
+    let b = backend().default_mempool().unwrap();
     assert_eq!(a.handle(), b.handle());
     let p = a.allocate_async(1 << 20, &*s).unwrap();
     // SAFETY: from the default pool, unused.
     unsafe { b.free_async(p, 1 << 20, &*s) }.unwrap();
     s.synchronize_blocking().unwrap();
     drop((a, b));
-    let c = backend().default_pool().unwrap();
+    let c = backend().default_mempool().unwrap();
     let p = c.allocate_async(1 << 20, &*s).unwrap();
     // SAFETY: as above.
     unsafe { c.free_async(p, 1 << 20, &*s) }.unwrap();

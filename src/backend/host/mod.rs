@@ -7,17 +7,16 @@
 //! fault tests deterministic.
 
 mod memory;
-mod pool;
+mod mempool;
 mod stream;
 
 use std::sync::{Arc, OnceLock};
 
 pub use memory::HostControls;
-pub(crate) use memory::{system_allocate, system_free};
 
 use crate::backend::{
-    Backend, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo, MemoryKind,
-    PoolConfig, PrefetchTarget,
+    Backend, BackendMemPool, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo,
+    MemoryKind, PrefetchTarget,
 };
 use crate::error::Result;
 use crate::ids::{BackendKind, DeviceId};
@@ -27,9 +26,9 @@ use memory::HostMemory;
 pub(crate) struct HostBackend {
     id: DeviceId,
     controls: HostControls,
-    default_pool: OnceLock<Arc<dyn BackendPool>>,
+    default_mempool: OnceLock<Arc<dyn BackendMemPool>>,
     /// The emulated managed-memory pool, created on first use.
-    managed_pool: OnceLock<Arc<dyn BackendPool>>,
+    managed_mempool: OnceLock<Arc<dyn BackendMemPool>>,
 }
 
 impl HostBackend {
@@ -42,8 +41,8 @@ impl HostBackend {
         HostBackend {
             id,
             controls: HostControls::new(Arc::new(HostMemory::new(id, capacity))),
-            default_pool: OnceLock::new(),
-            managed_pool: OnceLock::new(),
+            default_mempool: OnceLock::new(),
+            managed_mempool: OnceLock::new(),
         }
     }
 
@@ -118,9 +117,9 @@ impl Backend for HostBackend {
         )))
     }
 
-    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<dyn BackendMemPool>> {
         let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
-        Ok(Arc::new(pool::HostPool::new(self.memory().clone())))
+        Ok(Arc::new(mempool::HostMemPool::new(self.memory().clone())))
     }
 
     fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
@@ -130,13 +129,13 @@ impl Backend for HostBackend {
         self.create_stream()
     }
 
-    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
+    fn managed_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
         // Host memory is managed memory already: the emulated pool hands out blocks that the
         // host backend counts as managed (so prefetches of them are made, not skipped).
         Ok(self
-            .managed_pool
+            .managed_mempool
             .get_or_init(|| {
-                Arc::new(pool::HostPool::with_kind(
+                Arc::new(mempool::HostMemPool::with_kind(
                     self.memory().clone(),
                     MemoryKind::Managed,
                 ))
@@ -144,10 +143,10 @@ impl Backend for HostBackend {
             .clone())
     }
 
-    fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {
+    fn default_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
         Ok(self
-            .default_pool
-            .get_or_init(|| Arc::new(pool::HostPool::new(self.memory().clone())))
+            .default_mempool
+            .get_or_init(|| Arc::new(mempool::HostMemPool::new(self.memory().clone())))
             .clone())
     }
 

@@ -1,4 +1,4 @@
-use crate::backend::host::{system_allocate, system_free};
+use crate::backend::pageable::{system_allocate, system_free};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;

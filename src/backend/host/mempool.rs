@@ -1,7 +1,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::backend::{BackendPool, BackendStream, MemoryKind};
+use crate::backend::{BackendMemPool, BackendStream, MemoryKind};
 use crate::error::Result;
 
 use super::memory::HostMemory;
@@ -10,7 +10,7 @@ use super::stream::as_host;
 /// The host emulation of a driver pool: allocation is immediate, and a free takes effect when
 /// the stream reaches it, as with `cuMemFreeAsync`.
 #[derive(Debug)]
-pub(crate) struct HostPool {
+pub(crate) struct HostMemPool {
     memory: Arc<HostMemory>,
     handle: u64,
     reserved: Arc<AtomicUsize>,
@@ -18,7 +18,7 @@ pub(crate) struct HostPool {
     kind: MemoryKind,
 }
 
-impl HostPool {
+impl HostMemPool {
     pub(crate) fn new(memory: Arc<HostMemory>) -> Self {
         Self::with_kind(memory, MemoryKind::Device)
     }
@@ -26,7 +26,7 @@ impl HostPool {
     /// A pool whose blocks are `kind` memory.
     pub(crate) fn with_kind(memory: Arc<HostMemory>, kind: MemoryKind) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        HostPool {
+        HostMemPool {
             memory,
             handle: NEXT.fetch_add(1, Ordering::Relaxed),
             reserved: Arc::default(),
@@ -35,7 +35,7 @@ impl HostPool {
     }
 }
 
-impl BackendPool for HostPool {
+impl BackendMemPool for HostMemPool {
     fn handle(&self) -> u64 {
         self.handle
     }
