@@ -4,6 +4,12 @@
 //! is 256-byte-aligned host memory and each stream is an ordered queue run by a worker thread) and
 //! `cuda` (feature `cuda`; cudarc's driver API, loaded at run time). Everything above this module
 //! is safe Rust over these traits; the `unsafe` that touches raw addresses lives here.
+//!
+//! The two folders split file for file: `mod.rs` (the backend), `memory.rs` (raw allocations of
+//! each [`MemoryKind`]), `stream.rs`, `event.rs`, `mempool.rs` (driver pools, `CUmemoryPool`);
+//! CUDA adds `context.rs` (driver loading, the primary context, raw handles) and `spin.rs` (the
+//! delay kernel). [`pageable`] is the pageable host memory both use. The backend imports only
+//! [`crate::ids`] and [`crate::error`]: it knows nothing of devices, streams or resources.
 
 use std::any::Any;
 use std::fmt;
@@ -124,10 +130,6 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
             what: "stream-ordered managed memory pools".into(),
             device: self.id(),
         })
-    }
-    /// Fault injection and accounting, on the host backend only.
-    fn host_controls(&self) -> Option<&host::HostControls> {
-        None
     }
     /// Where this backend's streams, driver threads and `Drop`s put errors they cannot return.
     fn errors(&self) -> &ErrorSink;

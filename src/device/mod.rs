@@ -56,16 +56,23 @@ struct DeferredErrors {
 struct DeviceInner {
     backend: Arc<dyn Backend>,
     driver: CompletionDriver,
+    /// Fault injection and accounting: host devices only.
+    host_controls: Option<HostControls>,
     deferred: Mutex<DeferredErrors>,
     /// Total memory, asked of the backend once: it does not change while the device lives.
     total_memory: OnceLock<usize>,
 }
 
 impl Device {
-    fn from_backend(backend: Arc<dyn Backend>, strategy: CompletionStrategy) -> Device {
+    fn from_backend(
+        backend: Arc<dyn Backend>,
+        strategy: CompletionStrategy,
+        host_controls: Option<HostControls>,
+    ) -> Device {
         let device = Device {
             inner: Arc::new(DeviceInner {
                 driver: CompletionDriver::new(strategy),
+                host_controls,
                 backend,
                 deferred: Mutex::default(),
                 total_memory: OnceLock::new(),
@@ -116,7 +123,8 @@ impl Device {
     fn host_with_ordinal(config: HostConfig, ordinal: u32) -> Device {
         let strategy = config.get_completion_strategy();
         let backend = HostBackend::new(config.get_capacity(), ordinal);
-        Device::from_backend(Arc::new(backend), strategy)
+        let controls = backend.controls();
+        Device::from_backend(Arc::new(backend), strategy, Some(controls))
     }
 
     /// The CUDA device with this ordinal, with its primary context.
@@ -146,7 +154,7 @@ impl Device {
                 return Ok(d.clone());
             }
             let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
-            let d = Device::from_backend(Arc::new(backend), CompletionStrategy::default());
+            let d = Device::from_backend(Arc::new(backend), CompletionStrategy::default(), None);
             devices[ordinal] = Some(d.clone());
             Ok(d)
         }
@@ -247,7 +255,7 @@ impl Device {
     /// assert!(device.host_controls().is_some());
     /// ```
     pub fn host_controls(&self) -> Option<&HostControls> {
-        self.inner.backend.host_controls()
+        self.inner.host_controls.as_ref()
     }
 
     /// Takes the oldest error not taken yet that was met where it could not be returned: a

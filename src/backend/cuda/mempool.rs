@@ -8,8 +8,8 @@ use cudarc::driver::sys;
 use crate::backend::{BackendMemPool, BackendStream, MemPoolConfig};
 use crate::error::{Error, Result};
 
+use super::context::{DeviceContext, RawMemPool};
 use super::stream::{as_cuda, CudaStream};
-use super::{DeviceContext, RawMemPool};
 
 /// A driver memory pool (`CUmemoryPool`): one this crate created (destroyed on drop) or the
 /// device's default pool (never destroyed).

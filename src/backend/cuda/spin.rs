@@ -14,7 +14,7 @@ use cudarc::driver::sys;
 
 use crate::error::Result;
 
-use super::{DeviceContext, RawFunction, RawModule};
+use super::context::{DeviceContext, RawFunction, RawModule};
 
 /// The kernel's entry point, as named in the PTX.
 const ENTRY: &std::ffi::CStr = c"streamalloc_spin";

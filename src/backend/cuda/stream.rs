@@ -13,7 +13,8 @@ use cudarc::driver::sys;
 use crate::backend::{panic_message, BackendEvent, BackendStream, Completion, DefaultStream};
 use crate::error::{Error, Result};
 
-use super::{DeviceContext, RawEvent, RawStream};
+use super::context::{DeviceContext, RawStream};
+use super::event::CudaEvent;
 
 /// The CUDA stream behind `stream`, or an error for a stream of another backend.
 pub(crate) fn as_cuda(stream: &dyn BackendStream) -> Result<&CudaStream> {
@@ -363,50 +364,5 @@ impl BackendStream for CudaStream {
         // SAFETY: the context is current and the stream live.
         let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
         self.ctx.check("cuStreamSynchronize", r)
-    }
-}
-
-/// A recorded `CUevent` (`CU_EVENT_DISABLE_TIMING`); goes back to its device's idle list on drop.
-pub(crate) struct CudaEvent {
-    ctx: Arc<DeviceContext>,
-    raw: RawEvent,
-}
-
-impl Drop for CudaEvent {
-    fn drop(&mut self) {
-        // Binds (and destroys) only when the idle list is full.
-        self.ctx.recycle_event(self.raw);
-    }
-}
-
-impl fmt::Debug for CudaEvent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaEvent")
-            .field("device", &self.ctx.id())
-            .field("raw", &self.raw)
-            .finish()
-    }
-}
-
-impl BackendEvent for CudaEvent {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn query(&self) -> Result<bool> {
-        self.ctx.bind()?;
-        // SAFETY: the context is current; the event is live while `self` is.
-        match unsafe { sys::cuEventQuery(self.raw.0) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => self.ctx.check("cuEventQuery", r).map(|()| false),
-        }
-    }
-
-    fn synchronize_blocking(&self) -> Result<()> {
-        self.ctx.bind()?;
-        // SAFETY: the context is current; the event is live while `self` is.
-        let r = unsafe { sys::cuEventSynchronize(self.raw.0) };
-        self.ctx.check("cuEventSynchronize", r)
     }
 }

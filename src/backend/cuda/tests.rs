@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::context::MAX_IDLE_EVENTS;
 use super::*;
 use crate::backend::{BackendEvent, Completion};
 

@@ -284,10 +284,6 @@ impl HostControls {
         HostControls { memory }
     }
 
-    pub(crate) fn memory(&self) -> &Arc<HostMemory> {
-        &self.memory
-    }
-
     /// Makes the next `n` raw allocations of this device fail with out-of-memory.
     pub fn fail_next_allocations(&self, n: usize) {
         self.memory.fail_next.store(n, Ordering::Release);

@@ -6,6 +6,7 @@
 //! delays (stand-ins for kernels) and allocation failures, which makes ordering, pressure and
 //! fault tests deterministic.
 
+mod event;
 mod memory;
 mod mempool;
 mod stream;
@@ -25,7 +26,7 @@ use memory::HostMemory;
 #[derive(Debug)]
 pub(crate) struct HostBackend {
     id: DeviceId,
-    controls: HostControls,
+    memory: Arc<HostMemory>,
     default_mempool: OnceLock<Arc<dyn BackendMemPool>>,
     /// The emulated managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<dyn BackendMemPool>>,
@@ -40,14 +41,20 @@ impl HostBackend {
         };
         HostBackend {
             id,
-            controls: HostControls::new(Arc::new(HostMemory::new(id, capacity))),
+            memory: Arc::new(HostMemory::new(id, capacity)),
             default_mempool: OnceLock::new(),
             managed_mempool: OnceLock::new(),
         }
     }
 
+    /// Fault injection and accounting of this device's memory, for the device to hand out
+    /// (they stay off the shared [`Backend`] trait: no other backend has them).
+    pub(crate) fn controls(&self) -> HostControls {
+        HostControls::new(self.memory.clone())
+    }
+
     fn memory(&self) -> &Arc<HostMemory> {
-        self.controls.memory()
+        &self.memory
     }
 }
 
@@ -148,10 +155,6 @@ impl Backend for HostBackend {
             .default_mempool
             .get_or_init(|| Arc::new(mempool::HostMemPool::new(self.memory().clone())))
             .clone())
-    }
-
-    fn host_controls(&self) -> Option<&HostControls> {
-        Some(&self.controls)
     }
 
     fn errors(&self) -> &ErrorSink {

@@ -13,6 +13,7 @@ use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 
+use super::event::HostEvent;
 use super::memory::HostMemory;
 
 /// One queued operation of a host stream.
@@ -37,14 +38,14 @@ enum Op {
 }
 
 /// The queue shared by a stream handle, its events and its worker thread.
-struct Queue {
+pub(super) struct Queue {
     state: Mutex<QueueState>,
     /// Signalled when work is enqueued or the stream is dropped.
     work: Condvar,
     /// Signalled after every completed operation.
     progress: Condvar,
     /// Operations completed so far; the worker is the only writer.
-    completed: AtomicU64,
+    pub(super) completed: AtomicU64,
     /// The first operation that failed, as a position (events at or after it report the
     /// error), and its error. Sticky, as an asynchronous error is on a CUDA context.
     fault: OnceLock<(u64, Error)>,
@@ -61,7 +62,7 @@ struct QueueState {
 }
 
 impl Queue {
-    fn wait_for(&self, position: u64) {
+    pub(super) fn wait_for(&self, position: u64) {
         if self.completed.load(Ordering::Acquire) >= position {
             return;
         }
@@ -72,7 +73,7 @@ impl Queue {
     }
 
     /// The error of a failure at or before `position`, if the queue had one.
-    fn fault_at(&self, position: u64) -> Result<()> {
+    pub(super) fn fault_at(&self, position: u64) -> Result<()> {
         match self.fault.get() {
             Some((failed, e)) if *failed <= position => Err(e.clone()),
             _ => Ok(()),
@@ -272,37 +273,5 @@ impl BackendStream for HostStream {
         let position = self.queue.state.lock().enqueued;
         self.queue.wait_for(position);
         self.queue.fault_at(position)
-    }
-}
-
-/// A position in a host stream's queue.
-struct HostEvent {
-    queue: Arc<Queue>,
-    position: u64,
-}
-
-impl fmt::Debug for HostEvent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostEvent")
-            .field("position", &self.position)
-            .finish()
-    }
-}
-
-impl BackendEvent for HostEvent {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn query(&self) -> Result<bool> {
-        if self.queue.completed.load(Ordering::Acquire) < self.position {
-            return Ok(false);
-        }
-        self.queue.fault_at(self.position).map(|()| true)
-    }
-
-    fn synchronize_blocking(&self) -> Result<()> {
-        self.queue.wait_for(self.position);
-        self.queue.fault_at(self.position)
     }
 }
