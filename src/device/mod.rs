@@ -17,7 +17,7 @@ pub(crate) use crate::ids::DeviceId;
 pub use config::{CompletionStrategy, HostConfig, DEFAULT_HOST_CAPACITY};
 
 use crate::backend::host::{HostBackend, HostControls};
-use crate::backend::{Backend, BackendEvent, Completion, MemoryInfo};
+use crate::backend::{AnyBackend, AnyEvent, Completion, MemoryInfo};
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, StreamId};
 use notify::{CompletionDriver, ShadowStream};
@@ -54,7 +54,7 @@ struct DeferredErrors {
 }
 
 struct DeviceInner {
-    backend: Arc<dyn Backend>,
+    backend: AnyBackend,
     driver: CompletionDriver,
     /// Fault injection and accounting: host devices only.
     host_controls: Option<HostControls>,
@@ -65,7 +65,7 @@ struct DeviceInner {
 
 impl Device {
     fn from_backend(
-        backend: Arc<dyn Backend>,
+        backend: AnyBackend,
         strategy: CompletionStrategy,
         host_controls: Option<HostControls>,
     ) -> Device {
@@ -124,7 +124,7 @@ impl Device {
         let strategy = config.get_completion_strategy();
         let backend = HostBackend::new(config.get_capacity(), ordinal);
         let controls = backend.controls();
-        Device::from_backend(Arc::new(backend), strategy, Some(controls))
+        Device::from_backend(AnyBackend::Host(backend), strategy, Some(controls))
     }
 
     /// The CUDA device with this ordinal, with its primary context.
@@ -154,7 +154,11 @@ impl Device {
                 return Ok(d.clone());
             }
             let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
-            let d = Device::from_backend(Arc::new(backend), CompletionStrategy::default(), None);
+            let d = Device::from_backend(
+                AnyBackend::Cuda(backend),
+                CompletionStrategy::default(),
+                None,
+            );
             devices[ordinal] = Some(d.clone());
             Ok(d)
         }
@@ -306,7 +310,7 @@ impl Device {
         }
     }
 
-    pub(crate) fn raw(&self) -> &Arc<dyn Backend> {
+    pub(crate) fn raw(&self) -> &AnyBackend {
         &self.inner.backend
     }
 
@@ -317,10 +321,10 @@ impl Device {
         &self,
         stream: StreamId,
         shadow: &ShadowStream,
-        event: &Arc<dyn BackendEvent>,
+        event: &AnyEvent,
         completion: &Arc<Completion>,
     ) -> Result<()> {
-        let backend = &*self.inner.backend;
+        let backend = &self.inner.backend;
         self.inner
             .driver
             .arm(backend, stream, shadow, event, completion)

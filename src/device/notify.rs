@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, BackendEvent, BackendStream, Completion};
+use crate::backend::{AnyBackend, AnyEvent, AnyStream, Completion};
 use crate::device::config::CompletionStrategy;
 use crate::error::Result;
 use crate::ids::StreamId;
@@ -49,16 +49,16 @@ impl CompletionDriver {
     /// host function.
     pub(crate) fn arm(
         &self,
-        backend: &dyn Backend,
+        backend: &AnyBackend,
         stream: StreamId,
         shadow: &ShadowStream,
-        event: &Arc<dyn BackendEvent>,
+        event: &AnyEvent,
         completion: &Arc<Completion>,
     ) -> Result<()> {
         match self.strategy() {
             CompletionStrategy::HostFunction => {
                 let shadow = shadow.get_or_create(backend)?;
-                shadow.wait_event(&**event)?;
+                shadow.wait_event(event)?;
                 shadow.notify(completion.clone())
             }
             CompletionStrategy::Poller => {
@@ -91,10 +91,10 @@ impl fmt::Debug for CompletionDriver {
 /// user stream never stalls behind a host callback. Created on first use; the user stream's
 /// handle owns it, so it lives exactly as long.
 #[derive(Debug, Default)]
-pub(crate) struct ShadowStream(OnceLock<Arc<dyn BackendStream>>);
+pub(crate) struct ShadowStream(OnceLock<AnyStream>);
 
 impl ShadowStream {
-    fn get_or_create(&self, backend: &dyn Backend) -> Result<&Arc<dyn BackendStream>> {
+    fn get_or_create(&self, backend: &AnyBackend) -> Result<&AnyStream> {
         if let Some(s) = self.0.get() {
             return Ok(s);
         }
@@ -104,7 +104,7 @@ impl ShadowStream {
     }
 }
 
-type Pending = (Arc<dyn BackendEvent>, Arc<Completion>);
+type Pending = (AnyEvent, Arc<Completion>);
 
 struct Poller {
     shared: Arc<PollerShared>,
@@ -139,7 +139,7 @@ impl Poller {
         }
     }
 
-    fn submit(&self, stream: StreamId, event: Arc<dyn BackendEvent>, completion: Arc<Completion>) {
+    fn submit(&self, stream: StreamId, event: AnyEvent, completion: Arc<Completion>) {
         self.shared.inbox.lock().push((stream, (event, completion)));
         self.thread.unpark();
     }

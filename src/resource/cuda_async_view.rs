@@ -1,7 +1,6 @@
 use std::fmt;
-use std::sync::Arc;
 
-use crate::backend::BackendMemPool;
+use crate::backend::AnyMemPool;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ids::BackendKind;
@@ -35,7 +34,7 @@ use crate::stream::Stream;
 #[derive(Clone)]
 pub struct CudaAsyncViewResource {
     device: Device,
-    pool: Arc<dyn BackendMemPool>,
+    pool: AnyMemPool,
 }
 
 impl CudaAsyncViewResource {
@@ -45,7 +44,7 @@ impl CudaAsyncViewResource {
     }
 
     /// A view of `pool`, a pool of `device`.
-    pub(crate) fn over(device: &Device, pool: Arc<dyn BackendMemPool>) -> Self {
+    pub(crate) fn over(device: &Device, pool: AnyMemPool) -> Self {
         CudaAsyncViewResource {
             device: device.clone(),
             pool,
@@ -70,8 +69,8 @@ impl CudaAsyncViewResource {
         &self.device
     }
 
-    pub(crate) fn pool(&self) -> &dyn BackendMemPool {
-        &*self.pool
+    pub(crate) fn pool(&self) -> &AnyMemPool {
+        &self.pool
     }
 
     /// `Debug` under the name of the view's type or of its owner's.
@@ -110,7 +109,7 @@ impl MemoryResource for CudaAsyncViewResource {
     }
 
     fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.pool)
+        ResourceIdentity::Shared(self.pool.address())
     }
 
     fn properties(&self) -> Properties {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::backend::{BackendEvent, Completion};
+use crate::backend::{AnyEvent, Completion};
 use crate::error::Result;
 use crate::stream::Stream;
 
@@ -41,14 +41,14 @@ pub struct Event {
 
 struct EventInner {
     stream: Stream,
-    raw: Arc<dyn BackendEvent>,
+    raw: AnyEvent,
     completion: Arc<Completion>,
     /// Set once the completion driver has been asked to complete `completion`.
     armed: AtomicBool,
 }
 
 impl Event {
-    pub(crate) fn new(stream: Stream, raw: Arc<dyn BackendEvent>) -> Event {
+    pub(crate) fn new(stream: Stream, raw: AnyEvent) -> Event {
         Event {
             inner: Arc::new(EventInner {
                 stream,
@@ -84,8 +84,8 @@ impl Event {
         self.inner.raw.synchronize_blocking()
     }
 
-    pub(crate) fn raw(&self) -> &dyn BackendEvent {
-        &*self.inner.raw
+    pub(crate) fn raw(&self) -> &AnyEvent {
+        &self.inner.raw
     }
 
     fn completion_result(&self) -> Result<()> {

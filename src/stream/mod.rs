@@ -16,7 +16,7 @@ pub use round_robin::StreamPool;
 
 use parking_lot::Mutex;
 
-use crate::backend::{BackendStream, DefaultStream};
+use crate::backend::{AnyStream, DefaultStream};
 use crate::device::notify::ShadowStream;
 use crate::device::Device;
 use crate::error::Result;
@@ -52,7 +52,7 @@ pub struct Stream {
 pub(crate) struct StreamInner {
     id: StreamId,
     device: Device,
-    raw: Arc<dyn BackendStream>,
+    raw: AnyStream,
     /// The private stream on which the completion driver's host functions run.
     shadow: ShadowStream,
 }
@@ -67,7 +67,7 @@ impl Stream {
         Ok(Stream::wrap(device, raw))
     }
 
-    fn wrap(device: &Device, raw: Arc<dyn BackendStream>) -> Stream {
+    fn wrap(device: &Device, raw: AnyStream) -> Stream {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Stream {
             inner: Arc::new(StreamInner {
@@ -261,8 +261,8 @@ impl Stream {
         self.inner.raw.delay(duration)
     }
 
-    pub(crate) fn raw(&self) -> &dyn BackendStream {
-        &*self.inner.raw
+    pub(crate) fn raw(&self) -> &AnyStream {
+        &self.inner.raw
     }
 
     pub(crate) fn shadow(&self) -> &ShadowStream {

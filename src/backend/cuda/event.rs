@@ -1,6 +1,5 @@
 //! CUDA events: a recorded `CUevent`, queried and waited on.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -34,10 +33,6 @@ impl fmt::Debug for CudaEvent {
 }
 
 impl BackendEvent for CudaEvent {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn query(&self) -> Result<bool> {
         self.ctx.bind()?;
         // SAFETY: the context is current; the event is live while `self` is.

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use crate::backend::{BackendMemPool, BackendStream, MemPoolConfig};
+use crate::backend::{BackendMemPool, MemPoolConfig};
 use crate::error::{Error, Result};
 
 use super::context::{DeviceContext, RawMemPool};
-use super::stream::{as_cuda, CudaStream};
+use super::stream::CudaStream;
 
 /// A driver memory pool (`CUmemoryPool`): one this crate created (destroyed on drop) or the
 /// device's default pool (never destroyed).
@@ -180,8 +180,7 @@ impl CudaMemPool {
     }
 
     /// The CUDA stream behind `stream`, checked to belong to this pool's device.
-    fn stream<'s>(&self, stream: &'s dyn BackendStream) -> Result<&'s CudaStream> {
-        let stream = as_cuda(stream)?;
+    fn stream<'s>(&self, stream: &'s CudaStream) -> Result<&'s CudaStream> {
         let (expected, actual) = (self.ctx.id(), stream.context().id());
         if expected != actual {
             return Err(Error::DeviceMismatch { expected, actual });
@@ -217,11 +216,13 @@ impl fmt::Debug for CudaMemPool {
 }
 
 impl BackendMemPool for CudaMemPool {
+    type Stream = CudaStream;
+
     fn handle(&self) -> u64 {
         self.raw.0 as u64
     }
 
-    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64> {
+    fn allocate_async(&self, bytes: usize, stream: &CudaStream) -> Result<u64> {
         let stream = self.stream(stream)?;
         self.ctx.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
@@ -234,7 +235,7 @@ impl BackendMemPool for CudaMemPool {
         Ok(ptr)
     }
 
-    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
         let _ = bytes;
         let stream = self.stream(stream)?;
         self.ctx.bind()?;

@@ -31,16 +31,16 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 use crate::backend::{
-    Backend, BackendMemPool, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo,
-    MemoryKind, PrefetchTarget,
+    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
 pub(crate) use self::context::device_count;
 use self::context::{error_name, DeviceContext, RawContext};
-use self::mempool::CudaMemPool;
-use self::stream::{as_cuda, CudaStream};
+pub(crate) use self::event::CudaEvent;
+pub(crate) use self::mempool::CudaMemPool;
+pub(crate) use self::stream::CudaStream;
 
 /// A CUDA device with its primary context.
 #[derive(Debug)]
@@ -49,11 +49,11 @@ pub(crate) struct CudaBackend {
     /// `cuDeviceGetName`, read once.
     name: String,
     /// The wrapper of the device's default pool, created on first use.
-    default_mempool: OnceLock<Arc<dyn BackendMemPool>>,
+    default_mempool: OnceLock<Arc<CudaMemPool>>,
     /// Whether prefetches can run here, found out on the first one.
     can_prefetch: OnceLock<bool>,
     /// The wrapper of the device's default managed-memory pool, created on first use.
-    managed_mempool: OnceLock<Arc<dyn BackendMemPool>>,
+    managed_mempool: OnceLock<Arc<CudaMemPool>>,
 }
 
 impl CudaBackend {
@@ -144,6 +144,10 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type MemPool = CudaMemPool;
+
     fn id(&self) -> DeviceId {
         self.ctx.id()
     }
@@ -170,10 +174,9 @@ impl Backend for CudaBackend {
         kind: MemoryKind,
         ptr: u64,
         bytes: usize,
-        stream: &dyn BackendStream,
+        stream: &CudaStream,
     ) -> Result<()> {
         let _ = bytes;
-        let stream = as_cuda(stream)?;
         // SAFETY: the caller's contract, forwarded.
         unsafe { memory::free(&self.ctx, kind, ptr, stream) }
     }
@@ -183,12 +186,11 @@ impl Backend for CudaBackend {
         ptr: u64,
         bytes: usize,
         target: PrefetchTarget,
-        stream: &dyn BackendStream,
+        stream: &CudaStream,
     ) -> Result<bool> {
         if bytes == 0 {
             return Ok(false);
         }
-        let stream = as_cuda(stream)?;
         self.ctx.bind()?;
         if !self.can_prefetch()? {
             return Ok(false);
@@ -219,34 +221,32 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
+    fn create_stream(&self) -> Result<Arc<CudaStream>> {
         Ok(Arc::new(CudaStream::new(self.ctx.clone())?))
     }
 
-    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<dyn BackendMemPool>> {
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<CudaMemPool>> {
         Ok(Arc::new(CudaMemPool::create(self.ctx.clone(), config)?))
     }
 
-    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<CudaStream>> {
         Ok(Arc::new(CudaStream::builtin(self.ctx.clone(), kind)))
     }
 
-    fn managed_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
+    fn managed_mempool(&self) -> Result<Arc<CudaMemPool>> {
         if let Some(pool) = self.managed_mempool.get() {
             return Ok(pool.clone());
         }
-        let pool: Arc<dyn BackendMemPool> =
-            Arc::new(CudaMemPool::managed_default(self.ctx.clone())?);
+        let pool = Arc::new(CudaMemPool::managed_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
         Ok(self.managed_mempool.get_or_init(|| pool).clone())
     }
 
-    fn default_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
+    fn default_mempool(&self) -> Result<Arc<CudaMemPool>> {
         if let Some(pool) = self.default_mempool.get() {
             return Ok(pool.clone());
         }
-        let pool: Arc<dyn BackendMemPool> =
-            Arc::new(CudaMemPool::device_default(self.ctx.clone())?);
+        let pool = Arc::new(CudaMemPool::device_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
         Ok(self.default_mempool.get_or_init(|| pool).clone())
     }

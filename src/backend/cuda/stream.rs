@@ -10,18 +10,11 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{panic_message, BackendEvent, BackendStream, Completion, DefaultStream};
+use crate::backend::{panic_message, BackendStream, Completion, DefaultStream};
 use crate::error::{Error, Result};
 
 use super::context::{DeviceContext, RawStream};
 use super::event::CudaEvent;
-
-/// The CUDA stream behind `stream`, or an error for a stream of another backend.
-pub(crate) fn as_cuda(stream: &dyn BackendStream) -> Result<&CudaStream> {
-    stream.as_any().downcast_ref::<CudaStream>().ok_or_else(|| {
-        Error::invalid("a CUDA-backend operation was given a stream of another backend")
-    })
-}
 
 /// Bytes of pinned memory a stream keeps for staging copies to and from pageable memory.
 const STAGING_BYTES: usize = 4 << 20;
@@ -214,15 +207,13 @@ unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
 }
 
 impl BackendStream for CudaStream {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    type Event = CudaEvent;
 
     fn raw_handle(&self) -> u64 {
         self.raw.0 as u64
     }
 
-    fn record(&self) -> Result<Arc<dyn BackendEvent>> {
+    fn record(&self) -> Result<Arc<CudaEvent>> {
         self.ctx.bind()?;
         let event = CudaEvent {
             raw: self.ctx.take_event()?,
@@ -235,10 +226,7 @@ impl BackendStream for CudaStream {
         Ok(Arc::new(event))
     }
 
-    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()> {
-        let event = event.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
-            Error::invalid("a CUDA stream was asked to wait on an event of another backend")
-        })?;
+    fn wait_event(&self, event: &CudaEvent) -> Result<()> {
         self.ctx.bind()?;
         // SAFETY: the context is current; both handles are live (the event is borrowed). The
         // driver may wait on an event of another device's context.

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use super::context::MAX_IDLE_EVENTS;
 use super::*;
-use crate::backend::{BackendEvent, Completion};
+use crate::backend::{
+    AnyEvent, AnyMemPool, AnyStream, BackendEvent, BackendMemPool, BackendStream, Completion,
+};
 
 /// One backend for the whole test process, so tests never release the primary context under
 /// each other.
@@ -21,12 +23,12 @@ fn backend() -> &'static CudaBackend {
     BACKEND.get_or_init(|| CudaBackend::new(0).expect("CUDA device 0"))
 }
 
-fn stream() -> Arc<dyn BackendStream> {
+fn stream() -> Arc<CudaStream> {
     backend().create_stream().expect("cuStreamCreate")
 }
 
 /// Copies `bytes` at `src` (any memory kind) into a new host vector, through `stream`.
-fn read_back(stream: &dyn BackendStream, src: u64, bytes: usize) -> Vec<u8> {
+fn read_back(stream: &CudaStream, src: u64, bytes: usize) -> Vec<u8> {
     let mut host = vec![0u8; bytes];
     // SAFETY: `host` is valid for `bytes` and outlives the copy (synchronized below); `src` is
     // a live allocation of at least `bytes` (caller).
@@ -91,12 +93,12 @@ fn every_memory_kind_holds_data() {
         assert_eq!(p % 256, 0, "{kind:?} is not 256-byte aligned");
         // SAFETY: `p` is a live allocation of `n` bytes until freed below, after a sync.
         unsafe { s.memset(p, 0x5a, n) }.expect("cuMemsetD8Async");
-        assert!(read_back(&*s, p, n).iter().all(|&b| b == 0x5a), "{kind:?}");
+        assert!(read_back(&s, p, n).iter().all(|&b| b == 0x5a), "{kind:?}");
 
         let pattern: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         // SAFETY: `pattern` outlives the copy (synchronized in `read_back`); `p` is live.
         unsafe { s.copy(p, pattern.as_ptr() as u64, n) }.expect("cuMemcpyAsync");
-        assert_eq!(read_back(&*s, p, n), pattern, "{kind:?}");
+        assert_eq!(read_back(&s, p, n), pattern, "{kind:?}");
 
         // SAFETY: allocated above with the same kind and size; all work on it is synchronized.
         unsafe { backend().free(kind, p, n, &*s) }.expect("free");
@@ -155,7 +157,7 @@ fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
     // The data survives the migration.
     // SAFETY: `managed` is live for `n` bytes until freed below, after a sync.
     unsafe { s.memset(managed, 0x3c, n) }.unwrap();
-    assert!(read_back(&*s, managed, n).iter().all(|&x| x == 0x3c));
+    assert!(read_back(&s, managed, n).iter().all(|&x| x == 0x3c));
     // 0 bytes is nothing to do.
     assert!(!b.prefetch(managed, 0, &*s).unwrap());
 
@@ -232,7 +234,7 @@ fn wait_event_orders_work_across_streams() {
     let after = b.record().unwrap();
     assert!(!after.query().unwrap(), "b did not wait for a");
     // Read on `b`: must see `a`'s memset, ordered by the wait alone.
-    assert!(read_back(&*b, p, n).iter().all(|&x| x == 7));
+    assert!(read_back(&b, p, n).iter().all(|&x| x == 7));
     assert!(start.elapsed() >= Duration::from_millis(100));
     assert!(after.query().unwrap());
     // SAFETY: all work on `p` is done (synchronized through `b`, which waited for `a`).
@@ -242,17 +244,18 @@ fn wait_event_orders_work_across_streams() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn foreign_streams_and_events_are_rejected() {
-    let s = stream();
+    // Inside the backend the types rule it out; the erased layer refuses it at run time.
+    let s = AnyStream::Cuda(stream());
     let host = crate::Device::host_with(crate::HostConfig::default());
-    let host_stream = host.raw().create_stream().unwrap();
-    let host_event = host_stream.record().unwrap();
+    let host_stream: AnyStream = host.raw().create_stream().unwrap();
+    let host_event: AnyEvent = host_stream.record().unwrap();
     assert!(matches!(
-        s.wait_event(&*host_event),
+        s.wait_event(&host_event),
         Err(Error::InvalidArgument(_))
     ));
-    let pool = backend().default_mempool().unwrap();
+    let pool = AnyMemPool::Cuda(backend().default_mempool().unwrap());
     assert!(matches!(
-        pool.allocate_async(256, &*host_stream),
+        pool.allocate_async(256, &host_stream),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -327,7 +330,7 @@ fn pools_allocate_free_and_trim() {
     assert_eq!(p % 256, 0);
     // SAFETY: `p` is valid on `s` in stream order until the free below.
     unsafe { s.memset(p, 3, n) }.unwrap();
-    assert!(read_back(&*s, p, n).iter().all(|&x| x == 3));
+    assert!(read_back(&s, p, n).iter().all(|&x| x == 3));
     // SAFETY: from this pool, not freed, all use ordered before on `s`.
     unsafe { pool.free_async(p, n, &*s) }.unwrap();
     s.synchronize_blocking().unwrap();
@@ -394,7 +397,7 @@ fn events_are_recycled() {
         let e = s.record().unwrap();
         let _ = e.query().unwrap();
     }
-    let events: Vec<Arc<dyn BackendEvent>> = (0..2 * MAX_IDLE_EVENTS)
+    let events: Vec<Arc<CudaEvent>> = (0..2 * MAX_IDLE_EVENTS)
         .map(|_| s.record().unwrap())
         .collect();
     s.synchronize_blocking().unwrap();
@@ -415,7 +418,7 @@ fn threads_bind_the_context_themselves() {
                 let p = backend().allocate(MemoryKind::Device, n).unwrap();
                 // SAFETY: `p` is live until the free below.
                 unsafe { s.memset(p, i, n) }.unwrap();
-                assert!(read_back(&*s, p, n).iter().all(|&x| x == i));
+                assert!(read_back(&s, p, n).iter().all(|&x| x == i));
                 // SAFETY: all work on `p` is synchronized.
                 unsafe { backend().free(MemoryKind::Device, p, n, &*s) }.unwrap();
                 // Dropping the stream on this thread binds here too.

@@ -1,6 +1,5 @@
 //! Host events: positions in a host stream's queue.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use crate::error::Result;
 use super::stream::Queue;
 
 /// A position in a host stream's queue.
-pub(super) struct HostEvent {
+pub(crate) struct HostEvent {
     pub(super) queue: Arc<Queue>,
     pub(super) position: u64,
 }
@@ -25,10 +24,6 @@ impl fmt::Debug for HostEvent {
 }
 
 impl BackendEvent for HostEvent {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn query(&self) -> Result<bool> {
         if self.queue.completed.load(Ordering::Acquire) < self.position {
             return Ok(false);

@@ -13,11 +13,13 @@ mod stream;
 
 use std::sync::{Arc, OnceLock};
 
+pub(crate) use event::HostEvent;
 pub use memory::HostControls;
+pub(crate) use mempool::HostMemPool;
+pub(crate) use stream::HostStream;
 
 use crate::backend::{
-    Backend, BackendMemPool, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo,
-    MemoryKind, PrefetchTarget,
+    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
 use crate::error::Result;
 use crate::ids::{BackendKind, DeviceId};
@@ -27,9 +29,9 @@ use memory::HostMemory;
 pub(crate) struct HostBackend {
     id: DeviceId,
     memory: Arc<HostMemory>,
-    default_mempool: OnceLock<Arc<dyn BackendMemPool>>,
+    default_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulated managed-memory pool, created on first use.
-    managed_mempool: OnceLock<Arc<dyn BackendMemPool>>,
+    managed_mempool: OnceLock<Arc<HostMemPool>>,
 }
 
 impl HostBackend {
@@ -59,6 +61,10 @@ impl HostBackend {
 }
 
 impl Backend for HostBackend {
+    type Stream = HostStream;
+    type Event = HostEvent;
+    type MemPool = HostMemPool;
+
     fn id(&self) -> DeviceId {
         self.id
     }
@@ -80,9 +86,8 @@ impl Backend for HostBackend {
         kind: MemoryKind,
         ptr: u64,
         bytes: usize,
-        stream: &dyn BackendStream,
+        stream: &HostStream,
     ) -> Result<()> {
-        let stream = stream::as_host(stream)?;
         let memory = self.memory().clone();
         // A double free fails here, while the first free may still be queued.
         memory.begin_free(kind, ptr, bytes)?;
@@ -107,9 +112,9 @@ impl Backend for HostBackend {
         ptr: u64,
         bytes: usize,
         target: PrefetchTarget,
-        stream: &dyn BackendStream,
+        stream: &HostStream,
     ) -> Result<bool> {
-        stream::as_host(stream)?;
+        let _ = stream;
         // Emulated managed memory already lives where the "device" and the host read it:
         // nothing moves, whatever the target, but the request is counted so that tests can see
         // it was made.
@@ -117,32 +122,29 @@ impl Backend for HostBackend {
         self.memory().prefetch(ptr, bytes)
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
-        Ok(Arc::new(stream::HostStream::new(
-            self.id,
-            self.memory().clone(),
-        )))
+    fn create_stream(&self) -> Result<Arc<HostStream>> {
+        Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
     }
 
-    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<dyn BackendMemPool>> {
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<HostMemPool>> {
         let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
-        Ok(Arc::new(mempool::HostMemPool::new(self.memory().clone())))
+        Ok(Arc::new(HostMemPool::new(self.memory().clone())))
     }
 
-    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<HostStream>> {
         // An ordinary queue: `Stream` keeps one per device (legacy) or per thread and device
         // (per-thread) while handles to it live, which is all that the emulation needs.
         let _ = kind;
         self.create_stream()
     }
 
-    fn managed_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
+    fn managed_mempool(&self) -> Result<Arc<HostMemPool>> {
         // Host memory is managed memory already: the emulated pool hands out blocks that the
         // host backend counts as managed (so prefetches of them are made, not skipped).
         Ok(self
             .managed_mempool
             .get_or_init(|| {
-                Arc::new(mempool::HostMemPool::with_kind(
+                Arc::new(HostMemPool::with_kind(
                     self.memory().clone(),
                     MemoryKind::Managed,
                 ))
@@ -150,10 +152,10 @@ impl Backend for HostBackend {
             .clone())
     }
 
-    fn default_mempool(&self) -> Result<Arc<dyn BackendMemPool>> {
+    fn default_mempool(&self) -> Result<Arc<HostMemPool>> {
         Ok(self
             .default_mempool
-            .get_or_init(|| Arc::new(mempool::HostMemPool::new(self.memory().clone())))
+            .get_or_init(|| Arc::new(HostMemPool::new(self.memory().clone())))
             .clone())
     }
 

@@ -1,4 +1,3 @@
-use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
@@ -146,13 +145,6 @@ impl Queue {
     }
 }
 
-/// The host stream behind `stream`, or an error for a stream of another backend.
-pub(crate) fn as_host(stream: &dyn BackendStream) -> Result<&HostStream> {
-    stream.as_any().downcast_ref::<HostStream>().ok_or_else(|| {
-        Error::invalid("a host-backend operation was given a stream of another backend")
-    })
-}
-
 /// A host stream: an ordered queue run by its own worker thread.
 pub(crate) struct HostStream {
     device: DeviceId,
@@ -220,15 +212,13 @@ impl fmt::Debug for HostStream {
 }
 
 impl BackendStream for HostStream {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    type Event = HostEvent;
 
     fn raw_handle(&self) -> u64 {
         self.handle
     }
 
-    fn record(&self) -> Result<Arc<dyn BackendEvent>> {
+    fn record(&self) -> Result<Arc<HostEvent>> {
         let position = self.queue.state.lock().enqueued;
         Ok(Arc::new(HostEvent {
             queue: self.queue.clone(),
@@ -236,10 +226,7 @@ impl BackendStream for HostStream {
         }))
     }
 
-    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()> {
-        let event = event.as_any().downcast_ref::<HostEvent>().ok_or_else(|| {
-            Error::invalid("a host stream was asked to wait on an event of another backend")
-        })?;
+    fn wait_event(&self, event: &HostEvent) -> Result<()> {
         if event.query()? {
             return Ok(());
         }
