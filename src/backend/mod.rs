@@ -12,8 +12,8 @@
 //!
 //! The two folders split file for file: `mod.rs` (the backend), `memory.rs` (raw allocations of
 //! each [`MemoryKind`]), `stream.rs`, `event.rs`, `mempool.rs` (driver pools, `CUmemoryPool`);
-//! CUDA adds `context.rs` (driver loading, the primary context, raw handles) and `spin.rs` (the
-//! delay kernel). [`pageable`] is the pageable host memory both use. The backend imports only
+//! host adds `queue.rs` (the queue a worker runs), CUDA `context.rs` (driver loading, the
+//! primary context), `handles.rs` (raw handle newtypes) and `spin.rs` (the delay kernel). [`pageable`] is the pageable host memory both use. The backend imports only
 //! [`crate::ids`] and [`crate::error`]: it knows nothing of devices, streams or resources.
 
 use std::any::Any;

@@ -1,6 +1,5 @@
-//! The driver and a device's context: loading `libcuda` and `cuInit` ([`device_count`]), the
-//! primary context every call binds ([`DeviceContext`]), and the `Send + Sync` newtypes over
-//! raw driver handles.
+//! The driver and a device's context: loading `libcuda` and `cuInit` ([`device_count`]) and
+//! the primary context every call binds ([`DeviceContext`]).
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
@@ -16,55 +15,8 @@ use crate::backend::ErrorSink;
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 
+use super::handles::{RawContext, RawEvent};
 use super::spin::SpinKernel;
-
-/// Declares a `Send + Sync` newtype over a raw driver handle.
-macro_rules! driver_handle {
-    ($(#[$meta:meta])* $name:ident($raw:ty)) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, PartialEq, Eq)]
-        pub(crate) struct $name(pub(crate) $raw);
-
-        // SAFETY: the handle is an opaque token that the driver resolves; the CUDA driver API is
-        // thread-safe, so a handle may be passed to it from any thread. Lifetimes are managed by
-        // the owner of the handle, not by this token.
-        unsafe impl Send for $name {}
-        // SAFETY: as for `Send`: sharing the token across threads only lets several threads pass
-        // it to the thread-safe driver API.
-        unsafe impl Sync for $name {}
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, concat!(stringify!($name), "({:p})"), self.0)
-            }
-        }
-    };
-}
-
-driver_handle!(
-    /// A `CUcontext`.
-    RawContext(sys::CUcontext)
-);
-driver_handle!(
-    /// A `CUstream`.
-    RawStream(sys::CUstream)
-);
-driver_handle!(
-    /// A `CUevent`.
-    RawEvent(sys::CUevent)
-);
-driver_handle!(
-    /// A `CUmemoryPool`.
-    RawMemPool(sys::CUmemoryPool)
-);
-driver_handle!(
-    /// A `CUmodule`.
-    RawModule(sys::CUmodule)
-);
-driver_handle!(
-    /// A `CUfunction`.
-    RawFunction(sys::CUfunction)
-);
 
 /// Every driver entry point this backend calls (cudarc's `sys` names). They are looked up once,
 /// before the first call, because cudarc's dynamic loading panics on a missing symbol.
@@ -371,7 +323,12 @@ impl DeviceContext {
     /// bound the context.
     pub(crate) fn spin_kernel(&self) -> Result<&SpinKernel> {
         self.spin
-            .get_or_init(|| SpinKernel::load(self))
+            .get_or_init(|| {
+                SpinKernel::load(self.id).map_err(|first| match first {
+                    Some((call, e)) => self.error(call, e),
+                    None => Error::invalid("no PTX image for the delay kernel"),
+                })
+            })
             .as_ref()
             .map_err(Clone::clone)
     }

@@ -8,7 +8,8 @@ use cudarc::driver::sys;
 use crate::backend::BackendEvent;
 use crate::error::Result;
 
-use super::context::{DeviceContext, RawEvent};
+use super::context::DeviceContext;
+use super::handles::RawEvent;
 
 /// A recorded `CUevent` (`CU_EVENT_DISABLE_TIMING`); goes back to its device's idle list on drop.
 pub(crate) struct CudaEvent {

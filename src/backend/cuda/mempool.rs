@@ -8,7 +8,8 @@ use cudarc::driver::sys;
 use crate::backend::{BackendMemPool, MemPoolConfig};
 use crate::error::{Error, Result};
 
-use super::context::{DeviceContext, RawMemPool};
+use super::context::DeviceContext;
+use super::handles::RawMemPool;
 use super::stream::CudaStream;
 
 /// A driver memory pool (`CUmemoryPool`): one this crate created (destroyed on drop) or the

@@ -10,12 +10,13 @@
 //!   crate bound makes repeated calls skip `cuCtxSetCurrent`.
 //! - Errors: `CUDA_ERROR_OUT_OF_MEMORY` from an allocation is [`Error::OutOfMemory`]; every other
 //!   failure is [`Error::Driver`] with the entry point's name and the driver's name of the code.
-//! - Handles: `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUmodule` and `CUfunction` are
-//!   raw pointers; they are wrapped in `Send + Sync` newtypes because the driver API is
-//!   thread-safe.
+//! - Handles ([`handles`]): `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUmodule` and
+//!   `CUfunction` are raw pointers; they are wrapped in `Send + Sync` newtypes because the driver
+//!   API is thread-safe.
 
 mod context;
 mod event;
+mod handles;
 mod memory;
 mod mempool;
 mod spin;
@@ -37,8 +38,9 @@ use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
 pub(crate) use self::context::device_count;
-use self::context::{error_name, DeviceContext, RawContext};
+use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
+use self::handles::RawContext;
 pub(crate) use self::mempool::CudaMemPool;
 pub(crate) use self::stream::CudaStream;
 

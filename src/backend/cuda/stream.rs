@@ -13,8 +13,9 @@ use cudarc::driver::sys;
 use crate::backend::{panic_message, BackendStream, Completion, DefaultStream};
 use crate::error::{Error, Result};
 
-use super::context::{DeviceContext, RawStream};
+use super::context::DeviceContext;
 use super::event::CudaEvent;
+use super::handles::RawStream;
 
 /// Bytes of pinned memory a stream keeps for staging copies to and from pageable memory.
 const STAGING_BYTES: usize = 4 << 20;

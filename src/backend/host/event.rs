@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::backend::BackendEvent;
 use crate::error::Result;
 
-use super::stream::Queue;
+use super::queue::Queue;
 
 /// A position in a host stream's queue.
 pub(crate) struct HostEvent {

@@ -9,6 +9,7 @@
 mod event;
 mod memory;
 mod mempool;
+mod queue;
 mod stream;
 
 use std::sync::{Arc, OnceLock};
