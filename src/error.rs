@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::device::DeviceId;
+use crate::ids::DeviceId;
 
 /// The result type of every fallible operation in this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

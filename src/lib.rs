@@ -63,11 +63,16 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+// The floors, bottom to top; each module imports only those below it (no circle):
+// `ids`, `sync` → `error` → `backend` (host/, cuda/) → `device` (config, completion driver) →
+// `stream` → `resource` → `adaptor`, `buffer` → `replay`. The flat re-exports below are the
+// public API; the module paths are not.
 mod adaptor;
 mod backend;
 mod buffer;
 mod device;
 mod error;
+mod ids;
 pub mod replay;
 mod resource;
 mod stream;
@@ -80,12 +85,14 @@ pub use adaptor::{
     LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,
     StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
-pub use backend::host::{HostConfig, HostControls, DEFAULT_HOST_CAPACITY};
-pub use backend::PrefetchTarget;
-pub use backend::{BackendKind, MemoryInfo};
+pub use backend::host::HostControls;
+pub use backend::{MemoryInfo, PrefetchTarget};
 pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
-pub use device::{Device, DeviceId, DEFERRED_ERRORS_KEPT};
+pub use device::{
+    CompletionStrategy, Device, HostConfig, DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,
+};
 pub use error::{Error, Result};
+pub use ids::{BackendKind, DeviceId, StreamId};
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
@@ -99,7 +106,7 @@ pub use resource::{
     HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
-pub use stream::{CompletionStrategy, Event, Stream, StreamId, StreamPool};
+pub use stream::{Event, Stream, StreamPool};
 
 /// The cudarc version this crate is built against, for test support and interop (raw kernel
 /// launches on a [`Stream::raw_handle`]). Not part of the stable API.

@@ -1,9 +1,20 @@
 //! The seam to a driver: raw memory, streams, events and host notifications.
 //!
-//! Two implementations sit behind these object-safe traits: [`host`] (always built; device memory
-//! is 256-byte-aligned host memory and each stream is an ordered queue run by a worker thread) and
-//! `cuda` (feature `cuda`; cudarc's driver API, loaded at run time). Everything above this module
-//! is safe Rust over these traits; the `unsafe` that touches raw addresses lives here.
+//! In wgpu-hal's shape: [`Backend`] is a trait of associated types (its stream, event and driver
+//! pool), so inside a backend every call is static and a stream of another backend cannot even
+//! be named. Two implementations: [`host`] (always built; device memory is 256-byte-aligned
+//! host memory and each stream is an ordered queue run by a worker thread) and `cuda` (feature
+//! `cuda`; cudarc's driver API, loaded at run time). The layers above hold the erased enums
+//! [`AnyBackend`], [`AnyStream`], [`AnyEvent`] and [`AnyMemPool`] (`any.rs`), the only place
+//! that dispatches, and the one place that refuses a stream, event or pool of another backend.
+//! Everything above this module is safe Rust; the `unsafe` that touches raw addresses lives
+//! here.
+//!
+//! The two folders split file for file: `mod.rs` (the backend), `memory.rs` (raw allocations of
+//! each [`MemoryKind`]), `stream.rs`, `event.rs`, `mempool.rs` (driver pools, `CUmemoryPool`);
+//! host adds `queue.rs` (the queue a worker runs), CUDA `context.rs` (driver loading, the
+//! primary context), `handles.rs` (raw handle newtypes) and `spin.rs` (the delay kernel). [`pageable`] is the pageable host memory both use. The backend imports only
+//! [`crate::ids`] and [`crate::error`]: it knows nothing of devices, streams or resources.
 
 use std::any::Any;
 use std::fmt;
@@ -14,30 +25,16 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::device::DeviceId;
 use crate::error::{Error, Result};
+use crate::ids::DeviceId;
 
+mod any;
 #[cfg(feature = "cuda-driver")]
 pub(crate) mod cuda;
 pub(crate) mod host;
+pub(crate) mod pageable;
 
-/// Which backend a device runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BackendKind {
-    /// CPU emulation: device memory is host memory, streams are worker threads.
-    Host,
-    /// An NVIDIA GPU through the CUDA driver API.
-    Cuda,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendKind::Host => "host",
-            BackendKind::Cuda => "cuda",
-        })
-    }
-}
+pub(crate) use any::{AnyBackend, AnyEvent, AnyMemPool, AnyStream};
 
 /// The kinds of memory a backend allocates directly (without a driver pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,15 +79,21 @@ pub struct MemoryInfo {
 /// How a driver pool is set up (`cuMemPoolCreate`).
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))] // the host pool ignores it
-pub(crate) struct PoolConfig {
+pub(crate) struct MemPoolConfig {
     /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
     pub(crate) release_threshold: u64,
     /// Bitmask of `CUmemAllocationHandleType` to allow exporting; 0 for none.
     pub(crate) export_handle_types: u32,
 }
 
-/// A device as the layers above see it.
+/// One backend's device, with its stream, event and driver-pool types (wgpu-hal's `Api` and
+/// `Device` in one): called with static dispatch inside the backend; the layers above hold the
+/// erased [`AnyBackend`] and its siblings, the only place that dispatches.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
+    type Stream: BackendStream<Event = Self::Event>;
+    type Event: BackendEvent;
+    type MemPool: BackendMemPool<Stream = Self::Stream>;
+
     fn id(&self) -> DeviceId;
     fn name(&self) -> String;
     fn memory_info(&self) -> Result<MemoryInfo>;
@@ -107,7 +110,7 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         kind: MemoryKind,
         ptr: u64,
         bytes: usize,
-        stream: &dyn BackendStream,
+        stream: &Self::Stream,
     ) -> Result<()>;
     /// Enqueues on `stream` a migration of `ptr..ptr + bytes` to this device's memory
     /// (`cuMemPrefetchAsync`), a hint that spares the device's first accesses their page
@@ -117,7 +120,7 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     ///
     /// Safe: a prefetch moves pages without changing their contents, and the driver checks the
     /// range.
-    fn prefetch(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<bool> {
+    fn prefetch(&self, ptr: u64, bytes: usize, stream: &Self::Stream) -> Result<bool> {
         self.prefetch_to(ptr, bytes, PrefetchTarget::Device, stream)
     }
     /// [`prefetch`](Backend::prefetch) to `target`: the device or host memory.
@@ -126,26 +129,17 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         ptr: u64,
         bytes: usize,
         target: PrefetchTarget,
-        stream: &dyn BackendStream,
+        stream: &Self::Stream,
     ) -> Result<bool>;
-    fn create_stream(&self) -> Result<Arc<dyn BackendStream>>;
+    fn create_stream(&self) -> Result<Arc<Self::Stream>>;
     /// A handle to one of the context's built-in streams; dropping it destroys nothing.
-    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>>;
-    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>>;
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<Self::Stream>>;
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<Self::MemPool>>;
     /// The device's default driver pool (`cuDeviceGetDefaultMemPool`).
-    fn default_pool(&self) -> Result<Arc<dyn BackendPool>>;
+    fn default_mempool(&self) -> Result<Arc<Self::MemPool>>;
     /// The device's default pool of managed memory (`cuMemGetDefaultMemPool` with
     /// `CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13). [`Error::Unsupported`] where there is none.
-    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
-        Err(Error::Unsupported {
-            what: "stream-ordered managed memory pools".into(),
-            device: self.id(),
-        })
-    }
-    /// Fault injection and accounting, on the host backend only.
-    fn host_controls(&self) -> Option<&host::HostControls> {
-        None
-    }
+    fn managed_mempool(&self) -> Result<Arc<Self::MemPool>>;
     /// Where this backend's streams, driver threads and `Drop`s put errors they cannot return.
     fn errors(&self) -> &ErrorSink;
 }
@@ -207,13 +201,14 @@ impl ErrorSink {
 
 /// An ordered queue of device work.
 pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
-    fn as_any(&self) -> &dyn Any;
+    type Event: BackendEvent;
+
     /// The driver's handle (`CUstream` as an integer), for logs and interop.
     fn raw_handle(&self) -> u64;
     /// Records an event at the current end of the queue.
-    fn record(&self) -> Result<Arc<dyn BackendEvent>>;
+    fn record(&self) -> Result<Arc<Self::Event>>;
     /// Work enqueued after this call starts only once `event` has completed.
-    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()>;
+    fn wait_event(&self, event: &Self::Event) -> Result<()>;
     /// Calls `completion.complete()` once the stream reaches this point. The call must not
     /// block later work on other streams; on CUDA it runs on a driver thread.
     fn notify(&self, completion: Arc<Completion>) -> Result<()>;
@@ -253,7 +248,6 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
 
 /// A point in a stream.
 pub(crate) trait BackendEvent: Send + Sync + fmt::Debug {
-    fn as_any(&self) -> &dyn Any;
     /// Non-blocking: has the stream passed this point?
     fn query(&self) -> Result<bool>;
     /// Blocks the calling thread until the stream passes this point.
@@ -261,17 +255,19 @@ pub(crate) trait BackendEvent: Send + Sync + fmt::Debug {
 }
 
 /// A driver-managed, stream-ordered pool (`CUmemoryPool`).
-pub(crate) trait BackendPool: Send + Sync + fmt::Debug {
+pub(crate) trait BackendMemPool: Send + Sync + fmt::Debug {
+    type Stream: BackendStream;
+
     /// The driver's handle (`CUmemoryPool` as an integer).
     fn handle(&self) -> u64;
     /// `cuMemAllocFromPoolAsync`: valid on `stream` in stream order.
-    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64>;
+    fn allocate_async(&self, bytes: usize, stream: &Self::Stream) -> Result<u64>;
     /// `cuMemFreeAsync`.
     ///
     /// # Safety
     /// `ptr` came from `allocate_async(bytes, ..)` of this pool and is not freed yet; work that
     /// uses it is ordered before this point of `stream`.
-    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()>;
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &Self::Stream) -> Result<()>;
     /// Releases unused reserved memory down to `keep` bytes.
     fn trim_to(&self, keep: usize) -> Result<()>;
     /// Bytes the pool holds from the device (used and cached).

@@ -1,6 +1,7 @@
-use crate::backend::{BackendKind, MemoryKind};
+use crate::backend::MemoryKind;
 use crate::device::Device;
 use crate::error::Result;
+use crate::ids::BackendKind;
 use crate::resource::ResourceIdentity;
 use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;

@@ -1,6 +1,6 @@
 use std::fmt;
 
-use crate::backend::PoolConfig;
+use crate::backend::MemPoolConfig;
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::forward::memory_resource;
@@ -106,11 +106,11 @@ impl CudaAsyncResourceBuilder {
     /// [`Error::Unsupported`](crate::Error::Unsupported) when the device has no memory pools or
     /// cannot export the handle type; out-of-memory when priming fails; driver errors.
     pub fn build(self) -> Result<CudaAsyncResource> {
-        let config = PoolConfig {
+        let config = MemPoolConfig {
             release_threshold: self.release_threshold.unwrap_or(u64::MAX),
             export_handle_types: self.export_handle_type.unwrap_or_default().bits(),
         };
-        let pool = self.device.raw().create_pool(&config)?;
+        let pool = self.device.raw().create_mempool(&config)?;
         let mr = CudaAsyncResource {
             view: CudaAsyncViewResource::over(&self.device, pool),
         };

@@ -63,7 +63,7 @@ impl CudaAsyncManagedResource {
     /// and on devices without memory pools or without concurrent managed access; driver errors.
     pub fn new(device: &Device) -> Result<Self> {
         Ok(CudaAsyncManagedResource {
-            view: CudaAsyncViewResource::over(device, device.raw().managed_pool()?),
+            view: CudaAsyncViewResource::over(device, device.raw().managed_mempool()?),
         })
     }
 

@@ -1,9 +1,9 @@
 use std::fmt;
-use std::sync::Arc;
 
-use crate::backend::{BackendKind, BackendPool};
+use crate::backend::AnyMemPool;
 use crate::device::Device;
 use crate::error::Result;
+use crate::ids::BackendKind;
 use crate::resource::{
     check_stream, CudaAsyncResource, DevicePtr, MemoryResource, Properties, ResourceIdentity,
 };
@@ -34,7 +34,7 @@ use crate::stream::Stream;
 #[derive(Clone)]
 pub struct CudaAsyncViewResource {
     device: Device,
-    pool: Arc<dyn BackendPool>,
+    pool: AnyMemPool,
 }
 
 impl CudaAsyncViewResource {
@@ -44,7 +44,7 @@ impl CudaAsyncViewResource {
     }
 
     /// A view of `pool`, a pool of `device`.
-    pub(crate) fn over(device: &Device, pool: Arc<dyn BackendPool>) -> Self {
+    pub(crate) fn over(device: &Device, pool: AnyMemPool) -> Self {
         CudaAsyncViewResource {
             device: device.clone(),
             pool,
@@ -57,7 +57,7 @@ impl CudaAsyncViewResource {
     /// [`Error::Unsupported`](crate::Error::Unsupported) when the device has no memory pools;
     /// driver errors.
     pub fn device_default(device: &Device) -> Result<Self> {
-        Ok(Self::over(device, device.raw().default_pool()?))
+        Ok(Self::over(device, device.raw().default_mempool()?))
     }
 
     /// The driver's pool handle (`CUmemoryPool` as an integer on CUDA).
@@ -69,8 +69,8 @@ impl CudaAsyncViewResource {
         &self.device
     }
 
-    pub(crate) fn pool(&self) -> &dyn BackendPool {
-        &*self.pool
+    pub(crate) fn pool(&self) -> &AnyMemPool {
+        &self.pool
     }
 
     /// `Debug` under the name of the view's type or of its owner's.
@@ -109,7 +109,7 @@ impl MemoryResource for CudaAsyncViewResource {
     }
 
     fn identity(&self) -> ResourceIdentity {
-        ResourceIdentity::of_shared(&self.pool)
+        ResourceIdentity::Shared(self.pool.address())
     }
 
     fn properties(&self) -> Properties {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::backend::{BackendEvent, Completion};
+use crate::backend::{AnyEvent, Completion};
 use crate::error::Result;
 use crate::stream::Stream;
 
@@ -41,14 +41,14 @@ pub struct Event {
 
 struct EventInner {
     stream: Stream,
-    raw: Arc<dyn BackendEvent>,
+    raw: AnyEvent,
     completion: Arc<Completion>,
     /// Set once the completion driver has been asked to complete `completion`.
     armed: AtomicBool,
 }
 
 impl Event {
-    pub(crate) fn new(stream: Stream, raw: Arc<dyn BackendEvent>) -> Event {
+    pub(crate) fn new(stream: Stream, raw: AnyEvent) -> Event {
         Event {
             inner: Arc::new(EventInner {
                 stream,
@@ -84,8 +84,8 @@ impl Event {
         self.inner.raw.synchronize_blocking()
     }
 
-    pub(crate) fn raw(&self) -> &dyn BackendEvent {
-        &*self.inner.raw
+    pub(crate) fn raw(&self) -> &AnyEvent {
+        &self.inner.raw
     }
 
     fn completion_result(&self) -> Result<()> {
@@ -114,8 +114,14 @@ impl Future for Event {
             return Poll::Ready(self.completion_result());
         }
         if !inner.armed.swap(true, Ordering::AcqRel) {
-            let driver = inner.stream.device().completion_driver();
-            if let Err(e) = driver.arm(&inner.stream, &inner.raw, &inner.completion) {
+            let stream = &inner.stream;
+            let armed = stream.device().arm_completion(
+                stream.id(),
+                stream.shadow(),
+                &inner.raw,
+                &inner.completion,
+            );
+            if let Err(e) = armed {
                 inner.armed.store(false, Ordering::Release);
                 return Poll::Ready(Err(e));
             }

@@ -1,34 +1,25 @@
-//! Streams, events and the completion driver that turns device progress into task wake-ups.
+//! Streams and their events, and a round-robin set of streams. Events resolve through the
+//! device's completion driver ([`crate::device::notify`]).
 
 mod event;
-pub(crate) mod notify;
-mod pool;
+mod round_robin;
 
 use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+pub(crate) use crate::ids::StreamId;
 pub use event::Event;
-pub use notify::CompletionStrategy;
-pub use pool::StreamPool;
+pub use round_robin::StreamPool;
 
 use parking_lot::Mutex;
 
-use crate::backend::{BackendStream, DefaultStream};
+use crate::backend::{AnyStream, DefaultStream};
+use crate::device::notify::ShadowStream;
 use crate::device::Device;
 use crate::error::Result;
-
-/// A process-unique stream number, stable for the stream's life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub u64);
-
-impl fmt::Display for StreamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "stream#{}", self.0)
-    }
-}
 
 /// An owned, ordered queue of device work on one device. A cheap `Clone` handle: clones are the
 /// same stream, which is destroyed when the last handle (and the last event on it) is dropped.
@@ -61,10 +52,9 @@ pub struct Stream {
 pub(crate) struct StreamInner {
     id: StreamId,
     device: Device,
-    raw: Arc<dyn BackendStream>,
-    /// The private stream on which host-function notifications run, so a user stream never
-    /// stalls behind a host callback. Created on first use.
-    shadow: OnceLock<Arc<dyn BackendStream>>,
+    raw: AnyStream,
+    /// The private stream on which the completion driver's host functions run.
+    shadow: ShadowStream,
 }
 
 impl Stream {
@@ -77,14 +67,14 @@ impl Stream {
         Ok(Stream::wrap(device, raw))
     }
 
-    fn wrap(device: &Device, raw: Arc<dyn BackendStream>) -> Stream {
+    fn wrap(device: &Device, raw: AnyStream) -> Stream {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Stream {
             inner: Arc::new(StreamInner {
                 id: StreamId(NEXT.fetch_add(1, Ordering::Relaxed)),
                 device: device.clone(),
                 raw,
-                shadow: OnceLock::new(),
+                shadow: ShadowStream::default(),
             }),
         }
     }
@@ -271,12 +261,12 @@ impl Stream {
         self.inner.raw.delay(duration)
     }
 
-    pub(crate) fn raw(&self) -> &dyn BackendStream {
-        &*self.inner.raw
+    pub(crate) fn raw(&self) -> &AnyStream {
+        &self.inner.raw
     }
 
-    pub(crate) fn inner(&self) -> &StreamInner {
-        &self.inner
+    pub(crate) fn shadow(&self) -> &ShadowStream {
+        &self.inner.shadow
     }
 }
 
@@ -304,17 +294,6 @@ fn cached_default(
     let stream = Stream::wrap(device, device.raw().default_stream(kind)?);
     cache.push(Arc::downgrade(&stream.inner));
     Ok(stream)
-}
-
-impl StreamInner {
-    pub(crate) fn shadow(&self) -> Result<&Arc<dyn BackendStream>> {
-        if let Some(s) = self.shadow.get() {
-            return Ok(s);
-        }
-        let created = self.device.raw().create_stream()?;
-        // A racing thread may have set it first; keep theirs and drop ours.
-        Ok(self.shadow.get_or_init(|| created))
-    }
 }
 
 impl PartialEq for Stream {

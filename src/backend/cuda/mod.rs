@@ -1,7 +1,7 @@
 //! The CUDA backend: cudarc's driver API at its thin `result` / raw `sys` level, with `libcuda`
 //! loaded at run time.
 //!
-//! - Driver loading: [`device_count`] checks that `libcuda` can be opened (and has every entry
+//! - Driver loading ([`context`]): [`device_count`] checks that `libcuda` can be opened (and has every entry
 //!   point this backend calls) before the first driver call, because cudarc's dynamic loading
 //!   panics on a missing library or symbol. The outcome of `cuInit` is cached for the process.
 //! - Contexts: each device uses its primary context, retained for the life of its
@@ -10,424 +10,39 @@
 //!   crate bound makes repeated calls skip `cuCtxSetCurrent`.
 //! - Errors: `CUDA_ERROR_OUT_OF_MEMORY` from an allocation is [`Error::OutOfMemory`]; every other
 //!   failure is [`Error::Driver`] with the entry point's name and the driver's name of the code.
-//! - Handles: `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUmodule` and `CUfunction` are
-//!   raw pointers; they are wrapped in `Send + Sync` newtypes because the driver API is
-//!   thread-safe.
+//! - Handles ([`handles`]): `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUmodule` and
+//!   `CUfunction` are raw pointers; they are wrapped in `Send + Sync` newtypes because the driver
+//!   API is thread-safe.
 
-mod pool;
+mod context;
+mod event;
+mod handles;
+mod memory;
+mod mempool;
 mod spin;
 mod stream;
 #[cfg(test)]
 mod tests;
 
-use std::cell::Cell;
-use std::ffi::{c_int, c_uint, c_void};
-use std::fmt;
+use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
-use parking_lot::Mutex;
 
 use crate::backend::{
-    Backend, BackendKind, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo,
-    MemoryKind, PoolConfig, PrefetchTarget,
+    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
-use crate::device::DeviceId;
 use crate::error::{Error, Result};
+use crate::ids::{BackendKind, DeviceId};
 
-use self::pool::CudaPool;
-use self::spin::SpinKernel;
-use self::stream::{as_cuda, CudaStream};
-
-/// Declares a `Send + Sync` newtype over a raw driver handle.
-macro_rules! driver_handle {
-    ($(#[$meta:meta])* $name:ident($raw:ty)) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, PartialEq, Eq)]
-        pub(crate) struct $name(pub(crate) $raw);
-
-        // SAFETY: the handle is an opaque token that the driver resolves; the CUDA driver API is
-        // thread-safe, so a handle may be passed to it from any thread. Lifetimes are managed by
-        // the owner of the handle, not by this token.
-        unsafe impl Send for $name {}
-        // SAFETY: as for `Send`: sharing the token across threads only lets several threads pass
-        // it to the thread-safe driver API.
-        unsafe impl Sync for $name {}
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, concat!(stringify!($name), "({:p})"), self.0)
-            }
-        }
-    };
-}
-
-driver_handle!(
-    /// A `CUcontext`.
-    RawContext(sys::CUcontext)
-);
-driver_handle!(
-    /// A `CUstream`.
-    RawStream(sys::CUstream)
-);
-driver_handle!(
-    /// A `CUevent`.
-    RawEvent(sys::CUevent)
-);
-driver_handle!(
-    /// A `CUmemoryPool`.
-    RawPool(sys::CUmemoryPool)
-);
-driver_handle!(
-    /// A `CUmodule`.
-    RawModule(sys::CUmodule)
-);
-driver_handle!(
-    /// A `CUfunction`.
-    RawFunction(sys::CUfunction)
-);
-
-/// Every driver entry point this backend calls (cudarc's `sys` names). They are looked up once,
-/// before the first call, because cudarc's dynamic loading panics on a missing symbol.
-const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuGetErrorName",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceGetAttribute",
-    "cuDeviceGetDefaultMemPool",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxSetCurrent",
-    "cuMemGetInfo_v2",
-    "cuMemAlloc_v2",
-    "cuMemAllocManaged",
-    "cuMemHostAlloc",
-    "cuMemFree_v2",
-    "cuMemFreeHost",
-    "cuMemcpyAsync",
-    "cuMemsetD8Async",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamWaitEvent",
-    "cuEventCreate",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-    "cuEventDestroy_v2",
-    "cuLaunchHostFunc",
-    "cuLaunchKernel",
-    "cuModuleLoadData",
-    "cuModuleGetFunction",
-    "cuModuleUnload",
-    "cuMemPoolCreate",
-    "cuMemPoolDestroy",
-    "cuMemPoolSetAttribute",
-    "cuMemPoolGetAttribute",
-    "cuMemPoolTrimTo",
-    "cuMemAllocFromPoolAsync",
-    "cuMemFreeAsync",
-];
-
-/// The driver's name for a result code, e.g. `CUDA_ERROR_INVALID_VALUE`.
-fn error_name(e: DriverError) -> String {
-    match e.error_name() {
-        Ok(name) => name.to_string_lossy().into_owned(),
-        // cudarc's enum spells the same names.
-        Err(_) => format!("{:?}", e.0),
-    }
-}
-
-/// Loads and initialises the driver once; the number of devices, or why there is no driver.
-fn init_driver() -> Result<usize> {
-    // SAFETY: `is_culib_present` only tries to open the library under its candidate names (and
-    // closes it again); it calls nothing in it.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(Error::DriverUnavailable(
-            "libcuda could not be loaded (no NVIDIA driver installed, or not on the library path)"
-                .into(),
-        ));
-    }
-    // SAFETY: the library is present (checked above), so `culib` opens it instead of panicking.
-    // Looking symbols up runs no code of the library.
-    let lib = unsafe { sys::culib() };
-    for name in REQUIRED_SYMBOLS {
-        // SAFETY: the symbol is only looked up, never called through this pointer type.
-        if unsafe { lib.get::<*const c_void>(*name) }.is_err() {
-            return Err(Error::DriverUnavailable(format!(
-                "libcuda lacks {name}: the NVIDIA driver is too old for this build"
-            )));
-        }
-    }
-    // SAFETY: `cuInit` is present (checked above) and takes no pointers.
-    match unsafe { sys::cuInit(0) }.result() {
-        Ok(()) => {}
-        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(0),
-        Err(e) => {
-            return Err(Error::DriverUnavailable(format!(
-                "cuInit failed: {} ({})",
-                error_name(e),
-                e.0 as i32
-            )))
-        }
-    }
-    let mut version: c_int = 0;
-    // SAFETY: the driver is initialised; `version` is a valid out-pointer.
-    if unsafe { sys::cuDriverGetVersion(&mut version) }
-        .result()
-        .is_ok()
-    {
-        tracing::debug!(version, "CUDA driver initialised");
-    }
-    let mut count: c_int = 0;
-    // SAFETY: the driver is initialised; `count` is a valid out-pointer.
-    unsafe { sys::cuDeviceGetCount(&mut count) }
-        .result()
-        .map_err(|e| {
-            Error::DriverUnavailable(format!(
-                "cuDeviceGetCount failed: {} ({})",
-                error_name(e),
-                e.0 as i32
-            ))
-        })?;
-    Ok(usize::try_from(count).unwrap_or(0))
-}
-
-/// How many CUDA devices the driver reports. The first call loads and initialises the driver;
-/// its outcome is cached for the process.
-///
-/// # Errors
-/// [`Error::DriverUnavailable`] when `libcuda` is missing, too old, or `cuInit` fails.
-pub(crate) fn device_count() -> Result<usize> {
-    static INIT: OnceLock<Result<usize>> = OnceLock::new();
-    INIT.get_or_init(init_driver).clone()
-}
-
-thread_local! {
-    /// The context this crate last made current on this thread (null: none yet). A cache only:
-    /// code outside this crate that changes the current context on this thread is not seen.
-    static BOUND: Cell<sys::CUcontext> = const { Cell::new(ptr::null_mut()) };
-}
-
-/// Most events kept for reuse per device; more are destroyed on drop.
-const MAX_IDLE_EVENTS: usize = 1024;
-
-/// A device's primary context and what hangs off it; shared by the backend and every stream,
-/// event and pool of the device, so it outlives them all.
-pub(crate) struct DeviceContext {
-    id: DeviceId,
-    device: sys::CUdevice,
-    /// Retained in [`CudaBackend::new`], released in `Drop`.
-    ctx: RawContext,
-    /// Events (created with `CU_EVENT_DISABLE_TIMING`) that nobody refers to any more, kept so
-    /// that `record` does not pay `cuEventCreate` each time. Re-recording is safe: a stream that
-    /// waited on an event waits for the record that preceded its `cuStreamWaitEvent`.
-    idle_events: Mutex<Vec<RawEvent>>,
-    /// The delay kernel, loaded on first use (a JIT compile).
-    spin: OnceLock<Result<SpinKernel>>,
-    /// Errors met on driver threads and in `Drop`s, for the device to take.
-    errors: ErrorSink,
-}
-
-impl DeviceContext {
-    pub(crate) fn id(&self) -> DeviceId {
-        self.id
-    }
-
-    /// Makes this device's primary context current on the calling thread, unless this crate
-    /// already did so last on this thread.
-    ///
-    /// # Errors
-    /// `cuCtxSetCurrent` failures.
-    pub(crate) fn bind(&self) -> Result<()> {
-        let ctx = self.ctx.0;
-        // `try_with` fails only while the thread's locals are being destroyed: then just bind.
-        if BOUND.try_with(|b| b.get() == ctx).unwrap_or(false) {
-            return Ok(());
-        }
-        // SAFETY: `ctx` is this device's primary context, retained by `self` until it drops.
-        unsafe { sys::cuCtxSetCurrent(ctx) }
-            .result()
-            .map_err(|e| self.error("cuCtxSetCurrent", e))?;
-        let _ = BOUND.try_with(|b| b.set(ctx));
-        Ok(())
-    }
-
-    /// [`bind`](Self::bind) for `Drop` impls: defers a failure to the device (which logs it)
-    /// and says whether it bound.
-    pub(crate) fn bind_in_drop(&self, what: &'static str) -> bool {
-        match self.bind() {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::error!(device = %self.id, "binding the context to drop {what} failed");
-                self.errors.report(error);
-                false
-            }
-        }
-    }
-
-    /// Where errors met on driver threads and in `Drop`s go: the device takes them into its
-    /// deferred errors.
-    pub(crate) fn errors(&self) -> &ErrorSink {
-        &self.errors
-    }
-
-    /// `r` of a free of `ptr` as a crate result. `CUDA_ERROR_INVALID_VALUE` there means the
-    /// driver does not know the pointer (freed already, or never allocated here): the caller's
-    /// mistake, reported as [`Error::InvalidArgument`] naming the pointer, as the host backend
-    /// does.
-    pub(crate) fn check_free(&self, call: &'static str, r: sys::CUresult, ptr: u64) -> Result<()> {
-        r.result().map_err(|e| {
-            if e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
-                Error::invalid(format!(
-                    "free of unknown pointer {ptr:#x} on {} (never allocated there, or freed \
-                     already): {call} failed with {}",
-                    self.id,
-                    error_name(e)
-                ))
-            } else {
-                self.error(call, e)
-            }
-        })
-    }
-
-    /// The crate error for a failed driver call.
-    pub(crate) fn error(&self, call: &'static str, e: DriverError) -> Error {
-        Error::Driver {
-            call,
-            code: e.0 as i32,
-            name: error_name(e),
-            device: self.id,
-        }
-    }
-
-    /// `r` as a crate result.
-    pub(crate) fn check(&self, call: &'static str, r: sys::CUresult) -> Result<()> {
-        r.result().map_err(|e| self.error(call, e))
-    }
-
-    /// `r` of an allocation of `requested` bytes as a crate result: out-of-memory is
-    /// [`Error::OutOfMemory`].
-    pub(crate) fn check_alloc(
-        &self,
-        call: &'static str,
-        r: sys::CUresult,
-        requested: usize,
-    ) -> Result<()> {
-        r.result().map_err(|e| {
-            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                Error::OutOfMemory {
-                    requested,
-                    available: None,
-                    device: self.id,
-                }
-            } else {
-                self.error(call, e)
-            }
-        })
-    }
-
-    /// A device attribute. The caller has bound the context.
-    fn attribute(&self, attribute: sys::CUdevice_attribute) -> Result<i32> {
-        let mut value: c_int = 0;
-        // SAFETY: `self.device` came from `cuDeviceGet`; `value` is a valid out-pointer.
-        let r = unsafe { sys::cuDeviceGetAttribute(&mut value, attribute, self.device) };
-        self.check("cuDeviceGetAttribute", r)?;
-        Ok(value)
-    }
-
-    /// An event to record: an idle one, or a new one. The caller has bound the context.
-    pub(crate) fn take_event(&self) -> Result<RawEvent> {
-        if let Some(event) = self.idle_events.lock().pop() {
-            return Ok(event);
-        }
-        let mut event: sys::CUevent = ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
-        // SAFETY: the context is current (caller); `event` is a valid out-pointer.
-        let r = unsafe { sys::cuEventCreate(&mut event, flags) };
-        self.check("cuEventCreate", r)?;
-        Ok(RawEvent(event))
-    }
-
-    /// Takes back an event that nobody refers to any more: keeps it for reuse or destroys it.
-    /// Makes no driver call unless the idle list is full.
-    pub(crate) fn recycle_event(&self, event: RawEvent) {
-        {
-            let mut idle = self.idle_events.lock();
-            if idle.len() < MAX_IDLE_EVENTS {
-                idle.push(event);
-                return;
-            }
-        }
-        self.destroy_event(event);
-    }
-
-    fn destroy_event(&self, event: RawEvent) {
-        self.bind_in_drop("an event");
-        // SAFETY: `event` was created by `cuEventCreate` in this context and nothing refers to
-        // it any more (its owner gave it up); destroying a pending event is allowed.
-        let r = unsafe { sys::cuEventDestroy_v2(event.0) };
-        if let Err(error) = self.check("cuEventDestroy", r) {
-            self.errors.report(error);
-        }
-    }
-
-    /// The delay kernel of this context, loaded (JIT-compiled) on first use. The caller has
-    /// bound the context.
-    pub(crate) fn spin_kernel(&self) -> Result<&SpinKernel> {
-        self.spin
-            .get_or_init(|| SpinKernel::load(self))
-            .as_ref()
-            .map_err(Clone::clone)
-    }
-}
-
-impl Drop for DeviceContext {
-    fn drop(&mut self) {
-        self.bind_in_drop("a device context");
-        for event in std::mem::take(&mut *self.idle_events.lock()) {
-            // SAFETY: idle events were created in this context and nobody refers to them.
-            let r = unsafe { sys::cuEventDestroy_v2(event.0) };
-            if let Err(error) = self.check("cuEventDestroy", r) {
-                tracing::error!(%error, "destroying an idle event");
-            }
-        }
-        if let Some(Ok(kernel)) = self.spin.get() {
-            // SAFETY: the module was loaded in this context; every stream, which is all that
-            // could launch its kernel, held an `Arc` of `self` and is gone.
-            let r = unsafe { sys::cuModuleUnload(kernel.module().0) };
-            if let Err(error) = self.check("cuModuleUnload", r) {
-                tracing::error!(%error, "unloading the delay kernel");
-            }
-        }
-        // SAFETY: `self.device` came from `cuDeviceGet`, and `CudaBackend::new` retained its
-        // primary context once for this value; this is the matching release.
-        let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
-        if let Err(error) = self.check("cuDevicePrimaryCtxRelease", r) {
-            tracing::error!(%error, "releasing the primary context");
-        }
-        // Later binds on this thread must not trust the cache for a context that may be gone.
-        let _ = BOUND.try_with(|b| {
-            if b.get() == self.ctx.0 {
-                b.set(ptr::null_mut());
-            }
-        });
-    }
-}
-
-impl fmt::Debug for DeviceContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DeviceContext")
-            .field("id", &self.id)
-            .field("ctx", &self.ctx)
-            .finish()
-    }
-}
+pub(crate) use self::context::device_count;
+use self::context::{error_name, DeviceContext};
+pub(crate) use self::event::CudaEvent;
+use self::handles::RawContext;
+pub(crate) use self::mempool::CudaMemPool;
+pub(crate) use self::stream::CudaStream;
 
 /// A CUDA device with its primary context.
 #[derive(Debug)]
@@ -436,11 +51,11 @@ pub(crate) struct CudaBackend {
     /// `cuDeviceGetName`, read once.
     name: String,
     /// The wrapper of the device's default pool, created on first use.
-    default_pool: OnceLock<Arc<dyn BackendPool>>,
+    default_mempool: OnceLock<Arc<CudaMemPool>>,
     /// Whether prefetches can run here, found out on the first one.
     can_prefetch: OnceLock<bool>,
     /// The wrapper of the device's default managed-memory pool, created on first use.
-    managed_pool: OnceLock<Arc<dyn BackendPool>>,
+    managed_mempool: OnceLock<Arc<CudaMemPool>>,
 }
 
 impl CudaBackend {
@@ -498,14 +113,7 @@ impl CudaBackend {
         unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) }
             .result()
             .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
-        let ctx = Arc::new(DeviceContext {
-            id,
-            device,
-            ctx: RawContext(ctx),
-            idle_events: Mutex::new(Vec::new()),
-            spin: OnceLock::new(),
-            errors: ErrorSink::default(),
-        });
+        let ctx = Arc::new(DeviceContext::new(id, device, RawContext(ctx)));
         ctx.bind()?;
         if ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? == 0 {
             // Copies and pinned host memory rely on one address space for host and device.
@@ -514,9 +122,9 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             name,
-            default_pool: OnceLock::new(),
+            default_mempool: OnceLock::new(),
             can_prefetch: OnceLock::new(),
-            managed_pool: OnceLock::new(),
+            managed_mempool: OnceLock::new(),
         })
     }
 
@@ -538,8 +146,12 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type MemPool = CudaMemPool;
+
     fn id(&self) -> DeviceId {
-        self.ctx.id
+        self.ctx.id()
     }
 
     fn name(&self) -> String {
@@ -556,40 +168,7 @@ impl Backend for CudaBackend {
     }
 
     fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
-        let ctx = &*self.ctx;
-        ctx.bind()?;
-        // The driver rejects 0 bytes; the trait asks for > 0, so this only guards misuse.
-        let size = bytes.max(1);
-        match kind {
-            MemoryKind::Device => {
-                let mut ptr: sys::CUdeviceptr = 0;
-                // SAFETY: the context is current; `ptr` is a valid out-pointer.
-                let r = unsafe { sys::cuMemAlloc_v2(&mut ptr, size) };
-                ctx.check_alloc("cuMemAlloc", r, bytes)?;
-                Ok(ptr)
-            }
-            MemoryKind::Managed => {
-                let mut ptr: sys::CUdeviceptr = 0;
-                let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as c_uint;
-                // SAFETY: the context is current; `ptr` is a valid out-pointer.
-                let r = unsafe { sys::cuMemAllocManaged(&mut ptr, size, flags) };
-                if r == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
-                    return Err(Error::unsupported("managed memory", ctx.id));
-                }
-                ctx.check_alloc("cuMemAllocManaged", r, bytes)?;
-                Ok(ptr)
-            }
-            MemoryKind::PinnedHost => {
-                let mut ptr: *mut c_void = ptr::null_mut();
-                let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-                // SAFETY: the context is current; `ptr` is a valid out-pointer.
-                let r = unsafe { sys::cuMemHostAlloc(&mut ptr, size, flags as c_uint) };
-                ctx.check_alloc("cuMemHostAlloc", r, bytes)?;
-                // With unified addressing (checked in `new`) the host pointer is also the
-                // device address of the mapping.
-                Ok(ptr as u64)
-            }
-        }
+        memory::allocate(&self.ctx, kind, bytes)
     }
 
     unsafe fn free(
@@ -597,31 +176,11 @@ impl Backend for CudaBackend {
         kind: MemoryKind,
         ptr: u64,
         bytes: usize,
-        stream: &dyn BackendStream,
+        stream: &CudaStream,
     ) -> Result<()> {
         let _ = bytes;
-        let stream = as_cuda(stream)?;
-        self.ctx.bind()?;
-        // `cuMemFree`/`cuMemFreeHost` wait for the device in practice, but that is not a
-        // documented promise for non-blocking streams; waiting for `stream` first makes "freed
-        // once the stream reaches this point" hold by construction, at little cost next to the
-        // free itself. On failure the block is leaked, never freed under running work.
-        stream.synchronize_blocking()?;
-        match kind {
-            MemoryKind::Device | MemoryKind::Managed => {
-                // SAFETY: `ptr` came from `cuMemAlloc`/`cuMemAllocManaged` of this context and
-                // is not freed yet (caller, 1); work using it is done (caller, 2, and the
-                // synchronization above).
-                let r = unsafe { sys::cuMemFree_v2(ptr) };
-                self.ctx.check_free("cuMemFree", r, ptr)
-            }
-            MemoryKind::PinnedHost => {
-                // SAFETY: `ptr` came from `cuMemHostAlloc` and is not freed yet (caller, 1);
-                // work using it is done (caller, 2, and the synchronization above).
-                let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
-                self.ctx.check_free("cuMemFreeHost", r, ptr)
-            }
-        }
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { memory::free(&self.ctx, kind, ptr, stream) }
     }
 
     fn prefetch_to(
@@ -629,12 +188,11 @@ impl Backend for CudaBackend {
         ptr: u64,
         bytes: usize,
         target: PrefetchTarget,
-        stream: &dyn BackendStream,
+        stream: &CudaStream,
     ) -> Result<bool> {
         if bytes == 0 {
             return Ok(false);
         }
-        let stream = as_cuda(stream)?;
         self.ctx.bind()?;
         if !self.can_prefetch()? {
             return Ok(false);
@@ -665,34 +223,34 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
+    fn create_stream(&self) -> Result<Arc<CudaStream>> {
         Ok(Arc::new(CudaStream::new(self.ctx.clone())?))
     }
 
-    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
-        Ok(Arc::new(CudaPool::create(self.ctx.clone(), config)?))
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<CudaMemPool>> {
+        Ok(Arc::new(CudaMemPool::create(self.ctx.clone(), config)?))
     }
 
-    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<CudaStream>> {
         Ok(Arc::new(CudaStream::builtin(self.ctx.clone(), kind)))
     }
 
-    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
-        if let Some(pool) = self.managed_pool.get() {
+    fn managed_mempool(&self) -> Result<Arc<CudaMemPool>> {
+        if let Some(pool) = self.managed_mempool.get() {
             return Ok(pool.clone());
         }
-        let pool: Arc<dyn BackendPool> = Arc::new(CudaPool::managed_default(self.ctx.clone())?);
+        let pool = Arc::new(CudaMemPool::managed_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
-        Ok(self.managed_pool.get_or_init(|| pool).clone())
+        Ok(self.managed_mempool.get_or_init(|| pool).clone())
     }
 
-    fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {
-        if let Some(pool) = self.default_pool.get() {
+    fn default_mempool(&self) -> Result<Arc<CudaMemPool>> {
+        if let Some(pool) = self.default_mempool.get() {
             return Ok(pool.clone());
         }
-        let pool: Arc<dyn BackendPool> = Arc::new(CudaPool::device_default(self.ctx.clone())?);
+        let pool = Arc::new(CudaMemPool::device_default(self.ctx.clone())?);
         // A racing thread may have set it first; both wrap the same driver pool.
-        Ok(self.default_pool.get_or_init(|| pool).clone())
+        Ok(self.default_mempool.get_or_init(|| pool).clone())
     }
 
     fn errors(&self) -> &ErrorSink {

@@ -12,9 +12,9 @@ use std::ptr;
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
-use crate::error::Result;
+use crate::ids::DeviceId;
 
-use super::{DeviceContext, RawFunction, RawModule};
+use super::handles::{RawFunction, RawModule};
 
 /// The kernel's entry point, as named in the PTX.
 const ENTRY: &std::ffi::CStr = c"streamalloc_spin";
@@ -59,8 +59,13 @@ pub(crate) struct SpinKernel {
 }
 
 impl SpinKernel {
-    /// Loads (JIT-compiles) the kernel into `ctx`, which the caller has made current.
-    pub(crate) fn load(ctx: &DeviceContext) -> Result<SpinKernel> {
+    /// Loads (JIT-compiles) the kernel into the context of `device`, which the caller has made
+    /// current; on failure, the driver call that failed first and its error (`None` if there
+    /// were no images to try).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn load(
+        device: DeviceId,
+    ) -> Result<SpinKernel, Option<(&'static str, DriverError)>> {
         let mut first_error = None;
         for image in PTX_IMAGES {
             debug_assert!(image.ends_with('\0'));
@@ -68,16 +73,15 @@ impl SpinKernel {
                 Ok(kernel) => return Ok(kernel),
                 Err((call, e)) => {
                     tracing::debug!(
-                        device = %ctx.id(),
+                        device = %device,
                         error = ?e,
                         "the delay kernel's PTX did not load; trying the next image"
                     );
-                    first_error.get_or_insert(ctx.error(call, e));
+                    first_error.get_or_insert((call, e));
                 }
             }
         }
-        Err(first_error
-            .unwrap_or_else(|| crate::error::Error::invalid("no PTX image for the delay kernel")))
+        Err(first_error)
     }
 
     pub(crate) fn module(&self) -> RawModule {

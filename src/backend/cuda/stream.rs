@@ -10,17 +10,12 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{panic_message, BackendEvent, BackendStream, Completion, DefaultStream};
+use crate::backend::{panic_message, BackendStream, Completion, DefaultStream};
 use crate::error::{Error, Result};
 
-use super::{DeviceContext, RawEvent, RawStream};
-
-/// The CUDA stream behind `stream`, or an error for a stream of another backend.
-pub(crate) fn as_cuda(stream: &dyn BackendStream) -> Result<&CudaStream> {
-    stream.as_any().downcast_ref::<CudaStream>().ok_or_else(|| {
-        Error::invalid("a CUDA-backend operation was given a stream of another backend")
-    })
-}
+use super::context::DeviceContext;
+use super::event::CudaEvent;
+use super::handles::RawStream;
 
 /// Bytes of pinned memory a stream keeps for staging copies to and from pageable memory.
 const STAGING_BYTES: usize = 4 << 20;
@@ -213,15 +208,13 @@ unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
 }
 
 impl BackendStream for CudaStream {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    type Event = CudaEvent;
 
     fn raw_handle(&self) -> u64 {
         self.raw.0 as u64
     }
 
-    fn record(&self) -> Result<Arc<dyn BackendEvent>> {
+    fn record(&self) -> Result<Arc<CudaEvent>> {
         self.ctx.bind()?;
         let event = CudaEvent {
             raw: self.ctx.take_event()?,
@@ -234,10 +227,7 @@ impl BackendStream for CudaStream {
         Ok(Arc::new(event))
     }
 
-    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()> {
-        let event = event.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
-            Error::invalid("a CUDA stream was asked to wait on an event of another backend")
-        })?;
+    fn wait_event(&self, event: &CudaEvent) -> Result<()> {
         self.ctx.bind()?;
         // SAFETY: the context is current; both handles are live (the event is borrowed). The
         // driver may wait on an event of another device's context.
@@ -363,50 +353,5 @@ impl BackendStream for CudaStream {
         // SAFETY: the context is current and the stream live.
         let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
         self.ctx.check("cuStreamSynchronize", r)
-    }
-}
-
-/// A recorded `CUevent` (`CU_EVENT_DISABLE_TIMING`); goes back to its device's idle list on drop.
-pub(crate) struct CudaEvent {
-    ctx: Arc<DeviceContext>,
-    raw: RawEvent,
-}
-
-impl Drop for CudaEvent {
-    fn drop(&mut self) {
-        // Binds (and destroys) only when the idle list is full.
-        self.ctx.recycle_event(self.raw);
-    }
-}
-
-impl fmt::Debug for CudaEvent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaEvent")
-            .field("device", &self.ctx.id())
-            .field("raw", &self.raw)
-            .finish()
-    }
-}
-
-impl BackendEvent for CudaEvent {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn query(&self) -> Result<bool> {
-        self.ctx.bind()?;
-        // SAFETY: the context is current; the event is live while `self` is.
-        match unsafe { sys::cuEventQuery(self.raw.0) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => self.ctx.check("cuEventQuery", r).map(|()| false),
-        }
-    }
-
-    fn synchronize_blocking(&self) -> Result<()> {
-        self.ctx.bind()?;
-        // SAFETY: the context is current; the event is live while `self` is.
-        let r = unsafe { sys::cuEventSynchronize(self.raw.0) };
-        self.ctx.check("cuEventSynchronize", r)
     }
 }

@@ -10,8 +10,11 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::context::MAX_IDLE_EVENTS;
 use super::*;
-use crate::backend::{BackendEvent, Completion};
+use crate::backend::{
+    AnyEvent, AnyMemPool, AnyStream, BackendEvent, BackendMemPool, BackendStream, Completion,
+};
 
 /// One backend for the whole test process, so tests never release the primary context under
 /// each other.
@@ -20,12 +23,12 @@ fn backend() -> &'static CudaBackend {
     BACKEND.get_or_init(|| CudaBackend::new(0).expect("CUDA device 0"))
 }
 
-fn stream() -> Arc<dyn BackendStream> {
+fn stream() -> Arc<CudaStream> {
     backend().create_stream().expect("cuStreamCreate")
 }
 
 /// Copies `bytes` at `src` (any memory kind) into a new host vector, through `stream`.
-fn read_back(stream: &dyn BackendStream, src: u64, bytes: usize) -> Vec<u8> {
+fn read_back(stream: &CudaStream, src: u64, bytes: usize) -> Vec<u8> {
     let mut host = vec![0u8; bytes];
     // SAFETY: `host` is valid for `bytes` and outlives the copy (synchronized below); `src` is
     // a live allocation of at least `bytes` (caller).
@@ -90,12 +93,12 @@ fn every_memory_kind_holds_data() {
         assert_eq!(p % 256, 0, "{kind:?} is not 256-byte aligned");
         // SAFETY: `p` is a live allocation of `n` bytes until freed below, after a sync.
         unsafe { s.memset(p, 0x5a, n) }.expect("cuMemsetD8Async");
-        assert!(read_back(&*s, p, n).iter().all(|&b| b == 0x5a), "{kind:?}");
+        assert!(read_back(&s, p, n).iter().all(|&b| b == 0x5a), "{kind:?}");
 
         let pattern: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         // SAFETY: `pattern` outlives the copy (synchronized in `read_back`); `p` is live.
         unsafe { s.copy(p, pattern.as_ptr() as u64, n) }.expect("cuMemcpyAsync");
-        assert_eq!(read_back(&*s, p, n), pattern, "{kind:?}");
+        assert_eq!(read_back(&s, p, n), pattern, "{kind:?}");
 
         // SAFETY: allocated above with the same kind and size; all work on it is synchronized.
         unsafe { backend().free(kind, p, n, &*s) }.expect("free");
@@ -154,7 +157,7 @@ fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
     // The data survives the migration.
     // SAFETY: `managed` is live for `n` bytes until freed below, after a sync.
     unsafe { s.memset(managed, 0x3c, n) }.unwrap();
-    assert!(read_back(&*s, managed, n).iter().all(|&x| x == 0x3c));
+    assert!(read_back(&s, managed, n).iter().all(|&x| x == 0x3c));
     // 0 bytes is nothing to do.
     assert!(!b.prefetch(managed, 0, &*s).unwrap());
 
@@ -181,11 +184,11 @@ fn too_large_device_requests_are_out_of_memory() {
         matches!(e, Error::OutOfMemory { requested, .. } if requested == huge),
         "{e}"
     );
-    let pool = backend().create_pool(&PoolConfig::default()).unwrap();
+    let pool = backend().create_mempool(&MemPoolConfig::default()).unwrap();
     let e = pool.allocate_async(huge, &*s).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     let e = backend()
-        .default_pool()
+        .default_mempool()
         .unwrap()
         .allocate_async(huge, &*s)
         .unwrap_err();
@@ -231,7 +234,7 @@ fn wait_event_orders_work_across_streams() {
     let after = b.record().unwrap();
     assert!(!after.query().unwrap(), "b did not wait for a");
     // Read on `b`: must see `a`'s memset, ordered by the wait alone.
-    assert!(read_back(&*b, p, n).iter().all(|&x| x == 7));
+    assert!(read_back(&b, p, n).iter().all(|&x| x == 7));
     assert!(start.elapsed() >= Duration::from_millis(100));
     assert!(after.query().unwrap());
     // SAFETY: all work on `p` is done (synchronized through `b`, which waited for `a`).
@@ -241,17 +244,18 @@ fn wait_event_orders_work_across_streams() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn foreign_streams_and_events_are_rejected() {
-    let s = stream();
+    // Inside the backend the types rule it out; the erased layer refuses it at run time.
+    let s = AnyStream::Cuda(stream());
     let host = crate::Device::host_with(crate::HostConfig::default());
-    let host_stream = host.raw().create_stream().unwrap();
-    let host_event = host_stream.record().unwrap();
+    let host_stream: AnyStream = host.raw().create_stream().unwrap();
+    let host_event: AnyEvent = host_stream.record().unwrap();
     assert!(matches!(
-        s.wait_event(&*host_event),
+        s.wait_event(&host_event),
         Err(Error::InvalidArgument(_))
     ));
-    let pool = backend().default_pool().unwrap();
+    let pool = AnyMemPool::Cuda(backend().default_mempool().unwrap());
     assert!(matches!(
-        pool.allocate_async(256, &*host_stream),
+        pool.allocate_async(256, &host_stream),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -315,7 +319,7 @@ fn host_functions_run_in_order_and_survive_a_panic() {
 fn pools_allocate_free_and_trim() {
     let s = stream();
     let pool = backend()
-        .create_pool(&PoolConfig {
+        .create_mempool(&MemPoolConfig {
             release_threshold: u64::MAX,
             export_handle_types: 0,
         })
@@ -326,7 +330,7 @@ fn pools_allocate_free_and_trim() {
     assert_eq!(p % 256, 0);
     // SAFETY: `p` is valid on `s` in stream order until the free below.
     unsafe { s.memset(p, 3, n) }.unwrap();
-    assert!(read_back(&*s, p, n).iter().all(|&x| x == 3));
+    assert!(read_back(&s, p, n).iter().all(|&x| x == 3));
     // SAFETY: from this pool, not freed, all use ordered before on `s`.
     unsafe { pool.free_async(p, n, &*s) }.unwrap();
     s.synchronize_blocking().unwrap();
@@ -341,11 +345,11 @@ fn pools_allocate_free_and_trim() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn pools_export_handles_or_say_unsupported() {
-    let config = PoolConfig {
+    let config = MemPoolConfig {
         release_threshold: 0,
         export_handle_types: 1, // POSIX file descriptor
     };
-    match backend().create_pool(&config) {
+    match backend().create_mempool(&config) {
         Ok(pool) => {
             let s = stream();
             let p = pool.allocate_async(1 << 20, &*s).unwrap();
@@ -356,12 +360,12 @@ fn pools_export_handles_or_say_unsupported() {
         Err(Error::Unsupported { .. }) => {}
         Err(e) => panic!("unexpected error: {e}"),
     }
-    let bogus = PoolConfig {
+    let bogus = MemPoolConfig {
         release_threshold: 0,
         export_handle_types: 1 << 30,
     };
     assert!(matches!(
-        backend().create_pool(&bogus),
+        backend().create_mempool(&bogus),
         Err(Error::Unsupported { .. })
     ));
 }
@@ -370,15 +374,15 @@ fn pools_export_handles_or_say_unsupported() {
 #[ignore = "needs a CUDA device"]
 fn the_default_pool_is_shared_and_never_destroyed() {
     let s = stream();
-    let a = backend().default_pool().unwrap();
-    let b = backend().default_pool().unwrap();
+    let a = backend().default_mempool().unwrap();
+    let b = backend().default_mempool().unwrap();
     assert_eq!(a.handle(), b.handle());
     let p = a.allocate_async(1 << 20, &*s).unwrap();
     // SAFETY: from the default pool, unused.
     unsafe { b.free_async(p, 1 << 20, &*s) }.unwrap();
     s.synchronize_blocking().unwrap();
     drop((a, b));
-    let c = backend().default_pool().unwrap();
+    let c = backend().default_mempool().unwrap();
     let p = c.allocate_async(1 << 20, &*s).unwrap();
     // SAFETY: as above.
     unsafe { c.free_async(p, 1 << 20, &*s) }.unwrap();
@@ -393,7 +397,7 @@ fn events_are_recycled() {
         let e = s.record().unwrap();
         let _ = e.query().unwrap();
     }
-    let events: Vec<Arc<dyn BackendEvent>> = (0..2 * MAX_IDLE_EVENTS)
+    let events: Vec<Arc<CudaEvent>> = (0..2 * MAX_IDLE_EVENTS)
         .map(|_| s.record().unwrap())
         .collect();
     s.synchronize_blocking().unwrap();
@@ -414,7 +418,7 @@ fn threads_bind_the_context_themselves() {
                 let p = backend().allocate(MemoryKind::Device, n).unwrap();
                 // SAFETY: `p` is live until the free below.
                 unsafe { s.memset(p, i, n) }.unwrap();
-                assert!(read_back(&*s, p, n).iter().all(|&x| x == i));
+                assert!(read_back(&s, p, n).iter().all(|&x| x == i));
                 // SAFETY: all work on `p` is synchronized.
                 unsafe { backend().free(MemoryKind::Device, p, n, &*s) }.unwrap();
                 // Dropping the stream on this thread binds here too.

@@ -6,97 +6,66 @@
 //! delays (stand-ins for kernels) and allocation failures, which makes ordering, pressure and
 //! fault tests deterministic.
 
+mod event;
 mod memory;
-mod pool;
+mod mempool;
+mod queue;
 mod stream;
 
 use std::sync::{Arc, OnceLock};
 
+pub(crate) use event::HostEvent;
 pub use memory::HostControls;
-pub(crate) use memory::{system_allocate, system_free};
+pub(crate) use mempool::HostMemPool;
+pub(crate) use stream::HostStream;
 
 use crate::backend::{
-    Backend, BackendPool, BackendStream, DefaultStream, ErrorSink, MemoryInfo, MemoryKind,
-    PoolConfig, PrefetchTarget,
+    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
-use crate::device::DeviceId;
 use crate::error::Result;
-use crate::stream::CompletionStrategy;
+use crate::ids::{BackendKind, DeviceId};
 use memory::HostMemory;
-
-/// Configuration of a host-backend device ([`Device::host_with`](crate::Device::host_with)).
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::{CompletionStrategy, HostConfig};
-///
-/// let config = HostConfig::default()
-///     .capacity(64 << 20)
-///     .completion_strategy(CompletionStrategy::Poller);
-/// assert_eq!(config.get_capacity(), 64 << 20);
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct HostConfig {
-    capacity: Option<usize>,
-    completion_strategy: Option<CompletionStrategy>,
-}
-
-/// The emulated memory of a host device when none is configured: 16 GiB.
-pub const DEFAULT_HOST_CAPACITY: usize = 16 << 30;
-
-impl HostConfig {
-    /// Bytes of emulated device memory; allocations beyond it fail with out-of-memory.
-    pub fn capacity(mut self, bytes: usize) -> Self {
-        self.capacity = Some(bytes);
-        self
-    }
-
-    /// The emulated memory: [`DEFAULT_HOST_CAPACITY`] unless set.
-    pub fn get_capacity(&self) -> usize {
-        self.capacity.unwrap_or(DEFAULT_HOST_CAPACITY)
-    }
-
-    /// The device's completion strategy (default [`CompletionStrategy::Poller`]).
-    pub fn completion_strategy(mut self, strategy: CompletionStrategy) -> Self {
-        self.completion_strategy = Some(strategy);
-        self
-    }
-
-    pub(crate) fn get_completion_strategy(&self) -> CompletionStrategy {
-        self.completion_strategy.unwrap_or_default()
-    }
-}
 
 #[derive(Debug)]
 pub(crate) struct HostBackend {
     id: DeviceId,
-    controls: HostControls,
-    default_pool: OnceLock<Arc<dyn BackendPool>>,
+    memory: Arc<HostMemory>,
+    default_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulated managed-memory pool, created on first use.
-    managed_pool: OnceLock<Arc<dyn BackendPool>>,
+    managed_mempool: OnceLock<Arc<HostMemPool>>,
 }
 
 impl HostBackend {
-    pub(crate) fn new(config: HostConfig, ordinal: u32) -> Self {
+    /// A host device `host:{ordinal}` with `capacity` bytes of emulated memory.
+    pub(crate) fn new(capacity: usize, ordinal: u32) -> Self {
         let id = DeviceId {
-            backend: super::BackendKind::Host,
+            backend: BackendKind::Host,
             ordinal,
         };
         HostBackend {
             id,
-            controls: HostControls::new(Arc::new(HostMemory::new(id, config.get_capacity()))),
-            default_pool: OnceLock::new(),
-            managed_pool: OnceLock::new(),
+            memory: Arc::new(HostMemory::new(id, capacity)),
+            default_mempool: OnceLock::new(),
+            managed_mempool: OnceLock::new(),
         }
     }
 
+    /// Fault injection and accounting of this device's memory, for the device to hand out
+    /// (they stay off the shared [`Backend`] trait: no other backend has them).
+    pub(crate) fn controls(&self) -> HostControls {
+        HostControls::new(self.memory.clone())
+    }
+
     fn memory(&self) -> &Arc<HostMemory> {
-        self.controls.memory()
+        &self.memory
     }
 }
 
 impl Backend for HostBackend {
+    type Stream = HostStream;
+    type Event = HostEvent;
+    type MemPool = HostMemPool;
+
     fn id(&self) -> DeviceId {
         self.id
     }
@@ -118,9 +87,8 @@ impl Backend for HostBackend {
         kind: MemoryKind,
         ptr: u64,
         bytes: usize,
-        stream: &dyn BackendStream,
+        stream: &HostStream,
     ) -> Result<()> {
-        let stream = stream::as_host(stream)?;
         let memory = self.memory().clone();
         // A double free fails here, while the first free may still be queued.
         memory.begin_free(kind, ptr, bytes)?;
@@ -145,9 +113,9 @@ impl Backend for HostBackend {
         ptr: u64,
         bytes: usize,
         target: PrefetchTarget,
-        stream: &dyn BackendStream,
+        stream: &HostStream,
     ) -> Result<bool> {
-        stream::as_host(stream)?;
+        let _ = stream;
         // Emulated managed memory already lives where the "device" and the host read it:
         // nothing moves, whatever the target, but the request is counted so that tests can see
         // it was made.
@@ -155,32 +123,29 @@ impl Backend for HostBackend {
         self.memory().prefetch(ptr, bytes)
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn BackendStream>> {
-        Ok(Arc::new(stream::HostStream::new(
-            self.id,
-            self.memory().clone(),
-        )))
+    fn create_stream(&self) -> Result<Arc<HostStream>> {
+        Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
     }
 
-    fn create_pool(&self, config: &PoolConfig) -> Result<Arc<dyn BackendPool>> {
+    fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<HostMemPool>> {
         let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
-        Ok(Arc::new(pool::HostPool::new(self.memory().clone())))
+        Ok(Arc::new(HostMemPool::new(self.memory().clone())))
     }
 
-    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<dyn BackendStream>> {
+    fn default_stream(&self, kind: DefaultStream) -> Result<Arc<HostStream>> {
         // An ordinary queue: `Stream` keeps one per device (legacy) or per thread and device
         // (per-thread) while handles to it live, which is all that the emulation needs.
         let _ = kind;
         self.create_stream()
     }
 
-    fn managed_pool(&self) -> Result<Arc<dyn BackendPool>> {
+    fn managed_mempool(&self) -> Result<Arc<HostMemPool>> {
         // Host memory is managed memory already: the emulated pool hands out blocks that the
         // host backend counts as managed (so prefetches of them are made, not skipped).
         Ok(self
-            .managed_pool
+            .managed_mempool
             .get_or_init(|| {
-                Arc::new(pool::HostPool::with_kind(
+                Arc::new(HostMemPool::with_kind(
                     self.memory().clone(),
                     MemoryKind::Managed,
                 ))
@@ -188,15 +153,11 @@ impl Backend for HostBackend {
             .clone())
     }
 
-    fn default_pool(&self) -> Result<Arc<dyn BackendPool>> {
+    fn default_mempool(&self) -> Result<Arc<HostMemPool>> {
         Ok(self
-            .default_pool
-            .get_or_init(|| Arc::new(pool::HostPool::new(self.memory().clone())))
+            .default_mempool
+            .get_or_init(|| Arc::new(HostMemPool::new(self.memory().clone())))
             .clone())
-    }
-
-    fn host_controls(&self) -> Option<&HostControls> {
-        Some(&self.controls)
     }
 
     fn errors(&self) -> &ErrorSink {

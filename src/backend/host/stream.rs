@@ -1,7 +1,5 @@
-use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
@@ -9,148 +7,13 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{panic_message, BackendEvent, BackendStream, Completion};
-use crate::device::DeviceId;
-use crate::error::{Error, Result};
+use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::error::Result;
+use crate::ids::DeviceId;
 
+use super::event::HostEvent;
 use super::memory::HostMemory;
-
-/// One queued operation of a host stream.
-enum Op {
-    Delay(Duration),
-    /// Wait until another queue has completed this many operations.
-    WaitFor(Arc<Queue>, u64),
-    Call(Box<dyn FnOnce() + Send>),
-    Notify(Arc<Completion>),
-    Copy {
-        dst: u64,
-        src: u64,
-        bytes: usize,
-    },
-    Set {
-        dst: u64,
-        value: u8,
-        bytes: usize,
-    },
-    /// An operation that fails when the stream reaches it (an injected copy failure).
-    Fail(Error),
-}
-
-/// The queue shared by a stream handle, its events and its worker thread.
-struct Queue {
-    state: Mutex<QueueState>,
-    /// Signalled when work is enqueued or the stream is dropped.
-    work: Condvar,
-    /// Signalled after every completed operation.
-    progress: Condvar,
-    /// Operations completed so far; the worker is the only writer.
-    completed: AtomicU64,
-    /// The first operation that failed, as a position (events at or after it report the
-    /// error), and its error. Sticky, as an asynchronous error is on a CUDA context.
-    fault: OnceLock<(u64, Error)>,
-    /// The device's memory: its fault injection, and its sink for errors met here.
-    memory: Arc<HostMemory>,
-}
-
-struct QueueState {
-    ops: VecDeque<Op>,
-    /// Operations enqueued so far; an event is a value of this counter.
-    enqueued: u64,
-    /// The stream handle is gone: run what is queued, then stop.
-    closed: bool,
-}
-
-impl Queue {
-    fn wait_for(&self, position: u64) {
-        if self.completed.load(Ordering::Acquire) >= position {
-            return;
-        }
-        let mut state = self.state.lock();
-        while self.completed.load(Ordering::Acquire) < position {
-            self.progress.wait(&mut state);
-        }
-    }
-
-    /// The error of a failure at or before `position`, if the queue had one.
-    fn fault_at(&self, position: u64) -> Result<()> {
-        match self.fault.get() {
-            Some((failed, e)) if *failed <= position => Err(e.clone()),
-            _ => Ok(()),
-        }
-    }
-
-    /// Fails the queue at the operation now running (the first failure sticks).
-    fn fail(&self, error: Error) {
-        let position = self.completed.load(Ordering::Acquire) + 1;
-        let _ = self.fault.set((position, error));
-    }
-
-    fn run(&self) {
-        loop {
-            let op = {
-                let mut state = self.state.lock();
-                loop {
-                    if let Some(op) = state.ops.pop_front() {
-                        break op;
-                    }
-                    if state.closed {
-                        return;
-                    }
-                    self.work.wait(&mut state);
-                }
-            };
-            self.execute(op);
-            self.completed.fetch_add(1, Ordering::AcqRel);
-            let _state = self.state.lock();
-            self.progress.notify_all();
-        }
-    }
-
-    fn execute(&self, op: Op) {
-        match op {
-            Op::Delay(d) => thread::sleep(d),
-            Op::WaitFor(queue, position) => {
-                queue.wait_for(position);
-                // Waiting on a failed point passes the failure on, as on a CUDA context.
-                if let Err(e) = queue.fault_at(position) {
-                    self.fail(e);
-                }
-            }
-            Op::Call(f) => {
-                // A panicking callback must not kill the worker: later work would never run.
-                // The panic reaches the user through the device's deferred errors.
-                if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(f)) {
-                    self.memory.errors().report(Error::invalid(format!(
-                        "a host function panicked on a stream of {}: {}; the stream went on",
-                        self.memory.device(),
-                        panic_message(&*payload)
-                    )));
-                }
-            }
-            Op::Notify(c) => match self.fault_at(self.completed.load(Ordering::Acquire)) {
-                Ok(()) => c.complete(),
-                Err(e) => c.fail(e),
-            },
-            // SAFETY: the enqueuing caller guaranteed both ranges valid until the copy
-            // completes (`BackendStream::copy`); `ptr::copy` allows overlap.
-            Op::Copy { dst, src, bytes } => unsafe {
-                std::ptr::copy(src as *const u8, dst as *mut u8, bytes)
-            },
-            // SAFETY: the enqueuing caller guaranteed the range valid (`BackendStream::memset`).
-            Op::Set { dst, value, bytes } => unsafe {
-                std::ptr::write_bytes(dst as *mut u8, value, bytes)
-            },
-            Op::Fail(e) => self.fail(e),
-        }
-    }
-}
-
-/// The host stream behind `stream`, or an error for a stream of another backend.
-pub(crate) fn as_host(stream: &dyn BackendStream) -> Result<&HostStream> {
-    stream.as_any().downcast_ref::<HostStream>().ok_or_else(|| {
-        Error::invalid("a host-backend operation was given a stream of another backend")
-    })
-}
+use super::queue::{Op, Queue, QueueState};
 
 /// A host stream: an ordered queue run by its own worker thread.
 pub(crate) struct HostStream {
@@ -219,15 +82,13 @@ impl fmt::Debug for HostStream {
 }
 
 impl BackendStream for HostStream {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    type Event = HostEvent;
 
     fn raw_handle(&self) -> u64 {
         self.handle
     }
 
-    fn record(&self) -> Result<Arc<dyn BackendEvent>> {
+    fn record(&self) -> Result<Arc<HostEvent>> {
         let position = self.queue.state.lock().enqueued;
         Ok(Arc::new(HostEvent {
             queue: self.queue.clone(),
@@ -235,10 +96,7 @@ impl BackendStream for HostStream {
         }))
     }
 
-    fn wait_event(&self, event: &dyn BackendEvent) -> Result<()> {
-        let event = event.as_any().downcast_ref::<HostEvent>().ok_or_else(|| {
-            Error::invalid("a host stream was asked to wait on an event of another backend")
-        })?;
+    fn wait_event(&self, event: &HostEvent) -> Result<()> {
         if event.query()? {
             return Ok(());
         }
@@ -272,37 +130,5 @@ impl BackendStream for HostStream {
         let position = self.queue.state.lock().enqueued;
         self.queue.wait_for(position);
         self.queue.fault_at(position)
-    }
-}
-
-/// A position in a host stream's queue.
-struct HostEvent {
-    queue: Arc<Queue>,
-    position: u64,
-}
-
-impl fmt::Debug for HostEvent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostEvent")
-            .field("position", &self.position)
-            .finish()
-    }
-}
-
-impl BackendEvent for HostEvent {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn query(&self) -> Result<bool> {
-        if self.queue.completed.load(Ordering::Acquire) < self.position {
-            return Ok(false);
-        }
-        self.queue.fault_at(self.position).map(|()| true)
-    }
-
-    fn synchronize_blocking(&self) -> Result<()> {
-        self.queue.wait_for(self.position);
-        self.queue.fault_at(self.position)
     }
 }

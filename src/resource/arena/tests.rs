@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use proptest::prelude::*;
 
 use super::*;
-use crate::backend::host::HostConfig;
+use crate::device::HostConfig;
 use crate::resource::CudaResource;
 
 const KIB: usize = 1 << 10;

@@ -1,7 +1,7 @@
-use crate::backend::host::{system_allocate, system_free};
-use crate::backend::BackendKind;
+use crate::backend::pageable::{system_allocate, system_free};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::ids::BackendKind;
 use crate::resource::ResourceIdentity;
 use crate::resource::{check_stream, DevicePtr, MemoryResource, Properties};
 use crate::stream::Stream;

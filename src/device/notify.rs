@@ -17,44 +17,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::backend::{BackendEvent, Completion};
+use crate::backend::{AnyBackend, AnyEvent, AnyStream, Completion};
+use crate::device::config::CompletionStrategy;
 use crate::error::Result;
-use crate::stream::{Stream, StreamId};
-
-/// How a device's events wake the tasks that await them.
-///
-/// The default is [`Poller`](CompletionStrategy::Poller), chosen from measurements on an H100
-/// (`benches/completion.rs`; figures in the book's completion-driver page): a task resumed
-/// about 6 µs after the device passed its event under the poller against about 43 µs under
-/// host functions, the poller never slowed the user's stream, and arming host functions behind
-/// a busy stream made the enqueueing thread wait. The poller's price is CPU time while events
-/// are pending (about 23 ms per second there); it costs nothing while none are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum CompletionStrategy {
-    /// A host function on a shadow stream per user stream (`cuLaunchHostFunc`): no CPU while
-    /// waiting, but higher wake latency.
-    HostFunction,
-    /// One polling thread per device that queries pending events, with back-off (the default).
-    #[default]
-    Poller,
-}
-
-impl CompletionStrategy {
-    fn to_u8(self) -> u8 {
-        match self {
-            CompletionStrategy::HostFunction => 0,
-            CompletionStrategy::Poller => 1,
-        }
-    }
-
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => CompletionStrategy::Poller,
-            _ => CompletionStrategy::HostFunction,
-        }
-    }
-}
+use crate::ids::StreamId;
 
 /// Per-device state of the completion driver.
 pub(crate) struct CompletionDriver {
@@ -78,22 +44,26 @@ impl CompletionDriver {
         self.strategy.store(strategy.to_u8(), Ordering::Relaxed)
     }
 
-    /// Arranges for `completion` to be completed once `event` (recorded on `stream`) is.
+    /// Arranges for `completion` to be completed once `event` is: `event` was recorded on the
+    /// stream `stream`, whose shadow stream (created on `backend` when first needed) runs the
+    /// host function.
     pub(crate) fn arm(
         &self,
-        stream: &Stream,
-        event: &Arc<dyn BackendEvent>,
+        backend: &AnyBackend,
+        stream: StreamId,
+        shadow: &ShadowStream,
+        event: &AnyEvent,
         completion: &Arc<Completion>,
     ) -> Result<()> {
         match self.strategy() {
             CompletionStrategy::HostFunction => {
-                let shadow = stream.inner().shadow()?;
-                shadow.wait_event(&**event)?;
+                let shadow = shadow.get_or_create(backend)?;
+                shadow.wait_event(event)?;
                 shadow.notify(completion.clone())
             }
             CompletionStrategy::Poller => {
                 let poller = self.poller.get_or_init(Poller::start);
-                poller.submit(stream.id(), event.clone(), completion.clone());
+                poller.submit(stream, event.clone(), completion.clone());
                 Ok(())
             }
         }
@@ -117,7 +87,24 @@ impl fmt::Debug for CompletionDriver {
     }
 }
 
-type Pending = (Arc<dyn BackendEvent>, Arc<Completion>);
+/// The private stream on which the host-function notifications of one user stream run, so a
+/// user stream never stalls behind a host callback. Created on first use; the user stream's
+/// handle owns it, so it lives exactly as long.
+#[derive(Debug, Default)]
+pub(crate) struct ShadowStream(OnceLock<AnyStream>);
+
+impl ShadowStream {
+    fn get_or_create(&self, backend: &AnyBackend) -> Result<&AnyStream> {
+        if let Some(s) = self.0.get() {
+            return Ok(s);
+        }
+        let created = backend.create_stream()?;
+        // A racing thread may have set it first; keep theirs and drop ours.
+        Ok(self.0.get_or_init(|| created))
+    }
+}
+
+type Pending = (AnyEvent, Arc<Completion>);
 
 struct Poller {
     shared: Arc<PollerShared>,
@@ -152,7 +139,7 @@ impl Poller {
         }
     }
 
-    fn submit(&self, stream: StreamId, event: Arc<dyn BackendEvent>, completion: Arc<Completion>) {
+    fn submit(&self, stream: StreamId, event: AnyEvent, completion: Arc<Completion>) {
         self.shared.inbox.lock().push((stream, (event, completion)));
         self.thread.unpark();
     }

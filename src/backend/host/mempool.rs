@@ -1,16 +1,16 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::backend::{BackendPool, BackendStream, MemoryKind};
+use crate::backend::{BackendMemPool, MemoryKind};
 use crate::error::Result;
 
 use super::memory::HostMemory;
-use super::stream::as_host;
+use super::stream::HostStream;
 
 /// The host emulation of a driver pool: allocation is immediate, and a free takes effect when
 /// the stream reaches it, as with `cuMemFreeAsync`.
 #[derive(Debug)]
-pub(crate) struct HostPool {
+pub(crate) struct HostMemPool {
     memory: Arc<HostMemory>,
     handle: u64,
     reserved: Arc<AtomicUsize>,
@@ -18,7 +18,7 @@ pub(crate) struct HostPool {
     kind: MemoryKind,
 }
 
-impl HostPool {
+impl HostMemPool {
     pub(crate) fn new(memory: Arc<HostMemory>) -> Self {
         Self::with_kind(memory, MemoryKind::Device)
     }
@@ -26,7 +26,7 @@ impl HostPool {
     /// A pool whose blocks are `kind` memory.
     pub(crate) fn with_kind(memory: Arc<HostMemory>, kind: MemoryKind) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        HostPool {
+        HostMemPool {
             memory,
             handle: NEXT.fetch_add(1, Ordering::Relaxed),
             reserved: Arc::default(),
@@ -35,20 +35,21 @@ impl HostPool {
     }
 }
 
-impl BackendPool for HostPool {
+impl BackendMemPool for HostMemPool {
+    type Stream = HostStream;
+
     fn handle(&self) -> u64 {
         self.handle
     }
 
-    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64> {
-        as_host(stream)?;
+    fn allocate_async(&self, bytes: usize, stream: &HostStream) -> Result<u64> {
+        let _ = stream; // the emulation allocates at once, as the driver may
         let ptr = self.memory.allocate(self.kind, bytes)?;
         self.reserved.fetch_add(bytes.max(1), Ordering::Relaxed);
         Ok(ptr)
     }
 
-    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
-        let stream = as_host(stream)?;
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &HostStream) -> Result<()> {
         // A double free fails here, while the first free may still be queued.
         self.memory.begin_free(self.kind, ptr, bytes)?;
         let memory = self.memory.clone();

@@ -1,5 +1,11 @@
-//! Devices: which backend, which ordinal, how much memory, and how events are turned into
-//! wake-ups.
+//! Devices: which backend, which ordinal, how much memory, their settings ([`config`]), and the
+//! completion driver ([`notify`]) that turns their events into wake-ups.
+//!
+//! The device sits on the backend and below streams: the driver arms on a stream's id and its
+//! backend streams, never on a [`Stream`](crate::Stream).
+
+mod config;
+pub(crate) mod notify;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -7,26 +13,14 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
-use crate::backend::host::{HostBackend, HostConfig, HostControls};
-use crate::backend::{Backend, BackendKind, MemoryInfo};
+pub(crate) use crate::ids::DeviceId;
+pub use config::{CompletionStrategy, HostConfig, DEFAULT_HOST_CAPACITY};
+
+use crate::backend::host::{HostBackend, HostControls};
+use crate::backend::{AnyBackend, AnyEvent, Completion, MemoryInfo};
 use crate::error::{Error, Result};
-use crate::stream::notify::{CompletionDriver, CompletionStrategy};
-
-/// Names a device: its backend and ordinal (`cuda:0`, `host:0`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceId {
-    /// The backend the device runs on.
-    pub backend: BackendKind,
-    /// The device's ordinal within its backend. Host devices are numbered in creation order;
-    /// `host:0` is the shared one that [`Device::host`] returns.
-    pub ordinal: u32,
-}
-
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.backend, self.ordinal)
-    }
-}
+use crate::ids::{BackendKind, StreamId};
+use notify::{CompletionDriver, ShadowStream};
 
 /// A device: a CUDA GPU or the host emulation of one. A cheap `Clone` handle.
 ///
@@ -60,18 +54,25 @@ struct DeferredErrors {
 }
 
 struct DeviceInner {
-    backend: Arc<dyn Backend>,
+    backend: AnyBackend,
     driver: CompletionDriver,
+    /// Fault injection and accounting: host devices only.
+    host_controls: Option<HostControls>,
     deferred: Mutex<DeferredErrors>,
     /// Total memory, asked of the backend once: it does not change while the device lives.
     total_memory: OnceLock<usize>,
 }
 
 impl Device {
-    fn from_backend(backend: Arc<dyn Backend>, strategy: CompletionStrategy) -> Device {
+    fn from_backend(
+        backend: AnyBackend,
+        strategy: CompletionStrategy,
+        host_controls: Option<HostControls>,
+    ) -> Device {
         let device = Device {
             inner: Arc::new(DeviceInner {
                 driver: CompletionDriver::new(strategy),
+                host_controls,
                 backend,
                 deferred: Mutex::default(),
                 total_memory: OnceLock::new(),
@@ -121,7 +122,9 @@ impl Device {
 
     fn host_with_ordinal(config: HostConfig, ordinal: u32) -> Device {
         let strategy = config.get_completion_strategy();
-        Device::from_backend(Arc::new(HostBackend::new(config, ordinal)), strategy)
+        let backend = HostBackend::new(config.get_capacity(), ordinal);
+        let controls = backend.controls();
+        Device::from_backend(AnyBackend::Host(backend), strategy, Some(controls))
     }
 
     /// The CUDA device with this ordinal, with its primary context.
@@ -151,7 +154,11 @@ impl Device {
                 return Ok(d.clone());
             }
             let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
-            let d = Device::from_backend(Arc::new(backend), CompletionStrategy::default());
+            let d = Device::from_backend(
+                AnyBackend::Cuda(backend),
+                CompletionStrategy::default(),
+                None,
+            );
             devices[ordinal] = Some(d.clone());
             Ok(d)
         }
@@ -252,7 +259,7 @@ impl Device {
     /// assert!(device.host_controls().is_some());
     /// ```
     pub fn host_controls(&self) -> Option<&HostControls> {
-        self.inner.backend.host_controls()
+        self.inner.host_controls.as_ref()
     }
 
     /// Takes the oldest error not taken yet that was met where it could not be returned: a
@@ -303,12 +310,24 @@ impl Device {
         }
     }
 
-    pub(crate) fn raw(&self) -> &Arc<dyn Backend> {
+    pub(crate) fn raw(&self) -> &AnyBackend {
         &self.inner.backend
     }
 
-    pub(crate) fn completion_driver(&self) -> &CompletionDriver {
-        &self.inner.driver
+    /// Arranges for `completion` to be completed once `event`, recorded on the stream
+    /// `stream`, is: through the device's completion driver, with `shadow` the stream's private
+    /// notification stream.
+    pub(crate) fn arm_completion(
+        &self,
+        stream: StreamId,
+        shadow: &ShadowStream,
+        event: &AnyEvent,
+        completion: &Arc<Completion>,
+    ) -> Result<()> {
+        let backend = &self.inner.backend;
+        self.inner
+            .driver
+            .arm(backend, stream, shadow, event, completion)
     }
 }
 

@@ -5,28 +5,29 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use crate::backend::{BackendPool, BackendStream, PoolConfig};
+use crate::backend::{BackendMemPool, MemPoolConfig};
 use crate::error::{Error, Result};
 
-use super::stream::{as_cuda, CudaStream};
-use super::{DeviceContext, RawPool};
+use super::context::DeviceContext;
+use super::handles::RawMemPool;
+use super::stream::CudaStream;
 
 /// A driver memory pool (`CUmemoryPool`): one this crate created (destroyed on drop) or the
 /// device's default pool (never destroyed).
-pub(crate) struct CudaPool {
+pub(crate) struct CudaMemPool {
     ctx: Arc<DeviceContext>,
-    raw: RawPool,
+    raw: RawMemPool,
     /// Created by `cuMemPoolCreate`, so destroyed on drop.
     owned: bool,
 }
 
-impl CudaPool {
+impl CudaMemPool {
     /// A new pool of pinned device memory on `ctx`'s device (`cuMemPoolCreate`).
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no memory pools or cannot export the
     /// requested handle types; driver errors.
-    pub(crate) fn create(ctx: Arc<DeviceContext>, config: &PoolConfig) -> Result<CudaPool> {
+    pub(crate) fn create(ctx: Arc<DeviceContext>, config: &MemPoolConfig) -> Result<CudaMemPool> {
         ctx.bind()?;
         let id = ctx.id();
         let pools =
@@ -67,9 +68,9 @@ impl CudaPool {
         let r = unsafe { sys::cuMemPoolCreate(&mut raw, &props) };
         ctx.check("cuMemPoolCreate", r)?;
         // From here on `pool` owns the driver pool and destroys it if setup fails.
-        let pool = CudaPool {
+        let pool = CudaMemPool {
             ctx,
-            raw: RawPool(raw),
+            raw: RawMemPool(raw),
             owned: true,
         };
         let mut threshold: u64 = config.release_threshold;
@@ -90,7 +91,7 @@ impl CudaPool {
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no memory pools; driver errors.
-    pub(crate) fn device_default(ctx: Arc<DeviceContext>) -> Result<CudaPool> {
+    pub(crate) fn device_default(ctx: Arc<DeviceContext>) -> Result<CudaMemPool> {
         ctx.bind()?;
         let pools =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
@@ -105,9 +106,9 @@ impl CudaPool {
         // valid out-pointer.
         let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut raw, ctx.device) };
         ctx.check("cuDeviceGetDefaultMemPool", r)?;
-        Ok(CudaPool {
+        Ok(CudaMemPool {
             ctx,
-            raw: RawPool(raw),
+            raw: RawMemPool(raw),
             owned: false,
         })
     }
@@ -119,7 +120,7 @@ impl CudaPool {
     /// # Errors
     /// [`Error::Unsupported`] in builds for CUDA 12 headers, with a driver older than CUDA 13,
     /// on a device without memory pools or without concurrent managed access; driver errors.
-    pub(crate) fn managed_default(ctx: Arc<DeviceContext>) -> Result<CudaPool> {
+    pub(crate) fn managed_default(ctx: Arc<DeviceContext>) -> Result<CudaMemPool> {
         ctx.bind()?;
         let id = ctx.id();
         let what = "stream-ordered managed memory pools (cuMemGetDefaultMemPool, CUDA 13)";
@@ -164,9 +165,9 @@ impl CudaPool {
                 return Err(Error::unsupported(what, id));
             }
             ctx.check("cuMemGetDefaultMemPool", r)?;
-            Ok(CudaPool {
+            Ok(CudaMemPool {
                 ctx,
-                raw: RawPool(raw),
+                raw: RawMemPool(raw),
                 owned: false,
             })
         }
@@ -180,8 +181,7 @@ impl CudaPool {
     }
 
     /// The CUDA stream behind `stream`, checked to belong to this pool's device.
-    fn stream<'s>(&self, stream: &'s dyn BackendStream) -> Result<&'s CudaStream> {
-        let stream = as_cuda(stream)?;
+    fn stream<'s>(&self, stream: &'s CudaStream) -> Result<&'s CudaStream> {
         let (expected, actual) = (self.ctx.id(), stream.context().id());
         if expected != actual {
             return Err(Error::DeviceMismatch { expected, actual });
@@ -190,7 +190,7 @@ impl CudaPool {
     }
 }
 
-impl Drop for CudaPool {
+impl Drop for CudaMemPool {
     fn drop(&mut self) {
         if !self.owned {
             return; // the device's default pool belongs to the driver
@@ -206,9 +206,9 @@ impl Drop for CudaPool {
     }
 }
 
-impl fmt::Debug for CudaPool {
+impl fmt::Debug for CudaMemPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaPool")
+        f.debug_struct("CudaMemPool")
             .field("device", &self.ctx.id())
             .field("raw", &self.raw)
             .field("owned", &self.owned)
@@ -216,12 +216,14 @@ impl fmt::Debug for CudaPool {
     }
 }
 
-impl BackendPool for CudaPool {
+impl BackendMemPool for CudaMemPool {
+    type Stream = CudaStream;
+
     fn handle(&self) -> u64 {
         self.raw.0 as u64
     }
 
-    fn allocate_async(&self, bytes: usize, stream: &dyn BackendStream) -> Result<u64> {
+    fn allocate_async(&self, bytes: usize, stream: &CudaStream) -> Result<u64> {
         let stream = self.stream(stream)?;
         self.ctx.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
@@ -234,7 +236,7 @@ impl BackendPool for CudaPool {
         Ok(ptr)
     }
 
-    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &dyn BackendStream) -> Result<()> {
+    unsafe fn free_async(&self, ptr: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
         let _ = bytes;
         let stream = self.stream(stream)?;
         self.ctx.bind()?;
