@@ -115,7 +115,7 @@ impl DeviceBuffer {
         Self::from_shared(
             bytes,
             stream,
-            crate::current_device_resource_for(stream.device()),
+            crate::resource::registry::current_device_resource_for(stream.device()),
         )
         .await
     }

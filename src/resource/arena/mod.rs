@@ -2,12 +2,13 @@
 //! stream — stream-ordered, scalable across threads, and awaitable.
 //!
 //! The resource (this file) is a thin wrapper; [`levels`] moves requests between the stream
-//! arenas and the global arena, [`slots`] finds a stream's (or thread's) arena, [`stats`]
+//! arenas and the global arena, [`slots`] keeps the stream arenas and [`lookup`] finds a stream's (or thread's), [`stats`]
 //! reports and dumps, and [`core`] holds the allocator cores that work on addresses alone.
 
 mod config;
 pub(crate) mod core;
 mod levels;
+mod lookup;
 mod slots;
 mod stats;
 

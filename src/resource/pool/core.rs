@@ -37,7 +37,7 @@
 //! # Per-stream TLSF index
 //! Each stream that owns free memory has its own two-level segregated-fit index (TLSF, as in
 //! `rlsf`): sizes are counted in 256-byte *units*; the first level is `log2(units)`, the second
-//! level splits each power-of-two range into [`SL_COUNT`](index::SL_COUNT) (32) equal classes, and
+//! level splits each power-of-two range into [`SL_COUNT`](classes::SL_COUNT) (32) equal classes, and
 //! sizes below 64 units (16 KiB) get one exact class each. Each class is an intrusive doubly linked
 //! list threaded through the slab, and two bitmaps (one bit per first level, one per class) say
 //! which lists are non-empty. An allocation maps its size *up* to the first class whose every block
@@ -87,6 +87,7 @@
 //! `invariants.rs` (tests only) the exhaustive invariant check.
 
 mod blocks;
+mod classes;
 mod index;
 #[cfg(test)]
 mod invariants;

@@ -2,7 +2,7 @@
 //! the coalescing of a freed block with its physical neighbours of the same stream (see
 //! "Blocks" in the [core's documentation](super)).
 
-use super::index::class_index_of_size;
+use super::classes::class_index_of_size;
 use super::PoolCore;
 
 /// The null slab index (also [`Block::stream`] of a vacant slot).

@@ -1,7 +1,7 @@
 //! The core's invariants, checked exhaustively, and views of its state for tests.
 
 use super::blocks::NIL;
-use super::index::{class_index, class_of, FL_COUNT, SL_COUNT};
+use super::classes::{class_index, class_of, FL_COUNT, SL_COUNT};
 use super::{ChunkId, PoolCore, StreamKey, ALIGN, ALIGN_LOG2};
 
 impl PoolCore {

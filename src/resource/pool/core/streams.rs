@@ -4,7 +4,8 @@
 //! [core's documentation](super)).
 
 use super::blocks::{NIL, USED};
-use super::index::{class_index, StreamFree};
+use super::classes::class_index;
+use super::index::StreamFree;
 use super::{align_up, PoolCore, StreamKey};
 
 impl PoolCore {

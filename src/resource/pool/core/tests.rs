@@ -2,7 +2,8 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::index::{class_min, class_of, search_class, FL_COUNT, OWN_CLASS_PROBES, SL_COUNT};
+use super::classes::{class_min, class_of, search_class, FL_COUNT, SL_COUNT};
+use super::index::OWN_CLASS_PROBES;
 use super::*;
 
 const A: StreamKey = StreamKey(1);
