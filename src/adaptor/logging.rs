@@ -449,10 +449,15 @@ pub(crate) struct CPointer(pub(crate) u64);
 
 impl fmt::Display for CPointer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            0 => f.write_str("(nil)"),
-            p => write!(f, "{p:#x}"),
-        }
+        hex_or(f, self.0, "(nil)")
+    }
+}
+
+/// `0x` and lowercase hex, or `zero` for 0: how C and C++ print a null pointer differs.
+fn hex_or(f: &mut fmt::Formatter<'_>, value: u64, zero: &str) -> fmt::Result {
+    match value {
+        0 => f.write_str(zero),
+        v => write!(f, "{v:#x}"),
     }
 }
 
@@ -462,10 +467,7 @@ pub(crate) struct StreamHandle(pub(crate) u64);
 
 impl fmt::Display for StreamHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            0 => f.write_str("0"),
-            h => write!(f, "{h:#x}"),
-        }
+        hex_or(f, self.0, "0")
     }
 }
 

@@ -79,8 +79,7 @@ impl DeviceBuffer {
         stream: &Stream,
         mr: impl MemoryResource + 'static,
     ) -> Result<DeviceBuffer> {
-        let mr = into_shared(mr);
-        check_resource(&mr, stream)?;
+        let mr = shared_for(mr, stream)?;
         let ptr = mr.try_allocate(bytes, stream)?;
         Ok(Self::from_parts(ptr, bytes, mr, stream))
     }
@@ -235,8 +234,7 @@ impl DeviceBuffer {
         stream: &Stream,
         mr: impl MemoryResource + 'static,
     ) -> Result<DeviceBuffer> {
-        let mr = into_shared(mr);
-        check_resource(&mr, stream)?;
+        let mr = shared_for(mr, stream)?;
         let alignment = checked_alignment(alignment)?;
         let allocated = padded_size(bytes, alignment, stream.device())?;
         let base = mr.try_allocate(allocated, stream)?;
@@ -307,13 +305,19 @@ impl DeviceBuffer {
         stream: &Stream,
         mr: impl MemoryResource + 'static,
     ) -> Result<DeviceBuffer> {
-        let mr = into_shared(mr);
-        check_resource(&mr, stream)?;
+        let mr = shared_for(mr, stream)?;
         Ok(Self::from_parts(ptr, bytes, mr, stream))
     }
 }
 
 /// Checks that `mr` allocates on `stream`'s device.
+/// `mr` type-erased, once it is checked to allocate on `stream`'s device.
+fn shared_for(mr: impl MemoryResource + 'static, stream: &Stream) -> Result<SharedResource> {
+    let mr = into_shared(mr);
+    check_resource(&mr, stream)?;
+    Ok(mr)
+}
+
 pub(super) fn check_resource(mr: &SharedResource, stream: &Stream) -> Result<()> {
     let expected = mr.properties().device;
     let actual = stream.device().id();

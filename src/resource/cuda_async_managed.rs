@@ -122,11 +122,7 @@ impl MemoryResource for CudaAsyncManagedResource {
     }
 
     fn properties(&self) -> Properties {
-        Properties {
-            device_accessible: true,
-            host_accessible: true,
-            device: self.view.device().id(),
-        }
+        Properties::host_and_device(self.view.device().id())
     }
 }
 

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
-    align_up, check_stream, Availability, DevicePtr, MemoryResource, SharedResource,
+    align_up, is_empty_request, Availability, DevicePtr, MemoryResource, SharedResource,
 };
 use crate::stream::Stream;
 
@@ -116,13 +116,8 @@ impl<R: MemoryResource> FixedSizeResource<R> {
                     "{blocks_to_preallocate} blocks of {block_size} bytes overflow"
                 ))
             })?;
-        let id = upstream.properties().device;
-        let device = Device::from_id(id)
-            .ok_or_else(|| Error::invalid(format!("the upstream's device {id} is gone")))?;
-        let availability = Arc::new(Availability::new());
-        if let Some(up) = upstream.availability() {
-            up.add_follower(&availability);
-        }
+        let device = crate::resource::upstream_device(&upstream)?;
+        let availability = Availability::following(upstream.availability());
         let mr = FixedSizeResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -237,10 +232,9 @@ memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if bytes == 0 {
+        if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);
         }
-        check_stream(&self.device, stream)?;
         if bytes > self.block_size {
             return Err(Error::OutOfMemory {
                 requested: bytes,

@@ -89,10 +89,6 @@ impl MemoryResource for ManagedResource {
     }
 
     fn properties(&self) -> Properties {
-        Properties {
-            device_accessible: true,
-            host_accessible: true,
-            device: self.device.id(),
-        }
+        Properties::host_and_device(self.device.id())
     }
 }

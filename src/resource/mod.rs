@@ -120,6 +120,25 @@ pub struct Properties {
     pub device: DeviceId,
 }
 
+impl Properties {
+    /// Memory that device code and host code can both read and write through the pointer
+    /// (managed and pinned host memory), of `device`.
+    ///
+    /// ```
+    /// use streamalloc::{Device, Properties};
+    ///
+    /// let p = Properties::host_and_device(Device::host().id());
+    /// assert!(p.device_accessible && p.host_accessible);
+    /// ```
+    pub fn host_and_device(device: DeviceId) -> Self {
+        Properties {
+            device_accessible: true,
+            host_accessible: true,
+            device,
+        }
+    }
+}
+
 /// A source of stream-ordered memory: RMM's `device_memory_resource`, made async.
 ///
 /// Implementations are cheap `Clone` handles over shared state where they have state: a clone
@@ -355,6 +374,25 @@ pub(crate) fn check_stream(device: &Device, stream: &Stream) -> Result<()> {
             actual: stream.device().id(),
         })
     }
+}
+
+/// The device of a sub-allocator's upstream, which it allocates for.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when that device is gone.
+pub(crate) fn upstream_device(upstream: &impl MemoryResource) -> Result<Device> {
+    let id = upstream.properties().device;
+    Device::from_id(id).ok_or_else(|| Error::invalid(format!("the upstream's device {id} is gone")))
+}
+
+/// The start of each sub-allocator's `try_allocate`: `Ok(true)` for a 0-byte request, which is
+/// served with the null pointer whatever the stream; else the stream's device is checked.
+#[inline]
+pub(crate) fn is_empty_request(device: &Device, bytes: usize, stream: &Stream) -> Result<bool> {
+    if bytes == 0 {
+        return Ok(true);
+    }
+    check_stream(device, stream).map(|()| false)
 }
 
 /// `try_allocate` of a leaf resource over the backend's raw allocator of `kind`.

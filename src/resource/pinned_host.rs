@@ -51,10 +51,6 @@ impl MemoryResource for PinnedHostResource {
     }
 
     fn properties(&self) -> Properties {
-        Properties {
-            device_accessible: true,
-            host_accessible: true,
-            device: self.device.id(),
-        }
+        Properties::host_and_device(self.device.id())
     }
 }

@@ -27,12 +27,11 @@ use self::levels::{Inner, GLOBAL};
 use self::slots::SLOT_BUCKETS;
 use self::slots::{Registry, Slots};
 pub use self::stats::ArenaStatistics;
-use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::registry::percent_of_free_device_memory;
 use crate::resource::stream_order::{Fence, OrderCounters};
-use crate::resource::{check_stream, Availability, DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{is_empty_request, Availability, DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// RMM's arena allocator (`arena_memory_resource`) over any upstream resource: a global arena
@@ -157,9 +156,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn with_config(upstream: R, config: ArenaConfig) -> Result<Self> {
-        let id = upstream.properties().device;
-        let device = Device::from_id(id)
-            .ok_or_else(|| Error::invalid(format!("the upstream's device {id} is gone")))?;
+        let device = crate::resource::upstream_device(&upstream)?;
         let requested = match config.arena_size {
             Some(bytes) => bytes,
             None => percent_of_free_device_memory(&device, 50)?,
@@ -269,10 +266,9 @@ memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if bytes == 0 {
+        if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);
         }
-        check_stream(&self.device, stream)?;
         let size = match self.round(bytes) {
             Some(size) if size <= self.size => size as u64,
             rounded => return Err(self.out_of_memory(bytes, rounded.unwrap_or(bytes), stream)),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use proptest::prelude::*;
 
 use super::*;
+use crate::device::Device;
 use crate::device::HostConfig;
 use crate::resource::CudaResource;
 

@@ -13,7 +13,7 @@ use self::level::{Level, Released};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::{check_stream, Availability, DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{is_empty_request, Availability, DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
@@ -209,13 +209,8 @@ impl<R: MemoryResource> PoolResource<R> {
                 )));
             }
         }
-        let id = upstream.properties().device;
-        let device = Device::from_id(id)
-            .ok_or_else(|| Error::invalid(format!("the upstream's device {id} is gone")))?;
-        let availability = Arc::new(Availability::new());
-        if let Some(up) = upstream.availability() {
-            up.add_follower(&availability);
-        }
+        let device = crate::resource::upstream_device(&upstream)?;
+        let availability = Availability::following(upstream.availability());
         let capacity = maximum_size
             .or(upstream.capacity_limit())
             .unwrap_or(usize::MAX);
@@ -569,10 +564,9 @@ memory_resource!(shared [R: MemoryResource] PoolResource<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if bytes == 0 {
+        if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);
         }
-        check_stream(&self.device, stream)?;
         let Some(size) = align_up(bytes) else {
             return Err(Error::OutOfMemory {
                 requested: bytes,
