@@ -317,6 +317,7 @@ impl<R: MemoryResource> StatisticsAdaptor<R> {
 memory_resource!(shared [R: MemoryResource] StatisticsAdaptor<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
+    #[inline]
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.upstream.try_allocate(bytes, stream)?;
         let live = &self.live;
@@ -335,6 +336,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
         Ok(ptr)
     }
 
+    #[inline]
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // Counted first: once the upstream has the memory back it may hand it out again.
         let live = &self.live;

@@ -199,6 +199,7 @@ impl<R: MemoryResource> Inner<R> {
 memory_resource!(shared [R: MemoryResource] TracingAdaptor<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
+    #[inline]
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.enabled() {
             self.traced_allocate(bytes, stream)
@@ -207,6 +208,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
         }
     }
 
+    #[inline]
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract; the pointer is the upstream's own.
         unsafe {

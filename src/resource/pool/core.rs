@@ -290,12 +290,14 @@ impl PoolCore {
     /// nothing changed, when `addr` is not a block allocated here with a size that rounds to
     /// `size`'s (a wrong size is refused like a foreign pointer: the caller reports it).
     pub(crate) fn try_free(&mut self, addr: u64, size: usize, stream: StreamKey) -> Option<u32> {
-        let &idx = self.live.get(&addr)?;
+        // One hash lookup on the usual path; a wrong size (a bug of the caller's) puts the
+        // entry back.
+        let idx = self.live.remove(&addr)?;
         let block_size = self.blocks[idx as usize].size;
         if align_up(size) != Some(block_size as usize) {
+            self.live.insert(addr, idx);
             return None;
         }
-        self.live.remove(&addr);
         let slot = self.slot_or_insert(stream);
         self.blocks[idx as usize].stream = slot;
         self.coalesce_and_link(idx);
