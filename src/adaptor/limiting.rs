@@ -112,14 +112,10 @@ impl<R: MemoryResource> Inner<R> {
             .map_err(out_of_memory)
     }
 
-    /// Returns a charge. Only a real free notifies waiters: a charge returned because the
-    /// upstream failed frees nothing, and notifying then would wake the failing head waiter
-    /// itself, over and over.
-    fn release(&self, charged: usize, notify: bool) {
+    /// Returns the charge of a request the upstream refused. It frees nothing, so it wakes
+    /// nobody: that would wake the failing head waiter itself, over and over.
+    fn release_unused(&self, charged: usize) {
         self.used.fetch_sub(charged, Ordering::AcqRel);
-        if notify {
-            self.availability.notify();
-        }
     }
 }
 
@@ -130,14 +126,28 @@ impl<R: MemoryResource> Forward for Inner<R> {
         let charged = self.reserve(bytes, stream)?;
         self.upstream
             .try_allocate(bytes, stream)
-            .inspect_err(|_| self.release(charged, false))
+            .inspect_err(|_| self.release_unused(charged))
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
-        let charged = charge(bytes).expect("an allocation of this size was charged, so it rounds");
-        self.release(charged, true);
+        // A free of more than is charged (a double free, a wrong size) must not wrap the
+        // budget and refuse every request after it: it returns nothing and is reported.
+        let returned = charge(bytes).and_then(|charged| {
+            self.used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    used.checked_sub(charged)
+                })
+                .ok()
+        });
+        match returned {
+            Some(_) => self.availability.notify(),
+            None => stream.device().defer_error(Error::invalid(format!(
+                "{ptr} ({bytes} bytes) freed through a limiting adaptor that has less charged \
+                 (double free?)"
+            ))),
+        }
     }
 
     fn availability(&self) -> Option<&Availability> {

@@ -310,7 +310,6 @@ impl DeviceBuffer {
     }
 }
 
-/// Checks that `mr` allocates on `stream`'s device.
 /// `mr` type-erased, once it is checked to allocate on `stream`'s device.
 fn shared_for(mr: impl MemoryResource + 'static, stream: &Stream) -> Result<SharedResource> {
     let mr = into_shared(mr);
@@ -318,6 +317,7 @@ fn shared_for(mr: impl MemoryResource + 'static, stream: &Stream) -> Result<Shar
     Ok(mr)
 }
 
+/// Checks that `mr` allocates on `stream`'s device.
 pub(super) fn check_resource(mr: &SharedResource, stream: &Stream) -> Result<()> {
     let expected = mr.properties().device;
     let actual = stream.device().id();

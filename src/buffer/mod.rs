@@ -230,8 +230,8 @@ fn default_owner() -> &'static Stream {
 }
 
 /// An empty buffer that owns no memory: size and capacity 0, a null pointer. It is what
-/// [`std::mem::take`] leaves behind, and costs no allocation and no resource call (the current
-/// device resource is not looked up).
+/// [`std::mem::take`] leaves behind, and costs no device allocation and no resource call (the
+/// current device resource is not looked up).
 ///
 /// Having no device of its own, it belongs to the process-wide host device
 /// ([`Device::host`]): its owner is that device's [`legacy default
