@@ -182,7 +182,12 @@ unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
     let HostCall { work, ctx } = *call;
     let outcome = panic::catch_unwind(AssertUnwindSafe(move || work.complete()));
     if let Err(payload) = outcome {
-        report_panic(&ctx, payload, "a completion");
+        // Reporting formats and allocates: it must not unwind into the driver either. A panic
+        // of its own is forgotten, not dropped (its payload's `Drop` could panic again).
+        let report = AssertUnwindSafe(|| report_panic(&ctx, payload, "a completion"));
+        if let Err(again) = panic::catch_unwind(report) {
+            std::mem::forget(again);
+        }
     }
     // Dropping `ctx` here never drops the context (which would call the driver on its own
     // thread): the device's backend holds it, and CUDA devices live for the process.
@@ -203,7 +208,12 @@ unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
     let HostCall { work, ctx } = *call;
     let outcome = panic::catch_unwind(AssertUnwindSafe(work));
     if let Err(payload) = outcome {
-        report_panic(&ctx, payload, "a host function");
+        // Reporting formats and allocates: it must not unwind into the driver either. A panic
+        // of its own is forgotten, not dropped (its payload's `Drop` could panic again).
+        let report = AssertUnwindSafe(|| report_panic(&ctx, payload, "a host function"));
+        if let Err(again) = panic::catch_unwind(report) {
+            std::mem::forget(again);
+        }
     }
 }
 
