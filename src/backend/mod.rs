@@ -17,6 +17,7 @@
 //! [`crate::ids`] and [`crate::error`]: it knows nothing of devices, streams or resources.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -156,16 +157,18 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
 }
 
 /// How many errors an [`ErrorSink`] keeps until they are taken; later ones are only counted.
-const SINK_KEPT: usize = 64;
+pub(crate) const SINK_KEPT: usize = 64;
 
-/// Errors a backend met where it could not return them: on a stream's worker or a driver
-/// thread (a stream-ordered free that failed, a host function that panicked), or in a `Drop`.
+/// The deferred errors of one device: errors met where they could not be returned, on a
+/// stream's worker or a driver thread (a stream-ordered free that failed, a host function that
+/// panicked), in a `Drop`, or above the backend (a bad free, a pool dropped with allocations
+/// out).
 ///
-/// The backend sits below the device and cannot reach it; the device takes these into its
-/// deferred errors whenever they are asked for
-/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), so each one reaches
-/// the user and is counted. `report` takes a lock and calls no driver function, so a CUDA
-/// host function may call it.
+/// It lives in the backend, below the device, so that the backend's own threads can report
+/// into it; the device defers its errors here too and hands them out
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), oldest first, so each
+/// one reaches the user and is counted. `report` takes a lock and calls no driver function, so
+/// a CUDA host function may call it.
 #[derive(Debug, Default)]
 pub(crate) struct ErrorSink {
     state: Mutex<SinkState>,
@@ -174,28 +177,35 @@ pub(crate) struct ErrorSink {
 #[derive(Debug, Default)]
 struct SinkState {
     /// The oldest untaken errors, at most [`SINK_KEPT`].
-    errors: Vec<Error>,
-    /// Errors reported while `errors` was full: counted, not kept.
-    dropped: u64,
+    errors: VecDeque<Error>,
+    /// Every error ever kept or counted.
+    total: u64,
 }
 
 impl ErrorSink {
-    /// Keeps `error` for the device (and logs it: the device takes it only when asked).
+    /// Keeps `error` for the device, and logs it (the device hands it out only when asked).
     pub(crate) fn report(&self, error: Error) {
-        tracing::error!(%error, "backend error, deferred to the device");
+        tracing::error!(%error, "deferred error");
+        self.keep(error);
+    }
+
+    /// Keeps `error` without logging it (the caller has).
+    pub(crate) fn keep(&self, error: Error) {
         let mut state = self.state.lock();
+        state.total += 1;
         if state.errors.len() < SINK_KEPT {
-            state.errors.push(error);
-        } else {
-            state.dropped += 1;
+            state.errors.push_back(error);
         }
     }
 
-    /// Takes what was reported: the errors kept, oldest first, and how many more there were.
-    pub(crate) fn take(&self) -> (Vec<Error>, u64) {
-        let mut state = self.state.lock();
-        let dropped = std::mem::take(&mut state.dropped);
-        (std::mem::take(&mut state.errors), dropped)
+    /// Takes the oldest error kept.
+    pub(crate) fn pop(&self) -> Option<Error> {
+        self.state.lock().errors.pop_front()
+    }
+
+    /// How many errors were reported, taken or not.
+    pub(crate) fn total(&self) -> u64 {
+        self.state.lock().total
     }
 }
 

@@ -7,7 +7,7 @@
 mod config;
 pub(crate) mod notify;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -44,21 +44,13 @@ pub struct Device {
 }
 
 /// How many untaken deferred errors a device keeps ([`Device::take_deferred_error`]).
-pub const DEFERRED_ERRORS_KEPT: usize = 64;
-
-/// Errors met where they could not be returned, oldest first, and how many there were.
-#[derive(Default)]
-struct DeferredErrors {
-    errors: VecDeque<Error>,
-    total: u64,
-}
+pub const DEFERRED_ERRORS_KEPT: usize = crate::backend::SINK_KEPT;
 
 struct DeviceInner {
     backend: AnyBackend,
     driver: CompletionDriver,
     /// Fault injection and accounting: host devices only.
     host_controls: Option<HostControls>,
-    deferred: Mutex<DeferredErrors>,
     /// Total memory, asked of the backend once: it does not change while the device lives.
     total_memory: OnceLock<usize>,
 }
@@ -74,7 +66,6 @@ impl Device {
                 driver: CompletionDriver::new(strategy),
                 host_controls,
                 backend,
-                deferred: Mutex::default(),
                 total_memory: OnceLock::new(),
             }),
         };
@@ -276,7 +267,7 @@ impl Device {
     /// assert!(Device::host_with(HostConfig::default()).take_deferred_error().is_none());
     /// ```
     pub fn take_deferred_error(&self) -> Option<Error> {
-        self.deferred().errors.pop_front()
+        self.inner.backend.errors().pop()
     }
 
     /// How many errors this device has deferred since it was created, taken or not.
@@ -286,28 +277,14 @@ impl Device {
     /// assert_eq!(Device::host_with(HostConfig::default()).deferred_error_count(), 0);
     /// ```
     pub fn deferred_error_count(&self) -> u64 {
-        self.deferred().total
+        self.inner.backend.errors().total()
     }
 
-    /// The deferred errors, with those the backend met on its own threads taken in (it sits
-    /// below the device and cannot defer them itself).
-    fn deferred(&self) -> parking_lot::MutexGuard<'_, DeferredErrors> {
-        let mut deferred = self.inner.deferred.lock();
-        let (errors, dropped) = self.inner.backend.errors().take();
-        deferred.total += errors.len() as u64 + dropped;
-        let room = DEFERRED_ERRORS_KEPT.saturating_sub(deferred.errors.len());
-        deferred.errors.extend(errors.into_iter().take(room));
-        deferred
-    }
-
-    /// Records an error met where it could not be returned (in a `Drop`, on a stream's worker).
+    /// Records an error met where it could not be returned (in a `Drop`, on a stream's worker),
+    /// in the one store the backend's own threads report into too.
     pub(crate) fn defer_error(&self, error: Error) {
         tracing::error!(device = %self.id(), %error, "deferred error");
-        let mut deferred = self.inner.deferred.lock();
-        deferred.total += 1;
-        if deferred.errors.len() < DEFERRED_ERRORS_KEPT {
-            deferred.errors.push_back(error);
-        }
+        self.inner.backend.errors().keep(error);
     }
 
     pub(crate) fn raw(&self) -> &AnyBackend {
