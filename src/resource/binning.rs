@@ -28,7 +28,8 @@ const BIN_BLOCKS: usize = 128;
 /// # Awaiting memory
 /// The resource has one wait queue ([`Availability`]) that every bin and the upstream wake,
 /// so an awaited allocation waits for memory wherever its request is routed, first come,
-/// first served across all sizes; every free through it wakes the oldest waiter.
+/// first served across all sizes; a free wakes the oldest waiter through the bin or upstream
+/// that takes the memory back (this resource follows each of their queues).
 /// [`capacity_limit`](MemoryResource::capacity_limit) is the upstream's: a request larger than
 /// every bin and than the upstream could ever hold fails at once. A request waits only where
 /// memory can come back for it ([`may_regain_memory`](MemoryResource::may_regain_memory)): one
@@ -227,10 +228,6 @@ impl<R: MemoryResource + Clone> Forward for Inner<R> {
                 None => self.upstream.deallocate(ptr, bytes, stream),
             }
         }
-        // The bins and the upstream wake their own followers, this resource among them; but a
-        // bin given without a wait queue of its own wakes nobody, so say it here too. (Cheap
-        // when nobody waits: a fence and a load.)
-        self.availability.notify();
     }
 
     fn availability(&self) -> Option<&Availability> {
