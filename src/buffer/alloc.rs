@@ -8,7 +8,7 @@ use super::DeviceBuffer;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{
-    into_shared, DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+    check_resource, into_shared, DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
 };
 use crate::stream::Stream;
 
@@ -120,7 +120,7 @@ impl DeviceBuffer {
     }
 
     async fn from_shared(bytes: usize, stream: &Stream, mr: SharedResource) -> Result<Self> {
-        check_resource(&mr, stream)?;
+        check_resource(&*mr, stream)?;
         let ptr = mr.allocate(bytes, stream).await?;
         Ok(Self::from_parts(ptr, bytes, mr, stream))
     }
@@ -198,7 +198,7 @@ impl DeviceBuffer {
         stream: &Stream,
         mr: SharedResource,
     ) -> Result<Self> {
-        check_resource(&mr, stream)?;
+        check_resource(&*mr, stream)?;
         let allocated = padded_size(bytes, alignment, stream.device())?;
         let base = mr.allocate(allocated, stream).await?;
         Self::from_aligned(base, allocated, bytes, alignment, mr, stream)
@@ -313,19 +313,8 @@ impl DeviceBuffer {
 /// `mr` type-erased, once it is checked to allocate on `stream`'s device.
 fn shared_for(mr: impl MemoryResource + 'static, stream: &Stream) -> Result<SharedResource> {
     let mr = into_shared(mr);
-    check_resource(&mr, stream)?;
+    check_resource(&*mr, stream)?;
     Ok(mr)
-}
-
-/// Checks that `mr` allocates on `stream`'s device.
-pub(super) fn check_resource(mr: &SharedResource, stream: &Stream) -> Result<()> {
-    let expected = mr.properties().device;
-    let actual = stream.device().id();
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(Error::DeviceMismatch { expected, actual })
-    }
 }
 
 /// `alignment` when it is a power of two, raised to [`ALLOCATION_ALIGNMENT`], which every

@@ -8,7 +8,7 @@ use futures_timer::Delay;
 
 use crate::error::{Error, Result};
 use crate::resource::availability::Waiter;
-use crate::resource::{DevicePtr, MemoryResource};
+use crate::resource::{check_resource, DevicePtr, MemoryResource};
 use crate::stream::Stream;
 use crate::sync::Arc;
 
@@ -107,37 +107,24 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
                 .is_none_or(|limit| self.bytes <= limit)
     }
 
-    /// What `try_allocate` checks before it looks for memory, for a request that queues
-    /// without calling it: the stream's device.
-    fn check_arguments(&self) -> Result<()> {
-        let expected = self.mr.properties().device;
-        let actual = self.stream.device().id();
-        if expected == actual {
-            Ok(())
-        } else {
-            Err(Error::DeviceMismatch { expected, actual })
-        }
-    }
-
     /// The queue head's attempt: `None` to go on waiting, or the outcome. Out of memory ends
     /// the wait when nothing can come back for the request
     /// ([`may_regain_memory`](MemoryResource::may_regain_memory)); the attempt is repeated
     /// once first, in case the last free landed between the two.
     fn retry(&self) -> Option<Result<DevicePtr>> {
-        for last in [false, true] {
-            match self.mr.try_allocate(self.bytes, self.stream) {
-                Err(e) if e.is_out_of_memory() => {
-                    if self.mr.may_regain_memory(self.bytes) {
-                        return None;
-                    }
-                    if last {
-                        return Some(Err(e));
-                    }
-                }
-                done => return Some(done),
-            }
+        let out_of_memory = |r: &Result<DevicePtr>| matches!(r, Err(e) if e.is_out_of_memory());
+        let first = self.mr.try_allocate(self.bytes, self.stream);
+        if !out_of_memory(&first) {
+            return Some(first);
         }
-        unreachable!("the second attempt returns")
+        if self.mr.may_regain_memory(self.bytes) {
+            return None;
+        }
+        let second = self.mr.try_allocate(self.bytes, self.stream);
+        if out_of_memory(&second) && self.mr.may_regain_memory(self.bytes) {
+            return None;
+        }
+        Some(second)
     }
 
     fn timed_out(&self, since: Instant) -> Error {
@@ -171,7 +158,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
             } else {
                 // Behind other waiters, but checked as the fast path would be first: a request
                 // that is wrong on its face fails now instead of waiting its turn.
-                if let Err(e) = this.check_arguments() {
+                if let Err(e) = check_resource(this.mr, this.stream) {
                     return Poll::Ready(Err(e));
                 }
                 if this.bytes == 0 || !this.can_wait() {

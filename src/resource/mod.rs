@@ -363,6 +363,18 @@ impl ResourceIdentity {
     }
 }
 
+/// Checks that `mr` allocates on `stream`'s device: what a resource's `try_allocate` checks
+/// first, for callers that hold the resource but not its device (a buffer, a queued request).
+pub(crate) fn check_resource<R: MemoryResource + ?Sized>(mr: &R, stream: &Stream) -> Result<()> {
+    let expected = mr.properties().device;
+    let actual = stream.device().id();
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::DeviceMismatch { expected, actual })
+    }
+}
+
 /// Checks that `stream` belongs to `device`, as every resource requires.
 #[inline]
 pub(crate) fn check_stream(device: &Device, stream: &Stream) -> Result<()> {
