@@ -16,6 +16,9 @@ use super::DeviceBuffer;
 /// resized or dropped meanwhile. When the guard is dropped (or [`finish`](ReadGuard::finish)ed),
 /// an event is recorded on the stream and kept in the buffer's use state, so the owner's later
 /// writes and the free wait for those reads.
+/// Forgetting the guard is safe as well: the stream is registered as a reader when the guard is
+/// made, and the owner's next write, hand-off or free waits for everything enqueued on it by
+/// then.
 ///
 /// # Stream ordering
 /// The reading stream already waits for the owner's work enqueued before `read_on`. Reads
@@ -146,7 +149,7 @@ impl<'a> ReadGuard<'a> {
     /// ```
     pub fn finish(mut self) -> Result<()> {
         self.recorded = true;
-        self.buf.record_read(&self.stream)
+        self.buf.end_read(&self.stream)
     }
 }
 
@@ -155,9 +158,9 @@ impl Drop for ReadGuard<'_> {
         if self.recorded {
             return;
         }
-        if let Err(e) = self.buf.record_read(&self.stream) {
-            // The reads were enqueued by the caller; without an event the free is not ordered
-            // after them. Report it; never block in a drop.
+        if let Err(e) = self.buf.end_read(&self.stream) {
+            // The stream stays a pending reader (the free still waits for it); report the
+            // error, never block in a drop.
             self.buf.device().defer_error(e);
         }
     }

@@ -115,13 +115,23 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn read_on(&self, stream: &Stream) -> Result<ReadGuard<'_>> {
-        check_stream(&self.device, stream)?;
-        let uses = self.uses.lock();
-        if uses.handoff_waits() {
-            uses.order_after_owner(stream)?;
-        }
-        drop(uses);
+        self.begin_read(stream)?;
         Ok(ReadGuard::new(self, stream.clone()))
+    }
+
+    /// Starts reads on `stream` that the caller enqueues itself, forget-safe: `stream` waits
+    /// for the owner's work so far and stays a pending reader, so the owner's next write,
+    /// hand-off or free waits for everything `stream` enqueued until then, even when the guard
+    /// or argument that called this is forgotten.
+    pub(crate) fn begin_read(&self, stream: &Stream) -> Result<()> {
+        check_stream(&self.device, stream)?;
+        self.uses.lock().begin_read(stream)
+    }
+
+    /// Ends reads started by [`begin_read`](DeviceBuffer::begin_read): records an event on
+    /// `stream` now.
+    pub(crate) fn end_read(&self, stream: &Stream) -> Result<()> {
+        self.uses.lock().end_read(stream)
     }
 
     /// Records that work enqueued on `stream` so far reads the buffer: an event is recorded

@@ -223,6 +223,26 @@ fn drop_waits_for_every_reader() {
 }
 
 #[test]
+fn a_forgotten_read_guard_still_orders_the_free() {
+    // The read is registered when the guard is made, not when it is dropped: forgetting the
+    // guard must not let the free overtake work the reader enqueued meanwhile.
+    let d = device();
+    let [owner, reader] = streams(&d);
+    let buf = block_on(DeviceBuffer::new(1 << 16, &owner, CudaResource::new(&d))).unwrap();
+    let read = buf.read_on(&reader).unwrap();
+    let open = gate(&reader); // the "kernel" reading the buffer
+    std::mem::forget(read);
+    drop(buf);
+    std::thread::sleep(Duration::from_millis(50)); // an unordered free would have run by now
+    assert_eq!(allocated(&d), 1 << 16, "freed while the reader was running");
+    drop(open);
+    reader.synchronize_blocking().unwrap();
+    owner.synchronize_blocking().unwrap();
+    assert_eq!(allocated(&d), 0);
+    assert!(d.take_deferred_error().is_none());
+}
+
+#[test]
 fn drop_without_readers_frees_at_once_on_the_owner() {
     // The control of the test above: the accounting it relies on does drop to zero when there
     // is nothing to wait for.

@@ -14,12 +14,19 @@ use crate::stream::{Event, Stream};
 ///   order, so a newer one covers an older one).
 /// - No event in `readers` is of `owner`: the owner's own work is ordered by the stream itself.
 /// - Every read of the buffer on a stream other than `owner` that has been enqueued through the
-///   buffer's API is ordered before one of `readers`, or before a point of `owner` that the
-///   owner's work from now on follows.
+///   buffer's API is ordered before one of `readers`, before a point of `owner` that the owner's
+///   work from now on follows, or is on one of `pending`.
+/// - `pending` holds each stream at most once, never `owner`.
 #[derive(Debug)]
 pub(crate) struct Uses {
     owner: Stream,
     readers: Vec<Event>,
+    /// Streams handed the buffer's address for reads the crate does not enqueue itself (a
+    /// [`ReadGuard`](super::ReadGuard), a kernel argument). Their events are recorded lazily,
+    /// when the owner next has to be ordered after its readers: by then every such read has
+    /// been enqueued (the reads borrow the buffer), so forgetting a guard cannot let a write or
+    /// the free overtake them.
+    pending: Vec<Stream>,
     /// `false` only in negative-control tests: hand-offs and reads skip their waits.
     handoff_waits: bool,
 }
@@ -29,6 +36,7 @@ impl Uses {
         Uses {
             owner,
             readers: Vec::new(),
+            pending: Vec::new(),
             handoff_waits: true,
         }
     }
@@ -37,13 +45,9 @@ impl Uses {
         &self.owner
     }
 
-    /// The number of outstanding reader events (for tests and `Debug`).
+    /// The number of outstanding reader events and pending readers (for tests and `Debug`).
     pub(crate) fn reader_count(&self) -> usize {
-        self.readers.len()
-    }
-
-    pub(crate) fn handoff_waits(&self) -> bool {
-        self.handoff_waits
+        self.readers.len() + self.pending.len()
     }
 
     #[cfg(test)]
@@ -103,6 +107,44 @@ impl Uses {
         }
     }
 
+    /// Starts reads on `reader` that the caller enqueues itself: `reader` waits for the owner's
+    /// work so far, and is kept as a pending reader until [`end_read`](Uses::end_read) or until
+    /// the owner is next ordered after its readers, whichever comes first.
+    pub(crate) fn begin_read(&mut self, reader: &Stream) -> Result<()> {
+        if reader == &self.owner {
+            return Ok(());
+        }
+        if self.handoff_waits {
+            self.order_after_owner(reader)?;
+        }
+        if !self.pending.contains(reader) {
+            self.pending.push(reader.clone());
+        }
+        Ok(())
+    }
+
+    /// Ends the reads [`begin_read`](Uses::begin_read) started on `reader`: records an event
+    /// there now (so later, unrelated work on `reader` is not waited for).
+    pub(crate) fn end_read(&mut self, reader: &Stream) -> Result<()> {
+        if reader == &self.owner {
+            return Ok(());
+        }
+        let event = reader.record()?;
+        self.pending.retain(|s| s != reader);
+        self.add_read(event);
+        Ok(())
+    }
+
+    /// Turns every pending reader into a recorded event (or, where recording fails, waits for
+    /// that stream to go idle: see [`add_read_now`](Uses::add_read_now)).
+    fn settle_pending(&mut self) -> Result<()> {
+        while let Some(reader) = self.pending.last().cloned() {
+            self.add_read_now(&reader)?;
+            self.pending.pop();
+        }
+        Ok(())
+    }
+
     /// Makes `stream` wait for the owner's work enqueued so far; nothing when `stream` is the
     /// owner.
     pub(crate) fn order_after_owner(&self, stream: &Stream) -> Result<()> {
@@ -116,6 +158,7 @@ impl Uses {
     /// Makes the owner wait for every outstanding read, then forgets them: the owner may then
     /// write or free the memory. On error nothing is forgotten (extra waits are harmless).
     pub(crate) fn order_owner_after_readers(&mut self) -> Result<()> {
+        self.settle_pending()?;
         for event in &self.readers {
             self.owner.wait(event)?;
         }
@@ -126,6 +169,7 @@ impl Uses {
     /// Hands ownership to `new_owner`: it waits for the old owner's work so far and for every
     /// outstanding read. On error the state is unchanged.
     pub(crate) fn hand_to(&mut self, new_owner: &Stream) -> Result<()> {
+        self.settle_pending()?;
         if !self.handoff_waits {
             // Negative control: skip the waits, but keep the old owner's last point as a read
             // so that the free stays ordered after it.
