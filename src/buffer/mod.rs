@@ -13,6 +13,7 @@ mod copy;
 mod guard;
 mod handoff;
 mod host_copy;
+mod pinned;
 mod resize;
 mod uses;
 
@@ -22,7 +23,8 @@ use std::sync::OnceLock;
 use parking_lot::Mutex;
 
 pub use guard::ReadGuard;
-pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
+pub use pinned::PinnedHostVec;
 
 use crate::device::Device;
 use crate::resource::{into_shared, CudaResource, DevicePtr, MemoryResource, SharedResource};

@@ -638,9 +638,31 @@ fn host_copy_length_errors() {
     let [s] = streams(&d);
     let mut buf = DeviceBuffer::try_new(100, &s, CudaResource::new(&d)).unwrap();
     let e = block_on(buf.copy_to_host(vec![0u8; 99])).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                call: "copy_to_host",
+                device_len: 100,
+                host_len: 99,
+                unit: "bytes"
+            }
+        ),
+        "{e}"
+    );
     let e = block_on(buf.copy_from_host(vec![0u8; 101])).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                call: "copy_from_host",
+                device_len: 100,
+                host_len: 101,
+                unit: "bytes"
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
