@@ -27,7 +27,7 @@ impl DeviceBuffer {
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
     /// buf.fill(0xab)?;
-    /// assert_eq!(buf.copy_to_host(vec![0; 8]).await?, vec![0xab; 8]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 8]).await?, vec![0xab; 8]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
@@ -67,7 +67,7 @@ impl DeviceBuffer {
     /// src.fill(2)?;
     /// let mut dst = DeviceBuffer::new(6, &b, mr).await?;
     /// dst.copy_from_device(&src)?;  // on `b`, after `a`'s fill
-    /// assert_eq!(dst.copy_to_host(vec![0; 6]).await?, [2, 2, 2, 2, 0, 0]);
+    /// assert_eq!(dst.copy_to_host(vec![0u8; 6]).await?, [2, 2, 2, 2, 0, 0]);
     /// assert!(src.copy_from_device(&dst).is_err()); // 6 bytes do not fit in 4
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -305,7 +305,7 @@ impl DeviceBuffer {
     /// let copy = buf.try_clone_on(&b).await?;
     /// drop(buf);                    // freed on `a` after `b` has copied it
     /// assert_eq!(copy.stream(), b);
-    /// assert_eq!(copy.copy_to_host(vec![0; 32]).await?, vec![4; 32]);
+    /// assert_eq!(copy.copy_to_host(vec![0u8; 32]).await?, vec![4; 32]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
@@ -353,7 +353,7 @@ impl DeviceBuffer {
     /// buf.fill(6)?;
     /// let copy = buf.try_clone().await?;
     /// assert_ne!(copy.ptr(), buf.ptr());
-    /// assert_eq!(copy.copy_to_host(vec![0; 32]).await?, vec![6; 32]);
+    /// assert_eq!(copy.copy_to_host(vec![0u8; 32]).await?, vec![6; 32]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```

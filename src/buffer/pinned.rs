@@ -115,7 +115,11 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # Ok::<(), Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn new(len: usize, stream: &Stream, mr: impl MemoryResource + 'static) -> Result<Self> {
+    pub async fn new(
+        len: usize,
+        stream: &Stream,
+        mr: impl MemoryResource + 'static,
+    ) -> Result<Self> {
         Self::allocate(len, stream, into_shared(mr)).await
     }
 
