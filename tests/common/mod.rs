@@ -6,6 +6,7 @@
 pub mod arena_suite;
 pub mod buffer_suite;
 pub mod deferred_suite;
+pub mod host_data_suite;
 pub mod huge_sizes;
 pub mod pool_suite;
 pub mod pressure_suite;
