@@ -34,6 +34,9 @@ use crate::stream::Stream;
 /// it (its copy future was dropped) is freed stream-ordered on the copy's stream, after the
 /// copy.
 ///
+/// Freeing memory of the leaf [`PinnedHostResource`] is `cuMemFreeHost`, which waits for the
+/// stream to go idle: a pool over it frees without blocking, and makes later vectors cheap.
+///
 /// # Examples
 ///
 /// ```
