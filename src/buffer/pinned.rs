@@ -394,6 +394,10 @@ impl<T: Pod + Send> sealed::Sealed for PinnedHostVec<T> {
         self.bytes
     }
 
+    fn elem_len(&self) -> usize {
+        self.len
+    }
+
     fn page_locked(&self) -> bool {
         true
     }

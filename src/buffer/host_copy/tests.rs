@@ -272,3 +272,53 @@ fn a_failed_copy_to_host_slice_leaves_the_slice_alone() {
     assert_injected_copy_failure(block_on(buf.copy_to_host_slice(&mut dst)).err());
     assert_eq!(dst, [3u8; 64]);
 }
+
+/// The typed starts that containers use: lengths and errors in elements.
+#[test]
+fn typed_starts_count_elements() {
+    use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice};
+
+    let (_device, stream, buf) = setup(CompletionStrategy::Poller);
+    // 16 f32 in 64 bytes. Every start below is sound: `buf` holds 64 bytes at `ptr`, is
+    // owned by `stream`, and outlives the copies, which are all awaited.
+    let (ptr, n) = (buf.ptr(), 16);
+    let sent: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, sent) };
+    let sent = block_on(copy).unwrap();
+    // SAFETY: as above.
+    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; n]) };
+    assert_eq!(block_on(copy).unwrap(), sent);
+    let mut out = [0f32; 16];
+    // SAFETY: as above.
+    let copy = unsafe { CopyToSlice::start_elems("test_to_slice", &stream, ptr, n, &mut out) };
+    block_on(copy).unwrap();
+    assert_eq!(&out[..], &sent[..]);
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromSlice::start_elems("test_from_slice", &stream, ptr, n, &[9f32]) };
+    block_on(copy).unwrap();
+
+    let mismatch = |call, device_len, host_len| Error::LengthMismatch {
+        call,
+        device_len,
+        host_len,
+        unit: "elements",
+    };
+    // SAFETY: as above.
+    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; 15]) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_to", 16, 15));
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, vec![0f32; 17]) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_from", 16, 17));
+    let mut short = [0f32; 3];
+    // SAFETY: as above.
+    let copy = unsafe { CopyToSlice::start_elems("ts", &stream, ptr, n, &mut short) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("ts", 16, 3));
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromSlice::start_elems("fs", &stream, ptr, 2, &[0f32; 3]) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("fs", 2, 3));
+    assert_eq!(
+        block_on(buf.copy_to_host(vec![0f32; 16])).unwrap()[..2],
+        [9.0, 1.0]
+    );
+}
