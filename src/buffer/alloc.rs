@@ -530,12 +530,14 @@ impl Future for NewBuffer<'_> {
                 if !queued {
                     match request.mr.try_allocate(allocated, this.stream) {
                         Ok(base) => return Poll::Ready(this.finish(base, allocated, request)),
-                        Err(e) if !e.is_out_of_memory() => return Poll::Ready(Err(e)),
+                        Err(e) if !e.is_out_of_memory() || !can_wait(&*request.mr, allocated) => {
+                            return Poll::Ready(Err(e))
+                        }
                         Err(_) => {}
                     }
                 }
-                // Wait as `allocate` does: it tries once more first and fails at once when
-                // the request cannot wait.
+                // Wait as `allocate` does (it tries once more first, in case memory came back
+                // meanwhile).
                 let (mr, stream, deadline) =
                     (request.mr.clone(), this.stream.clone(), this.deadline);
                 let mut wait: BoxFuture<'static, Result<DevicePtr>> = Box::pin(async move {
@@ -564,6 +566,12 @@ impl Future for NewBuffer<'_> {
             }
         }
     }
+}
+
+/// Whether a request of `bytes` may wait for memory on `mr`, as [`Allocate`](crate::Allocate)
+/// decides it: `mr` signals availability and the request is within its capacity limit.
+fn can_wait(mr: &dyn MemoryResource, bytes: usize) -> bool {
+    mr.availability().is_some() && mr.capacity_limit().is_none_or(|limit| bytes <= limit)
 }
 
 impl fmt::Debug for NewBuffer<'_> {
