@@ -13,6 +13,7 @@ mod copy;
 mod guard;
 mod handoff;
 mod host_copy;
+mod pinned;
 mod resize;
 mod uses;
 mod vec;
@@ -25,7 +26,8 @@ use parking_lot::Mutex;
 
 pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
-pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
+pub use pinned::PinnedHostVec;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};
 pub use view::BufferView;
 
