@@ -15,6 +15,7 @@ mod handoff;
 mod host_copy;
 mod pinned;
 mod resize;
+mod scalar;
 mod uses;
 mod vec;
 mod view;
@@ -28,6 +29,7 @@ pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 pub use pinned::PinnedHostVec;
+pub use scalar::DeviceScalar;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};
 pub use view::BufferView;
 

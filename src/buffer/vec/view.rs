@@ -34,7 +34,8 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let v = DeviceVec::from_host((0..100u32).collect(), &stream, CudaResource::new(&device)).await?;
+/// let data: Vec<u32> = (0..100).collect();
+/// let v = DeviceVec::from_host(data, &stream, CudaResource::new(&device)).await?;
 /// let tail = v.slice(90..)?;
 /// assert_eq!(tail.len(), 10);
 /// assert_eq!(tail.slice(8..)?.to_vec().await?, [98, 99]);
