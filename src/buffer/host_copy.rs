@@ -14,6 +14,7 @@ use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};
 
 mod slice;
+mod views;
 
 pub use slice::{CopyFromSlice, CopyToSlice};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use streamalloc::{
-    CudaAsyncResource, Device, DeviceBuffer, Error, PinnedHostResource, PinnedHostVec,
+    CudaAsyncResource, Device, DeviceBuffer, DeviceVec, Error, PinnedHostResource, PinnedHostVec,
     PoolResource, Stream,
 };
 
@@ -165,6 +165,48 @@ pub fn reused_pinned_memory_waits_for_a_dropped_copy(device: Device) {
     assert!(device.take_deferred_error().is_none());
 }
 
+/// `DeviceVec` and its views take the same host data (pinned vectors, `Vec<T>`, borrowed
+/// slices), count in elements, and a view copies only its own elements.
+pub fn device_vec_host_data(device: Device) {
+    let s = Stream::new(&device).unwrap();
+    let pool = PoolResource::new(PinnedHostResource::new(&device), 1 << 20, None).unwrap();
+    block_on(async {
+        let n = 10_000;
+        let sent = floats(n);
+        let mr = CudaAsyncResource::new(&device)?;
+        let pinned = PinnedHostVec::from_slice(&sent, &s, pool.clone()).await?;
+        let mut v = DeviceVec::from_host(pinned, &s, mr).await?;
+        let back = PinnedHostVec::<f32>::zeroed(n, &s, pool.clone()).await?;
+        let back = v.copy_to_host(back).await?;
+        assert_eq!(&back[..], &sent[..]);
+
+        let mut window = [0f32; 16];
+        v.slice(100..116)?.copy_to_host_slice(&mut window).await?;
+        assert_eq!(&window[..], &sent[100..116]);
+        let two = PinnedHostVec::from_slice(&[7.0f32, 8.0], &s, pool.clone()).await?;
+        let mut head = v.slice_mut(..2)?;
+        head.copy_from_host(two).await?;
+        let mut out = [0f32; 2];
+        head.copy_to_host_slice(&mut out).await?;
+        assert_eq!(out, [7.0, 8.0]);
+        v.copy_from_host_slice(&sent[..1]).await?;
+        assert_eq!(&v.slice(..3)?.to_vec().await?[..], &[sent[0], 8.0, sent[2]]);
+
+        let e = v.copy_to_host(vec![0f32; n - 1]).await.unwrap_err();
+        let expected = (n, n - 1);
+        assert!(
+            matches!(
+                e,
+                Error::LengthMismatch { device_len, host_len, unit: "elements", .. }
+                    if (device_len, host_len) == expected
+            ),
+            "{e}"
+        );
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
 /// Instantiates the typed host data cases for one device.
 #[macro_export]
 macro_rules! host_data_suite {
@@ -178,6 +220,7 @@ macro_rules! host_data_suite {
             $(#[$attr])* #[test] fn pinned_round_trips() { suite::pinned_round_trips($device) }
             $(#[$attr])* #[test] fn borrowed_slices() { suite::borrowed_slices($device) }
             $(#[$attr])* #[test] fn length_mismatches() { suite::length_mismatches($device) }
+            $(#[$attr])* #[test] fn device_vec_host_data() { suite::device_vec_host_data($device) }
             $(#[$attr])* #[test] fn reused_pinned_memory_waits_for_a_dropped_copy() { suite::reused_pinned_memory_waits_for_a_dropped_copy($device) }
         }
     };

@@ -322,3 +322,56 @@ fn typed_starts_count_elements() {
         [9.0, 1.0]
     );
 }
+
+#[test]
+fn views_copy_only_their_range_into_borrowed_slices() {
+    let (_device, stream, mut buf) = setup(CompletionStrategy::Poller);
+    let bytes: Vec<u8> = (0..64).collect();
+    block_on(buf.copy_from_host_slice(&bytes)).unwrap();
+    let mut words = [0u16; 3];
+    block_on(buf.slice(10..16).unwrap().copy_to_host_slice(&mut words)).unwrap();
+    assert_eq!(
+        words,
+        [
+            u16::from_le_bytes([10, 11]),
+            u16::from_le_bytes([12, 13]),
+            u16::from_le_bytes([14, 15])
+        ]
+    );
+    let mut short = [0u8; 5];
+    let e = block_on(buf.slice(10..16).unwrap().copy_to_host_slice(&mut short)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                device_len: 6,
+                host_len: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut v =
+        crate::DeviceVec::<u32>::try_new(8, &stream, CudaResource::new(&stream.device().clone()))
+            .unwrap();
+    block_on(v.copy_from_host_slice(&[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+    let view = v.slice_mut(2..5).unwrap();
+    let mut out = [0u32; 4];
+    block_on(view.copy_to_host_slice(&mut out)).unwrap();
+    assert_eq!(out, [3, 4, 5, 0]);
+    let mut short = [0u32; 2];
+    let e = block_on(view.copy_to_host_slice(&mut short)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                device_len: 3,
+                host_len: 2,
+                unit: "elements",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
