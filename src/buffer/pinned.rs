@@ -34,8 +34,17 @@ use crate::stream::Stream;
 /// it (its copy future was dropped) is freed stream-ordered on the copy's stream, after the
 /// copy.
 ///
-/// Freeing memory of the leaf [`PinnedHostResource`] is `cuMemFreeHost`, which waits for the
-/// stream to go idle: a pool over it frees without blocking, and makes later vectors cheap.
+/// Which resources qualify: those whose [`properties`](crate::MemoryResource::properties) say
+/// both host- and device-accessible — [`PinnedHostResource`] and managed memory, and adaptors
+/// and pools over them. Device memory ([`CudaResource`](crate::CudaResource) on CUDA) and
+/// pageable memory ([`HostResource`](crate::HostResource) on CUDA, which the copy engines
+/// cannot reach directly) are refused with [`Error::NotHostAccessible`]. On the host backend
+/// every resource qualifies.
+///
+/// Since the constructor waits for its stream, give it a stream that is not busy with long
+/// kernels (a staging stream, or the copy stream itself). Freeing memory of the leaf
+/// [`PinnedHostResource`] is `cuMemFreeHost`, which waits for the stream to go idle: a pool
+/// over it frees without blocking, and makes later vectors cheap.
 ///
 /// # Examples
 ///
