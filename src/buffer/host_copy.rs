@@ -441,7 +441,10 @@ impl<B: HostBuffer> fmt::Debug for HostTransfer<B> {
 /// drops it once the copy is done. If the copy then fails, its error goes to the device's
 /// deferred errors ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), since
 /// no future is left to return it. `mem::forget` of the future leaks the host buffer and loses
-/// such an error. Neither blocks.
+/// such an error. Neither blocks. A [`PinnedHostVec`](crate::PinnedHostVec) is not dropped in a
+/// host function (its free may call the driver): it is freed at once, stream-ordered on the
+/// copy's stream, after the copy; the leaf [`PinnedHostResource`](crate::PinnedHostResource)'s
+/// free then waits for that stream (`cuMemFreeHost`), a pool's does not.
 ///
 /// # Examples
 ///
@@ -568,7 +571,10 @@ impl<B: HostBuffer> fmt::Debug for CopyToHost<B> {
 /// drops it once the copy is done. If the copy then fails, its error goes to the device's
 /// deferred errors ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), since
 /// no future is left to return it. `mem::forget` of the future leaks the host buffer and loses
-/// such an error. Neither blocks.
+/// such an error. Neither blocks. A [`PinnedHostVec`](crate::PinnedHostVec) is not dropped in a
+/// host function (its free may call the driver): it is freed at once, stream-ordered on the
+/// copy's stream, after the copy; the leaf [`PinnedHostResource`](crate::PinnedHostResource)'s
+/// free then waits for that stream (`cuMemFreeHost`), a pool's does not.
 ///
 /// # Examples
 ///

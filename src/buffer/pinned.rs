@@ -235,15 +235,16 @@ impl<T: Pod> PinnedHostVec<T> {
                 mem::align_of::<T>()
             )));
         }
-        let ptr = NonNull::new(base.addr() as *mut T).ok_or_else(|| {
+        v.ptr = NonNull::new(base.addr() as *mut T).ok_or_else(|| {
             Error::invalid(format!(
                 "PinnedHostVec: the resource returned a null pointer for {bytes} bytes"
             ))
         })?;
+        v.len = len;
         // Host code is not stream-ordered: wait until device work queued before this
         // allocation (a copy still reading the memory before its last free) has finished.
+        // Nothing reads the elements before then: `v` is not handed out yet.
         stream.record()?.await?;
-        (v.ptr, v.len) = (ptr, len);
         Ok(v)
     }
 
