@@ -38,6 +38,7 @@ resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(
 
 buffer_suite!(buffers, gpu(), #[ignore = "needs a CUDA device"]);
 host_data_suite!(host_data, gpu(), #[ignore = "needs a CUDA device"]);
+container_suite!(containers, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
 deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d)), #[ignore = "needs a CUDA device"]);
