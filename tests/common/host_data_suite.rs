@@ -2,7 +2,7 @@
 //! slices copied to and from device buffers. On CUDA a `PinnedHostVec` takes the direct
 //! `cuMemcpyAsync` path and a `Vec` the staged pageable path, so both are exercised.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use streamalloc::{
@@ -207,6 +207,32 @@ pub fn device_vec_host_data(device: Device) {
     .unwrap();
 }
 
+/// Starting a copy to or from a pinned vector never waits for the stream: the call returns
+/// while the stream is still busy, and the data arrives after the device work.
+pub fn pinned_copies_start_without_waiting(device: Device) {
+    let s = Stream::new(&device).unwrap();
+    block_on(async {
+        let n = 1 << 20;
+        let mut buf = DeviceBuffer::new(n, &s, CudaAsyncResource::new(&device)?).await?;
+        let pinned = PinnedHostResource::new(&device);
+        let host = PinnedHostVec::from_slice(&vec![6u8; n], &s, pinned).await?;
+        s.enqueue_delay(LONG)?;
+        let started = Instant::now();
+        let up = buf.copy_from_host(host);
+        let down = buf.copy_to_host(vec![0u8; n]);
+        let waited = started.elapsed();
+        assert!(
+            !s.record()?.is_complete()?,
+            "the stream finished before the check"
+        );
+        assert!(waited < LONG / 2, "starting the copies waited {waited:?}");
+        up.await?;
+        assert!(down.await?.iter().all(|&x| x == 6));
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
 /// Instantiates the typed host data cases for one device.
 #[macro_export]
 macro_rules! host_data_suite {
@@ -220,6 +246,7 @@ macro_rules! host_data_suite {
             $(#[$attr])* #[test] fn pinned_round_trips() { suite::pinned_round_trips($device) }
             $(#[$attr])* #[test] fn borrowed_slices() { suite::borrowed_slices($device) }
             $(#[$attr])* #[test] fn length_mismatches() { suite::length_mismatches($device) }
+            $(#[$attr])* #[test] fn pinned_copies_start_without_waiting() { suite::pinned_copies_start_without_waiting($device) }
             $(#[$attr])* #[test] fn device_vec_host_data() { suite::device_vec_host_data($device) }
             $(#[$attr])* #[test] fn reused_pinned_memory_waits_for_a_dropped_copy() { suite::reused_pinned_memory_waits_for_a_dropped_copy($device) }
         }
