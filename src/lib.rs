@@ -98,6 +98,7 @@ pub use resource::registry::{
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
     set_current_device_resource_for,
 };
+pub use resource::scoped::{with_resource, with_resource_sync, WithResource};
 pub use resource::CudaAsyncManagedResource;
 pub use resource::{
     Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
