@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
