@@ -14,16 +14,23 @@ mod guard;
 mod handoff;
 mod host_copy;
 mod peer;
+mod pinned;
 mod resize;
 mod uses;
+mod vec;
+mod view;
 
 use std::fmt;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
+pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
-pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
+pub use pinned::PinnedHostVec;
+pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};
+pub use view::BufferView;
 
 use crate::device::Device;
 use crate::resource::{into_shared, CudaResource, DevicePtr, MemoryResource, SharedResource};
