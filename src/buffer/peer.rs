@@ -7,7 +7,9 @@
 //! owner's work, and the read is recorded on the source, whose later writes and free wait for
 //! it across the devices.
 
-use super::DeviceBuffer;
+use bytemuck::Pod;
+
+use super::{DeviceBuffer, DeviceVec};
 use crate::error::{Error, Result};
 use crate::resource::{into_shared, MemoryResource};
 use crate::stream::Stream;
@@ -38,7 +40,7 @@ impl DeviceBuffer {
     /// let mut dst = DeviceBuffer::new(6, &s1, CudaResource::new(&d1)).await?;
     /// dst.copy_from_peer(&src)?;                       // on device 1, after the fill
     /// drop(src);                                       // freed on device 0 after the copy
-    /// assert_eq!(dst.copy_to_host(vec![0; 6]).await?, [9, 9, 9, 9, 0, 0]);
+    /// assert_eq!(dst.copy_to_host(vec![0u8; 6]).await?, [9, 9, 9, 9, 0, 0]);
     /// assert_eq!(dst.device(), &d1);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -109,7 +111,7 @@ impl DeviceBuffer {
     /// buf.fill(3)?;
     /// let there = buf.try_clone_to(&s1, current_device_resource_for(&d1)).await?;
     /// assert_eq!((there.device(), there.stream()), (&d1, s1));
-    /// assert_eq!(there.copy_to_host(vec![0; 32]).await?, vec![3; 32]);
+    /// assert_eq!(there.copy_to_host(vec![0u8; 32]).await?, vec![3; 32]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
@@ -122,6 +124,83 @@ impl DeviceBuffer {
         let mut copy = Self::from_shared_aligned(self.len, self.alignment, stream, mr).await?;
         copy.copy_from_peer(self)?;
         Ok(copy)
+    }
+}
+
+impl<T: Pod> DeviceVec<T> {
+    /// Copies all of `src`, a vector of this device or of another one, into the start of this
+    /// vector: [`DeviceBuffer::copy_from_peer`] on their bytes.
+    ///
+    /// # Stream ordering
+    /// As [`DeviceBuffer::copy_from_peer`]: enqueued on this vector's owner after `src`'s
+    /// owner's work so far; `src`'s later writes and free wait for the copy.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `src` has more elements than this vector; driver errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceVec, HostConfig, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
+    /// let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
+    /// let src = DeviceVec::from_host(vec![1.5f32, 2.5], &s0, CudaResource::new(&d0)).await?;
+    /// let mut dst = DeviceVec::<f32>::zeroed(3, &s1, CudaResource::new(&d1)).await?;
+    /// dst.copy_from_peer(&src)?;
+    /// assert_eq!(dst.to_vec().await?, [1.5, 2.5, 0.0]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_from_peer(&mut self, src: &DeviceVec<T>) -> Result<()> {
+        if src.len() > self.len() {
+            return Err(Error::invalid(format!(
+                "copy_from_peer: the source holds {} elements ({}), the destination only {} ({})",
+                src.len(),
+                src.device().id(),
+                self.len(),
+                self.device().id()
+            )));
+        }
+        self.buffer_mut().copy_from_peer(src.as_buffer())
+    }
+
+    /// A deep copy on another device (or this one): allocated from `mr` for `stream`, which
+    /// owns it, and written there by a peer copy; [`DeviceBuffer::try_clone_to`] on the
+    /// vector's bytes. PyTorch's `tensor.to(device)`, with the resource named.
+    ///
+    /// # Stream ordering
+    /// As [`DeviceBuffer::try_clone_to`].
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] when `mr` does not allocate on `stream`'s device (with both
+    /// ids); the resource's errors; driver errors.
+    ///
+    /// # Cancel safety
+    /// As [`DeviceBuffer::try_clone_to`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{current_device_resource_for, CudaResource, Device, DeviceVec, HostConfig, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
+    /// let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
+    /// let v = DeviceVec::from_host(vec![7u64, 8, 9], &s0, CudaResource::new(&d0)).await?;
+    /// let w = v.try_clone_to(&s1, current_device_resource_for(&d1)).await?;
+    /// assert_eq!((w.device(), w.len()), (&d1, 3));
+    /// assert_eq!(w.to_vec().await?, [7, 8, 9]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn try_clone_to(
+        &self,
+        stream: &Stream,
+        mr: impl MemoryResource + 'static,
+    ) -> Result<DeviceVec<T>> {
+        DeviceVec::from_buffer(self.as_buffer().try_clone_to(stream, mr).await?)
     }
 }
 

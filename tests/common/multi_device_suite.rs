@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use streamalloc::{
     current_device_resource_for, with_resource, CudaAsyncResource, CudaResource, Device,
-    DeviceBuffer, Error, MemoryResource, PoolResource, Stream,
+    DeviceBuffer, DeviceVec, Error, MemoryResource, PoolResource, Stream,
 };
 
 const LONG: Duration = Duration::from_millis(100);
@@ -169,6 +169,48 @@ pub fn another_devices_stream_is_refused_with_both_ids((d0, d1): (Device, Device
     );
 }
 
+/// A vector keeps its device: used on a stream of the other device without a copy it is
+/// refused with both ids; its elements cross through `try_clone_to` / `copy_from_peer`.
+pub fn vectors_keep_their_device((d0, d1): (Device, Device)) {
+    let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
+    let (mr0, mr1) = (CudaAsyncResource::new(&d0).unwrap(), CudaResource::new(&d1));
+    let data: Vec<f32> = (0..10_000).map(|i| i as f32 * 0.5).collect();
+    let mut v = block_on(DeviceVec::from_host(data.clone(), &s0, mr0.clone())).unwrap();
+
+    assert_mismatch(v.set_stream(&s1), &d0, &d1, "DeviceVec::set_stream");
+    assert_mismatch(v.read_on(&s1).map(|_| ()), &d0, &d1, "DeviceVec::read_on");
+    assert_mismatch(
+        block_on(DeviceVec::<f32>::new(4, &s1, mr0.clone())),
+        &d0,
+        &d1,
+        "DeviceVec::new",
+    );
+    assert_eq!((v.device(), v.stream()), (&d0, s0.clone()));
+
+    s0.enqueue_delay(LONG).unwrap();
+    let w = block_on(v.try_clone_to(&s1, mr1.clone())).unwrap();
+    assert_eq!(
+        (w.device(), w.stream(), w.len()),
+        (&d1, s1.clone(), data.len())
+    );
+    assert_eq!(block_on(w.to_vec()).unwrap(), data);
+
+    let twice: Vec<f32> = data.iter().map(|x| x * 2.0).collect();
+    let mut w = block_on(DeviceVec::from_host(twice.clone(), &s1, mr1.clone())).unwrap();
+    v.copy_from_peer(&w).unwrap();
+    assert_eq!(block_on(v.to_vec()).unwrap(), twice);
+
+    let short = block_on(DeviceVec::<f32>::new(3, &s0, mr0)).unwrap();
+    let r = short.try_clone_to(&s1, mr1);
+    let short = block_on(r).unwrap();
+    assert!(matches!(w.copy_from_peer(&short), Ok(())));
+    let mut tiny = block_on(DeviceVec::<f32>::new(2, &s1, CudaResource::new(&d1))).unwrap();
+    assert!(matches!(
+        tiny.copy_from_peer(&v),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
 /// Each device has its own current resource and its own scopes: a scope of device 0 does not
 /// answer for device 1, and clones to device 1 can take device 1's current resource.
 pub fn per_device_current_resources_and_scopes((d0, d1): (Device, Device)) {
@@ -218,6 +260,7 @@ macro_rules! multi_device_suite {
             $(#[$attr])* #[test] fn the_source_free_waits_for_the_peer_read() { if let Some(d) = $devices { suite::the_source_free_waits_for_the_peer_read(d) } }
             $(#[$attr])* #[test] fn clone_to_another_device() { if let Some(d) = $devices { suite::clone_to_another_device(d) } }
             $(#[$attr])* #[test] fn another_devices_stream_is_refused_with_both_ids() { if let Some(d) = $devices { suite::another_devices_stream_is_refused_with_both_ids(d) } }
+            $(#[$attr])* #[test] fn vectors_keep_their_device() { if let Some(d) = $devices { suite::vectors_keep_their_device(d) } }
             $(#[$attr])* #[test] fn per_device_current_resources_and_scopes() { if let Some(d) = $devices { suite::per_device_current_resources_and_scopes(d) } }
         }
     };

@@ -16,9 +16,15 @@ fn a_peer_copy_within_one_device_is_an_ordinary_copy() {
     src.fill(4).unwrap();
     let mut dst = DeviceBuffer::try_new(8, &b, mr.clone()).unwrap();
     dst.copy_from_peer(&src).unwrap();
-    assert_eq!(block_on(dst.copy_to_host(vec![0; 8])).unwrap(), vec![4; 8]);
+    assert_eq!(
+        block_on(dst.copy_to_host(vec![0u8; 8])).unwrap(),
+        vec![4; 8]
+    );
     let copy = block_on(src.try_clone_to(&b, mr.clone())).unwrap();
-    assert_eq!(block_on(copy.copy_to_host(vec![0; 8])).unwrap(), vec![4; 8]);
+    assert_eq!(
+        block_on(copy.copy_to_host(vec![0u8; 8])).unwrap(),
+        vec![4; 8]
+    );
 
     let empty = DeviceBuffer::try_new(0, &a, mr.clone()).unwrap();
     dst.copy_from_peer(&empty).unwrap();
