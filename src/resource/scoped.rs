@@ -89,6 +89,10 @@ impl Drop for Installed {
 ///   inherit tokio's task-locals: it is polled on its own, outside this future's polls. Wrap
 ///   the spawned future in its own `with_resource` to give it one.
 /// - It covers the polls of `future`, not its drop.
+/// - The current resource is looked up when the allocation is made: by
+///   [`DeviceBuffer::with_current_resource`](crate::DeviceBuffer::with_current_resource) when
+///   it is called, so its future, made inside the scope, keeps the scoped resource wherever it
+///   is awaited.
 ///
 /// # Examples
 ///
