@@ -9,6 +9,7 @@
 //! prints that it was skipped and returns, so a one-GPU bundle run stays green while a
 //! deliberate two-GPU run can never pass without two GPUs.
 
+use std::io::Write;
 use std::time::Duration;
 
 use futures::executor::block_on;
@@ -40,7 +41,12 @@ pub fn two_cuda_devices() -> Option<(Device, Device)> {
     if asked {
         panic!("{message}: run the multi_gpu tests on a machine with two GPUs");
     }
-    eprintln!("SKIPPED (multi_gpu): {message}; run `<test binary> --include-ignored multi_gpu` on a two-GPU machine");
+    // Straight to the process's stderr, past libtest's capture: a skip must show in the log.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (multi_gpu): {message}; run `<test binary> --include-ignored multi_gpu` on a \
+         two-GPU machine"
+    );
     None
 }
 
