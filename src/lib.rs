@@ -43,7 +43,8 @@
 //!   [`AlignedAdaptor`], [`FailureCallbackAdaptor`], [`PrefetchAdaptor`], [`TracingAdaptor`].
 //! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
 //!   read it, and orders its free after all of them.
-//! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`].
+//! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`]; a
+//!   current resource for one task or call: [`with_resource`], [`with_resource_sync`].
 //! - Observing a resource: [`StatisticsAdaptor`] (counters in scopes), [`TrackingAdaptor`]
 //!   (outstanding allocations, leaks, bad frees), [`LoggingAdaptor`] (RMM's CSV log), and
 //!   [`replay`] (RMM's logs and ours, parsed and replayed against any resource).
@@ -101,6 +102,7 @@ pub use resource::registry::{
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
     set_current_device_resource_for,
 };
+pub use resource::scoped::{with_resource, with_resource_sync, WithResource};
 pub use resource::CudaAsyncManagedResource;
 pub use resource::{
     Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,

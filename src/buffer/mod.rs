@@ -13,6 +13,7 @@ mod copy;
 mod guard;
 mod handoff;
 mod host_copy;
+mod peer;
 mod pinned;
 mod resize;
 mod scalar;

@@ -16,6 +16,7 @@ mod pageable;
 mod pinned_host;
 pub(crate) mod pool;
 pub(crate) mod registry;
+pub(crate) mod scoped;
 mod size;
 pub(crate) mod stream_order;
 

@@ -9,6 +9,7 @@ pub mod container_suite;
 pub mod deferred_suite;
 pub mod host_data_suite;
 pub mod huge_sizes;
+pub mod multi_device_suite;
 pub mod pool_suite;
 pub mod pressure_suite;
 mod rng;
