@@ -99,6 +99,7 @@ pub use resource::registry::{
     set_current_device_resource_for,
 };
 pub use resource::CudaAsyncManagedResource;
+pub use resource::{memory_stats, MemoryStats, WaitQueueStats};
 pub use resource::{
     Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
     BinningResource, CallbackResource, CudaAsyncResource, CudaAsyncResourceBuilder,

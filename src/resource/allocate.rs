@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_timer::Delay;
 
 use crate::error::{Error, Result};
-use crate::resource::availability::Waiter;
+use crate::resource::availability::{WaitEnd, Waiter};
 use crate::resource::{check_resource, DevicePtr, MemoryResource};
 use crate::stream::Stream;
 use crate::sync::Arc;
@@ -135,9 +135,10 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
         }
     }
 
-    fn leave_queue(&mut self) {
+    /// Leaves the wait queue (if queued), counting how the wait ended.
+    fn leave_queue(&mut self, end: WaitEnd) {
         if let (Some(wait), Some(a)) = (self.wait.take(), self.mr.availability()) {
-            a.remove(&wait.waiter);
+            a.finish(&wait.waiter, end, wait.since.elapsed());
         }
     }
 }
@@ -183,7 +184,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if availability.is_head(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             if let Some(done) = this.retry() {
-                this.leave_queue();
+                this.leave_queue(WaitEnd::Done);
                 return Poll::Ready(done);
             }
         }
@@ -191,7 +192,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if let Some(timer) = &mut wait.timer {
             if Pin::new(timer).poll(cx).is_ready() {
                 let since = wait.since;
-                this.leave_queue();
+                this.leave_queue(WaitEnd::TimedOut);
                 return Poll::Ready(Err(this.timed_out(since)));
             }
         }
@@ -201,7 +202,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
 
 impl<R: MemoryResource + ?Sized> Drop for Allocate<'_, R> {
     fn drop(&mut self) {
-        self.leave_queue();
+        self.leave_queue(WaitEnd::Cancelled);
     }
 }
 
