@@ -18,7 +18,8 @@ use crate::stream::Stream;
 ///
 /// # Errors
 /// [`Error::OutOfMemory`] with the requested bytes and what is left of the budget from
-/// [`try_allocate`](MemoryResource::try_allocate); the upstream's errors pass through.
+/// [`try_allocate`](MemoryResource::try_allocate); [`Error::TooLarge`] for a request above the
+/// whole budget; the upstream's errors pass through.
 ///
 /// # Examples
 ///
@@ -106,8 +107,12 @@ impl<R: MemoryResource> Inner<R> {
             device: stream.device().id(),
         };
         let Some(charged) = charge(requested) else {
-            return Err(out_of_memory(self.used.load(Ordering::Acquire)));
+            return Err(out_of_memory(self.used.load(Ordering::Acquire))
+                .never_fitting(Forward::capacity_limit(self)));
         };
+        if charged > limit {
+            return Err(out_of_memory(0).never_fitting(Forward::capacity_limit(self)));
+        }
         let before = self
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {

@@ -237,11 +237,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
             return Ok(DevicePtr::NULL);
         }
         if bytes > self.block_size {
-            return Err(Error::OutOfMemory {
-                requested: bytes,
-                available: Some(self.block_size),
-                device: self.device.id(),
-            });
+            return Err(Error::too_large(bytes, self.block_size, self.device.id()));
         }
         let mut state = self.state.lock();
         let slot = state.slot_or_insert(stream.id(), || FreeOrder::new(stream));

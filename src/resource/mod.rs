@@ -489,7 +489,17 @@ pub(crate) fn leaf_allocate(
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
     }
-    device.raw().allocate(kind, bytes).map(DevicePtr::from_raw)
+    device
+        .raw()
+        .allocate(kind, bytes)
+        .map(DevicePtr::from_raw)
+        .map_err(|e| {
+            // No device allocation can be larger than the device (the leaves' capacity limit).
+            match kind {
+                crate::backend::MemoryKind::Device => e.never_fitting(device.total_memory().ok()),
+                _ => e,
+            }
+        })
 }
 
 /// `deallocate` of a leaf resource over the backend's raw allocator of `kind`.
@@ -532,3 +542,6 @@ mod equality_tests;
 
 #[cfg(test)]
 mod stats_tests;
+
+#[cfg(test)]
+mod too_large_tests;

@@ -81,8 +81,9 @@ use crate::stream::Stream;
 /// # Errors
 /// [`Error::InvalidArgument`] from `new` when a size is not a multiple of 256 or the initial
 /// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's free bytes
-/// when neither the pool nor its upstream can serve a request (at once for a request larger
-/// than any pool could hold, such as `usize::MAX` bytes). A pool dropped (its last clone)
+/// when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
+/// maximum for a request above the pool's maximum (or its upstream's capacity limit), which
+/// can never fit. A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
 /// [`Error::Leaked`] with their number and bytes on its device: take it with
 /// [`Device::take_deferred_error`]. A free of a pointer the pool does not hold as allocated
@@ -567,6 +568,7 @@ impl<R: MemoryResource> Inner<R> {
             available: Some(self.global.lock().core.free_bytes() + in_shards),
             device: self.device.id(),
         }
+        .never_fitting(self.capacity_limit())
     }
 }
 
@@ -582,7 +584,8 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 requested: bytes,
                 available: None,
                 device: self.device.id(),
-            });
+            }
+            .never_fitting(self.capacity_limit()));
         };
         let first = if size <= self.shard_limit {
             self.shard_allocate(size, stream)?
