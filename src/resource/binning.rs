@@ -242,23 +242,26 @@ impl<R: MemoryResource + Clone> Forward for Inner<R> {
     /// [`CudaResource`](crate::CudaResource)): the large requests it serves are not counted here.
     fn memory_stats(&self) -> MemoryStats {
         let stats = self.upstream.memory_stats();
-        let (Some(mut bytes), Some(mut allocations)) = (stats.allocated_bytes, stats.allocations)
-        else {
+        let Some(mut bytes) = stats.allocated_bytes else {
             return stats;
         };
+        let mut allocations = stats.allocations;
         for bin in &self.bins {
             if let BinResource::Fixed(r) = &bin.resource {
                 let b = r.memory_stats();
                 let chunk = r.block_size() * r.blocks_to_preallocate();
                 let reserved = b.reserved_bytes.unwrap_or(0);
-                bytes = bytes - reserved + b.allocated_bytes.unwrap_or(0);
-                allocations = allocations - reserved / chunk + b.allocations.unwrap_or(0);
+                // Saturating: an upstream that counts less than the bins hold (one shared
+                // with a reset counter, say) must not make this panic.
+                bytes = bytes.saturating_sub(reserved) + b.allocated_bytes.unwrap_or(0);
+                allocations = allocations
+                    .map(|n| n.saturating_sub(reserved / chunk) + b.allocations.unwrap_or(0));
             }
         }
         stats.with_allocated(Allocated {
             bytes,
             peak: None,
-            allocations: Some(allocations),
+            allocations,
         })
     }
 

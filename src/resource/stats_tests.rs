@@ -209,3 +209,36 @@ fn the_summary_shows_the_figures() {
     assert!(text.contains("1.0 MiB (1048576 bytes)"), "{text}");
     free(&mr, p, 1536, &s);
 }
+
+#[test]
+fn every_adaptor_passes_the_figures_up() {
+    use crate::{
+        AlignedAdaptor, FailureCallbackAdaptor, LoggingAdaptor, PrefetchAdaptor, TracingAdaptor,
+        TrackingAdaptor,
+    };
+    let (device, s) = device();
+    let pool = PoolResource::new(CudaResource::new(&device), MIB, None).unwrap();
+    let counted = StatisticsAdaptor::new(pool);
+    let stack = TracingAdaptor::new(TrackingAdaptor::new(
+        LoggingAdaptor::to_writer(
+            AlignedAdaptor::new(
+                FailureCallbackAdaptor::new(PrefetchAdaptor::new(counted.clone()), |_| false),
+                256,
+                0,
+            )
+            .unwrap(),
+            std::io::sink(),
+        )
+        .unwrap(),
+    ));
+    let p = stack.try_allocate(1000, &s).unwrap();
+    let stats = stack.memory_stats();
+    assert_eq!(stats, counted.memory_stats());
+    assert_eq!(
+        (stats.allocated_bytes, stats.reserved_bytes),
+        (Some(1000), Some(MIB))
+    );
+    free(&stack, p, 1000, &s);
+    stack.reset_peak();
+    assert_eq!(counted.memory_stats().peak_allocated_bytes, Some(0));
+}

@@ -48,7 +48,11 @@ pub fn device_synchronize_waits_for_every_stream(device: Device) {
         busy_then_flag(&b),
         busy_then_flag(&legacy),
     ];
-    futures::executor::block_on(device.synchronize()).unwrap();
+    let synchronized = device.synchronize();
+    // Send, so that a task awaiting it can be spawned on a multi-thread runtime.
+    fn send<T: Send>(_: &T) {}
+    send(&synchronized);
+    futures::executor::block_on(synchronized).unwrap();
     for (i, f) in flags.iter().enumerate() {
         assert!(f.load(Ordering::SeqCst), "stream {i} was still busy");
     }
