@@ -15,5 +15,6 @@ pub mod pressure_suite;
 mod rng;
 pub mod stress;
 pub mod suite;
+pub mod sync_suite;
 
 pub use rng::SplitMix64;
