@@ -53,8 +53,8 @@
 //!   (driver 580+), kernels compiled from CUDA C (nvrtc) and cuBLAS, all loaded at run time.
 //! - `cuda-12080`, `cuda-12060`, `cuda-12040`: the same backend bound to older headers, for
 //!   older drivers (570+, 560+, 550+), with `default-features = false`. Exactly one CUDA
-//!   version may be on in a build, cudarc's own `cuda-*` features included: use
-//!   [`cudarc`](crate::cudarc) as re-exported here rather than a cudarc dependency of your own.
+//!   version may be on in a build, cudarc's own `cuda-*` features included: use the cudarc
+//!   re-exported here (`streamalloc::cudarc`) rather than a cudarc dependency of your own.
 //! - `cuda`: the default plus this crate's GPU test suites (`gpu-tests`), which a plain
 //!   `cargo test` does not build: `cargo test --features cuda -- --include-ignored`.
 //!
