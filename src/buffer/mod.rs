@@ -306,7 +306,7 @@ impl fmt::Debug for DeviceBuffer {
     }
 }
 
-#[cfg(all(test, feature = "cuda-driver"))]
+#[cfg(all(test, feature = "gpu-tests"))]
 mod gpu_tests;
 #[cfg(test)]
 mod tests;
