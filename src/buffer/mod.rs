@@ -13,6 +13,7 @@ mod copy;
 mod guard;
 mod handoff;
 mod host_copy;
+mod host_kernel;
 mod resize;
 mod uses;
 
@@ -23,6 +24,7 @@ use parking_lot::Mutex;
 
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use host_kernel::{HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape};
 
 use crate::device::Device;
 use crate::resource::{into_shared, CudaResource, DevicePtr, MemoryResource, SharedResource};
