@@ -17,6 +17,7 @@
 mod context;
 mod event;
 mod handles;
+mod interop;
 mod memory;
 mod mempool;
 mod spin;

@@ -1,0 +1,149 @@
+//! cudarc interop for streams: cudarc's [`CudaStream`] for a [`Stream`], a cudarc stream adopted
+//! as a [`Stream`], and the registry that maps a cudarc stream back to its [`Stream`] (so the
+//! buffers' `DevicePtr` impls can track a use on it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, Weak};
+
+use cudarc::driver::CudaStream;
+use parking_lot::Mutex;
+
+use super::{Stream, StreamInner};
+use crate::backend::{AnyBackend, AnyStream};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// `(CUcontext, CUstream)` as integers: the built-in streams have the same handle in every
+/// context, so the context is part of the key.
+type RawKey = (usize, usize);
+
+fn key(stream: &CudaStream) -> RawKey {
+    (
+        stream.context().cu_ctx() as usize,
+        stream.cu_stream() as usize,
+    )
+}
+
+/// Every stream handed to or adopted from cudarc, by raw handle. Weak: the registry keeps no
+/// stream alive; dead entries are dropped as new ones come.
+fn registry() -> &'static Mutex<HashMap<RawKey, Weak<StreamInner>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<RawKey, Weak<StreamInner>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Mutex::default)
+}
+
+fn register(cudarc: &CudaStream, stream: &Stream) {
+    let mut map = registry().lock();
+    map.retain(|_, weak| weak.strong_count() > 0);
+    map.insert(key(cudarc), Arc::downgrade(&stream.inner));
+}
+
+impl Stream {
+    /// cudarc's handle to this stream (`CudaContext::wrap_borrowed_stream` over it), so that
+    /// cudarc kernels, cuBLAS and copies can be enqueued on it. Every call returns the same
+    /// handle.
+    ///
+    /// The handle may outlive every [`Stream`] handle: the `CUstream` is then destroyed only
+    /// once the last cudarc handle is gone. Work you enqueue through it on buffers of this
+    /// crate is tracked when you pass the buffers through cudarc's `DevicePtr` /
+    /// `DevicePtrMut` (kernels through `launch_builder`, cuBLAS): see the crate's buffer types.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a host-backend device (it has no CUDA stream); driver errors
+    /// when cudarc cannot take hold of the device's primary context.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{Device, Error, Stream};
+    ///
+    /// let stream = Stream::new(&Device::host())?;
+    /// assert!(matches!(stream.cudarc_stream(), Err(Error::Unsupported { .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn cudarc_stream(&self) -> Result<Arc<CudaStream>> {
+        self.cudarc_stream_ref().cloned()
+    }
+
+    /// [`cudarc_stream`](Stream::cudarc_stream), borrowed from the stream (cudarc's
+    /// `DeviceSlice::stream` hands out a reference).
+    pub(crate) fn cudarc_stream_ref(&self) -> Result<&Arc<CudaStream>> {
+        match self.raw() {
+            AnyStream::Cuda(raw) => {
+                let first = !raw.has_cudarc_stream();
+                let cudarc = raw.cudarc_stream()?;
+                if first {
+                    register(cudarc, self);
+                }
+                Ok(cudarc)
+            }
+            AnyStream::Host(_) => Err(Error::unsupported(
+                "cudarc streams (a host-backend stream has no CUDA stream)",
+                self.device().id(),
+            )),
+        }
+    }
+
+    /// Adopts a stream made by cudarc: the returned [`Stream`] enqueues on it, with the same
+    /// events, completion machinery and buffer tracking as [`Stream::new`]'s, and keeps the
+    /// cudarc handle (and so the stream) alive while it lives. A stream that came from
+    /// [`cudarc_stream`](Stream::cudarc_stream) gives back the very [`Stream`] it came from
+    /// while that lives.
+    ///
+    /// Adopting the streams you launch on is what makes buffer tracking exact: a buffer of
+    /// this crate used on a stream it does not know is ordered conservatively (see the
+    /// buffers' `DevicePtr` impls).
+    ///
+    /// # Errors
+    /// [`Error::DriverUnavailable`] / [`Error::NoSuchDevice`] as [`Device::cuda`];
+    /// [`Error::InvalidArgument`] when the stream belongs to a context other than its device's
+    /// primary context (the only one this crate uses).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use streamalloc::{Device, Stream};
+    ///
+    /// let ctx = Device::cuda(0)?.cudarc_context()?;
+    /// let theirs = ctx.new_stream().expect("cudarc stream");
+    /// let ours = Stream::from_cudarc(theirs.clone())?;
+    /// assert_eq!(ours.raw_handle(), theirs.cu_stream() as u64);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn from_cudarc(stream: Arc<CudaStream>) -> Result<Stream> {
+        if let Some(known) = Stream::from_cudarc_ref(&stream) {
+            return Ok(known);
+        }
+        let device = Device::cuda(stream.context().ordinal())?;
+        let raw = match device.raw() {
+            AnyBackend::Cuda(backend) => backend.adopt_stream(stream.clone())?,
+            AnyBackend::Host(_) => unreachable!("Device::cuda returned a host device"),
+        };
+        let adopted = Stream::wrap(&device, AnyStream::Cuda(raw));
+        register(&stream, &adopted);
+        Ok(adopted)
+    }
+
+    /// The live [`Stream`] that `stream` was handed out by or adopted into, if any.
+    pub(crate) fn from_cudarc_ref(stream: &CudaStream) -> Option<Stream> {
+        let inner = registry().lock().get(&key(stream))?.upgrade()?;
+        Some(Stream { inner })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_streams_have_no_cudarc_stream() {
+        let device = Device::host();
+        let stream = Stream::new(&device).unwrap();
+        match stream.cudarc_stream() {
+            Err(Error::Unsupported { device: d, what }) => {
+                assert_eq!(d, device.id());
+                assert!(what.contains("host-backend"), "{what}");
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+}
