@@ -10,6 +10,8 @@
 
 mod alloc;
 mod copy;
+#[cfg(feature = "cuda-driver")]
+mod cudarc;
 mod guard;
 mod handoff;
 mod host_copy;

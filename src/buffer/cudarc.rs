@@ -1,0 +1,285 @@
+//! cudarc interop for buffers: cudarc's `DeviceSlice` / `DevicePtr` / `DevicePtrMut` and kernel
+//! arguments (`PushKernelArg`), with every use tracked like the buffer's own operations.
+//!
+//! # How a use through cudarc is tracked
+//! cudarc hands [`DevicePtr::device_ptr`] the stream the work goes on (`cs`):
+//! - `cs` is a [`Stream`] of this crate (from [`Stream::cudarc_stream`] or adopted by
+//!   [`Stream::from_cudarc`]): a read is [`begin_read`](DeviceBuffer::begin_read) (the stream
+//!   waits for the owner and becomes a pending reader: the owner's next write, hand-off or free
+//!   waits for it, even if everything returned is forgotten); a write
+//!   ([`DevicePtrMut::device_ptr_mut`]) is a hand-off ([`set_stream`](DeviceBuffer::set_stream)):
+//!   `cs` becomes the owner after waiting for the old owner and every reader. On the owner
+//!   itself a read needs nothing.
+//! - `cs` is a stream this crate does not know: it waits for the owner (and, for a write, the
+//!   owner first waits for every reader), and the returned `SyncOnDrop` synchronizes `cs` when
+//!   dropped, so the use is over before the borrow ends. Forgetting that `SyncOnDrop` is the one
+//!   way to let the owner's later work (the free included) overtake the use: adopt the stream
+//!   with [`Stream::from_cudarc`] to avoid it.
+//! - `cs` of another device or context, or a host-backend buffer: nothing is enqueued, the
+//!   pointer is null, the typed error ([`Error::DeviceMismatch`] with both devices) goes to the
+//!   buffer's device ([`Device::take_deferred_error`](crate::Device::take_deferred_error)) and
+//!   cudarc's context records `CUDA_ERROR_INVALID_VALUE`, so the next cudarc launch on it fails.
+//!
+//! Kernel arguments (`launch_builder(..).arg(&buf)`) cannot see the launch stream (cudarc
+//! keeps it private): `&buf` / `&mut buf` must be launched on the owner
+//! ([`DeviceBuffer::stream`]`.cudarc_stream()`); on another stream pass a
+//! [`ReadGuard`] ([`DeviceBuffer::read_on`]) for reads, or hand the buffer over with
+//! [`set_stream`](DeviceBuffer::set_stream) first for writes.
+
+use std::sync::Arc;
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::{
+    sys, CudaStream, DevicePtr as CudarcDevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
+    LaunchArgs, PushKernelArg, SyncOnDrop,
+};
+
+use super::{DeviceBuffer, ReadGuard};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ids::{BackendKind, DeviceId};
+use crate::resource::DevicePtr;
+use crate::stream::Stream;
+
+// The kernel-argument impls push `&DevicePtr` as the kernel's pointer parameter: it must be
+// exactly the 8 bytes of the address.
+const _: () = assert!(std::mem::size_of::<DevicePtr>() == 8);
+const _: () = assert!(std::mem::align_of::<DevicePtr>() == std::mem::align_of::<u64>());
+
+// SAFETY: `DevicePtr` is a struct whose one field is a `u64` and whose size is 8 (asserted
+// above), so its bytes are the address's, which is what a kernel's pointer parameter (or a
+// `u64` one) reads. Every bit pattern is a valid value.
+unsafe impl DeviceRepr for DevicePtr {}
+
+/// How work on a cudarc stream relates to a buffer.
+enum User {
+    /// One of this crate's streams.
+    Known(Stream),
+    /// A stream of the buffer's context that this crate does not know.
+    Unknown,
+}
+
+/// The crate's id of the device of a cudarc stream (for errors).
+fn cudarc_device_id(cs: &CudaStream) -> DeviceId {
+    DeviceId {
+        backend: BackendKind::Cuda,
+        ordinal: u32::try_from(cs.context().ordinal()).unwrap_or(u32::MAX),
+    }
+}
+
+/// A use that cannot go ahead: reports `error` to `device`, makes cudarc's next call on the
+/// context fail, and gives the kernel no address.
+fn refuse<'a>(device: &Device, cs: &CudaStream, error: Error) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+    tracing::error!(%error, "a buffer was used on a cudarc stream it cannot be used on");
+    device.defer_error(error);
+    cs.context().record_err::<()>(Err(DriverError(
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+    )));
+    (0, SyncOnDrop::Record(None))
+}
+
+fn driver_error(device: &Device, call: &'static str, e: DriverError) -> Error {
+    Error::Driver {
+        call,
+        code: e.0 as i32,
+        name: format!("{:?}", e.0),
+        device: device.id(),
+    }
+}
+
+impl DeviceBuffer {
+    /// The owner stream, borrowed for as long as the buffer is.
+    fn owner_ref(&self) -> &Stream {
+        let uses = self.uses.lock();
+        let owner: *const Stream = uses.owner();
+        drop(uses);
+        // SAFETY: `owner` points at the `Stream` inside `self.uses`, which lives as long as
+        // `self`. The owner is replaced only through `&mut self` (`set_stream`, `resize`: every
+        // path to `Uses::hand_to` goes through `Mutex::get_mut`), which cannot happen while
+        // the returned shared borrow of `self` lives, and nothing moves a borrowed buffer.
+        unsafe { &*owner }
+    }
+
+    /// cudarc's handle to the owner stream (cudarc's `DeviceSlice::stream`).
+    ///
+    /// # Panics
+    /// On a host-backend buffer (cudarc has no stream for it), and should cudarc fail to take
+    /// hold of the primary context: the trait cannot return an error.
+    pub(crate) fn cudarc_owner(&self) -> &Arc<CudaStream> {
+        match self.owner_ref().cudarc_stream_ref() {
+            Ok(s) => s,
+            Err(e) => panic!("cudarc's DeviceSlice::stream of a buffer on {}: {e}", self.device.id()),
+        }
+    }
+
+    /// Who `cs` is to this buffer, or why it cannot use it.
+    fn cudarc_user(&self, cs: &CudaStream) -> Result<User> {
+        if self.device.backend() != BackendKind::Cuda {
+            return Err(Error::DeviceMismatch {
+                expected: self.device.id(),
+                actual: cudarc_device_id(cs),
+            });
+        }
+        let ours = self.device.cudarc_context()?;
+        let theirs = cs.context();
+        if theirs.cu_ctx() != ours.cu_ctx() {
+            if theirs.cu_device() == ours.cu_device() {
+                return Err(Error::invalid(format!(
+                    "a buffer of {} was used on a cudarc stream of a non-primary context of \
+                     that device; streamalloc's memory lives in the primary context",
+                    self.device.id()
+                )));
+            }
+            return Err(Error::DeviceMismatch {
+                expected: self.device.id(),
+                actual: cudarc_device_id(cs),
+            });
+        }
+        // Registers the owner first, so a cudarc handle the user made over the owner's raw
+        // handle is recognised as the owner.
+        self.owner_ref().cudarc_stream_ref()?;
+        Ok(match Stream::from_cudarc_ref(cs) {
+            Some(stream) => User::Known(stream),
+            None => User::Unknown,
+        })
+    }
+
+    /// cudarc's `device_ptr`: the buffer's address at `offset`, with the read on `cs` tracked
+    /// (see the module docs).
+    pub(crate) fn cudarc_read<'a>(
+        &'a self,
+        offset: usize,
+        cs: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let addr = self.ptr.offset(offset).addr();
+        match self.cudarc_user(cs) {
+            Ok(User::Known(stream)) => match self.begin_read(&stream) {
+                Ok(()) => (addr, SyncOnDrop::Record(None)),
+                Err(e) => refuse(&self.device, cs, e),
+            },
+            Ok(User::Unknown) => {
+                let owner = match self.owner_ref().cudarc_stream_ref() {
+                    Ok(owner) => owner,
+                    Err(e) => return refuse(&self.device, cs, e),
+                };
+                match cs.join(owner) {
+                    Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
+                    Err(e) => refuse(&self.device, cs, driver_error(&self.device, "cuStreamWaitEvent", e)),
+                }
+            }
+            Err(e) => refuse(&self.device, cs, e),
+        }
+    }
+
+    /// cudarc's `device_ptr_mut`: the buffer's address at `offset`, with the write on `cs`
+    /// tracked (see the module docs).
+    pub(crate) fn cudarc_write<'a>(
+        &'a mut self,
+        offset: usize,
+        cs: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let addr = self.ptr.offset(offset).addr();
+        match self.cudarc_user(cs) {
+            Ok(User::Known(stream)) => match self.set_stream(&stream) {
+                Ok(()) => (addr, SyncOnDrop::Record(None)),
+                Err(e) => refuse(&self.device, cs, e),
+            },
+            Ok(User::Unknown) => {
+                if let Err(e) = self.uses.get_mut().order_owner_after_readers() {
+                    return refuse(&self.device, cs, e);
+                }
+                let owner = match self.owner_ref().cudarc_stream_ref() {
+                    Ok(owner) => owner,
+                    Err(e) => return refuse(&self.device, cs, e),
+                };
+                match cs.join(owner) {
+                    Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
+                    Err(e) => refuse(&self.device, cs, driver_error(&self.device, "cuStreamWaitEvent", e)),
+                }
+            }
+            Err(e) => refuse(&self.device, cs, e),
+        }
+    }
+
+    /// The field a kernel argument pushes: the address, checked to be device memory.
+    ///
+    /// # Panics
+    /// On a host-backend buffer: cudarc's argument builder cannot take an error, and a kernel
+    /// given a host-emulation address would fault.
+    pub(crate) fn kernel_arg_ptr(&self) -> &DevicePtr {
+        assert!(
+            self.device.backend() == BackendKind::Cuda,
+            "a buffer of {} passed as a CUDA kernel argument: host-backend memory is not device \
+             memory (use Stream::launch_host_kernel there)",
+            self.device.id()
+        );
+        &self.ptr
+    }
+}
+
+/// The buffer as cudarc's slice of bytes; [`stream`](DeviceSlice::stream) is its owner's
+/// cudarc stream.
+///
+/// # Panics
+/// `stream` panics on a host-backend buffer (cudarc has no stream to return for it).
+impl DeviceSlice<u8> for DeviceBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.cudarc_owner()
+    }
+}
+
+/// Reads through cudarc (cuBLAS inputs, cudarc copies), tracked as the module docs say.
+impl CudarcDevicePtr<u8> for DeviceBuffer {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.cudarc_read(0, stream)
+    }
+}
+
+/// Writes through cudarc (cuBLAS outputs, cudarc copies): a hand-off to a known stream.
+impl DevicePtrMut<u8> for DeviceBuffer {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.cudarc_write(0, stream)
+    }
+}
+
+// SAFETY: pushes a reference to the buffer's address field, which lives as long as the borrow
+// `'b` that outlives the builder; the kernel reads its 8 bytes as a pointer parameter.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBuffer> for LaunchArgs<'a> {
+    /// The buffer's address, for a kernel launched on its owner stream.
+    ///
+    /// # Panics
+    /// On a host-backend buffer.
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer) -> &mut Self {
+        self.arg(arg.kernel_arg_ptr())
+    }
+}
+
+// SAFETY: as for `&DeviceBuffer`.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBuffer> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer) -> &mut Self {
+        self.arg(arg.kernel_arg_ptr())
+    }
+}
+
+// SAFETY: pushes a reference to the read buffer's address field, borrowed for `'c`, which
+// outlives the guard's borrow `'b` and so the builder.
+unsafe impl<'a, 'b: 'a, 'c: 'b> PushKernelArg<&'b ReadGuard<'c>> for LaunchArgs<'a> {
+    /// A read on the guard's stream, which must be the launch stream: it waits for the owner
+    /// and is a pending reader until the guard is dropped (forget-safe).
+    ///
+    /// # Panics
+    /// On a host-backend buffer.
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b ReadGuard<'c>) -> &mut Self {
+        self.arg(arg.buffer().kernel_arg_ptr())
+    }
+}
