@@ -35,6 +35,7 @@ use cudarc::driver::{
 };
 
 use super::{DeviceBuffer, ReadGuard};
+use crate::device::cudarc::driver_error;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
@@ -69,22 +70,16 @@ fn cudarc_device_id(cs: &CudaStream) -> DeviceId {
 
 /// A use that cannot go ahead: reports `error` to `device`, makes cudarc's next call on the
 /// context fail, and gives the kernel no address.
-fn refuse<'a>(device: &Device, cs: &CudaStream, error: Error) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+fn refuse<'a>(
+    device: &Device,
+    cs: &CudaStream,
+    error: Error,
+) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
     tracing::error!(%error, "a buffer was used on a cudarc stream it cannot be used on");
     device.defer_error(error);
-    cs.context().record_err::<()>(Err(DriverError(
-        sys::CUresult::CUDA_ERROR_INVALID_VALUE,
-    )));
+    cs.context()
+        .record_err::<()>(Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)));
     (0, SyncOnDrop::Record(None))
-}
-
-fn driver_error(device: &Device, call: &'static str, e: DriverError) -> Error {
-    Error::Driver {
-        call,
-        code: e.0 as i32,
-        name: format!("{:?}", e.0),
-        device: device.id(),
-    }
 }
 
 impl DeviceBuffer {
@@ -108,7 +103,10 @@ impl DeviceBuffer {
     pub(crate) fn cudarc_owner(&self) -> &Arc<CudaStream> {
         match self.owner_ref().cudarc_stream_ref() {
             Ok(s) => s,
-            Err(e) => panic!("cudarc's DeviceSlice::stream of a buffer on {}: {e}", self.device.id()),
+            Err(e) => panic!(
+                "cudarc's DeviceSlice::stream of a buffer on {}: {e}",
+                self.device.id()
+            ),
         }
     }
 
@@ -164,7 +162,11 @@ impl DeviceBuffer {
                 };
                 match cs.join(owner) {
                     Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
-                    Err(e) => refuse(&self.device, cs, driver_error(&self.device, "cuStreamWaitEvent", e)),
+                    Err(e) => refuse(
+                        &self.device,
+                        cs,
+                        driver_error(&self.device, "cuStreamWaitEvent", e),
+                    ),
                 }
             }
             Err(e) => refuse(&self.device, cs, e),
@@ -194,7 +196,11 @@ impl DeviceBuffer {
                 };
                 match cs.join(owner) {
                     Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
-                    Err(e) => refuse(&self.device, cs, driver_error(&self.device, "cuStreamWaitEvent", e)),
+                    Err(e) => refuse(
+                        &self.device,
+                        cs,
+                        driver_error(&self.device, "cuStreamWaitEvent", e),
+                    ),
                 }
             }
             Err(e) => refuse(&self.device, cs, e),

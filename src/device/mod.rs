@@ -6,7 +6,7 @@
 
 mod config;
 #[cfg(feature = "cuda-driver")]
-mod cudarc;
+pub(crate) mod cudarc;
 pub(crate) mod notify;
 
 use std::collections::HashMap;

@@ -147,3 +147,37 @@ mod tests {
         }
     }
 }
+
+#[cfg(feature = "cublas")]
+impl Stream {
+    /// A cuBLAS handle that enqueues on this stream (cudarc's `CudaBlas`, libcublas loaded at
+    /// run time). Its calls take this crate's buffers and vectors through cudarc's `DevicePtr`
+    /// / `DevicePtrMut`, tracked on this stream: inputs are reads on it, outputs are handed to
+    /// it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a host-backend stream, and when libcublas cannot be loaded (the
+    /// message names it; nothing panics); [`Error::Driver`] (`cublasCreate`) when the handle
+    /// cannot be made.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{Device, Error, Stream};
+    ///
+    /// let stream = Stream::new(&Device::host())?;
+    /// assert!(matches!(stream.cublas(), Err(Error::Unsupported { .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn cublas(&self) -> Result<cudarc::cublas::CudaBlas> {
+        let stream = self.cudarc_stream()?;
+        crate::backend::cuda::cublas_available()
+            .map_err(|why| Error::unsupported(why, self.device().id()))?;
+        cudarc::cublas::CudaBlas::new(stream).map_err(|e| Error::Driver {
+            call: "cublasCreate",
+            code: e.0 as i32,
+            name: format!("{:?}", e.0),
+            device: self.device().id(),
+        })
+    }
+}

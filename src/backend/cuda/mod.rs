@@ -42,6 +42,10 @@ pub(crate) use self::context::device_count;
 use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
 use self::handles::RawContext;
+#[cfg(feature = "cublas")]
+pub(crate) use self::interop::cublas_available;
+#[cfg(feature = "nvrtc")]
+pub(crate) use self::interop::nvrtc_available;
 pub(crate) use self::mempool::CudaMemPool;
 pub(crate) use self::stream::CudaStream;
 
