@@ -87,7 +87,10 @@ pub use adaptor::{
 };
 pub use backend::host::HostControls;
 pub use backend::{MemoryInfo, PrefetchTarget};
-pub use buffer::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer, ReadGuard};
+pub use buffer::{
+    BufferView, CopyFromHost, CopyToHost, DeviceBuffer, DeviceVec, HostBuffer, NewBuffer, NewVec,
+    ReadGuard, VecView, VecViewMut,
+};
 pub use device::{
     CompletionStrategy, Device, HostConfig, DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,
 };

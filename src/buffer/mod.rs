@@ -17,14 +17,19 @@ mod handoff;
 mod host_copy;
 mod resize;
 mod uses;
+mod vec;
+mod view;
 
 use std::fmt;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
+pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};
+pub use view::BufferView;
 
 use crate::device::Device;
 use crate::resource::{into_shared, CudaResource, DevicePtr, MemoryResource, SharedResource};
