@@ -34,7 +34,11 @@ use cudarc::driver::{
     LaunchArgs, PushKernelArg, SyncOnDrop,
 };
 
-use super::{DeviceBuffer, ReadGuard};
+use std::mem::size_of;
+
+use bytemuck::Pod;
+
+use super::{DeviceBuffer, DeviceVec, ReadGuard, VecView, VecViewMut};
 use crate::device::cudarc::driver_error;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -213,14 +217,20 @@ impl DeviceBuffer {
     /// On a host-backend buffer: cudarc's argument builder cannot take an error, and a kernel
     /// given a host-emulation address would fault.
     pub(crate) fn kernel_arg_ptr(&self) -> &DevicePtr {
-        assert!(
-            self.device.backend() == BackendKind::Cuda,
-            "a buffer of {} passed as a CUDA kernel argument: host-backend memory is not device \
-             memory (use Stream::launch_host_kernel there)",
-            self.device.id()
-        );
+        assert_device_memory(&self.device);
         &self.ptr
     }
+}
+
+/// Kernel arguments cannot return an error: a host-backend address given to a CUDA kernel
+/// would fault, so it panics instead.
+fn assert_device_memory(device: &Device) {
+    assert!(
+        device.backend() == BackendKind::Cuda,
+        "memory of {} passed as a CUDA kernel argument: host-backend memory is not device \
+         memory (use Stream::launch_host_kernel there)",
+        device.id()
+    );
 }
 
 /// The buffer as cudarc's slice of bytes; [`stream`](DeviceSlice::stream) is its owner's
@@ -287,5 +297,152 @@ unsafe impl<'a, 'b: 'a, 'c: 'b> PushKernelArg<&'b ReadGuard<'c>> for LaunchArgs<
     #[inline(always)]
     fn arg(&mut self, arg: &'b ReadGuard<'c>) -> &mut Self {
         self.arg(arg.buffer().kernel_arg_ptr())
+    }
+}
+
+/// The vector as cudarc's slice; [`stream`](DeviceSlice::stream) is its owner's cudarc stream.
+///
+/// # Panics
+/// `stream` panics on a host-backend vector (cudarc has no stream to return for it).
+impl<T: Pod> DeviceSlice<T> for DeviceVec<T> {
+    fn len(&self) -> usize {
+        DeviceVec::len(self)
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.as_buffer().cudarc_owner()
+    }
+}
+
+/// Reads through cudarc (cuBLAS inputs, cudarc copies), tracked as the buffer's
+/// (`DevicePtr for DeviceBuffer`): a known stream becomes a pending reader, an unknown one is
+/// synchronized when the returned `SyncOnDrop` drops.
+impl<T: Pod> CudarcDevicePtr<T> for DeviceVec<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.as_buffer().cudarc_read(0, stream)
+    }
+}
+
+/// Writes through cudarc (cuBLAS outputs, cudarc copies): a hand-off to a known stream.
+impl<T: Pod> DevicePtrMut<T> for DeviceVec<T> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.buffer_mut().cudarc_write(0, stream)
+    }
+}
+
+/// A view as cudarc's slice; [`stream`](DeviceSlice::stream) is its vector's owner's.
+///
+/// # Panics
+/// `stream` panics on a view of a host-backend vector.
+impl<T: Pod> DeviceSlice<T> for VecView<'_, T> {
+    fn len(&self) -> usize {
+        VecView::len(self)
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.as_buffer().cudarc_owner()
+    }
+}
+
+/// Reads of the view's range, tracked as reads of the whole vector.
+impl<T: Pod> CudarcDevicePtr<T> for VecView<'_, T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.as_buffer()
+            .cudarc_read(self.start() * size_of::<T>(), stream)
+    }
+}
+
+/// A mutable view as cudarc's slice; [`stream`](DeviceSlice::stream) is its vector's owner's.
+///
+/// # Panics
+/// `stream` panics on a view of a host-backend vector.
+impl<T: Pod> DeviceSlice<T> for VecViewMut<'_, T> {
+    fn len(&self) -> usize {
+        VecViewMut::len(self)
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.as_view().as_buffer().cudarc_owner()
+    }
+}
+
+/// Reads of the view's range, tracked as reads of the whole vector.
+impl<T: Pod> CudarcDevicePtr<T> for VecViewMut<'_, T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.as_view()
+            .as_buffer()
+            .cudarc_read(self.start() * size_of::<T>(), stream)
+    }
+}
+
+/// Writes of the view's range: a known stream takes the whole vector over (a hand-off).
+impl<T: Pod> DevicePtrMut<T> for VecViewMut<'_, T> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let offset = self.start() * size_of::<T>();
+        self.buffer_mut().cudarc_write(offset, stream)
+    }
+}
+
+// SAFETY: pushes a reference to the vector's address field, borrowed for `'b`, which outlives
+// the builder; the kernel reads its 8 bytes as a pointer parameter.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b DeviceVec<T>> for LaunchArgs<'a> {
+    /// The vector's address, for a kernel launched on its owner stream (see the module docs
+    /// for other streams).
+    ///
+    /// # Panics
+    /// On a host-backend vector.
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceVec<T>) -> &mut Self {
+        self.arg(arg.as_buffer().kernel_arg_ptr())
+    }
+}
+
+// SAFETY: as for `&DeviceVec<T>`.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b mut DeviceVec<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceVec<T>) -> &mut Self {
+        let arg: &'b DeviceVec<T> = arg;
+        self.arg(arg.as_buffer().kernel_arg_ptr())
+    }
+}
+
+// SAFETY: pushes a reference to the view's address field, borrowed for `'b`, which outlives
+// the builder.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecView<'c, T>> for LaunchArgs<'a> {
+    /// The address of the view's first element, for a kernel launched on the vector's owner.
+    ///
+    /// # Panics
+    /// On a view of a host-backend vector.
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b VecView<'c, T>) -> &mut Self {
+        assert_device_memory(arg.device());
+        self.arg(arg.addr_ref())
+    }
+}
+
+// SAFETY: as for `&VecView`.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b mut VecViewMut<'c, T>>
+    for LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut VecViewMut<'c, T>) -> &mut Self {
+        let arg: &'b VecViewMut<'c, T> = arg;
+        assert_device_memory(arg.device());
+        self.arg(arg.addr_ref())
+    }
+}
+
+// SAFETY: as for `&VecView`.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecViewMut<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b VecViewMut<'c, T>) -> &mut Self {
+        assert_device_memory(arg.device());
+        self.arg(arg.addr_ref())
     }
 }
