@@ -21,7 +21,8 @@
 //!   cudarc's context records `CUDA_ERROR_INVALID_VALUE`, so the next cudarc launch on it fails.
 //!
 //! Kernel arguments (`launch_builder(..).arg(&buf)`) cannot see the launch stream (cudarc
-//! keeps it private): `&buf` / `&mut buf` must be launched on the owner
+//! keeps it private): `&buf` / `&mut buf` must be launched on the owner (a `&mut` argument
+//! first makes the owner wait for every reader on other streams, as the buffer's own writes do)
 //! ([`DeviceBuffer::stream`]`.cudarc_stream()`); on another stream pass a
 //! [`ReadGuard`] ([`DeviceBuffer::read_on`]) for reads, or hand the buffer over with
 //! [`set_stream`](DeviceBuffer::set_stream) first for writes.
@@ -220,6 +221,23 @@ impl DeviceBuffer {
         assert_device_memory(&self.device);
         &self.ptr
     }
+
+    /// Before a kernel that writes the buffer on its owner: the owner waits for every
+    /// recorded and pending reader, as the buffer's own writes do.
+    ///
+    /// # Panics
+    /// On a host-backend buffer, and when the driver fails to record or wait (the context is
+    /// then broken): a kernel argument cannot return the error, and writing without the wait
+    /// would race with the readers.
+    pub(crate) fn order_kernel_write(&mut self) {
+        assert_device_memory(&self.device);
+        if let Err(e) = self.uses.get_mut().order_owner_after_readers() {
+            panic!(
+                "ordering a kernel write of a buffer on {} after its readers failed: {e}",
+                self.device.id()
+            );
+        }
+    }
 }
 
 /// Kernel arguments cannot return an error: a host-backend address given to a CUDA kernel
@@ -280,8 +298,15 @@ unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBuffer> for LaunchArgs<'a> {
 
 // SAFETY: as for `&DeviceBuffer`.
 unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBuffer> for LaunchArgs<'a> {
+    /// The buffer's address for a kernel that writes it on its owner stream: the owner first
+    /// waits for every reader on other streams.
+    ///
+    /// # Panics
+    /// On a host-backend buffer, or when the driver fails to enqueue the wait.
     #[inline(always)]
     fn arg(&mut self, arg: &'b mut DeviceBuffer) -> &mut Self {
+        arg.order_kernel_write();
+        let arg: &'b DeviceBuffer = arg;
         self.arg(arg.kernel_arg_ptr())
     }
 }
@@ -403,10 +428,12 @@ unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b DeviceVec<T>> for LaunchArgs<'
     }
 }
 
-// SAFETY: as for `&DeviceVec<T>`.
+// SAFETY: as for `&DeviceVec<T>`; the owner waits for the readers first (as for
+// `&mut DeviceBuffer`).
 unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b mut DeviceVec<T>> for LaunchArgs<'a> {
     #[inline(always)]
     fn arg(&mut self, arg: &'b mut DeviceVec<T>) -> &mut Self {
+        arg.buffer_mut().order_kernel_write();
         let arg: &'b DeviceVec<T> = arg;
         self.arg(arg.as_buffer().kernel_arg_ptr())
     }
@@ -426,14 +453,15 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecView<'c, T>> for La
     }
 }
 
-// SAFETY: as for `&VecView`.
+// SAFETY: as for `&VecView`; the owner waits for the readers first (as for
+// `&mut DeviceBuffer`).
 unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b mut VecViewMut<'c, T>>
     for LaunchArgs<'a>
 {
     #[inline(always)]
     fn arg(&mut self, arg: &'b mut VecViewMut<'c, T>) -> &mut Self {
+        arg.buffer_mut().order_kernel_write();
         let arg: &'b VecViewMut<'c, T> = arg;
-        assert_device_memory(arg.device());
         self.arg(arg.addr_ref())
     }
 }
