@@ -153,6 +153,12 @@ thread_local! {
 /// allocation, say) in device 1's context.
 static FOREIGN_BINDS: AtomicBool = AtomicBool::new(false);
 
+/// Stops trusting the per-thread bind cache from now on: cudarc (which binds contexts itself,
+/// its own non-primary ones included) is in use.
+pub(crate) fn expect_foreign_binds() {
+    FOREIGN_BINDS.store(true, Ordering::Release);
+}
+
 /// Most events kept for reuse per device; more are destroyed on drop.
 pub(super) const MAX_IDLE_EVENTS: usize = 1024;
 
@@ -231,7 +237,7 @@ impl DeviceContext {
             return Ok(ctx.clone());
         }
         // cudarc binds its contexts itself from now on: stop trusting the thread cache first.
-        FOREIGN_BINDS.store(true, Ordering::Release);
+        expect_foreign_binds();
         let ordinal = self.id.ordinal as usize;
         let ctx = cudarc::driver::CudaContext::new(ordinal)
             .map_err(|e| self.error("cuDevicePrimaryCtxRetain (cudarc)", e))?;

@@ -38,7 +38,7 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
-pub(crate) use self::context::device_count;
+pub(crate) use self::context::{device_count, expect_foreign_binds};
 use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
 use self::handles::RawContext;
