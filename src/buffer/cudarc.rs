@@ -1,31 +1,6 @@
 //! cudarc interop for buffers: cudarc's `DeviceSlice` / `DevicePtr` / `DevicePtrMut` and kernel
-//! arguments (`PushKernelArg`), with every use tracked like the buffer's own operations.
-//!
-//! # How a use through cudarc is tracked
-//! cudarc hands [`DevicePtr::device_ptr`] the stream the work goes on (`cs`):
-//! - `cs` is a [`Stream`] of this crate (from [`Stream::cudarc_stream`] or adopted by
-//!   [`Stream::from_cudarc`]): a read is [`begin_read`](DeviceBuffer::begin_read) (the stream
-//!   waits for the owner and becomes a pending reader: the owner's next write, hand-off or free
-//!   waits for it, even if everything returned is forgotten); a write
-//!   ([`DevicePtrMut::device_ptr_mut`]) is a hand-off ([`set_stream`](DeviceBuffer::set_stream)):
-//!   `cs` becomes the owner after waiting for the old owner and every reader. On the owner
-//!   itself a read needs nothing.
-//! - `cs` is a stream this crate does not know: it waits for the owner (and, for a write, the
-//!   owner first waits for every reader), and the returned `SyncOnDrop` synchronizes `cs` when
-//!   dropped, so the use is over before the borrow ends. Forgetting that `SyncOnDrop` is the one
-//!   way to let the owner's later work (the free included) overtake the use: adopt the stream
-//!   with [`Stream::from_cudarc`] to avoid it.
-//! - `cs` of another device or context, or a host-backend buffer: nothing is enqueued, the
-//!   pointer is null, the typed error ([`Error::DeviceMismatch`] with both devices) goes to the
-//!   buffer's device ([`Device::take_deferred_error`](crate::Device::take_deferred_error)) and
-//!   cudarc's context records `CUDA_ERROR_INVALID_VALUE`, so the next cudarc launch on it fails.
-//!
-//! Kernel arguments (`launch_builder(..).arg(&buf)`) cannot see the launch stream (cudarc
-//! keeps it private): `&buf` / `&mut buf` must be launched on the owner (a `&mut` argument
-//! first makes the owner wait for every reader on other streams, as the buffer's own writes do)
-//! ([`DeviceBuffer::stream`]`.cudarc_stream()`); on another stream pass a
-//! [`ReadGuard`] ([`DeviceBuffer::read_on`]) for reads, or hand the buffer over with
-//! [`set_stream`](DeviceBuffer::set_stream) first for writes.
+//! arguments (`PushKernelArg`), with every use tracked like the buffer's own operations. The
+//! rules users see are in [`Stream::cudarc_stream`]'s docs ("Buffers in cudarc calls").
 
 use std::sync::Arc;
 
@@ -148,7 +123,7 @@ impl DeviceBuffer {
     }
 
     /// cudarc's `device_ptr`: the buffer's address at `offset`, with the read on `cs` tracked
-    /// (see the module docs).
+    /// (see [`Stream::cudarc_stream`]).
     pub(crate) fn cudarc_read<'a>(
         &'a self,
         offset: usize,
@@ -179,7 +154,7 @@ impl DeviceBuffer {
     }
 
     /// cudarc's `device_ptr_mut`: the buffer's address at `offset`, with the write on `cs`
-    /// tracked (see the module docs).
+    /// tracked (see [`Stream::cudarc_stream`]).
     pub(crate) fn cudarc_write<'a>(
         &'a mut self,
         offset: usize,
@@ -266,7 +241,7 @@ impl DeviceSlice<u8> for DeviceBuffer {
     }
 }
 
-/// Reads through cudarc (cuBLAS inputs, cudarc copies), tracked as the module docs say.
+/// Reads through cudarc (cuBLAS inputs, cudarc copies), tracked as [`Stream::cudarc_stream`] says.
 impl CudarcDevicePtr<u8> for DeviceBuffer {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         self.cudarc_read(0, stream)
@@ -417,8 +392,8 @@ impl<T: Pod> DevicePtrMut<T> for VecViewMut<'_, T> {
 // SAFETY: pushes a reference to the vector's address field, borrowed for `'b`, which outlives
 // the builder; the kernel reads its 8 bytes as a pointer parameter.
 unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b DeviceVec<T>> for LaunchArgs<'a> {
-    /// The vector's address, for a kernel launched on its owner stream (see the module docs
-    /// for other streams).
+    /// The vector's address, for a kernel launched on its owner stream (see
+    /// [`Stream::cudarc_stream`] for other streams).
     ///
     /// # Panics
     /// On a host-backend vector.

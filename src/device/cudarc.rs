@@ -134,3 +134,35 @@ impl Device {
             .map_err(|e| driver_error(self, "cuModuleLoadData", e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::HostConfig;
+
+    /// Every cudarc entry point refuses a host-backend device with `Unsupported` naming it,
+    /// instead of reaching the driver.
+    #[test]
+    fn host_devices_refuse_cudarc_interop_with_their_id() {
+        let device = Device::host_with(HostConfig::default());
+        let unsupported = |r: Result<()>| match r {
+            Err(Error::Unsupported { device: d, what }) => {
+                assert_eq!(d, device.id());
+                assert!(what.contains("host-backend"), "{what}");
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        };
+        unsupported(device.cudarc_context().map(drop));
+        #[cfg(feature = "nvrtc")]
+        {
+            unsupported(device.load_ptx(".version 7.0").map(drop));
+            unsupported(device.compile_kernels("__global__ void k() {}").map(drop));
+            // A NUL byte is refused too, whatever the device: still no panic.
+            assert!(device.compile_kernels("a\0b").is_err());
+        }
+        let stream = crate::Stream::new(&device).unwrap();
+        unsupported(stream.cudarc_stream().map(drop));
+        #[cfg(feature = "cublas")]
+        unsupported(stream.cublas().map(drop));
+    }
+}

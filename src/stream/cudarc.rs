@@ -43,9 +43,37 @@ impl Stream {
     /// handle.
     ///
     /// The handle may outlive every [`Stream`] handle: the `CUstream` is then destroyed only
-    /// once the last cudarc handle is gone. Work you enqueue through it on buffers of this
-    /// crate is tracked when you pass the buffers through cudarc's `DevicePtr` /
-    /// `DevicePtrMut` (kernels through `launch_builder`, cuBLAS): see the crate's buffer types.
+    /// once the last cudarc handle is gone.
+    ///
+    /// # Buffers in cudarc calls
+    /// [`DeviceBuffer`](crate::DeviceBuffer), [`DeviceVec`](crate::DeviceVec) and its views
+    /// implement cudarc's `DeviceSlice`, `DevicePtr` and `DevicePtrMut` (so cuBLAS and cudarc's
+    /// copies take them) and are kernel arguments (`launch_builder(&f).arg(&v)`). Each use is
+    /// ordered like the crate's own operations:
+    /// - Through `DevicePtr` / `DevicePtrMut` (cuBLAS, copies), on a stream of this crate (this
+    ///   handle, or one adopted by [`from_cudarc`](Stream::from_cudarc)): a read makes the
+    ///   stream wait for the owner's work so far and registers it as a reader, so the owner's
+    ///   next write, hand-off or free waits for it, even if everything returned is forgotten; a
+    ///   write hands the buffer over to that stream (as
+    ///   [`set_stream`](crate::DeviceBuffer::set_stream)): it waits for the old owner and every
+    ///   reader, then owns and frees the buffer.
+    /// - On a cudarc stream this crate does not know (of the same device): it waits for the
+    ///   owner (and for a write the owner first waits for the readers), and the returned
+    ///   `SyncOnDrop` synchronizes that stream when dropped. Forgetting that `SyncOnDrop` is the
+    ///   one way to let later work (the free included) overtake the use: adopt the stream with
+    ///   [`from_cudarc`](Stream::from_cudarc) instead.
+    /// - On a stream of another device or context, or with a host-backend buffer: no address
+    ///   (null), [`Error::DeviceMismatch`] (both devices) or [`Error::InvalidArgument`] (another
+    ///   context) to the buffer's device's
+    ///   [`take_deferred_error`](crate::Device::take_deferred_error), and cudarc's context
+    ///   records `CUDA_ERROR_INVALID_VALUE`, so the next cudarc launch there fails.
+    /// - Kernel arguments cannot see the launch stream (cudarc keeps it private): launch with
+    ///   `&v` / `&mut v` on the owner's handle (`v.stream().cudarc_stream()?`); a `&mut v`
+    ///   argument first makes the owner wait for every reader. On another stream, pass a
+    ///   [`ReadGuard`](crate::ReadGuard) from `v.read_on(&stream)` for reads (registered as a
+    ///   reader when made: forget-safe), or hand the vector over with `set_stream` first for
+    ///   writes. A host-backend buffer as a kernel argument panics (a CUDA kernel cannot read
+    ///   it and the builder cannot return an error).
     ///
     /// # Errors
     /// [`Error::Unsupported`] on a host-backend device (it has no CUDA stream); driver errors
