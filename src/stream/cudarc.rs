@@ -161,24 +161,6 @@ impl Stream {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_streams_have_no_cudarc_stream() {
-        let device = Device::host();
-        let stream = Stream::new(&device).unwrap();
-        match stream.cudarc_stream() {
-            Err(Error::Unsupported { device: d, what }) => {
-                assert_eq!(d, device.id());
-                assert!(what.contains("host-backend"), "{what}");
-            }
-            other => panic!("expected Unsupported, got {other:?}"),
-        }
-    }
-}
-
 #[cfg(feature = "cublas")]
 impl Stream {
     /// A cuBLAS handle that enqueues on this stream (cudarc's `CudaBlas`, libcublas loaded at
@@ -210,5 +192,23 @@ impl Stream {
             name: format!("{:?}", e.0),
             device: self.device().id(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_streams_have_no_cudarc_stream() {
+        let device = Device::host();
+        let stream = Stream::new(&device).unwrap();
+        match stream.cudarc_stream() {
+            Err(Error::Unsupported { device: d, what }) => {
+                assert_eq!(d, device.id());
+                assert!(what.contains("host-backend"), "{what}");
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
     }
 }
