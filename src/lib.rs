@@ -88,8 +88,8 @@ pub use adaptor::{
 pub use backend::host::HostControls;
 pub use backend::{MemoryInfo, PrefetchTarget};
 pub use buffer::{
-    BufferView, CopyFromHost, CopyToHost, DeviceBuffer, DeviceVec, HostBuffer, NewBuffer, NewVec,
-    ReadGuard, VecView, VecViewMut,
+    BufferView, CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, DeviceScalar,
+    DeviceVec, HostBuffer, NewBuffer, NewVec, PinnedHostVec, ReadGuard, VecView, VecViewMut,
 };
 pub use device::{
     CompletionStrategy, Device, HostConfig, DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,

@@ -289,7 +289,7 @@ impl DeviceBuffer {
     /// // SAFETY: `p` is 64 bytes from `mr`, used by nothing, freed by nobody else.
     /// let mut buf = unsafe { DeviceBuffer::from_raw_parts(p, 64, &stream, mr)? };
     /// buf.fill(1)?;
-    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![1; 64]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![1; 64]);
     /// drop(buf);                                        // frees `p` on `stream`
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();

@@ -15,7 +15,9 @@ mod cudarc;
 mod guard;
 mod handoff;
 mod host_copy;
+mod pinned;
 mod resize;
+mod scalar;
 mod uses;
 mod vec;
 mod view;
@@ -27,7 +29,9 @@ use parking_lot::Mutex;
 
 pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
-pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
+pub use pinned::PinnedHostVec;
+pub use scalar::DeviceScalar;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};
 pub use view::BufferView;
 

@@ -23,7 +23,9 @@ pub use view::{VecView, VecViewMut};
 
 use super::alloc::NewBuffer;
 use super::view::checked_range;
-use super::{DeviceBuffer, ReadGuard};
+use super::{
+    CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer, ReadGuard,
+};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -212,7 +214,9 @@ impl<T: Pod> DeviceVec<T> {
     }
 
     /// A vector of `host`'s elements on `stream`: allocates (waiting for memory as
-    /// [`new`](DeviceVec::new) does) and copies `host` in, resolving once the copy is done.
+    /// [`new`](DeviceVec::new) does) and copies `host` in — a `Vec<T>`, a `Box<[T]>` or a
+    /// [`PinnedHostVec<T>`](crate::PinnedHostVec) — resolving once the copy is done (`host` is
+    /// then dropped).
     ///
     /// # Stream ordering
     /// The copy is enqueued on `stream`, the owner.
@@ -236,13 +240,48 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn from_host(
-        host: Vec<T>,
+    pub async fn from_host<B: HostBuffer<Elem = T>>(
+        host: B,
+        stream: &Stream,
+        mr: impl MemoryResource + 'static,
+    ) -> Result<Self> {
+        let mut v = Self::new(host.byte_len() / size_of::<T>(), stream, mr).await?;
+        v.copy_from_host(host).await?;
+        Ok(v)
+    }
+
+    /// A vector of the borrowed `host`'s elements on `stream`, as
+    /// [`from_host`](DeviceVec::from_host); the elements are staged through owned memory.
+    ///
+    /// # Stream ordering
+    /// As [`from_host`](DeviceVec::from_host).
+    ///
+    /// # Errors
+    /// As [`from_host`](DeviceVec::from_host).
+    ///
+    /// # Cancel safety
+    /// As [`from_host`](DeviceVec::from_host).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let data = [1.0f64, 2.0];
+    /// let v = DeviceVec::from_host_slice(&data, &stream, CudaResource::new(&device)).await?;
+    /// assert_eq!(v.to_vec().await?, data);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn from_host_slice(
+        host: &[T],
         stream: &Stream,
         mr: impl MemoryResource + 'static,
     ) -> Result<Self> {
         let mut v = Self::new(host.len(), stream, mr).await?;
-        v.copy_from_host(host).await?;
+        v.copy_from_host_slice(host).await?;
         Ok(v)
     }
 
@@ -549,10 +588,11 @@ impl<T: Pod> DeviceVec<T> {
     /// As [`DeviceBuffer::copy_to_host`]: enqueued on the owner when called.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `host` is shorter than the vector; driver errors.
+    /// [`Error::LengthMismatch`] (in elements) when `host` is shorter than the vector; driver
+    /// errors.
     ///
     /// # Cancel safety
-    /// As [`CopyToHost`](crate::CopyToHost): dropping or forgetting the future never frees
+    /// As [`CopyToHost`]: dropping or forgetting the future never frees
     /// host memory under the copy.
     ///
     /// # Examples
@@ -567,8 +607,43 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host(&self, host: Vec<T>) -> impl Future<Output = Result<Vec<T>>> + 'static {
-        VecView::<T>::new(&self.buf, 0..self.len()).copy_to_host(host)
+    pub fn copy_to_host<B: HostBuffer<Elem = T>>(&self, host: B) -> CopyToHost<B> {
+        self.whole().copy_to_host(host)
+    }
+
+    /// Copies the elements into the start of the borrowed `host`, staged through owned memory
+    /// (so forgetting the future cannot leave the device writing into `host`).
+    ///
+    /// # Stream ordering
+    /// As [`copy_to_host`](DeviceVec::copy_to_host).
+    ///
+    /// # Errors
+    /// As [`copy_to_host`](DeviceVec::copy_to_host).
+    ///
+    /// # Cancel safety
+    /// As [`CopyToSlice`]: `host` is written only when the future resolves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let v = DeviceVec::from_host_slice(&[1u32, 2], &stream, CudaResource::new(&device)).await?;
+    /// let mut out = [0u32; 2];
+    /// v.copy_to_host_slice(&mut out).await?;
+    /// assert_eq!(out, [1, 2]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_to_host_slice<'h>(&self, host: &'h mut [T]) -> CopyToSlice<'h> {
+        self.whole().copy_to_host_slice(host)
+    }
+
+    /// The whole vector as a view.
+    fn whole(&self) -> VecView<'_, T> {
+        VecView::new(&self.buf, 0..self.len())
     }
 
     /// Copies all of `host` (at most [`len`](DeviceVec::len) elements) into the start of the
@@ -579,10 +654,11 @@ impl<T: Pod> DeviceVec<T> {
     /// recorded read; work enqueued on the owner afterwards sees the new elements.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `host` is longer than the vector; driver errors.
+    /// [`Error::LengthMismatch`] (in elements) when `host` is longer than the vector; driver
+    /// errors.
     ///
     /// # Cancel safety
-    /// As [`CopyFromHost`](crate::CopyFromHost).
+    /// As [`CopyFromHost`].
     ///
     /// # Examples
     ///
@@ -598,12 +674,44 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_from_host(
-        &mut self,
-        host: Vec<T>,
-    ) -> impl Future<Output = Result<Vec<T>>> + 'static {
+    pub fn copy_from_host<B: HostBuffer<Elem = T>>(&mut self, host: B) -> CopyFromHost<B> {
+        self.whole_mut().copy_from_host(host)
+    }
+
+    /// Copies all of the borrowed `host` (at most [`len`](DeviceVec::len) elements) into the
+    /// start of the vector, staged through owned memory (so `host` may be dropped as soon as
+    /// this returns).
+    ///
+    /// # Stream ordering
+    /// As [`copy_from_host`](DeviceVec::copy_from_host).
+    ///
+    /// # Errors
+    /// As [`copy_from_host`](DeviceVec::copy_from_host).
+    ///
+    /// # Cancel safety
+    /// As [`CopyFromSlice`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let mut v = DeviceVec::<f32>::zeroed(3, &stream, CudaResource::new(&device)).await?;
+    /// v.copy_from_host_slice(&[0.5, 1.5]).await?;
+    /// assert_eq!(v.to_vec().await?, [0.5, 1.5, 0.0]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_from_host_slice(&mut self, host: &[T]) -> CopyFromSlice {
+        self.whole_mut().copy_from_host_slice(host)
+    }
+
+    /// The whole vector as a mutable view.
+    fn whole_mut(&mut self) -> VecViewMut<'_, T> {
         let len = self.len();
-        VecViewMut::<T>::new(&mut self.buf, 0..len).copy_from_host(host)
+        VecViewMut::new(&mut self.buf, 0..len)
     }
 
     /// The elements, copied into a new `Vec` on the owner.
@@ -629,8 +737,11 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn to_vec(&self) -> impl Future<Output = Result<Vec<T>>> + 'static {
-        self.copy_to_host(vec![T::zeroed(); self.len()])
+    pub fn to_vec(&self) -> CopyToHost<Vec<T>>
+    where
+        T: Send,
+    {
+        self.whole().to_vec()
     }
 
     /// Changes the length to `new_len` elements, as [`DeviceBuffer::resize`]: past the capacity

@@ -111,7 +111,7 @@ impl Stream {
     /// let mut buf = DeviceBuffer::new(64, &legacy, CudaResource::new(&device)).await?;
     /// buf.fill(3)?;                  // on the legacy stream
     /// buf.set_stream(&mine)?;        // `mine` waits for it
-    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![3; 64]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![3; 64]);
     /// legacy.synchronize().await?;
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();

@@ -1,58 +1,110 @@
-//! Typed host copies over the byte-based [`HostBuffer`](crate::HostBuffer): the one place to
-//! change when host buffers carry their element type.
-//!
-//! Until then the host data is staged through an owned byte vector, which the byte-based copy
-//! futures own while the device uses it (so forgetting a future frees nothing under the
-//! device), and copied into or out of the caller's `Vec<T>` on the host.
+//! Typed host copies of a range of elements: the host side is checked in elements (so a
+//! length mismatch is reported in the unit the caller counts in), then the byte copies of
+//! [`CopyToHost`] / [`CopyFromHost`] (and their borrowed-slice forms) do the work.
 
-use std::future::Future;
+use std::mem::size_of;
 
 use bytemuck::Pod;
 
-use crate::buffer::{CopyFromHost, CopyToHost};
-use crate::error::Result;
+use crate::buffer::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
+use crate::error::Error;
 use crate::resource::DevicePtr;
 use crate::stream::Stream;
 
-/// Enqueues a copy of `bytes` from `src` into the start of `host` on `stream`; the future
-/// hands `host` back once the copy has completed.
-///
-/// # Safety
-/// As [`CopyToHost::start`]: `src..src + bytes` is device memory that is freed, and written by
-/// other streams, only after work on `stream` enqueued now has completed.
-pub(crate) unsafe fn to_host<T: Pod>(
-    stream: &Stream,
-    src: DevicePtr,
-    bytes: usize,
-    mut host: Vec<T>,
-) -> impl Future<Output = Result<Vec<T>>> + 'static {
-    let staging = vec![0u8; std::mem::size_of_val(host.as_slice())];
-    // SAFETY: the caller's contract is `start`'s.
-    let copy = unsafe { CopyToHost::start(stream, src, bytes, staging) };
-    async move {
-        let staging = copy.await?;
-        bytemuck::cast_slice_mut::<T, u8>(&mut host)[..bytes].copy_from_slice(&staging[..bytes]);
-        Ok(host)
+fn mismatch(call: &'static str, device_len: usize, host_len: usize) -> Error {
+    Error::LengthMismatch {
+        call,
+        device_len,
+        host_len,
+        unit: "elements",
     }
 }
 
-/// Enqueues a copy of all of `host` to the start of `dst` (`capacity` bytes) on `stream`; the
-/// future hands `host` back once the copy has completed.
+/// Enqueues a copy of the `len` elements at `src` into the start of `host` on `stream`.
 ///
 /// # Safety
-/// As [`CopyFromHost::start`]: `dst..dst + capacity` is device memory that is freed, read or
-/// written by other streams only after work on `stream` enqueued now has completed.
-pub(crate) unsafe fn from_host<T: Pod>(
+/// As [`CopyToHost::start`]: `src..src + len * size_of::<T>()` is device memory that is freed,
+/// and written by other streams, only after work on `stream` enqueued now has completed.
+pub(crate) unsafe fn to_host<T: Pod, B: HostBuffer<Elem = T>>(
+    stream: &Stream,
+    src: DevicePtr,
+    len: usize,
+    host: B,
+) -> CopyToHost<B> {
+    let host_len = host.byte_len() / size_of::<T>();
+    if host_len < len {
+        return CopyToHost::failed(mismatch("copy_to_host", len, host_len));
+    }
+    // SAFETY: forwarded from the caller; `len * size_of::<T>()` fits in `host` (just above).
+    unsafe { CopyToHost::start(stream, src, len * size_of::<T>(), host) }
+}
+
+/// Enqueues a copy of all of `host` into the start of the `len` elements at `dst` on `stream`.
+///
+/// # Safety
+/// As [`CopyFromHost::start`]: `dst..dst + len * size_of::<T>()` is device memory that is
+/// freed, read or written by other streams only after work on `stream` enqueued now has
+/// completed.
+pub(crate) unsafe fn from_host<T: Pod, B: HostBuffer<Elem = T>>(
     stream: &Stream,
     dst: DevicePtr,
-    capacity: usize,
-    host: Vec<T>,
-) -> impl Future<Output = Result<Vec<T>>> + 'static {
-    let staging: Vec<u8> = bytemuck::cast_slice(&host).to_vec();
-    // SAFETY: the caller's contract is `start`'s.
-    let copy = unsafe { CopyFromHost::start(stream, dst, capacity, staging) };
-    async move {
-        copy.await?;
-        Ok(host)
+    len: usize,
+    host: B,
+) -> CopyFromHost<B> {
+    let host_len = host.byte_len() / size_of::<T>();
+    if host_len > len {
+        return CopyFromHost::failed(mismatch("copy_from_host", len, host_len));
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { CopyFromHost::start(stream, dst, len * size_of::<T>(), host) }
+}
+
+/// Enqueues a staged copy of the `len` elements at `src` into the start of `host`.
+///
+/// # Safety
+/// As [`to_host`].
+pub(crate) unsafe fn to_slice<'a, T: Pod>(
+    stream: &Stream,
+    src: DevicePtr,
+    len: usize,
+    host: &'a mut [T],
+) -> CopyToSlice<'a> {
+    if host.len() < len {
+        return CopyToSlice::failed(mismatch("copy_to_host_slice", len, host.len()));
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        CopyToSlice::start(
+            "copy_to_host_slice",
+            stream,
+            src,
+            len * size_of::<T>(),
+            host,
+        )
+    }
+}
+
+/// Enqueues a staged copy of all of `host` into the start of the `len` elements at `dst`.
+///
+/// # Safety
+/// As [`from_host`].
+pub(crate) unsafe fn from_slice<T: Pod>(
+    stream: &Stream,
+    dst: DevicePtr,
+    len: usize,
+    host: &[T],
+) -> CopyFromSlice {
+    if host.len() > len {
+        return CopyFromSlice::failed(mismatch("copy_from_host_slice", len, host.len()));
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        CopyFromSlice::start(
+            "copy_from_host_slice",
+            stream,
+            dst,
+            len * size_of::<T>(),
+            host,
+        )
     }
 }

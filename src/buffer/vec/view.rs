@@ -2,7 +2,6 @@
 //! [`VecViewMut`].
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::mem::size_of;
 use std::ops::{Range, RangeBounds};
@@ -11,7 +10,9 @@ use bytemuck::Pod;
 
 use super::host;
 use crate::buffer::view::checked_range;
-use crate::buffer::DeviceBuffer;
+use crate::buffer::{
+    CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer,
+};
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::DevicePtr;
@@ -33,7 +34,8 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let v = DeviceVec::from_host((0..100u32).collect(), &stream, CudaResource::new(&device)).await?;
+/// let data: Vec<u32> = (0..100).collect();
+/// let v = DeviceVec::from_host(data, &stream, CudaResource::new(&device)).await?;
 /// let tail = v.slice(90..)?;
 /// assert_eq!(tail.len(), 10);
 /// assert_eq!(tail.slice(8..)?.to_vec().await?, [98, 99]);
@@ -207,11 +209,11 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// As [`DeviceVec::copy_to_host`](super::DeviceVec::copy_to_host).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `host` is shorter than
-    /// the view; driver errors.
+    /// [`Error::LengthMismatch`](crate::Error::LengthMismatch) (in elements) when `host` is
+    /// shorter than the view; driver errors.
     ///
     /// # Cancel safety
-    /// As [`CopyToHost`](crate::CopyToHost).
+    /// As [`CopyToHost`].
     ///
     /// # Examples
     ///
@@ -226,14 +228,46 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host(&self, host: Vec<T>) -> impl Future<Output = Result<Vec<T>>> + 'static {
+    pub fn copy_to_host<B: HostBuffer<Elem = T>>(&self, host: B) -> CopyToHost<B> {
         let uses = self.buf.uses.lock();
         // SAFETY: `ptr..ptr + len * size_of::<T>()` lies inside the buffer (the view is in
         // bounds), whose memory is freed, and written by other streams, only after a point of
         // the owner that follows this copy (the free is on the owner or on a later owner that
         // waits for this one); the owner's own later writes are stream-ordered after it. The
         // lock keeps the owner fixed meanwhile.
-        unsafe { host::to_host(uses.owner(), self.ptr(), self.len * size_of::<T>(), host) }
+        unsafe { host::to_host(uses.owner(), self.ptr(), self.len, host) }
+    }
+
+    /// Copies the view's elements into the start of the borrowed `host`, staged through owned
+    /// memory (so forgetting the future cannot leave the device writing into `host`).
+    ///
+    /// # Stream ordering
+    /// As [`copy_to_host`](VecView::copy_to_host).
+    ///
+    /// # Errors
+    /// As [`copy_to_host`](VecView::copy_to_host).
+    ///
+    /// # Cancel safety
+    /// As [`CopyToSlice`]: `host` is written only when the future resolves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let v = DeviceVec::from_host(vec![1u16, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let mut out = [0u16; 2];
+    /// v.slice(1..)?.copy_to_host_slice(&mut out).await?;
+    /// assert_eq!(out, [2, 3]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_to_host_slice<'h>(&self, host: &'h mut [T]) -> CopyToSlice<'h> {
+        let uses = self.buf.uses.lock();
+        // SAFETY: as in `copy_to_host`.
+        unsafe { host::to_slice(uses.owner(), self.ptr(), self.len, host) }
     }
 
     /// The view's elements, copied into a new `Vec` on the owner.
@@ -259,7 +293,10 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn to_vec(&self) -> impl Future<Output = Result<Vec<T>>> + 'static {
+    pub fn to_vec(&self) -> CopyToHost<Vec<T>>
+    where
+        T: Send,
+    {
         self.copy_to_host(vec![T::zeroed(); self.len])
     }
 }
@@ -484,7 +521,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host(&self, host: Vec<T>) -> impl Future<Output = Result<Vec<T>>> + 'static {
+    pub fn copy_to_host<B: HostBuffer<Elem = T>>(&self, host: B) -> CopyToHost<B> {
         self.as_view().copy_to_host(host)
     }
 
@@ -511,7 +548,10 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn to_vec(&self) -> impl Future<Output = Result<Vec<T>>> + 'static {
+    pub fn to_vec(&self) -> CopyToHost<Vec<T>>
+    where
+        T: Send,
+    {
         self.as_view().to_vec()
     }
 
@@ -523,11 +563,11 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// enqueued on the owner afterwards sees the new elements.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `host` is longer than the
-    /// view; driver errors.
+    /// [`Error::LengthMismatch`](crate::Error::LengthMismatch) (in elements) when `host` is
+    /// longer than the view; driver errors.
     ///
     /// # Cancel safety
-    /// As [`CopyFromHost`](crate::CopyFromHost).
+    /// As [`CopyFromHost`].
     ///
     /// # Examples
     ///
@@ -543,22 +583,53 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_from_host(
-        &mut self,
-        host: Vec<T>,
-    ) -> impl Future<Output = Result<Vec<T>>> + 'static {
+    pub fn copy_from_host<B: HostBuffer<Elem = T>>(&mut self, host: B) -> CopyFromHost<B> {
         let dst = self.ptr();
-        let capacity = self.len * size_of::<T>();
         let uses = self.buf.uses.get_mut();
-        let copy = uses.order_owner_after_readers().map(|()| {
-            // SAFETY: `dst..dst + capacity` lies inside the buffer (the view is in bounds),
-            // whose memory is freed, read or written by other streams only after a point of the
-            // owner that follows this copy (the free is on the owner or a later owner that waits
-            // for this one; other streams read it only after a `read_on` that waits for the
-            // owner); every recorded read is ordered before it (just above).
-            unsafe { host::from_host(uses.owner(), dst, capacity, host) }
-        });
-        async move { copy?.await }
+        if let Err(e) = uses.order_owner_after_readers() {
+            return CopyFromHost::failed(e);
+        }
+        // SAFETY: `dst..dst + len * size_of::<T>()` lies inside the buffer (the view is in
+        // bounds), whose memory is freed, read or written by other streams only after a point
+        // of the owner that follows this copy (the free is on the owner or a later owner that
+        // waits for this one; other streams read it only after a `read_on` that waits for the
+        // owner); every recorded read is ordered before it (just above).
+        unsafe { host::from_host(uses.owner(), dst, self.len, host) }
+    }
+
+    /// Copies all of the borrowed `host` into the start of the view, staged through owned
+    /// memory (so `host` may be dropped as soon as this returns).
+    ///
+    /// # Stream ordering
+    /// As [`copy_from_host`](VecViewMut::copy_from_host).
+    ///
+    /// # Errors
+    /// As [`copy_from_host`](VecViewMut::copy_from_host).
+    ///
+    /// # Cancel safety
+    /// As [`CopyFromSlice`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let mut v = DeviceVec::<u16>::zeroed(3, &stream, CudaResource::new(&device)).await?;
+    /// v.slice_mut(1..)?.copy_from_host_slice(&[4, 5]).await?;
+    /// assert_eq!(v.to_vec().await?, [0, 4, 5]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_from_host_slice(&mut self, host: &[T]) -> CopyFromSlice {
+        let dst = self.ptr();
+        let uses = self.buf.uses.get_mut();
+        if let Err(e) = uses.order_owner_after_readers() {
+            return CopyFromSlice::failed(e);
+        }
+        // SAFETY: as in `copy_from_host`.
+        unsafe { host::from_slice(uses.owner(), dst, self.len, host) }
     }
 }
 
