@@ -95,8 +95,10 @@ async fn host_path(device: &Device) -> Result<(), BoxError> {
     let start = Instant::now();
     let mut a = DeviceVec::<f32>::new(M * K, &producer, mr.clone()).await?;
     let mut b = DeviceVec::<f32>::new(K * N, &producer, mr.clone()).await?;
-    a.copy_from_host((0..M * K).map(a_at).collect()).await?;
-    b.copy_from_host((0..K * N).map(b_at).collect()).await?;
+    a.copy_from_host((0..M * K).map(a_at).collect::<Vec<_>>())
+        .await?;
+    b.copy_from_host((0..K * N).map(b_at).collect::<Vec<_>>())
+        .await?;
     // The gemm stream takes the inputs over: it waits for the producer's writes.
     a.set_stream(&gemm)?;
     b.set_stream(&gemm)?;

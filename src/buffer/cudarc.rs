@@ -14,7 +14,7 @@ use std::mem::size_of;
 
 use bytemuck::Pod;
 
-use super::{DeviceBuffer, DeviceVec, ReadGuard, VecView, VecViewMut};
+use super::{DeviceBuffer, DeviceScalar, DeviceVec, ReadGuard, VecView, VecViewMut};
 use crate::device::cudarc::driver_error;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -447,5 +447,62 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecViewMut<'c, T>> for
     fn arg(&mut self, arg: &'b VecViewMut<'c, T>) -> &mut Self {
         assert_device_memory(arg.device());
         self.arg(arg.addr_ref())
+    }
+}
+
+/// The scalar as cudarc's one-element slice; [`stream`](DeviceSlice::stream) is its owner's.
+///
+/// # Panics
+/// `stream` panics on a host-backend scalar.
+impl<T: Pod + Send> DeviceSlice<T> for DeviceScalar<T> {
+    fn len(&self) -> usize {
+        1
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.as_buffer().cudarc_owner()
+    }
+}
+
+/// Reads through cudarc (a cuBLAS scalar in device pointer mode, say), tracked as
+/// [`Stream::cudarc_stream`] says.
+impl<T: Pod + Send> CudarcDevicePtr<T> for DeviceScalar<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.as_buffer().cudarc_read(0, stream)
+    }
+}
+
+/// Writes through cudarc (a cuBLAS result such as a dot product): a hand-off to a known stream.
+impl<T: Pod + Send> DevicePtrMut<T> for DeviceScalar<T> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.buffer_mut().cudarc_write(0, stream)
+    }
+}
+
+// SAFETY: pushes a reference to the scalar's address field, borrowed for `'b`, which outlives
+// the builder: the kernel gets a `T*` to the value in device memory.
+unsafe impl<'a, 'b: 'a, T: Pod + Send> PushKernelArg<&'b DeviceScalar<T>> for LaunchArgs<'a> {
+    /// The address of the value (a `const T*` parameter), for a kernel launched on the
+    /// scalar's owner stream; on another stream pass `scalar.read_on(&stream)?` instead.
+    ///
+    /// # Panics
+    /// On a host-backend scalar.
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceScalar<T>) -> &mut Self {
+        self.arg(arg.as_buffer().kernel_arg_ptr())
+    }
+}
+
+// SAFETY: as for `&DeviceScalar<T>`; the owner waits for the readers first (as for
+// `&mut DeviceBuffer`).
+unsafe impl<'a, 'b: 'a, T: Pod + Send> PushKernelArg<&'b mut DeviceScalar<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceScalar<T>) -> &mut Self {
+        arg.buffer_mut().order_kernel_write();
+        let arg: &'b DeviceScalar<T> = arg;
+        self.arg(arg.as_buffer().kernel_arg_ptr())
     }
 }

@@ -26,7 +26,8 @@ const SPIN_NS: u64 = 200_000_000;
 
 /// Hand-written PTX (JIT-compiled by the driver for the GPU at hand):
 /// `add_one_f32(float* x, u32 n)`, `copy_u32(const u32* src, u32* dst, u32 n)`,
-/// `fill_u32(u32* dst, u32 value, u32 n)`, each one thread per element.
+/// `fill_u32(u32* dst, u32 value, u32 n)`, `scale_f32(float* x, const float* alpha, u32 n)`,
+/// each one thread per element.
 #[cfg(feature = "nvrtc")]
 const PTX: &str = r#".version 7.0
 .target sm_52
@@ -102,6 +103,33 @@ COPY_DONE:
 FILL_DONE:
 	ret;
 }
+
+.visible .entry scale_f32(.param .u64 scale_x, .param .u64 scale_alpha, .param .u32 scale_n)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<6>;
+	.reg .f32 %f<4>;
+	.reg .b64 %rd<7>;
+	ld.param.u64 %rd1, [scale_x];
+	ld.param.u64 %rd5, [scale_alpha];
+	ld.param.u32 %r1, [scale_n];
+	mov.u32 %r2, %ctaid.x;
+	mov.u32 %r3, %ntid.x;
+	mov.u32 %r4, %tid.x;
+	mad.lo.s32 %r5, %r2, %r3, %r4;
+	setp.ge.u32 %p1, %r5, %r1;
+	@%p1 bra SCALE_DONE;
+	cvta.to.global.u64 %rd2, %rd1;
+	cvta.to.global.u64 %rd6, %rd5;
+	ld.global.f32 %f3, [%rd6];
+	mul.wide.u32 %rd3, %r5, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	ld.global.f32 %f1, [%rd4];
+	mul.f32 %f2, %f1, %f3;
+	st.global.f32 [%rd4], %f2;
+SCALE_DONE:
+	ret;
+}
 "#;
 
 #[cfg(feature = "nvrtc")]
@@ -109,6 +137,7 @@ struct Kernels {
     add_one: streamalloc::cudarc::driver::CudaFunction,
     copy: streamalloc::cudarc::driver::CudaFunction,
     fill: streamalloc::cudarc::driver::CudaFunction,
+    scale: streamalloc::cudarc::driver::CudaFunction,
 }
 
 #[cfg(feature = "nvrtc")]
@@ -123,6 +152,7 @@ fn kernels(device: &Device) -> Kernels {
         add_one: module.load_function("add_one_f32").unwrap(),
         copy: module.load_function("copy_u32").unwrap(),
         fill: module.load_function("fill_u32").unwrap(),
+        scale: module.load_function("scale_f32").unwrap(),
     }
 }
 
@@ -189,6 +219,63 @@ fn ptx_kernel_runs_on_a_device_vec() {
     assert!(device.take_deferred_error().is_none());
 }
 
+/// A `DeviceScalar` as a kernel argument (a `const float*`): on its owner directly, and from
+/// another stream through a `ReadGuard`, where the kernel waits for the scalar's `set_value`.
+#[cfg(feature = "nvrtc")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_scalar_is_a_kernel_argument() {
+    use streamalloc::cudarc::driver::PushKernelArg;
+    let device = gpu();
+    let k = kernels(&device);
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let acs = a.cudarc_stream().unwrap();
+    let n = 1000u32;
+    let mut x = block_on(DeviceVec::from_host(
+        vec![1.5f32; n as usize],
+        &a,
+        mr.clone(),
+    ))
+    .unwrap();
+    let alpha = block_on(DeviceScalar::new(2.0f32, &a, mr.clone())).unwrap();
+    // SAFETY: scale_f32(float*, const float*, u32) over `n` elements, on the owner of both.
+    unsafe {
+        acs.launch_builder(&k.scale)
+            .arg(&mut x)
+            .arg(&alpha)
+            .arg(&n)
+            .launch(LaunchConfig::for_num_elems(n))
+    }
+    .unwrap();
+    assert!(block_on(x.to_vec()).unwrap().iter().all(|&v| v == 3.0));
+
+    // A scalar owned by B, set on B behind a 200 ms delay, read by a kernel on A.
+    let mut beta = block_on(DeviceScalar::new(0.0f32, &b, mr)).unwrap();
+    b.enqueue_delay(Duration::from_millis(200)).unwrap();
+    beta.set_value(10.0).unwrap();
+    {
+        let read = beta.read_on(&a).unwrap();
+        // SAFETY: as above; `beta` is read on A through its guard.
+        unsafe {
+            acs.launch_builder(&k.scale)
+                .arg(&mut x)
+                .arg(&read)
+                .arg(&n)
+                .launch(LaunchConfig::for_num_elems(n))
+        }
+        .unwrap();
+    }
+    let out = block_on(x.to_vec()).unwrap();
+    assert!(
+        out.iter().all(|&v| v == 30.0),
+        "the kernel read the scalar before set_value: {}",
+        out[0]
+    );
+    assert_eq!(block_on(beta.value()).unwrap(), 10.0);
+    assert!(device.take_deferred_error().is_none());
+}
+
 #[cfg(feature = "nvrtc")]
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -212,7 +299,7 @@ fn nvrtc_kernel_compiles_and_runs() {
     let mr = CudaAsyncResource::new(&device).unwrap();
     let n = 4096u32;
     let x = block_on(DeviceVec::from_host(
-        (0..n).map(|i| i as f32).collect(),
+        (0..n).map(|i| i as f32).collect::<Vec<_>>(),
         &stream,
         mr.clone(),
     ))
