@@ -51,6 +51,48 @@ pub enum Error {
     /// An argument is out of range or inconsistent with another.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A copy between host and device data whose sides do not fit: the host side is shorter
+    /// than the device data it should receive, or longer than the device memory it should fill.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Error, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let buf = DeviceBuffer::new(100, &stream, CudaResource::new(&device)).await?;
+    /// let e = buf.copy_to_host(vec![0f32; 24]).await.unwrap_err(); // 96 bytes < 100
+    /// assert!(matches!(e, Error::LengthMismatch { device_len: 100, host_len: 96, .. }), "{e}");
+    /// # Ok::<(), Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[error("{call}: the device side holds {device_len} {unit}, the host side {host_len} {unit}")]
+    #[non_exhaustive]
+    LengthMismatch {
+        /// The operation, e.g. `copy_to_host`.
+        call: &'static str,
+        /// The length of the device side, in `unit`s.
+        device_len: usize,
+        /// The length of the host side, in `unit`s.
+        host_len: usize,
+        /// `"bytes"` for untyped buffers, `"elements"` for typed containers.
+        unit: &'static str,
+    },
+    /// Memory that the host or the device cannot access was asked to serve as host data that
+    /// the device copies directly (a [`PinnedHostVec`](crate::PinnedHostVec) from a resource of
+    /// device memory, say).
+    #[error("{what} needs memory that the host and the device can both access; the resource's memory on {device} is host-accessible: {host_accessible}, device-accessible: {device_accessible}")]
+    #[non_exhaustive]
+    NotHostAccessible {
+        /// What asked, e.g. `PinnedHostVec`.
+        what: &'static str,
+        /// Whether host code can access the resource's memory.
+        host_accessible: bool,
+        /// Whether device code (and the copy engines) can access it.
+        device_accessible: bool,
+        /// The device of the resource.
+        device: DeviceId,
+    },
     /// The operation is not available on this backend or device.
     #[error("unsupported on {device}: {what}")]
     #[non_exhaustive]

@@ -1,6 +1,13 @@
 //! Making a buffer: allocation from a resource (awaited or not), a larger alignment, and
 //! adoption of memory allocated elsewhere.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
 use super::uses::Uses;
@@ -16,15 +23,18 @@ impl DeviceBuffer {
     /// Allocates `bytes` from `mr` for use on `stream`, which owns the buffer. The contents are
     /// uninitialised (as RMM's; on the host backend they are zeroed).
     ///
-    /// Awaits [`MemoryResource::allocate`]: it completes on the first poll when memory is
-    /// there, and waits for memory when a bounded resource is exhausted.
+    /// The returned [`NewBuffer`] is a builder future, awaited as it is or after a
+    /// [`timeout`](NewBuffer::timeout) / [`deadline`](NewBuffer::deadline). It completes on the
+    /// first poll when memory is there, and waits for memory when a bounded resource is
+    /// exhausted, as [`MemoryResource::allocate`] does.
     ///
     /// # Stream ordering
     /// The memory is valid for work on `stream` enqueued from now on.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] and the other errors of the resource;
-    /// [`Error::DeviceMismatch`] when `stream` is not on the resource's device.
+    /// [`Error::DeviceMismatch`] when `stream` is not on the resource's device;
+    /// [`Error::Timeout`] (naming the size and the device) when a deadline passes first.
     ///
     /// # Cancel safety
     /// Dropping the future before it resolves leaves nothing allocated.
@@ -43,12 +53,8 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn new(
-        bytes: usize,
-        stream: &Stream,
-        mr: impl MemoryResource + 'static,
-    ) -> Result<DeviceBuffer> {
-        Self::from_shared(bytes, stream, into_shared(mr)).await
+    pub fn new(bytes: usize, stream: &Stream, mr: impl MemoryResource + 'static) -> NewBuffer<'_> {
+        NewBuffer::new(bytes, ALLOCATION_ALIGNMENT, stream, into_shared(mr))
     }
 
     /// Allocates `bytes` from `mr` for use on `stream` without waiting for memory: the
@@ -110,19 +116,9 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn with_current_resource(bytes: usize, stream: &Stream) -> Result<DeviceBuffer> {
-        Self::from_shared(
-            bytes,
-            stream,
-            crate::resource::registry::current_device_resource_for(stream.device()),
-        )
-        .await
-    }
-
-    async fn from_shared(bytes: usize, stream: &Stream, mr: SharedResource) -> Result<Self> {
-        check_resource(&*mr, stream)?;
-        let ptr = mr.allocate(bytes, stream).await?;
-        Ok(Self::from_parts(ptr, bytes, mr, stream))
+    pub fn with_current_resource(bytes: usize, stream: &Stream) -> NewBuffer<'_> {
+        let mr = crate::resource::registry::current_device_resource_for(stream.device());
+        NewBuffer::new(bytes, ALLOCATION_ALIGNMENT, stream, mr)
     }
 
     pub(super) fn from_parts(
@@ -182,14 +178,16 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn with_alignment(
+    pub fn with_alignment(
         bytes: usize,
         alignment: usize,
         stream: &Stream,
         mr: impl MemoryResource + 'static,
-    ) -> Result<DeviceBuffer> {
-        let alignment = checked_alignment(alignment)?;
-        Self::from_shared_aligned(bytes, alignment, stream, into_shared(mr)).await
+    ) -> NewBuffer<'_> {
+        match checked_alignment(alignment) {
+            Ok(alignment) => NewBuffer::new(bytes, alignment, stream, into_shared(mr)),
+            Err(e) => NewBuffer::failed(e, stream),
+        }
     }
 
     pub(super) async fn from_shared_aligned(
@@ -198,10 +196,7 @@ impl DeviceBuffer {
         stream: &Stream,
         mr: SharedResource,
     ) -> Result<Self> {
-        check_resource(&*mr, stream)?;
-        let allocated = padded_size(bytes, alignment, stream.device())?;
-        let base = mr.allocate(allocated, stream).await?;
-        Self::from_aligned(base, allocated, bytes, alignment, mr, stream)
+        NewBuffer::new(bytes, alignment, stream, mr).await
     }
 
     /// [`with_alignment`](DeviceBuffer::with_alignment) without waiting for memory: the
@@ -294,7 +289,7 @@ impl DeviceBuffer {
     /// // SAFETY: `p` is 64 bytes from `mr`, used by nothing, freed by nobody else.
     /// let mut buf = unsafe { DeviceBuffer::from_raw_parts(p, 64, &stream, mr)? };
     /// buf.fill(1)?;
-    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![1; 64]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![1; 64]);
     /// drop(buf);                                        // frees `p` on `stream`
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -365,4 +360,229 @@ pub(super) fn misaligned(base: DevicePtr, mr: &dyn MemoryResource) -> Error {
     Error::invalid(format!(
         "{mr:?} returned {base}, which is not {ALLOCATION_ALIGNMENT}-byte aligned"
     ))
+}
+
+/// The future of [`DeviceBuffer::new`] (and of [`with_alignment`](DeviceBuffer::with_alignment)
+/// and [`with_current_resource`](DeviceBuffer::with_current_resource)): a builder that takes a
+/// [`timeout`](NewBuffer::timeout) or [`deadline`](NewBuffer::deadline) before it is awaited.
+///
+/// Its first poll is the synchronous fast path ([`MemoryResource::try_allocate`]), with no
+/// allocation of its own. When the resource is out of memory, or other requests already wait on
+/// it, it waits as [`MemoryResource::allocate`] does ([`Allocate`](crate::Allocate): FIFO, only
+/// while memory may come back), in a future it boxes then.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] and the other errors of the resource; [`Error::DeviceMismatch`] when
+/// the stream is not on the resource's device; [`Error::Timeout`] when the deadline passes first
+/// (it names the size and the device); [`Error::InvalidArgument`] for a bad alignment.
+///
+/// # Cancel safety
+/// Dropping it before it resolves leaves nothing allocated and no waiter queued.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use streamalloc::{CudaResource, Device, DeviceBuffer, Error, LimitingAdaptor, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+/// let held = DeviceBuffer::new(1024, &stream, mr.clone()).await?;
+/// let late = DeviceBuffer::new(256, &stream, mr).timeout(Duration::from_millis(10)).await;
+/// let Err(e @ Error::Timeout { requested: 256, .. }) = late else { panic!("{late:?}") };
+/// assert!(e.to_string().contains(&format!("256 bytes on {}", device.id())));
+/// drop(held);
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+#[must_use = "futures do nothing unless awaited"]
+pub struct NewBuffer<'a> {
+    stream: &'a Stream,
+    state: NewState,
+    deadline: Option<Instant>,
+}
+
+enum NewState {
+    /// Not polled yet.
+    Start(Request),
+    /// Waiting for memory: the boxed allocation future, and the request it serves.
+    Waiting(BoxFuture<'static, Result<DevicePtr>>, Request),
+    /// Failed before it started (the error), or finished (`None`).
+    Done(Option<Error>),
+}
+
+/// What a [`NewBuffer`] asks for.
+struct Request {
+    mr: SharedResource,
+    /// Bytes of the buffer.
+    bytes: usize,
+    /// A power of two, at least [`ALLOCATION_ALIGNMENT`].
+    alignment: usize,
+}
+
+impl<'a> NewBuffer<'a> {
+    pub(crate) fn new(
+        bytes: usize,
+        alignment: usize,
+        stream: &'a Stream,
+        mr: SharedResource,
+    ) -> Self {
+        debug_assert!(alignment.is_power_of_two() && alignment >= ALLOCATION_ALIGNMENT);
+        NewBuffer {
+            stream,
+            state: NewState::Start(Request {
+                mr,
+                bytes,
+                alignment,
+            }),
+            deadline: None,
+        }
+    }
+
+    /// A future that resolves to `error`.
+    pub(crate) fn failed(error: Error, stream: &'a Stream) -> Self {
+        NewBuffer {
+            stream,
+            state: NewState::Done(Some(error)),
+            deadline: None,
+        }
+    }
+
+    /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, LimitingAdaptor, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    /// let _held = DeviceBuffer::new(1024, &stream, mr.clone()).await?;
+    /// let soon = Instant::now() + Duration::from_millis(10);
+    /// let late = DeviceBuffer::new(512, &stream, mr).deadline(soon).await;
+    /// assert!(matches!(late, Err(streamalloc::Error::Timeout { requested: 512, .. })));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Gives up with [`Error::Timeout`] if the memory is not there within `timeout`, counted
+    /// from this call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device))
+    ///     .timeout(Duration::from_secs(1))
+    ///     .await?;                                  // memory is there: no wait at all
+    /// assert_eq!(buf.len(), 64);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.deadline(Instant::now() + timeout)
+    }
+
+    /// The buffer over `base`, the allocation of `allocated` bytes made for `request`.
+    fn finish(&self, base: DevicePtr, allocated: usize, request: Request) -> Result<DeviceBuffer> {
+        let Request {
+            mr,
+            bytes,
+            alignment,
+        } = request;
+        if alignment == ALLOCATION_ALIGNMENT {
+            return Ok(DeviceBuffer::from_parts(base, bytes, mr, self.stream));
+        }
+        DeviceBuffer::from_aligned(base, allocated, bytes, alignment, mr, self.stream)
+    }
+}
+
+impl Future for NewBuffer<'_> {
+    type Output = Result<DeviceBuffer>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<DeviceBuffer>> {
+        let this = &mut *self;
+        match std::mem::replace(&mut this.state, NewState::Done(None)) {
+            NewState::Done(error) => {
+                Poll::Ready(Err(error.expect("a NewBuffer polled after completion")))
+            }
+            NewState::Start(request) => {
+                if let Err(e) = check_resource(&*request.mr, this.stream) {
+                    return Poll::Ready(Err(e));
+                }
+                let allocated =
+                    match padded_size(request.bytes, request.alignment, this.stream.device()) {
+                        Ok(n) => n,
+                        Err(e) => return Poll::Ready(Err(e)),
+                    };
+                // The fast path, unless others wait already (they go first: FIFO).
+                let queued = request.mr.availability().is_some_and(|a| a.has_waiters());
+                if !queued {
+                    match request.mr.try_allocate(allocated, this.stream) {
+                        Ok(base) => return Poll::Ready(this.finish(base, allocated, request)),
+                        Err(e) if !e.is_out_of_memory() || !can_wait(&*request.mr, allocated) => {
+                            return Poll::Ready(Err(e))
+                        }
+                        Err(_) => {}
+                    }
+                }
+                // Wait as `allocate` does (it tries once more first, in case memory came back
+                // meanwhile).
+                let (mr, stream, deadline) =
+                    (request.mr.clone(), this.stream.clone(), this.deadline);
+                let mut wait: BoxFuture<'static, Result<DevicePtr>> = Box::pin(async move {
+                    let allocate = mr.allocate(allocated, &stream);
+                    match deadline {
+                        Some(d) => allocate.deadline(d).await,
+                        None => allocate.await,
+                    }
+                });
+                match wait.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        this.state = NewState::Waiting(wait, request);
+                        Poll::Pending
+                    }
+                    Poll::Ready(base) => Poll::Ready(this.finish(base?, allocated, request)),
+                }
+            }
+            NewState::Waiting(mut wait, request) => {
+                let Poll::Ready(base) = wait.as_mut().poll(cx) else {
+                    this.state = NewState::Waiting(wait, request);
+                    return Poll::Pending;
+                };
+                let allocated =
+                    padded_size(request.bytes, request.alignment, this.stream.device())?;
+                Poll::Ready(this.finish(base?, allocated, request))
+            }
+        }
+    }
+}
+
+/// Whether a request of `bytes` may wait for memory on `mr`, as [`Allocate`](crate::Allocate)
+/// decides it: `mr` signals availability and the request is within its capacity limit.
+fn can_wait(mr: &dyn MemoryResource, bytes: usize) -> bool {
+    mr.availability().is_some() && mr.capacity_limit().is_none_or(|limit| bytes <= limit)
+}
+
+impl fmt::Debug for NewBuffer<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("NewBuffer");
+        if let NewState::Start(r) | NewState::Waiting(_, r) = &self.state {
+            d.field("bytes", &r.bytes).field("alignment", &r.alignment);
+        }
+        d.field("stream", &self.stream.id())
+            .field("waiting", &matches!(self.state, NewState::Waiting(..)))
+            .field("deadline", &self.deadline)
+            .finish()
+    }
 }

@@ -1,7 +1,9 @@
 //! Work on a buffer's bytes: fills, copies (device to device, to and from the host, deep
 //! clones) and prefetches, each ordered after the uses it must follow.
 
-use super::{CopyFromHost, CopyToHost, DeviceBuffer, HostBuffer};
+use bytemuck::Pod;
+
+use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
 use crate::resource::check_stream;
@@ -25,7 +27,7 @@ impl DeviceBuffer {
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
     /// buf.fill(0xab)?;
-    /// assert_eq!(buf.copy_to_host(vec![0; 8]).await?, vec![0xab; 8]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 8]).await?, vec![0xab; 8]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
@@ -65,7 +67,7 @@ impl DeviceBuffer {
     /// src.fill(2)?;
     /// let mut dst = DeviceBuffer::new(6, &b, mr).await?;
     /// dst.copy_from_device(&src)?;  // on `b`, after `a`'s fill
-    /// assert_eq!(dst.copy_to_host(vec![0; 6]).await?, [2, 2, 2, 2, 0, 0]);
+    /// assert_eq!(dst.copy_to_host(vec![0u8; 6]).await?, [2, 2, 2, 2, 0, 0]);
     /// assert!(src.copy_from_device(&dst).is_err()); // 6 bytes do not fit in 4
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -109,7 +111,7 @@ impl DeviceBuffer {
     /// hand-off and the free come after it.
     ///
     /// # Errors
-    /// The future resolves to [`Error::InvalidArgument`] when `host` is shorter than the
+    /// The future resolves to [`Error::LengthMismatch`] when `host` is shorter than the
     /// buffer; driver errors.
     ///
     /// # Cancel safety
@@ -149,7 +151,7 @@ impl DeviceBuffer {
     /// Enqueued on the owner, after it waits for every recorded read.
     ///
     /// # Errors
-    /// The future resolves to [`Error::InvalidArgument`] when `host` is longer than the
+    /// The future resolves to [`Error::LengthMismatch`] when `host` is longer than the
     /// buffer; driver errors.
     ///
     /// # Cancel safety
@@ -182,6 +184,99 @@ impl DeviceBuffer {
         unsafe { CopyFromHost::start(uses.owner(), self.ptr, self.len, host) }
     }
 
+    /// Copies the bytes in use into the start of the borrowed slice `dst`, staged through an
+    /// owned host buffer.
+    ///
+    /// The copy into the staging buffer is enqueued now, on the owner; the returned
+    /// [`CopyToSlice`] future copies it into `dst` when it resolves. The device never writes
+    /// `dst` itself, so forgetting the future cannot let it write after the borrow ends. For
+    /// large or repeated copies, [`copy_to_host`](DeviceBuffer::copy_to_host) into an owned
+    /// [`PinnedHostVec`](crate::PinnedHostVec) saves the staging copy.
+    ///
+    /// # Stream ordering
+    /// As [`copy_to_host`](DeviceBuffer::copy_to_host).
+    ///
+    /// # Errors
+    /// The future resolves to [`Error::LengthMismatch`] when `dst` holds fewer bytes than the
+    /// buffer; driver errors.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves `dst` untouched; see [`CopyToSlice`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Error, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+    /// buf.fill(0)?;
+    /// let mut out = [1u16; 5];
+    /// buf.copy_to_host_slice(&mut out).await?;
+    /// assert_eq!(out, [0, 0, 0, 0, 1]);             // 8 bytes: 4 elements
+    /// let e = buf.copy_to_host_slice(&mut [0u8; 7]).await.unwrap_err();
+    /// assert!(matches!(e, Error::LengthMismatch { device_len: 8, host_len: 7, .. }));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_to_host_slice<'a, T: Pod>(&self, dst: &'a mut [T]) -> CopyToSlice<'a> {
+        let uses = self.uses.lock();
+        // SAFETY: as in `copy_to_host`: the range lies in the allocation, which is freed, and
+        // written by other streams, only after a point of the owner that follows this copy.
+        unsafe { CopyToSlice::start("copy_to_host_slice", uses.owner(), self.ptr, self.len, dst) }
+    }
+
+    /// Copies all of the borrowed slice `src` into the start of the buffer, staged through an
+    /// owned host buffer.
+    ///
+    /// `src` is copied into the staging buffer now, before the device copy is enqueued on the
+    /// owner, so the returned [`CopyFromSlice`] future borrows nothing and the device never
+    /// reads `src` itself. Work enqueued on the owner afterwards sees the new bytes.
+    ///
+    /// # Stream ordering
+    /// As [`copy_from_host`](DeviceBuffer::copy_from_host).
+    ///
+    /// # Errors
+    /// The future resolves to [`Error::LengthMismatch`] when `src` holds more bytes than the
+    /// buffer; driver errors.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not cancel the copy; see [`CopyFromSlice`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+    /// buf.copy_from_host_slice(&[0.25f64]).await?;
+    /// assert_eq!(buf.copy_to_host(vec![0f64; 1]).await?, [0.25]);
+    /// assert!(buf.copy_from_host_slice(&[0u8; 9]).await.is_err()); // too long
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_from_host_slice<T: Pod>(&mut self, src: &[T]) -> CopyFromSlice {
+        let uses = self.uses.get_mut();
+        if let Err(e) = uses.order_owner_after_readers() {
+            return CopyFromSlice::failed(e);
+        }
+        // SAFETY: as in `copy_from_host`: the range lies in the allocation, which is freed, read
+        // or written by other streams only after a point of the owner that follows this copy;
+        // every recorded read is ordered before it.
+        unsafe {
+            CopyFromSlice::start(
+                "copy_from_host_slice",
+                uses.owner(),
+                self.ptr,
+                self.len,
+                src,
+            )
+        }
+    }
+
     /// A deep copy owned by `stream`, from the same resource, of exactly
     /// [`len`](DeviceBuffer::len) bytes (RMM's `device_buffer` copy constructor).
     ///
@@ -210,7 +305,7 @@ impl DeviceBuffer {
     /// let copy = buf.try_clone_on(&b).await?;
     /// drop(buf);                    // freed on `a` after `b` has copied it
     /// assert_eq!(copy.stream(), b);
-    /// assert_eq!(copy.copy_to_host(vec![0; 32]).await?, vec![4; 32]);
+    /// assert_eq!(copy.copy_to_host(vec![0u8; 32]).await?, vec![4; 32]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
@@ -258,7 +353,7 @@ impl DeviceBuffer {
     /// buf.fill(6)?;
     /// let copy = buf.try_clone().await?;
     /// assert_ne!(copy.ptr(), buf.ptr());
-    /// assert_eq!(copy.copy_to_host(vec![0; 32]).await?, vec![6; 32]);
+    /// assert_eq!(copy.copy_to_host(vec![0u8; 32]).await?, vec![6; 32]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```

@@ -52,7 +52,7 @@ impl DeviceBuffer {
     /// a.enqueue_delay(Duration::from_millis(20))?; // a long "kernel" on `a`
     /// buf.fill(5)?;
     /// buf.set_stream(&b)?;
-    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![5; 64]); // `b` waited
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![5; 64]); // `b` waited
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```

@@ -2,42 +2,76 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Wake, Waker};
 
+use bytemuck::Pod;
+
 use crate::error::{Error, Result};
 use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};
 
-mod sealed {
-    /// Turns an owned heap buffer into raw parts and back. Private: only the types listed in
-    /// this module may be [`HostBuffer`](super::HostBuffer)s.
+mod slice;
+
+pub use slice::{CopyFromSlice, CopyToSlice};
+
+pub(super) mod sealed {
+    use crate::stream::Stream;
+
+    /// Takes an owned host buffer apart and puts it back together. Private: only the types
+    /// listed in this crate may be [`HostBuffer`](super::HostBuffer)s.
     pub trait Sealed: Sized {
+        /// The buffer taken apart: it owns the memory but never frees it when dropped (a
+        /// dropped `Raw` leaks), the safe default when it is unknown whether the device is done.
+        type Raw: Send + 'static;
+
         /// The number of bytes the buffer holds.
         fn byte_len(&self) -> usize;
 
-        /// Gives up ownership: (address, length, capacity). The address stays valid until
-        /// `from_raw_parts` rebuilds the value.
-        fn into_raw_parts(self) -> (*mut u8, usize, usize);
+        /// Whether the device's copy engines reach the memory directly (page-locked or managed
+        /// memory): a copy then goes straight to the driver's async copy, which returns at once;
+        /// pageable memory is staged by the CUDA backend instead.
+        fn page_locked(&self) -> bool;
+
+        /// Gives up ownership. The address stays valid until `from_raw` rebuilds the value.
+        fn into_raw(self) -> Self::Raw;
+
+        /// The address of the first byte.
+        fn raw_addr(raw: &Self::Raw) -> u64;
 
         /// Rebuilds the value.
         ///
         /// # Safety
-        /// 1. The parts came from `into_raw_parts` of `Self` and are used once.
-        /// 2. Nothing else accesses the bytes any more.
-        unsafe fn from_raw_parts(ptr: *mut u8, len: usize, cap: usize) -> Self;
+        /// 1. `raw` came from `into_raw` of `Self`.
+        /// 2. The device no longer accesses the bytes.
+        unsafe fn from_raw(raw: Self::Raw) -> Self;
+
+        /// Frees the buffer once `stream` has passed every copy enqueued on it so far, without
+        /// blocking on the device where it can, and without freeing under the device if that
+        /// cannot be arranged (it leaks instead, and defers the error to the device).
+        ///
+        /// # Safety
+        /// 1. `raw` came from `into_raw` of `Self`.
+        /// 2. Every device access to the bytes is ordered before this point of `stream`.
+        unsafe fn release_after(raw: Self::Raw, stream: &Stream);
     }
 }
 
-/// Host memory that an async copy may own while the device reads or writes it: `Vec<u8>` and
-/// `Box<[u8]>`.
+/// Host memory that an async copy may own while the device reads or writes it: `Vec<T>`,
+/// `Box<[T]>` and [`PinnedHostVec<T>`](crate::PinnedHostVec), for any [`bytemuck::Pod`]
+/// element type `T`.
 ///
-/// Both keep their bytes on the heap, so the address the device uses does not change when the
-/// value moves into and out of a copy future. The trait is sealed: arrays and other types whose
-/// bytes move with the value (or that are not uniquely owned) cannot implement it.
+/// Each keeps its elements on the heap, so the address the device uses does not change when the
+/// value moves into and out of a copy future. Lengths are `len * size_of::<T>()` bytes; copies
+/// move bytes, so a `Vec<f32>` receives a buffer's bytes with no conversion. The trait is
+/// sealed: arrays and other types whose bytes move with the value (or that are not uniquely
+/// owned) cannot implement it.
+///
+/// A `Vec` or `Box` is pageable memory: on CUDA the copy is staged through the stream's own
+/// page-locked buffer. A [`PinnedHostVec`](crate::PinnedHostVec) is copied directly, truly
+/// asynchronously.
 ///
 /// # Examples
 ///
@@ -47,83 +81,146 @@ mod sealed {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
-/// let boxed: Box<[u8]> = vec![1, 2, 3, 4].into_boxed_slice();
+/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)).await?;
+/// let boxed: Box<[f32]> = vec![1.0, 2.0, 3.0, 4.0].into_boxed_slice();
 /// let boxed = buf.copy_from_host(boxed).await?;      // handed back when the copy is done
-/// let back = buf.copy_to_host(vec![0u8; 4]).await?;
+/// let back = buf.copy_to_host(vec![0f32; 4]).await?; // 16 bytes, read as 4 floats
 /// assert_eq!(&back[..], &boxed[..]);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
-pub trait HostBuffer: sealed::Sealed + Send + Unpin + 'static {}
-
-impl sealed::Sealed for Vec<u8> {
-    fn byte_len(&self) -> usize {
-        self.len()
-    }
-
-    fn into_raw_parts(self) -> (*mut u8, usize, usize) {
-        let mut v = ManuallyDrop::new(self);
-        (v.as_mut_ptr(), v.len(), v.capacity())
-    }
-
-    unsafe fn from_raw_parts(ptr: *mut u8, len: usize, cap: usize) -> Self {
-        // SAFETY: by the caller's contract the parts came from `into_raw_parts` above, i.e.
-        // from a `Vec<u8>` that was never dropped.
-        unsafe { Vec::from_raw_parts(ptr, len, cap) }
-    }
+pub trait HostBuffer: sealed::Sealed + Send + 'static {
+    /// The element type; the buffer holds `len` of them, `len * size_of::<Elem>()` bytes.
+    type Elem: Pod;
 }
 
-impl HostBuffer for Vec<u8> {}
-
-impl sealed::Sealed for Box<[u8]> {
-    fn byte_len(&self) -> usize {
-        self.len()
-    }
-
-    fn into_raw_parts(self) -> (*mut u8, usize, usize) {
-        let len = self.len();
-        (Box::into_raw(self).cast::<u8>(), len, len)
-    }
-
-    unsafe fn from_raw_parts(ptr: *mut u8, len: usize, _cap: usize) -> Self {
-        // SAFETY: by the caller's contract the parts came from `Box::into_raw` of a `Box<[u8]>`
-        // of `len` bytes, rebuilt once.
-        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) }
-    }
-}
-
-impl HostBuffer for Box<[u8]> {}
-
-/// A host buffer taken apart while the device may access its bytes. Dropping it leaks the
-/// buffer (it has no `Drop`): leaking is the safe default when it is unknown whether the
-/// device is done.
-struct RawHost<B> {
-    ptr: *mut u8,
+/// A `Vec<T>` or `Box<[T]>` taken apart: address, length and capacity in elements.
+#[derive(Debug)]
+pub struct RawHeap<T> {
+    ptr: *mut T,
     len: usize,
     cap: usize,
-    _owns: PhantomData<B>,
 }
 
-// SAFETY: a `RawHost<B>` is the unique owner of a `B`'s heap bytes (it was taken apart by value);
-// sending it sends that ownership, which is sound because `B: Send`.
-unsafe impl<B: Send> Send for RawHost<B> {}
-// SAFETY: `&RawHost` gives access to nothing but the address as a number and the length.
-unsafe impl<B: Sync> Sync for RawHost<B> {}
+// SAFETY: a `RawHeap<T>` is the unique owner of a `Vec<T>`'s or `Box<[T]>`'s elements (it was
+// taken apart by value); sending it sends that ownership, which is sound because `T: Send`.
+unsafe impl<T: Send> Send for RawHeap<T> {}
+
+/// Hands the value rebuilt from `raw` to a host function on `stream`, which drops it once the
+/// stream has passed every copy enqueued on it so far. If that cannot be enqueued the value is
+/// leaked, never freed under the device. Never blocks. Only for buffers whose drop makes no
+/// driver call (host functions must not call the driver).
+///
+/// # Safety
+/// As [`Sealed::release_after`](sealed::Sealed::release_after).
+unsafe fn drop_in_host_fn<B: sealed::Sealed>(raw: B::Raw, stream: &Stream) {
+    let release = move || {
+        // SAFETY: this host function runs once `stream` has reached it, after every device
+        // access to the bytes (the caller's contract, 2); `raw` came from `B::into_raw` (1).
+        drop(unsafe { B::from_raw(raw) });
+    };
+    if let Err(e) = stream.launch_host_fn(release) {
+        // The closure, and with it the raw parts, is dropped: the buffer leaks.
+        tracing::warn!(error = %e, "leaking a host buffer whose copy may still be running");
+        stream.device().defer_error(e);
+    }
+}
+
+impl<T: Pod + Send> sealed::Sealed for Vec<T> {
+    type Raw = RawHeap<T>;
+
+    fn byte_len(&self) -> usize {
+        std::mem::size_of_val(self.as_slice())
+    }
+
+    fn page_locked(&self) -> bool {
+        false
+    }
+
+    fn into_raw(self) -> RawHeap<T> {
+        let mut v = ManuallyDrop::new(self);
+        RawHeap {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+            cap: v.capacity(),
+        }
+    }
+
+    fn raw_addr(raw: &RawHeap<T>) -> u64 {
+        raw.ptr as u64
+    }
+
+    unsafe fn from_raw(raw: RawHeap<T>) -> Self {
+        // SAFETY: by the caller's contract the parts came from `into_raw` above, i.e. from a
+        // `Vec<T>` that was never dropped; length and capacity are in elements, as taken.
+        unsafe { Vec::from_raw_parts(raw.ptr, raw.len, raw.cap) }
+    }
+
+    unsafe fn release_after(raw: RawHeap<T>, stream: &Stream) {
+        // SAFETY: forwarded from the caller; dropping a `Vec` makes no driver call.
+        unsafe { drop_in_host_fn::<Self>(raw, stream) }
+    }
+}
+
+impl<T: Pod + Send> HostBuffer for Vec<T> {
+    type Elem = T;
+}
+
+impl<T: Pod + Send> sealed::Sealed for Box<[T]> {
+    type Raw = RawHeap<T>;
+
+    fn byte_len(&self) -> usize {
+        std::mem::size_of_val(&**self)
+    }
+
+    fn page_locked(&self) -> bool {
+        false
+    }
+
+    fn into_raw(self) -> RawHeap<T> {
+        let len = self.len();
+        RawHeap {
+            ptr: Box::into_raw(self).cast::<T>(),
+            len,
+            cap: len,
+        }
+    }
+
+    fn raw_addr(raw: &RawHeap<T>) -> u64 {
+        raw.ptr as u64
+    }
+
+    unsafe fn from_raw(raw: RawHeap<T>) -> Self {
+        // SAFETY: by the caller's contract the parts came from `Box::into_raw` of a `Box<[T]>`
+        // of `len` elements, rebuilt once.
+        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw.ptr, raw.len)) }
+    }
+
+    unsafe fn release_after(raw: RawHeap<T>, stream: &Stream) {
+        // SAFETY: forwarded from the caller; dropping a `Box` makes no driver call.
+        unsafe { drop_in_host_fn::<Self>(raw, stream) }
+    }
+}
+
+impl<T: Pod + Send> HostBuffer for Box<[T]> {
+    type Elem = T;
+}
+
+/// A host buffer taken apart while the device may access its bytes. Dropping it leaks the
+/// buffer (see [`Sealed::Raw`](sealed::Sealed::Raw)).
+struct RawHost<B: HostBuffer> {
+    raw: B::Raw,
+}
 
 impl<B: HostBuffer> RawHost<B> {
     fn new(host: B) -> Self {
-        let (ptr, len, cap) = host.into_raw_parts();
         RawHost {
-            ptr,
-            len,
-            cap,
-            _owns: PhantomData,
+            raw: host.into_raw(),
         }
     }
 
     fn addr(&self) -> u64 {
-        self.ptr as u64
+        B::raw_addr(&self.raw)
     }
 
     /// Rebuilds the buffer.
@@ -132,26 +229,18 @@ impl<B: HostBuffer> RawHost<B> {
     /// The device no longer accesses the bytes: every copy enqueued on them has completed (or
     /// none was enqueued).
     unsafe fn reclaim(self) -> B {
-        // SAFETY: the parts came from `B::into_raw_parts` in `new` and `self` is consumed, so they
+        // SAFETY: the parts came from `B::into_raw` in `new` and `self` is consumed, so they
         // are used once; the caller guarantees the device is done with the bytes.
-        unsafe { B::from_raw_parts(self.ptr, self.len, self.cap) }
+        unsafe { B::from_raw(self.raw) }
     }
 }
 
-/// Hands `host` to a host function on `stream` that drops it once the stream has passed every
-/// copy enqueued on it so far. If that cannot be enqueued the buffer is leaked, never freed under
-/// the device. Never blocks.
+/// Frees `host` once `stream` has passed every copy enqueued on it so far (or leaks it). Never
+/// blocks on the device, except where the resource of a pinned buffer's own free does.
 fn release_after<B: HostBuffer>(stream: &Stream, host: RawHost<B>) {
-    let release = move || {
-        // SAFETY: this host function runs once `stream` has reached it, after the copy that was
-        // enqueued on `stream` before it.
-        drop(unsafe { host.reclaim() });
-    };
-    if let Err(e) = stream.launch_host_fn(release) {
-        // The closure, and with it the `RawHost`, is dropped: the buffer leaks.
-        tracing::warn!(error = %e, "leaking a host buffer whose copy may still be running");
-        stream.device().defer_error(e);
-    }
+    // SAFETY: the raw parts came from `B::into_raw` (`RawHost::new`); every copy on the bytes
+    // was enqueued on `stream` (the transfer's only stream) before this point.
+    unsafe { B::release_after(host.raw, stream) }
 }
 
 /// Watches the event after a copy whose future was dropped before the copy completed, and hands
@@ -191,7 +280,7 @@ impl Wake for DroppedCopy {
     }
 }
 
-enum State<B> {
+enum State<B: HostBuffer> {
     /// Nothing is in flight: the result is known.
     Ready(Option<Result<B>>),
     /// A copy is enqueued; `done` completes after it.
@@ -207,6 +296,10 @@ struct HostTransfer<B: HostBuffer> {
     state: State<B>,
     bytes: usize,
 }
+
+// Nothing is ever pinned through a transfer: its futures poll it by `&mut`, and the host
+// buffer inside is moved out whole. So it is `Unpin` even for element types that are not.
+impl<B: HostBuffer> Unpin for HostTransfer<B> {}
 
 impl<B: HostBuffer> HostTransfer<B> {
     fn ready(result: Result<B>, bytes: usize) -> Self {
@@ -326,7 +419,7 @@ impl<B: HostBuffer> fmt::Debug for HostTransfer<B> {
 /// and every later write are ordered after the copy.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when the host buffer is shorter than the device buffer (the host
+/// [`Error::LengthMismatch`] when the host buffer is shorter than the device buffer (the host
 /// buffer is then dropped: nothing was enqueued); driver errors when enqueuing or waiting fails
 /// (the host buffer is then dropped once the stream has passed the copy, or leaked).
 ///
@@ -369,21 +462,34 @@ impl<B: HostBuffer> CopyToHost<B> {
     pub(crate) unsafe fn start(stream: &Stream, src: DevicePtr, bytes: usize, host: B) -> Self {
         let host_len = host.byte_len();
         if host_len < bytes {
-            let e = Error::invalid(format!(
-                "copy_to_host: the device buffer holds {bytes} bytes, the host buffer only \
-                 {host_len}"
-            ));
-            return CopyToHost {
-                transfer: HostTransfer::ready(Err(e), bytes),
-            };
+            return CopyToHost::failed(Error::LengthMismatch {
+                call: "copy_to_host",
+                device_len: bytes,
+                host_len,
+                unit: "bytes",
+            });
         }
+        let page_locked = host.page_locked();
         let transfer = HostTransfer::start(stream, host, bytes, |dst| {
             // SAFETY: `dst` is the start of the host buffer, at least `bytes` long (checked
             // above), owned by the transfer until an event after this copy completes; `src` is
             // valid and not written concurrently by this function's contract.
-            unsafe { stream.raw().copy_pageable(dst, src.addr(), bytes, true) }
+            unsafe {
+                if page_locked {
+                    stream.raw().copy(dst, src.addr(), bytes)
+                } else {
+                    stream.raw().copy_pageable(dst, src.addr(), bytes, true)
+                }
+            }
         });
         CopyToHost { transfer }
+    }
+
+    /// A future that resolves to `error`; the host buffer was dropped (nothing was enqueued).
+    pub(crate) fn failed(error: Error) -> Self {
+        CopyToHost {
+            transfer: HostTransfer::ready(Err(error), 0),
+        }
     }
 }
 
@@ -412,7 +518,7 @@ impl<B: HostBuffer> fmt::Debug for CopyToHost<B> {
 /// not the future is awaited.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when the host buffer is longer than the device buffer (the host
+/// [`Error::LengthMismatch`] when the host buffer is longer than the device buffer (the host
 /// buffer is then dropped: nothing was enqueued); driver errors when enqueuing or waiting fails
 /// (the host buffer is then dropped once the stream has passed the copy, or leaked).
 ///
@@ -453,19 +559,25 @@ impl<B: HostBuffer> CopyFromHost<B> {
     pub(crate) unsafe fn start(stream: &Stream, dst: DevicePtr, capacity: usize, host: B) -> Self {
         let bytes = host.byte_len();
         if bytes > capacity {
-            let e = Error::invalid(format!(
-                "copy_from_host: the host buffer holds {bytes} bytes, the device buffer only \
-                 {capacity}"
-            ));
-            return CopyFromHost {
-                transfer: HostTransfer::ready(Err(e), bytes),
-            };
+            return CopyFromHost::failed(Error::LengthMismatch {
+                call: "copy_from_host",
+                device_len: capacity,
+                host_len: bytes,
+                unit: "bytes",
+            });
         }
+        let page_locked = host.page_locked();
         let transfer = HostTransfer::start(stream, host, bytes, |src| {
             // SAFETY: `src` is the start of the host buffer, `bytes` long, owned by the transfer
             // until an event after this copy completes; `dst` holds at least `bytes` (checked
             // above) and is not accessed concurrently by this function's contract.
-            unsafe { stream.raw().copy_pageable(dst.addr(), src, bytes, false) }
+            unsafe {
+                if page_locked {
+                    stream.raw().copy(dst.addr(), src, bytes)
+                } else {
+                    stream.raw().copy_pageable(dst.addr(), src, bytes, false)
+                }
+            }
         });
         CopyFromHost { transfer }
     }

@@ -10,21 +10,32 @@
 
 mod alloc;
 mod copy;
+#[cfg(feature = "cuda-driver")]
+mod cudarc;
 mod guard;
 mod handoff;
 mod host_copy;
 mod host_kernel;
+mod pinned;
 mod resize;
+mod scalar;
 mod uses;
+mod vec;
+mod view;
 
 use std::fmt;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
+pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
-pub use host_copy::{CopyFromHost, CopyToHost, HostBuffer};
+pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 pub use host_kernel::{HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape};
+pub use pinned::PinnedHostVec;
+pub use scalar::DeviceScalar;
+pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};
+pub use view::BufferView;
 
 use crate::device::Device;
 use crate::resource::{into_shared, CudaResource, DevicePtr, MemoryResource, SharedResource};

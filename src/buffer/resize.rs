@@ -35,10 +35,10 @@ impl DeviceBuffer {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
-    /// buf.copy_from_host(vec![1, 2, 3, 4]).await?;
+    /// buf.copy_from_host(vec![1u8, 2, 3, 4]).await?;
     /// buf.resize(8).await?;                   // grows: reallocates and copies
     /// assert_eq!(buf.capacity(), 8);
-    /// assert_eq!(&buf.copy_to_host(vec![0; 8]).await?[..4], &[1, 2, 3, 4]);
+    /// assert_eq!(&buf.copy_to_host(vec![0u8; 8]).await?[..4], &[1, 2, 3, 4]);
     /// buf.resize(2).await?;                   // shrinks: only the size changes
     /// assert_eq!((buf.len(), buf.capacity()), (2, 8));
     /// # Ok::<(), streamalloc::Error>(())

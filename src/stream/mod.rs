@@ -1,6 +1,8 @@
 //! Streams and their events, and a round-robin set of streams. Events resolve through the
 //! device's completion driver ([`crate::device::notify`]).
 
+#[cfg(feature = "cuda-driver")]
+mod cudarc;
 mod event;
 mod round_robin;
 
@@ -109,7 +111,7 @@ impl Stream {
     /// let mut buf = DeviceBuffer::new(64, &legacy, CudaResource::new(&device)).await?;
     /// buf.fill(3)?;                  // on the legacy stream
     /// buf.set_stream(&mine)?;        // `mine` waits for it
-    /// assert_eq!(buf.copy_to_host(vec![0; 64]).await?, vec![3; 64]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![3; 64]);
     /// legacy.synchronize().await?;
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();

@@ -5,6 +5,7 @@
 
 pub mod arena_suite;
 pub mod buffer_suite;
+pub mod container_suite;
 pub mod deferred_suite;
 pub mod huge_sizes;
 pub mod pool_suite;

@@ -6,6 +6,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod compute;
 mod kernels;
 
 use std::sync::Arc;
@@ -37,6 +38,7 @@ resource_suite!(host_resource, gpu(), |d| Arc::new(HostResource::new(d)), #[igno
 resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(d), #[ignore = "needs a CUDA device"]);
 
 buffer_suite!(buffers, gpu(), #[ignore = "needs a CUDA device"]);
+container_suite!(containers, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
 deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d)), #[ignore = "needs a CUDA device"]);

@@ -39,6 +39,7 @@ resource_suite!(current_device_resource, host(), |d| {
 });
 
 buffer_suite!(buffers, host());
+container_suite!(containers, host());
 huge_sizes_suite!(huge_sizes, host());
 
 /// With no capacity to refuse them first, huge requests reach the host backend's own size

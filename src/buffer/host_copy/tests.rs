@@ -94,3 +94,181 @@ fn a_dropped_copy_that_succeeds_defers_nothing() {
         assert_eq!(device.deferred_error_count(), 0, "{strategy:?}");
     }
 }
+
+fn buffer_64(device: &Device, stream: &Stream) -> DeviceBuffer {
+    DeviceBuffer::try_new(64, stream, CudaResource::new(device)).unwrap()
+}
+
+#[test]
+fn typed_vectors_and_boxes_copy_with_no_byte_conversion() {
+    let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
+    let sent: Vec<f32> = (0..16).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let sent = block_on(buf.copy_from_host(sent)).unwrap();
+    assert_eq!(block_on(buf.copy_to_host(vec![0f32; 16])).unwrap(), sent);
+    let words = block_on(buf.copy_to_host(vec![0u32; 16].into_boxed_slice())).unwrap();
+    let expected: Vec<u32> = sent.iter().map(|x| x.to_bits()).collect();
+    assert_eq!(&words[..], &expected[..]);
+    let longs: Box<[u64]> = (0..8u64).map(|i| i << 40 | i).collect();
+    let longs = block_on(buf.copy_from_host(longs)).unwrap();
+    assert_eq!(
+        block_on(buf.copy_to_host(vec![0u64; 8])).unwrap(),
+        &longs[..]
+    );
+}
+
+#[test]
+fn raw_parts_keep_element_length_and_capacity() {
+    let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
+    let mut sent: Vec<u64> = Vec::with_capacity(100);
+    sent.extend(0..8u64); // 64 bytes
+    let cap = sent.capacity();
+    let mut sent = block_on(buf.copy_from_host(sent)).unwrap();
+    assert_eq!((sent.len(), sent.capacity()), (8, cap));
+    sent.extend(8..100u64); // within the capacity: wrong parts would corrupt the heap here
+    let mut back: Vec<u32> = Vec::with_capacity(40);
+    back.resize(16, 0);
+    let cap = back.capacity();
+    let mut back = block_on(buf.copy_to_host(back)).unwrap();
+    assert_eq!((back.len(), back.capacity()), (16, cap));
+    assert_eq!(&back[..4], &[0, 0, 1, 0]);
+    back.resize(40, 9);
+}
+
+#[test]
+fn length_mismatches_name_both_lengths_in_bytes() {
+    let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
+    let e = block_on(buf.copy_to_host(vec![0f32; 15])).unwrap_err();
+    assert_eq!(
+        e,
+        Error::LengthMismatch {
+            call: "copy_to_host",
+            device_len: 64,
+            host_len: 60,
+            unit: "bytes"
+        }
+    );
+    let e = block_on(buf.copy_from_host(vec![0u32; 17])).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                call: "copy_from_host",
+                device_len: 64,
+                host_len: 68,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = block_on(buf.copy_to_host_slice(&mut [0u16; 31])).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                call: "copy_to_host_slice",
+                device_len: 64,
+                host_len: 62,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = block_on(buf.copy_from_host_slice(&[0u64; 9])).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                call: "copy_from_host_slice",
+                device_len: 64,
+                host_len: 72,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("64 bytes") && e.to_string().contains("72 bytes"),
+        "{e}"
+    );
+}
+
+#[test]
+fn borrowed_slices_round_trip() {
+    let device = Device::host_with(HostConfig::default());
+    let stream = Stream::new(&device).unwrap();
+    let mut buf = buffer_64(&device, &stream);
+    let sent: Vec<i16> = (0..32).map(|i| i * 1000 - 16000).collect();
+    block_on(buf.copy_from_host_slice(&sent)).unwrap();
+    let mut back = [0i16; 32];
+    block_on(buf.copy_to_host_slice(&mut back)).unwrap();
+    assert_eq!(&back[..], &sent[..]);
+    // A longer slice gets the buffer's bytes at its start; the rest is untouched.
+    let mut longer = [7i16; 40];
+    block_on(buf.copy_to_host_slice(&mut longer)).unwrap();
+    assert_eq!(&longer[..32], &sent[..]);
+    assert_eq!(&longer[32..], &[7; 8]);
+    // A shorter source fills the buffer's start.
+    block_on(buf.copy_from_host_slice(&[1u8, 2])).unwrap();
+    let bytes = block_on(buf.copy_to_host(vec![0u8; 64])).unwrap();
+    assert_eq!(
+        &bytes[..4],
+        &[1, 2, sent[1].to_le_bytes()[0], sent[1].to_le_bytes()[1]]
+    );
+}
+
+#[test]
+fn copy_from_host_slice_takes_the_bytes_at_the_call() {
+    let device = Device::host_with(HostConfig::default());
+    let stream = Stream::new(&device).unwrap();
+    let mut buf = buffer_64(&device, &stream);
+    stream.enqueue_delay(Duration::from_millis(50)).unwrap();
+    let mut src = vec![1u8; 64];
+    let copy = buf.copy_from_host_slice(&src);
+    src.fill(2); // the stream has not reached the copy yet
+    drop(src);
+    block_on(copy).unwrap();
+    assert_eq!(
+        block_on(buf.copy_to_host(vec![0u8; 64])).unwrap(),
+        [1u8; 64]
+    );
+}
+
+#[test]
+fn a_forgotten_copy_to_host_slice_never_writes_the_slice() {
+    let device = Device::host_with(HostConfig::default());
+    let stream = Stream::new(&device).unwrap();
+    let mut buf = buffer_64(&device, &stream);
+    buf.fill(9).unwrap();
+    stream.enqueue_delay(Duration::from_millis(30)).unwrap();
+    let mut dst = vec![0u8; 64];
+    std::mem::forget(buf.copy_to_host_slice(&mut dst));
+    // The borrow has ended: the memory is the caller's again, and the device must not write it.
+    stream.synchronize_blocking().unwrap();
+    assert_eq!(dst, [0u8; 64]);
+    // A dropped one neither, and its copy still runs to the end.
+    drop(buf.copy_to_host_slice(&mut dst));
+    stream.synchronize_blocking().unwrap();
+    assert_eq!(dst, [0u8; 64]);
+    assert_eq!(device.deferred_error_count(), 0);
+}
+
+#[test]
+fn an_awaited_copy_to_host_slice_fills_it_after_the_device_work() {
+    for strategy in STRATEGIES {
+        let (_device, stream, mut buf) = setup(strategy);
+        stream.enqueue_delay(Duration::from_millis(20)).unwrap();
+        buf.fill(5).unwrap();
+        let mut dst = [0u8; 64];
+        block_on(buf.copy_to_host_slice(&mut dst)).unwrap();
+        assert_eq!(dst, [5u8; 64], "{strategy:?}");
+    }
+}
+
+#[test]
+fn a_failed_copy_to_host_slice_leaves_the_slice_alone() {
+    let (device, _stream, buf) = setup(CompletionStrategy::Poller);
+    device.host_controls().unwrap().fail_next_copies(1);
+    let mut dst = [3u8; 64];
+    assert_injected_copy_failure(block_on(buf.copy_to_host_slice(&mut dst)).err());
+    assert_eq!(dst, [3u8; 64]);
+}

@@ -1,0 +1,208 @@
+//! Copies to and from borrowed host slices, staged through owned memory so that a forgotten
+//! future can never let the device touch a borrow that has ended.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytemuck::Pod;
+
+use super::{CopyFromHost, CopyToHost};
+use crate::error::{Error, Result};
+use crate::resource::DevicePtr;
+use crate::stream::Stream;
+
+/// The future of [`DeviceBuffer::copy_to_host_slice`](crate::DeviceBuffer::copy_to_host_slice):
+/// resolves once the device's bytes are in the borrowed slice.
+///
+/// The copy is enqueued when the future is made, into an owned staging buffer; the future
+/// copies the staging buffer into the slice when it resolves. The device never writes the
+/// slice itself, so forgetting the future (`mem::forget`), which ends the borrow without
+/// running any code, cannot let the device write into memory the caller got back.
+///
+/// # Errors
+/// [`Error::LengthMismatch`] when the slice is shorter than the device data (nothing was
+/// enqueued); driver errors.
+///
+/// # Cancel safety
+/// Dropping the future leaves the slice as it was (or filled, if it resolved); the copy into
+/// the staging buffer still runs, and the staging buffer is freed after it, as for
+/// [`CopyToHost`]. Forgetting it leaks the staging buffer.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+/// buf.copy_from_host_slice(&[1.5f32, -2.0]).await?;
+/// let mut out = [0f32; 2];
+/// buf.copy_to_host_slice(&mut out).await?;
+/// assert_eq!(out, [1.5, -2.0]);
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+#[must_use = "the slice is filled only by awaiting the future"]
+pub struct CopyToSlice<'a> {
+    staged: CopyToHost<Vec<u8>>,
+    /// The slice's bytes that receive the copy: exactly as many as were staged.
+    dst: Option<&'a mut [u8]>,
+}
+
+impl<'a> CopyToSlice<'a> {
+    /// Enqueues a copy of `bytes` from `src` into a staging buffer on `stream`; the future
+    /// fills the first `bytes` bytes of `dst` from it when it resolves.
+    ///
+    /// # Safety
+    /// As [`CopyToHost::start`]: `src..src + bytes` is device memory that is freed, and written
+    /// by other streams, only after work on `stream` enqueued now has completed.
+    pub(crate) unsafe fn start<T: Pod>(
+        call: &'static str,
+        stream: &Stream,
+        src: DevicePtr,
+        bytes: usize,
+        dst: &'a mut [T],
+    ) -> Self {
+        let dst: &'a mut [u8] = bytemuck::cast_slice_mut(dst);
+        if dst.len() < bytes {
+            return Self::failed(Error::LengthMismatch {
+                call,
+                device_len: bytes,
+                host_len: dst.len(),
+                unit: "bytes",
+            });
+        }
+        // SAFETY: forwarded from the caller; the staging buffer holds exactly `bytes`.
+        let staged = unsafe { CopyToHost::start(stream, src, bytes, vec![0u8; bytes]) };
+        CopyToSlice {
+            staged,
+            dst: Some(&mut dst[..bytes]),
+        }
+    }
+
+    /// A future that resolves to `error`; nothing was enqueued.
+    pub(crate) fn failed(error: Error) -> Self {
+        CopyToSlice {
+            staged: CopyToHost::failed(error),
+            dst: None,
+        }
+    }
+}
+
+impl Future for CopyToSlice<'_> {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        let staged = ready!(Pin::new(&mut this.staged).poll(cx))?;
+        if let Some(dst) = this.dst.take() {
+            dst.copy_from_slice(&staged);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl fmt::Debug for CopyToSlice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CopyToSlice")
+            .field("staged", &self.staged)
+            .field("bytes", &self.dst.as_ref().map(|d| d.len()))
+            .finish()
+    }
+}
+
+/// The future of
+/// [`DeviceBuffer::copy_from_host_slice`](crate::DeviceBuffer::copy_from_host_slice): resolves
+/// once the slice's bytes, copied into a staging buffer when the future was made, have reached
+/// the device.
+///
+/// The slice is read synchronously, before the copy is enqueued, so the future borrows
+/// nothing: the slice may be changed or dropped at once, and work enqueued on the owner
+/// afterwards sees the bytes as they were at the call.
+///
+/// # Errors
+/// [`Error::LengthMismatch`] when the slice is longer than the device memory (nothing was
+/// enqueued); driver errors.
+///
+/// # Cancel safety
+/// As [`CopyFromHost`]: dropping the future does not cancel the copy; the staging buffer is
+/// freed after it. Forgetting it leaks the staging buffer.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+/// let mut data = vec![7u32, 9];
+/// let copy = buf.copy_from_host_slice(&data);
+/// data[0] = 0;                               // the copy took the bytes already
+/// copy.await?;
+/// assert_eq!(buf.copy_to_host(vec![0u32; 2]).await?, [7, 9]);
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+#[must_use = "the copy is enqueued, but its outcome is known only by awaiting the future"]
+pub struct CopyFromSlice {
+    staged: CopyFromHost<Vec<u8>>,
+}
+
+impl CopyFromSlice {
+    /// Copies `src` into a staging buffer, then enqueues its copy to the start of `dst`
+    /// (`capacity` bytes) on `stream`.
+    ///
+    /// # Safety
+    /// As [`CopyFromHost::start`]: `dst..dst + capacity` is device memory that is freed, read
+    /// or written by other streams only after work on `stream` enqueued now has completed.
+    pub(crate) unsafe fn start<T: Pod>(
+        call: &'static str,
+        stream: &Stream,
+        dst: DevicePtr,
+        capacity: usize,
+        src: &[T],
+    ) -> Self {
+        let src: &[u8] = bytemuck::cast_slice(src);
+        if src.len() > capacity {
+            return Self::failed(Error::LengthMismatch {
+                call,
+                device_len: capacity,
+                host_len: src.len(),
+                unit: "bytes",
+            });
+        }
+        // SAFETY: forwarded from the caller; the staging buffer is no longer than `capacity`.
+        let staged = unsafe { CopyFromHost::start(stream, dst, capacity, src.to_vec()) };
+        CopyFromSlice { staged }
+    }
+
+    /// A future that resolves to `error`; nothing was enqueued.
+    pub(crate) fn failed(error: Error) -> Self {
+        CopyFromSlice {
+            staged: CopyFromHost::failed(error),
+        }
+    }
+}
+
+impl Future for CopyFromSlice {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        ready!(Pin::new(&mut self.get_mut().staged).poll(cx))?;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl fmt::Debug for CopyFromSlice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CopyFromSlice")
+            .field("staged", &self.staged)
+            .finish()
+    }
+}

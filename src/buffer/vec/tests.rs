@@ -1,0 +1,180 @@
+use std::sync::mpsc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+
+use crate::{
+    CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, LimitingAdaptor, Stream,
+};
+
+/// A fresh host device: its own memory accounting, so tests can check what is allocated.
+fn device() -> Device {
+    Device::host_with(HostConfig::default())
+}
+
+fn allocated(device: &Device) -> usize {
+    device.host_controls().unwrap().allocated_bytes()
+}
+
+/// Blocks `stream` until the returned sender is dropped.
+fn gate(stream: &Stream) -> mpsc::Sender<()> {
+    let (open, wait) = mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = wait.recv();
+        })
+        .unwrap();
+    open
+}
+
+fn invalid(e: &Error) -> String {
+    match e {
+        Error::InvalidArgument(msg) => msg.clone(),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn len_and_bytes_agree() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let v = DeviceVec::<f32>::try_new(10, &s, CudaResource::new(&device)).unwrap();
+    assert_eq!((v.len(), v.capacity(), v.as_buffer().len()), (10, 10, 40));
+    assert_eq!(allocated(&device), 40);
+    drop(v);
+    block_on(s.synchronize()).unwrap();
+    assert_eq!(allocated(&device), 0);
+}
+
+#[test]
+fn byte_size_overflow_is_an_error_with_the_numbers_and_allocates_nothing() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let n = usize::MAX / 8 + 1;
+    let e = DeviceVec::<u64>::try_new(n, &s, mr.clone()).unwrap_err();
+    let msg = invalid(&e);
+    assert!(
+        msg.contains(&n.to_string()) && msg.contains("8 bytes"),
+        "{msg}"
+    );
+    let e = block_on(DeviceVec::<u64>::new(n, &s, mr.clone())).unwrap_err();
+    assert!(invalid(&e).contains(&n.to_string()));
+    let e = block_on(DeviceVec::<u64>::zeroed(n, &s, mr)).unwrap_err();
+    invalid(&e);
+    assert_eq!(allocated(&device), 0);
+}
+
+#[test]
+fn zero_sized_elements_are_an_error() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    invalid(&DeviceVec::<()>::try_new(0, &s, mr.clone()).unwrap_err());
+    invalid(&block_on(DeviceVec::<()>::new(3, &s, mr.clone())).unwrap_err());
+    let buf = DeviceBuffer::try_new(8, &s, mr).unwrap();
+    invalid(&DeviceVec::<()>::from_buffer(buf).unwrap_err());
+}
+
+#[test]
+fn zero_length_works() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let mut v = block_on(DeviceVec::<u32>::zeroed(0, &s, mr.clone())).unwrap();
+    assert!(v.is_empty());
+    assert_eq!(block_on(v.to_vec()).unwrap(), Vec::<u32>::new());
+    assert!(v.slice(..).unwrap().is_empty());
+    assert!(v.slice(0..0).unwrap().is_empty());
+    block_on(v.slice_mut(..).unwrap().copy_from_host(vec![])).unwrap();
+    let w = block_on(DeviceVec::<u32>::from_host(vec![], &s, mr)).unwrap();
+    assert!(w.is_empty());
+}
+
+#[test]
+fn bad_ranges_are_errors_with_the_numbers() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mut v = DeviceVec::<u16>::try_new(10, &s, CudaResource::new(&device)).unwrap();
+    let msg = invalid(&v.slice(4..11).unwrap_err());
+    assert!(msg.contains("4..11") && msg.contains("10"), "{msg}");
+    #[allow(clippy::reversed_empty_ranges)]
+    let msg = invalid(&v.slice(6..2).unwrap_err());
+    assert!(msg.contains("6..2") && msg.contains("reversed"), "{msg}");
+    invalid(&v.slice(..=usize::MAX).unwrap_err());
+    invalid(&v.slice_mut(11..).unwrap_err());
+    invalid(&v.slice(2..8).unwrap().slice(0..7).unwrap_err());
+    invalid(&v.as_buffer().slice(0..21).unwrap_err());
+    assert_eq!(v.slice(2..=3).unwrap().len(), 2);
+    assert_eq!(v.slice(10..).unwrap().len(), 0);
+}
+
+#[test]
+fn from_buffer_checks_the_length() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let e = DeviceVec::<u32>::from_buffer(DeviceBuffer::try_new(6, &s, mr.clone()).unwrap())
+        .unwrap_err();
+    let msg = invalid(&e);
+    assert!(msg.contains('6') && msg.contains('4'), "{msg}");
+    // The refused buffer was freed, not leaked.
+    block_on(s.synchronize()).unwrap();
+    assert_eq!(allocated(&device), 0);
+    let v = DeviceVec::<u32>::from_buffer(DeviceBuffer::try_new(8, &s, mr).unwrap()).unwrap();
+    assert_eq!(v.len(), 2);
+    assert_eq!(v.into_buffer().len(), 8);
+}
+
+#[test]
+fn round_trip_and_views_copy_only_their_range() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let data: Vec<u32> = (0..1000).collect();
+    let mut v = block_on(DeviceVec::from_host(data.clone(), &s, mr)).unwrap();
+    assert_eq!(block_on(v.to_vec()).unwrap(), data);
+    assert_eq!(
+        block_on(v.slice(998..).unwrap().to_vec()).unwrap(),
+        [998, 999]
+    );
+    // A host buffer just as long as the view suffices: only the view is copied.
+    let got = block_on(v.slice(10..12).unwrap().copy_to_host(vec![0; 2])).unwrap();
+    assert_eq!(got, [10, 11]);
+    block_on(v.slice_mut(500..502).unwrap().copy_from_host(vec![7, 7])).unwrap();
+    let all = block_on(v.to_vec()).unwrap();
+    assert_eq!(&all[498..504], &[498, 499, 7, 7, 502, 503]);
+}
+
+#[test]
+fn new_times_out_naming_the_size_and_device() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    let _held = DeviceVec::<u8>::try_new(1024, &s, mr.clone()).unwrap();
+    let e = block_on(DeviceVec::<f64>::new(8, &s, mr.clone()).timeout(Duration::from_millis(20)))
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { requested: 64, device: d, .. } if d == device.id()));
+    let e =
+        block_on(DeviceBuffer::new(100, &s, mr).timeout(Duration::from_millis(20))).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("100 bytes") && msg.contains(&device.id().to_string()),
+        "{msg}"
+    );
+}
+
+#[test]
+fn handoff_orders_the_new_owner_after_the_old_one() {
+    let device = device();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let mut v = block_on(DeviceVec::<u64>::zeroed(4, &a, CudaResource::new(&device))).unwrap();
+    let open = gate(&a);
+    let write = v.copy_from_host(vec![1, 2, 3, 4]); // queued behind the gate on `a`
+    v.set_stream(&b).unwrap();
+    let read = v.to_vec(); // on `b`: must wait for the write
+    std::thread::sleep(Duration::from_millis(20));
+    drop(open);
+    block_on(write).unwrap();
+    assert_eq!(block_on(read).unwrap(), [1, 2, 3, 4]);
+}
