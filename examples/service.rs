@@ -170,8 +170,8 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "{REQUESTS} requests of {}-{} KiB scratch, {} MiB in all, over a pool capped at {} MiB \
          (1/3); wait deadline {DEADLINE:?}; {STREAMS} streams",
-        MIN_ELEMS * 4 >> 10,
-        MAX_ELEMS * 4 >> 10,
+        (MIN_ELEMS * 4) >> 10,
+        (MAX_ELEMS * 4) >> 10,
         demand >> 20,
         cap >> 20
     );

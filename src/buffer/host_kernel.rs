@@ -83,7 +83,7 @@ pub struct HostRead<'a, T> {
 /// let mut buf = DeviceBuffer::new(4, &a, CudaResource::new(&device)).await?;
 /// b.launch_host_kernel(buf.host_write(), |bytes: &mut [u8]| bytes.fill(9))?;
 /// assert_eq!(buf.stream(), b); // handed to the launch stream
-/// assert_eq!(buf.copy_to_host(vec![0; 4]).await?, [9; 4]);
+/// assert_eq!(buf.copy_to_host(vec![0u8; 4]).await?, [9; 4]);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -221,7 +221,7 @@ impl DeviceBuffer {
     ///         *x = i as u8;
     ///     }
     /// })?;
-    /// assert_eq!(buf.copy_to_host(vec![0; 4]).await?, [0, 1, 2, 3]);
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 4]).await?, [0, 1, 2, 3]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
