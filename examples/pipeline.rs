@@ -208,13 +208,13 @@ async fn main() -> Result<(), BoxError> {
 
     let rate = |r: &Run| setup.batches as f64 / r.wall.as_secs_f64();
     println!(
-        "3 streams: {:>8.1} ms, {:>7.1} batches/s, peak {} batches in flight",
+        "3 streams: {:>8.1} ms, {:>7.1} batches/s, peak {} batches in flight (allocated, not yet back on the host)",
         three.wall.as_secs_f64() * 1e3,
         rate(&three),
         three.peak_in_flight
     );
     println!(
-        "1 stream:  {:>8.1} ms, {:>7.1} batches/s, peak {} batches in flight",
+        "1 stream:  {:>8.1} ms, {:>7.1} batches/s, peak {} batches in flight (allocated, not yet back on the host)",
         single.wall.as_secs_f64() * 1e3,
         rate(&single),
         single.peak_in_flight
@@ -270,15 +270,23 @@ async fn calibrate(setup: &Setup) -> Result<u32, BoxError> {
         staging = x.copy_from_host(staging).await?;
     }
     let copy = t.elapsed() / reps;
-    let probe = 16;
-    setup.kernel.launch(&s, &mut x, probe)?; // warm-up
-    s.synchronize().await?;
-    let t = Instant::now();
-    for _ in 0..reps {
-        setup.kernel.launch(&s, &mut x, probe)?;
-    }
-    s.synchronize().await?;
-    let kernel = t.elapsed() / reps;
+    // Kernel time = a fixed part + iters * a per-iteration part: raise the iterations until the
+    // kernel takes at least the copy's time, then scale down linearly.
+    let mut probe = 16u32;
+    let kernel = loop {
+        setup.kernel.launch(&s, &mut x, probe)?; // warm-up
+        s.synchronize().await?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            setup.kernel.launch(&s, &mut x, probe)?;
+        }
+        s.synchronize().await?;
+        let kernel = t.elapsed() / reps;
+        if kernel >= copy || probe >= 1 << 24 {
+            break kernel;
+        }
+        probe *= 4;
+    };
     let iters = ((probe as f64 * copy.as_secs_f64() / kernel.as_secs_f64()).round() as u32).max(1);
     println!(
         "calibration: upload {:.3} ms/batch; kernel {:.3} ms at {probe} iterations -> {iters} iterations",
@@ -363,6 +371,7 @@ async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
                     None => {
                         let (b, slot, c) = copies.pop_front().expect("a copy in flight");
                         let s = c.await?;
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
                         check(&setup, b, slot, &s)?;
                         checked += 1;
                         s
@@ -371,7 +380,6 @@ async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
                 x.set_stream(&down)?; // `down` waits for the kernel
                 copies.push_back((batch, slot, x.copy_to_host(staging))); // enqueued now, on `down`
                 drop(x); // freed on `down` after the copy: the upload stage may reuse it
-                in_flight.fetch_sub(1, Ordering::Relaxed);
             }
             for (b, slot, c) in copies {
                 check(&setup, b, slot, &c.await?)?;
