@@ -499,7 +499,8 @@ impl<T: Pod> HostKernelViews for ReadShape<T> {
         }
         // SAFETY: `prepare` checked that `len` elements of `T` at `addr` lie in the buffer and
         // are aligned; on the host backend device memory is initialised host memory (zeroed at
-        // allocation), and `T: Pod` makes any bytes a valid `T`. The launch stream reached the
+        // allocation; the crate trusts resources to hand out the device's memory, as every
+        // buffer operation does), and `T: Pod` makes any bytes a valid `T`. The launch stream reached the
         // kernel after the owner's writes so far (`begin_read`), and the owner's next write,
         // hand-off and free wait for the launch stream past this call (pending reader): no
         // write overlaps the call, and the memory stays allocated through it (caller's 1, 2).
