@@ -97,6 +97,7 @@ pub use buffer::{
     BufferView, CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, DeviceScalar,
     DeviceVec, HostBuffer, NewBuffer, NewVec, PinnedHostVec, ReadGuard, VecView, VecViewMut,
 };
+pub use buffer::{HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape};
 pub use device::{
     CompletionStrategy, Device, HostConfig, DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,
 };

@@ -66,6 +66,12 @@ impl<'a> ReadGuard<'a> {
         }
     }
 
+    /// The buffer read (for the kernel-argument impls, which push its pointer field).
+    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
+    pub(super) fn buffer(&self) -> &'a DeviceBuffer {
+        self.buf
+    }
+
     /// The address of the buffer's first byte, to read on [`stream`](ReadGuard::stream).
     ///
     /// ```

@@ -10,10 +10,13 @@
 
 mod alloc;
 mod copy;
+#[cfg(feature = "cuda-driver")]
+mod cudarc;
 mod guard;
 mod handoff;
 mod host_copy;
 mod peer;
+mod host_kernel;
 mod pinned;
 mod resize;
 mod scalar;
@@ -29,6 +32,9 @@ use parking_lot::Mutex;
 pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
+pub use host_kernel::{
+    HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape,
+};
 pub use pinned::PinnedHostVec;
 pub use scalar::DeviceScalar;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};

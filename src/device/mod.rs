@@ -5,6 +5,8 @@
 //! backend streams, never on a [`Stream`](crate::Stream).
 
 mod config;
+#[cfg(feature = "cuda-driver")]
+pub(crate) mod cudarc;
 pub(crate) mod notify;
 
 use std::collections::HashMap;

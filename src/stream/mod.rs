@@ -1,6 +1,8 @@
 //! Streams and their events, and a round-robin set of streams. Events resolve through the
 //! device's completion driver ([`crate::device::notify`]).
 
+#[cfg(feature = "cuda-driver")]
+mod cudarc;
 mod event;
 mod round_robin;
 

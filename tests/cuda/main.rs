@@ -6,6 +6,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod compute;
 mod kernels;
 
 use std::sync::Arc;

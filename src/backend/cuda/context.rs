@@ -5,7 +5,8 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::ptr;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
@@ -32,6 +33,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemAllocManaged",
@@ -139,8 +141,22 @@ pub(crate) fn device_count() -> Result<usize> {
 
 thread_local! {
     /// The context this crate last made current on this thread (null: none yet). A cache only:
-    /// code outside this crate that changes the current context on this thread is not seen.
+    /// code outside this crate that changes the current context on this thread is not seen,
+    /// which is why [`FOREIGN_BINDS`] turns it off.
     static BOUND: Cell<sys::CUcontext> = const { Cell::new(ptr::null_mut()) };
+}
+
+/// Set once cudarc interop has been used ([`DeviceContext::cudarc_context`]): from then on
+/// cudarc binds contexts on the same threads (each launch binds its stream's), so [`BOUND`]
+/// may be stale and [`DeviceContext::bind`] asks the driver (`cuCtxGetCurrent`) instead. Without
+/// it, a thread on which cudarc bound device 1 would run this crate's next device-0 call (an
+/// allocation, say) in device 1's context.
+static FOREIGN_BINDS: AtomicBool = AtomicBool::new(false);
+
+/// Stops trusting the per-thread bind cache from now on: cudarc (which binds contexts itself,
+/// its own non-primary ones included) is in use.
+pub(crate) fn expect_foreign_binds() {
+    FOREIGN_BINDS.store(true, Ordering::Release);
 }
 
 /// Most events kept for reuse per device; more are destroyed on drop.
@@ -159,6 +175,8 @@ pub(crate) struct DeviceContext {
     pub(super) idle_events: Mutex<Vec<RawEvent>>,
     /// The delay kernel, loaded on first use (a JIT compile).
     spin: OnceLock<Result<SpinKernel>>,
+    /// cudarc's handle to the same primary context, made on first interop use.
+    cudarc: OnceLock<Arc<cudarc::driver::CudaContext>>,
     /// Errors met on driver threads and in `Drop`s, for the device to take.
     errors: ErrorSink,
 }
@@ -173,6 +191,7 @@ impl DeviceContext {
             ctx,
             idle_events: Mutex::new(Vec::new()),
             spin: OnceLock::new(),
+            cudarc: OnceLock::new(),
             errors: ErrorSink::default(),
         }
     }
@@ -194,8 +213,15 @@ impl DeviceContext {
     /// `cuCtxSetCurrent` failures.
     pub(crate) fn bind(&self) -> Result<()> {
         let ctx = self.ctx.0;
+        if FOREIGN_BINDS.load(Ordering::Acquire) {
+            let mut current: sys::CUcontext = ptr::null_mut();
+            // SAFETY: `current` is a valid out-pointer; the call only reads the thread's state.
+            let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
+            if r == sys::CUresult::CUDA_SUCCESS && current == ctx {
+                return Ok(());
+            }
         // `try_with` fails only while the thread's locals are being destroyed: then just bind.
-        if BOUND.try_with(|b| b.get() == ctx).unwrap_or(false) {
+        } else if BOUND.try_with(|b| b.get() == ctx).unwrap_or(false) {
             return Ok(());
         }
         // SAFETY: `ctx` is this device's primary context, retained by `self` until it drops.
@@ -204,6 +230,38 @@ impl DeviceContext {
             .map_err(|e| self.error("cuCtxSetCurrent", e))?;
         let _ = BOUND.try_with(|b| b.set(ctx));
         Ok(())
+    }
+
+    /// cudarc's handle to this device's primary context (the one every call of this crate
+    /// binds), made on first use and then shared.
+    ///
+    /// # Errors
+    /// Driver errors of `CudaContext::new`; [`Error::InvalidArgument`] should cudarc's context
+    /// not be the primary context this crate uses.
+    pub(crate) fn cudarc_context(&self) -> Result<Arc<cudarc::driver::CudaContext>> {
+        if let Some(ctx) = self.cudarc.get() {
+            return Ok(ctx.clone());
+        }
+        // cudarc binds its contexts itself from now on: stop trusting the thread cache first.
+        expect_foreign_binds();
+        let ordinal = self.id.ordinal as usize;
+        let ctx = cudarc::driver::CudaContext::new(ordinal)
+            .map_err(|e| self.error("cuDevicePrimaryCtxRetain (cudarc)", e))?;
+        if ctx.cu_ctx() != self.ctx.0 {
+            return Err(Error::invalid(format!(
+                "cudarc's primary context of {} ({:p}) is not the one streamalloc uses ({:p})",
+                self.id,
+                ctx.cu_ctx(),
+                self.ctx.0
+            )));
+        }
+        // A racing thread may have set it first: both retain the same primary context.
+        Ok(self.cudarc.get_or_init(|| ctx).clone())
+    }
+
+    /// The raw primary context.
+    pub(crate) fn raw_context(&self) -> sys::CUcontext {
+        self.ctx.0
     }
 
     /// [`bind`](Self::bind) for `Drop` impls: defers a failure to the device (which logs it)

@@ -17,6 +17,7 @@
 mod context;
 mod event;
 mod handles;
+mod interop;
 mod memory;
 mod mempool;
 mod spin;
@@ -37,10 +38,14 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
-pub(crate) use self::context::device_count;
+pub(crate) use self::context::{device_count, expect_foreign_binds};
 use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
 use self::handles::RawContext;
+#[cfg(feature = "cublas")]
+pub(crate) use self::interop::cublas_available;
+#[cfg(feature = "nvrtc")]
+pub(crate) use self::interop::nvrtc_available;
 pub(crate) use self::mempool::CudaMemPool;
 pub(crate) use self::stream::CudaStream;
 

@@ -3,7 +3,7 @@ use std::ffi::{c_uint, c_void};
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -36,6 +36,10 @@ pub(crate) struct CudaStream {
     /// a staged copy is enqueued, so two copies never interleave their pieces in it; pieces on
     /// one stream run in order, so one buffer serves them all.
     staging: Mutex<Option<u64>>,
+    /// cudarc's handle to this stream: made on first interop use, or the stream adopted from
+    /// cudarc ([`CudaStream::adopt`], which it keeps alive). While a clone of it lives outside,
+    /// dropping `self` does not destroy the `CUstream` (see `interop.rs`).
+    pub(super) cudarc: OnceLock<Arc<cudarc::driver::CudaStream>>,
 }
 
 impl CudaStream {
@@ -46,11 +50,13 @@ impl CudaStream {
         // SAFETY: the context is current; `raw` is a valid out-pointer.
         let r = unsafe { sys::cuStreamCreate(&mut raw, flags) };
         ctx.check("cuStreamCreate", r)?;
+        super::interop::sweep_retired_streams();
         Ok(CudaStream {
             ctx,
             raw: RawStream(raw),
             owned: true,
             staging: Mutex::new(None),
+            cudarc: OnceLock::new(),
         })
     }
 
@@ -67,6 +73,20 @@ impl CudaStream {
             raw: RawStream(handle as sys::CUstream),
             owned: false,
             staging: Mutex::new(None),
+            cudarc: OnceLock::new(),
+        }
+    }
+
+    /// Adopts a stream made by cudarc (of `ctx`'s primary context: the caller checked): the
+    /// stream is kept alive by the `Arc` held here and never destroyed by `self`.
+    pub(crate) fn adopt(ctx: Arc<DeviceContext>, stream: Arc<cudarc::driver::CudaStream>) -> Self {
+        let raw = RawStream(stream.cu_stream());
+        CudaStream {
+            ctx,
+            raw,
+            owned: false,
+            staging: Mutex::new(None),
+            cudarc: OnceLock::from(stream),
         }
     }
 
@@ -113,9 +133,18 @@ impl Drop for CudaStream {
             free_staging(&self.ctx, staging);
             return;
         }
+        if let Some(outside) = self.cudarc.take() {
+            if Arc::strong_count(&outside) > 1 {
+                // cudarc handles to it live on: destroy it once they are gone.
+                super::interop::retire_stream(outside, self.ctx.clone(), self.raw);
+                free_staging(&self.ctx, staging);
+                return;
+            }
+        }
         // SAFETY: the stream was created by `cuStreamCreate` and is destroyed only here. Work
         // still queued on it (frees, host functions) runs to completion: the driver releases
-        // the stream's resources once it is idle, without blocking this thread.
+        // the stream's resources once it is idle, without blocking this thread. No cudarc
+        // handle to it is left (just above).
         let r = unsafe { sys::cuStreamDestroy_v2(self.raw.0) };
         if let Err(error) = self.ctx.check("cuStreamDestroy", r) {
             self.ctx.errors().report(error);

@@ -46,6 +46,8 @@ pub struct VecView<'a, T: Pod> {
     buf: &'a DeviceBuffer,
     /// First element; `start + len <= buf.len() / size_of::<T>()`.
     start: usize,
+    /// The address of element `start`, kept so a kernel argument can borrow it.
+    addr: DevicePtr,
     len: usize,
     _elem: PhantomData<&'a [T]>,
 }
@@ -59,10 +61,17 @@ impl<T: Pod> Clone for VecView<'_, T> {
 impl<T: Pod> Copy for VecView<'_, T> {}
 
 impl<'a, T: Pod> VecView<'a, T> {
+    /// The address of the first element, borrowed (a kernel argument pushes a reference).
+    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
+    pub(crate) fn addr_ref(&self) -> &DevicePtr {
+        &self.addr
+    }
+
     /// A view of the elements `range` of `buf`, checked by the caller to be in bounds.
     pub(crate) fn new(buf: &'a DeviceBuffer, range: Range<usize>) -> Self {
         debug_assert!(range.end * size_of::<T>() <= buf.len());
         VecView {
+            addr: buf.ptr().offset(range.start * size_of::<T>()),
             buf,
             start: range.start,
             len: range.len(),
@@ -330,15 +339,24 @@ pub struct VecViewMut<'a, T: Pod> {
     buf: &'a mut DeviceBuffer,
     /// First element; `start + len <= buf.len() / size_of::<T>()`.
     start: usize,
+    /// The address of element `start`, kept so a kernel argument can borrow it.
+    addr: DevicePtr,
     len: usize,
     _elem: PhantomData<&'a mut [T]>,
 }
 
 impl<'a, T: Pod> VecViewMut<'a, T> {
+    /// The address of the first element, borrowed (a kernel argument pushes a reference).
+    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
+    pub(crate) fn addr_ref(&self) -> &DevicePtr {
+        &self.addr
+    }
+
     /// A view of the elements `range` of `buf`, checked by the caller to be in bounds.
     pub(crate) fn new(buf: &'a mut DeviceBuffer, range: Range<usize>) -> Self {
         debug_assert!(range.end * size_of::<T>() <= buf.len());
         VecViewMut {
+            addr: buf.ptr().offset(range.start * size_of::<T>()),
             buf,
             start: range.start,
             len: range.len(),

@@ -1,0 +1,233 @@
+//! cudarc interop at the driver level: cudarc's handle to a device's primary context and to a
+//! stream of this backend, adopting a stream made by cudarc, and keeping a `CUstream` alive
+//! while cudarc handles to it outlive the stream that made it.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+
+use super::context::DeviceContext;
+use super::handles::RawStream;
+use super::stream::CudaStream;
+use super::CudaBackend;
+
+/// A stream whose owner is gone while cudarc handles to it were still alive: destroyed by
+/// [`sweep_retired_streams`] once only this list holds its cudarc handle.
+struct Retired {
+    outside: Arc<cudarc::driver::CudaStream>,
+    ctx: Arc<DeviceContext>,
+    raw: RawStream,
+}
+
+/// Streams waiting for their last cudarc handle to go.
+static RETIRED: Mutex<Vec<Retired>> = Mutex::new(Vec::new());
+
+/// Keeps `raw` (created by `cuStreamCreate` in `ctx`, its owner gone) until `outside`, a
+/// cudarc handle to it, is the last one.
+pub(super) fn retire_stream(
+    outside: Arc<cudarc::driver::CudaStream>,
+    ctx: Arc<DeviceContext>,
+    raw: RawStream,
+) {
+    RETIRED.lock().push(Retired { outside, ctx, raw });
+}
+
+/// Destroys every retired stream that no cudarc handle refers to any more. Called whenever a
+/// stream is created or handed to cudarc, so at most the streams retired since then wait.
+pub(crate) fn sweep_retired_streams() {
+    let done: Vec<Retired> = {
+        let mut retired = RETIRED.lock();
+        if retired.is_empty() {
+            return;
+        }
+        let (done, keep) = std::mem::take(&mut *retired)
+            .into_iter()
+            // The list holds the only handle: no one can clone it any more.
+            .partition(|r| Arc::strong_count(&r.outside) == 1);
+        *retired = keep;
+        done
+    };
+    for r in done {
+        drop(r.outside);
+        if !r.ctx.bind_in_drop("a retired stream") {
+            continue;
+        }
+        // SAFETY: `raw` was created by `cuStreamCreate` in `ctx`, its owner is gone and the
+        // last cudarc handle to it was just dropped (borrowed handles never destroy it), so
+        // nothing can enqueue on it again; queued work runs to completion.
+        let r2 = unsafe { sys::cuStreamDestroy_v2(r.raw.0) };
+        if let Err(error) = r.ctx.check("cuStreamDestroy", r2) {
+            r.ctx.errors().report(error);
+        }
+    }
+}
+
+impl CudaStream {
+    /// Whether cudarc's handle to this stream exists yet.
+    pub(crate) fn has_cudarc_stream(&self) -> bool {
+        self.cudarc.get().is_some()
+    }
+
+    /// cudarc's handle to this stream, made on first use and then shared. While a clone of it
+    /// lives, the `CUstream` is not destroyed, even after `self` is dropped.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::cudarc_context`].
+    pub(crate) fn cudarc_stream(&self) -> Result<&Arc<cudarc::driver::CudaStream>> {
+        if let Some(s) = self.cudarc.get() {
+            return Ok(s);
+        }
+        sweep_retired_streams();
+        let ctx = self.context().cudarc_context()?;
+        // SAFETY: the stream belongs to this context (the primary context cudarc also wraps,
+        // checked by `cudarc_context`); it stays alive while the handle does, because
+        // `CudaStream::drop` retires instead of destroying it while a clone lives outside;
+        // ordering cudarc's work with ours is what the crate's interop (DevicePtr) does.
+        let wrapped = unsafe { ctx.wrap_borrowed_stream(self.raw()) };
+        Ok(self.cudarc.get_or_init(|| wrapped))
+    }
+}
+
+impl CudaBackend {
+    /// cudarc's handle to this device's primary context.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::cudarc_context`].
+    pub(crate) fn cudarc_context(&self) -> Result<Arc<cudarc::driver::CudaContext>> {
+        self.ctx.cudarc_context()
+    }
+
+    /// Adopts `stream`, a stream of this device's primary context made by cudarc.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the stream belongs to another context of this device (a
+    /// non-primary one).
+    pub(crate) fn adopt_stream(
+        &self,
+        stream: Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Arc<CudaStream>> {
+        let theirs = stream.context().cu_ctx();
+        if theirs != self.ctx.raw_context() {
+            return Err(Error::invalid(format!(
+                "the cudarc stream belongs to a context ({theirs:p}) of {} other than its primary \
+                 context ({:p}), which streamalloc uses",
+                self.ctx.id(),
+                self.ctx.raw_context()
+            )));
+        }
+        // Make sure cudarc's bindings are seen from now on.
+        self.ctx.cudarc_context()?;
+        sweep_retired_streams();
+        Ok(Arc::new(CudaStream::adopt(self.ctx.clone(), stream)))
+    }
+}
+
+/// Checks that an optional CUDA library can be loaded and has every symbol listed, before
+/// cudarc's dynamic loading (which panics on a missing library or symbol) is first used:
+/// `check_library!(cudarc::nvrtc::sys, "libnvrtc", "what needs it", [symbols])`, an
+/// `Result<(), String>` saying why not.
+#[cfg(any(feature = "nvrtc", feature = "cublas"))]
+macro_rules! check_library {
+    ($sys:path, $name:literal, $purpose:literal, [$($symbol:literal),* $(,)?]) => {{
+        use $sys as sys;
+        // SAFETY: cudarc's `is_culib_present` only opens and closes the library.
+        if !unsafe { sys::is_culib_present() } {
+            Err(format!(
+                "{} need {}, which could not be loaded (install the CUDA toolkit's {}, or put \
+                 it on the library path)",
+                $purpose, $name, $name
+            ))
+        } else {
+            // SAFETY: the library is present (checked above), so `culib` opens it instead of
+            // panicking.
+            let lib = unsafe { sys::culib() };
+            let mut result = Ok(());
+            for symbol in [$($symbol),*] {
+                // SAFETY: the symbol is only looked up, never called through this pointer type.
+                if unsafe { lib.get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_err() {
+                    result = Err(format!(
+                        "{} need {} with {symbol}: the library is too old",
+                        $purpose, $name
+                    ));
+                    break;
+                }
+            }
+            result
+        }
+    }};
+}
+
+/// Whether NVRTC can be used, checked once: `Err` says why not.
+#[cfg(feature = "nvrtc")]
+pub(crate) fn nvrtc_available() -> std::result::Result<(), String> {
+    static CHECKED: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            check_library!(
+                cudarc::nvrtc::sys,
+                "libnvrtc",
+                "CUDA C kernels compiled at run time",
+                [
+                    "nvrtcCreateProgram",
+                    "nvrtcCompileProgram",
+                    "nvrtcGetPTXSize",
+                    "nvrtcGetPTX",
+                    "nvrtcGetProgramLogSize",
+                    "nvrtcGetProgramLog",
+                    "nvrtcDestroyProgram",
+                ]
+            )
+        })
+        .clone()
+}
+
+/// Whether cuBLAS can be used, checked once: `Err` says why not.
+#[cfg(feature = "cublas")]
+pub(crate) fn cublas_available() -> std::result::Result<(), String> {
+    static CHECKED: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            check_library!(
+                cudarc::cublas::sys,
+                "libcublas",
+                "cuBLAS calls",
+                [
+                    "cublasCreate_v2",
+                    "cublasDestroy_v2",
+                    "cublasSetStream_v2",
+                    "cublasSgemm_v2",
+                    "cublasDgemm_v2",
+                    "cublasGemmEx",
+                ]
+            )
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Checking for an optional library never panics (cudarc's loader would) and, where the
+    /// library is missing (machines without the CUDA toolkit, CI), names it.
+    #[cfg(feature = "nvrtc")]
+    #[test]
+    fn a_missing_nvrtc_is_an_error_naming_it() {
+        match super::nvrtc_available() {
+            Ok(()) => println!("libnvrtc is installed here"),
+            Err(why) => assert!(why.contains("libnvrtc"), "{why}"),
+        }
+    }
+
+    #[cfg(feature = "cublas")]
+    #[test]
+    fn a_missing_cublas_is_an_error_naming_it() {
+        match super::cublas_available() {
+            Ok(()) => println!("libcublas is installed here"),
+            Err(why) => assert!(why.contains("libcublas"), "{why}"),
+        }
+    }
+}
