@@ -200,12 +200,6 @@ impl DeviceContext {
         self.id
     }
 
-    /// The primary context, valid while `self` lives (for calls that name a context, such as
-    /// `cuMemcpyPeerAsync`).
-    pub(super) fn raw_context(&self) -> sys::CUcontext {
-        self.ctx.0
-    }
-
     /// Makes this device's primary context current on the calling thread, unless this crate
     /// already did so last on this thread.
     ///
@@ -259,7 +253,8 @@ impl DeviceContext {
         Ok(self.cudarc.get_or_init(|| ctx).clone())
     }
 
-    /// The raw primary context.
+    /// The raw primary context, valid while `self` lives (for calls that name a context, such
+    /// as `cuMemcpyPeerAsync`).
     pub(crate) fn raw_context(&self) -> sys::CUcontext {
         self.ctx.0
     }
