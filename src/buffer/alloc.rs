@@ -306,7 +306,10 @@ impl DeviceBuffer {
 }
 
 /// `mr` type-erased, once it is checked to allocate on `stream`'s device.
-fn shared_for(mr: impl MemoryResource + 'static, stream: &Stream) -> Result<SharedResource> {
+pub(super) fn shared_for(
+    mr: impl MemoryResource + 'static,
+    stream: &Stream,
+) -> Result<SharedResource> {
     let mr = into_shared(mr);
     check_resource(&*mr, stream)?;
     Ok(mr)
