@@ -53,6 +53,8 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
+    // A builder future of `Self`, as `allocate` is of a pointer: the name users look for.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(bytes: usize, stream: &Stream, mr: impl MemoryResource + 'static) -> NewBuffer<'_> {
         NewBuffer::new(bytes, ALLOCATION_ALIGNMENT, stream, into_shared(mr))
     }

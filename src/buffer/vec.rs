@@ -158,6 +158,8 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
+    // A builder future of `Self`, as `allocate` is of a pointer: the name users look for.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(len: usize, stream: &Stream, mr: impl MemoryResource + 'static) -> NewVec<'_, T> {
         NewVec::new(len, stream, into_shared(mr), false)
     }
