@@ -37,6 +37,35 @@ pub enum Error {
         /// The device the resource allocates on.
         device: DeviceId,
     },
+    /// The request is larger than the resource could ever serve (its
+    /// [`capacity_limit`](crate::MemoryResource::capacity_limit): a pool's maximum, a budget,
+    /// a block size, the device's memory): waiting or retrying cannot help. Out-of-memory too
+    /// ([`is_out_of_memory`](Error::is_out_of_memory)), told apart from a request that does
+    /// not fit *now* ([`Error::OutOfMemory`]).
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, Error, MemoryResource, PoolResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device), 0, Some(1 << 20))?;
+    /// let e = pool.try_allocate(2 << 20, &stream).unwrap_err();
+    /// assert!(matches!(e, Error::TooLarge { requested, maximum, .. }
+    ///     if requested == 2 << 20 && maximum == 1 << 20));
+    /// assert!(e.is_out_of_memory());
+    /// assert!(e.to_string().contains("can never fit"), "{e}");
+    /// # Ok::<(), Error>(())
+    /// ```
+    #[error("out of memory on {device}: requested {requested} bytes, which can never fit (the resource serves at most {maximum} bytes)")]
+    #[non_exhaustive]
+    TooLarge {
+        /// Bytes asked for.
+        requested: usize,
+        /// The largest request the resource could ever serve.
+        maximum: usize,
+        /// The device the resource allocates on.
+        device: DeviceId,
+    },
     /// An awaited allocation did not complete before its deadline.
     #[error("allocation of {requested} bytes on {device} timed out after {waited:?}")]
     #[non_exhaustive]
@@ -199,14 +228,58 @@ fn fmt_available(available: Option<usize>) -> String {
 }
 
 impl Error {
-    /// True for [`Error::OutOfMemory`].
+    /// True for [`Error::OutOfMemory`] and [`Error::TooLarge`]: the resource cannot serve
+    /// the request (now, or ever).
     ///
     /// ```
-    /// # use streamalloc::Error;
+    /// # use streamalloc::{Device, Error};
     /// assert!(!Error::InvalidArgument("x".into()).is_out_of_memory());
+    /// assert!(Error::too_large(1 << 30, 1 << 20, Device::host().id()).is_out_of_memory());
     /// ```
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Error::OutOfMemory { .. })
+        matches!(self, Error::OutOfMemory { .. } | Error::TooLarge { .. })
+    }
+
+    /// True for [`Error::TooLarge`]: the request can never fit, so waiting or retrying is
+    /// pointless.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Error};
+    /// let device = Device::host().id();
+    /// assert!(Error::too_large(1 << 30, 1 << 20, device).never_fits());
+    /// assert!(!Error::out_of_memory(1 << 30, Some(0), device).never_fits());
+    /// ```
+    pub fn never_fits(&self) -> bool {
+        matches!(self, Error::TooLarge { .. })
+    }
+
+    /// [`Error::TooLarge`], for resources written outside the crate.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Error};
+    /// let e = Error::too_large(4096, 1024, Device::host().id());
+    /// assert!(matches!(e, Error::TooLarge { requested: 4096, maximum: 1024, .. }));
+    /// ```
+    pub fn too_large(requested: usize, maximum: usize, device: DeviceId) -> Self {
+        Error::TooLarge {
+            requested,
+            maximum,
+            device,
+        }
+    }
+
+    /// `self`, made [`Error::TooLarge`] when it is an out-of-memory error for a request above
+    /// `limit` (a resource's [`capacity_limit`](crate::MemoryResource::capacity_limit)).
+    pub(crate) fn never_fitting(self, limit: Option<usize>) -> Self {
+        match (self, limit) {
+            (
+                Error::OutOfMemory {
+                    requested, device, ..
+                },
+                Some(maximum),
+            ) if requested > maximum => Error::too_large(requested, maximum, device),
+            (e, _) => e,
+        }
     }
 
     /// [`Error::OutOfMemory`], for resources written outside the crate (a

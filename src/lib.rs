@@ -43,15 +43,21 @@
 //!   [`AlignedAdaptor`], [`FailureCallbackAdaptor`], [`PrefetchAdaptor`], [`TracingAdaptor`].
 //! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
 //!   read it, and orders its free after all of them.
-//! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`].
+//! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`]; a
+//!   current resource for one task or call: [`with_resource`], [`with_resource_sync`].
 //! - Observing a resource: [`StatisticsAdaptor`] (counters in scopes), [`TrackingAdaptor`]
 //!   (outstanding allocations, leaks, bad frees), [`LoggingAdaptor`] (RMM's CSV log), and
 //!   [`replay`] (RMM's logs and ours, parsed and replayed against any resource).
 //!
 //! # Feature flags
-//! - `cuda` (default): the CUDA backend over cudarc, bound to CUDA 13.0 (driver 580+).
-//! - `cuda-12080`, `cuda-12060`, `cuda-12040`: the same backend bound to older headers, with
-//!   `default-features = false`, for older drivers.
+//! - Default: `cuda-13000`, `nvrtc`, `cublas` — the CUDA backend over cudarc bound to CUDA 13.0
+//!   (driver 580+), kernels compiled from CUDA C (nvrtc) and cuBLAS, all loaded at run time.
+//! - `cuda-12080`, `cuda-12060`, `cuda-12040`: the same backend bound to older headers, for
+//!   older drivers (570+, 560+, 550+), with `default-features = false`. Exactly one CUDA
+//!   version may be on in a build, cudarc's own `cuda-*` features included: use the cudarc
+//!   re-exported here (`streamalloc::cudarc`) rather than a cudarc dependency of your own.
+//! - `cuda`: the default plus this crate's GPU test suites (`gpu-tests`), which a plain
+//!   `cargo test` does not build: `cargo test --features cuda -- --include-ignored`.
 //!
 //! Without a driver or device at run time, [`Device::cuda`] returns an error and
 //! [`Device::default`] falls back to the host backend; nothing panics.
@@ -101,7 +107,9 @@ pub use resource::registry::{
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
     set_current_device_resource_for,
 };
+pub use resource::scoped::{with_resource, with_resource_sync, WithResource};
 pub use resource::CudaAsyncManagedResource;
+pub use resource::{memory_stats, MemoryStats, WaitQueueStats};
 pub use resource::{
     Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
     BinningResource, CallbackResource, CudaAsyncResource, CudaAsyncResourceBuilder,
@@ -111,10 +119,20 @@ pub use resource::{
 };
 pub use stream::{Event, Stream, StreamPool};
 
-/// The cudarc version this crate is built against, for test support and interop (raw kernel
-/// launches on a [`Stream::raw_handle`]). Not part of the stable API.
+/// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
+/// of the same names. Use it rather than a cudarc dependency of your own, so that both are the
+/// same crate (the `CudaContext` and `CudaStream` this crate's interop hands out are its types)
+/// and a second CUDA version cannot slip in: cudarc fails to build, with hundreds of errors,
+/// when its `cuda-12080` feature and this crate's default `cuda-13000` meet.
+/// If you depend on cudarc directly as well, give it no `cuda-*` feature: the version comes
+/// from this crate's features (for another one, `default-features = false` and `cuda-12080`,
+/// say, on this crate).
+///
+/// ```
+/// use streamalloc::cudarc::driver::sys::CUresult;
+/// assert_ne!(CUresult::CUDA_SUCCESS, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+/// ```
 #[cfg(feature = "cuda-driver")]
-#[doc(hidden)]
 pub use cudarc;
 
 /// The user guide's examples run as doctests, so the book cannot drift from the code.
@@ -129,15 +147,22 @@ mod book {
     pages! {
         Introduction => "introduction.md",
         GettingStarted => "getting-started.md",
-        Backends => "backends.md",
-        Completion => "completion.md",
+        ComingFrom => "coming-from.md",
         Resources => "resources.md",
         Awaiting => "awaiting.md",
+        Buffers => "buffers.md",
+        Computing => "computing.md",
         Pool => "pool.md",
-        Binning => "binning.md",
         Arena => "arena.md",
+        Binning => "binning.md",
         MoreAdaptors => "more-adaptors.md",
         Adaptors => "adaptors.md",
-        Buffers => "buffers.md",
+        Backends => "backends.md",
+        Completion => "completion.md",
+        Performance => "performance.md",
     }
+
+    /// The README's examples, exactly as a user copies them.
+    #[doc = include_str!("../README.md")]
+    struct Readme;
 }

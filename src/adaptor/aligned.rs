@@ -131,12 +131,18 @@ impl<R: MemoryResource> Forward for Inner<R> {
         if self.passes_through(bytes) {
             return upstream.try_allocate(bytes, stream);
         }
-        let size = self.padded(bytes).ok_or_else(|| Error::OutOfMemory {
-            requested: bytes,
-            available: None,
-            device: stream.device().id(),
+        let size = self.padded(bytes).ok_or_else(|| {
+            Error::out_of_memory(bytes, None, stream.device().id())
+                .never_fitting(Forward::capacity_limit(self))
         })?;
-        let original = upstream.try_allocate(size, stream)?;
+        // An upstream that says the padded size can never fit is told in this adaptor's
+        // terms: the request as made, and the largest one whose padded size fits.
+        let original = upstream.try_allocate(size, stream).map_err(|e| match e {
+            Error::TooLarge { device, .. } => {
+                Error::too_large(bytes, Forward::capacity_limit(self).unwrap_or(0), device)
+            }
+            e => e,
+        })?;
         let Some(aligned) = original
             .addr()
             .checked_next_multiple_of(self.alignment as u64)

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{
-    align_up, Availability, DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+    align_up, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats, SharedResource,
+    ALLOCATION_ALIGNMENT,
 };
 use crate::stream::Stream;
 
@@ -17,7 +18,8 @@ use crate::stream::Stream;
 ///
 /// # Errors
 /// [`Error::OutOfMemory`] with the requested bytes and what is left of the budget from
-/// [`try_allocate`](MemoryResource::try_allocate); the upstream's errors pass through.
+/// [`try_allocate`](MemoryResource::try_allocate); [`Error::TooLarge`] for a request above the
+/// whole budget; the upstream's errors pass through.
 ///
 /// # Examples
 ///
@@ -58,6 +60,8 @@ struct Inner<R> {
     limit: usize,
     /// Bytes charged against the budget (sizes rounded up to 256).
     used: AtomicUsize,
+    /// The most `used` has been since the adaptor was made or its peak reset.
+    peak: AtomicUsize,
     availability: Arc<Availability>,
 }
 
@@ -77,6 +81,7 @@ impl<R: MemoryResource> LimitingAdaptor<R> {
                 upstream,
                 limit,
                 used: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
                 availability,
             }),
         }
@@ -102,14 +107,24 @@ impl<R: MemoryResource> Inner<R> {
             device: stream.device().id(),
         };
         let Some(charged) = charge(requested) else {
-            return Err(out_of_memory(self.used.load(Ordering::Acquire)));
+            return Err(out_of_memory(self.used.load(Ordering::Acquire))
+                .never_fitting(Forward::capacity_limit(self)));
         };
-        self.used
+        if charged > limit {
+            return Err(out_of_memory(0).never_fitting(Forward::capacity_limit(self)));
+        }
+        let before = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(charged).filter(|&total| total <= limit)
             })
-            .map(|_| charged)
-            .map_err(out_of_memory)
+            .map_err(out_of_memory)?;
+        // Most allocations set no new peak: read before writing.
+        let now = before + charged;
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
+        Ok(charged)
     }
 
     /// Returns the charge of a request the upstream refused. It frees nothing, so it wakes
@@ -166,6 +181,22 @@ impl<R: MemoryResource> Forward for Inner<R> {
         } else {
             used > 0
         }
+    }
+
+    /// What is charged (sizes rounded up to 256) and its peak, over the upstream's figures.
+    fn memory_stats(&self) -> MemoryStats {
+        let used = self.used.load(Ordering::Acquire);
+        self.upstream.memory_stats().with_allocated(Allocated {
+            bytes: used,
+            peak: Some(self.peak.load(Ordering::Relaxed).max(used)),
+            allocations: None,
+        })
+    }
+
+    fn reset_peak(&self) {
+        self.peak
+            .store(self.used.load(Ordering::Acquire), Ordering::Relaxed);
+        self.upstream.reset_peak();
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::{DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{Allocated, DevicePtr, MemoryResource, MemoryStats, SharedResource};
 use crate::stream::Stream;
 
 /// One statistic of a [`StatisticsAdaptor`] scope: RMM's `statistics_resource_adaptor::counter`.
@@ -288,29 +288,34 @@ impl<R: MemoryResource> StatisticsAdaptor<R> {
     /// The counters of the innermost scope, whose push set aside `saved` (`None`: the
     /// outermost). Called with the scope lock held.
     fn top(&self, saved: Option<&Saved>) -> Counters {
-        let live = &self.inner.live;
-        let (bytes, allocations) = saved.map_or((Base::default(), Base::default()), |s| {
-            (s.bytes, s.allocations)
-        });
-        let counter = |value: &AtomicI64, total: &AtomicI64, peak: &AtomicI64, base: Base| {
-            let value = value.load(Relaxed) - base.value;
-            Counter {
-                value,
-                // A concurrent allocation may have raised the value before the peak: a peak is
-                // never below the value it covers.
-                peak: (peak.load(Relaxed) - base.value).max(value),
-                total: total.load(Relaxed) - base.total,
-            }
-        };
-        Counters {
-            bytes: counter(&live.bytes, &live.bytes_total, &live.bytes_peak, bytes),
-            allocations: counter(
-                &live.allocations,
-                &live.allocations_total,
-                &live.allocations_peak,
-                allocations,
-            ),
+        top(&self.inner.live, saved)
+    }
+}
+
+/// The counters of the innermost scope over `live`, whose push set aside `saved` (`None`: the
+/// outermost). Called with the scope lock held.
+fn top(live: &Live, saved: Option<&Saved>) -> Counters {
+    let (bytes, allocations) = saved.map_or((Base::default(), Base::default()), |s| {
+        (s.bytes, s.allocations)
+    });
+    let counter = |value: &AtomicI64, total: &AtomicI64, peak: &AtomicI64, base: Base| {
+        let value = value.load(Relaxed) - base.value;
+        Counter {
+            value,
+            // A concurrent allocation may have raised the value before the peak: a peak is
+            // never below the value it covers.
+            peak: (peak.load(Relaxed) - base.value).max(value),
+            total: total.load(Relaxed) - base.total,
         }
+    };
+    Counters {
+        bytes: counter(&live.bytes, &live.bytes_total, &live.bytes_peak, bytes),
+        allocations: counter(
+            &live.allocations,
+            &live.allocations_total,
+            &live.allocations_peak,
+            allocations,
+        ),
     }
 }
 
@@ -344,6 +349,34 @@ impl<R: MemoryResource> Forward for Inner<R> {
         live.allocations.fetch_sub(1, Relaxed);
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
+    }
+
+    /// The innermost scope's bytes and allocations over the upstream's figures (its reserved
+    /// memory, say). A negative value (more freed than allocated in the scope) shows as 0.
+    fn memory_stats(&self) -> MemoryStats {
+        let counters = {
+            let outer = self.outer.lock();
+            top(&self.live, outer.last())
+        };
+        let count = |n: i64| usize::try_from(n).unwrap_or(0);
+        self.upstream.memory_stats().with_allocated(Allocated {
+            bytes: count(counters.bytes.value),
+            peak: Some(count(counters.bytes.peak)),
+            allocations: Some(count(counters.allocations.value)),
+        })
+    }
+
+    /// The innermost scope's peaks become its current values; then the upstream's reset.
+    fn reset_peak(&self) {
+        {
+            // Under the scope lock, so that no push or pop moves the peaks meanwhile.
+            let _outer = self.outer.lock();
+            let live = &self.live;
+            live.bytes_peak.store(live.bytes.load(Relaxed), Relaxed);
+            live.allocations_peak
+                .store(live.allocations.load(Relaxed), Relaxed);
+        }
+        self.upstream.reset_peak();
     }
 }
 

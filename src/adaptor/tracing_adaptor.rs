@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use tracing::Level;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
@@ -105,7 +105,8 @@ impl<R: MemoryResource> TracingAdaptor<R> {
 fn outcome(result: &Result<DevicePtr>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(Error::OutOfMemory { .. }) => "out_of_memory",
+        // Either kind of out-of-memory: not now, or never (`Error::TooLarge`).
+        Err(e) if e.is_out_of_memory() => "out_of_memory",
         Err(_) => "error",
     }
 }

@@ -221,6 +221,24 @@ impl AnyStream {
         dispatch!(AnyStream, self, s => unsafe { s.copy(dst, src, bytes) })
     }
 
+    /// [`BackendStream::copy_peer`]: a copy on this stream from memory of `src_stream`'s
+    /// device.
+    ///
+    /// # Safety
+    /// As [`BackendStream::copy_peer`].
+    pub(crate) unsafe fn copy_peer(
+        &self,
+        dst: u64,
+        src: u64,
+        src_stream: &AnyStream,
+        bytes: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        dispatch_pair!(AnyStream, self, AnyStream, src_stream, "stream", s, t => unsafe {
+            s.copy_peer(dst, src, t, bytes)
+        })
+    }
+
     /// [`BackendStream::copy_pageable`].
     ///
     /// # Safety

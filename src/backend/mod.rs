@@ -231,6 +231,18 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// 1. Both ranges are valid for `bytes` from the time the copy runs until it completes.
     /// 2. Nothing else writes `dst` or `src`'s range concurrently.
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Enqueues on this stream a copy of `bytes` from `src`, memory of `src_stream`'s device, to
+    /// `dst`, memory of this stream's device (`cuMemcpyPeerAsync`; the driver stages it through
+    /// the host where the devices have no peer access). The default, for backends whose
+    /// addresses all live in one space (host), is [`copy`](BackendStream::copy).
+    ///
+    /// # Safety
+    /// As [`copy`](BackendStream::copy); `src_stream` only names the source device.
+    unsafe fn copy_peer(&self, dst: u64, src: u64, src_stream: &Self, bytes: usize) -> Result<()> {
+        let _ = src_stream;
+        // SAFETY: the same contract as `copy`, forwarded from the caller.
+        unsafe { self.copy(dst, src, bytes) }
+    }
     /// Enqueues a copy between device memory and ordinary, pageable host memory (the host side
     /// is `dst` when `to_host`, else `src`) without making the caller wait for the stream.
     ///

@@ -61,32 +61,6 @@ impl DeviceBuffer {
         self.uses.get_mut().hand_to(stream)
     }
 
-    /// [`set_stream`](DeviceBuffer::set_stream) by value, for chaining.
-    ///
-    /// # Stream ordering
-    /// As [`set_stream`](DeviceBuffer::set_stream).
-    ///
-    /// # Errors
-    /// As [`set_stream`](DeviceBuffer::set_stream); the buffer is then dropped (freed on its
-    /// old owner).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
-    /// # futures::executor::block_on(async {
-    /// # let device = Device::host();
-    /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &a, CudaResource::new(&device)).await?.move_to(&b)?;
-    /// assert_eq!(buf.stream(), b);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn move_to(mut self, stream: &Stream) -> Result<Self> {
-        self.set_stream(stream)?;
-        Ok(self)
-    }
-
     /// Starts a read of the buffer on `stream`, which need not own it.
     ///
     /// # Stream ordering

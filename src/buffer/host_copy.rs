@@ -14,6 +14,7 @@ use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};
 
 mod slice;
+mod views;
 
 pub use slice::{CopyFromSlice, CopyToSlice};
 
@@ -29,6 +30,9 @@ pub(super) mod sealed {
 
         /// The number of bytes the buffer holds.
         fn byte_len(&self) -> usize;
+
+        /// The number of elements the buffer holds.
+        fn elem_len(&self) -> usize;
 
         /// Whether the device's copy engines reach the memory directly (page-locked or managed
         /// memory): a copy then goes straight to the driver's async copy, which returns at once;
@@ -133,6 +137,10 @@ impl<T: Pod + Send> sealed::Sealed for Vec<T> {
         std::mem::size_of_val(self.as_slice())
     }
 
+    fn elem_len(&self) -> usize {
+        self.len()
+    }
+
     fn page_locked(&self) -> bool {
         false
     }
@@ -171,6 +179,10 @@ impl<T: Pod + Send> sealed::Sealed for Box<[T]> {
 
     fn byte_len(&self) -> usize {
         std::mem::size_of_val(&**self)
+    }
+
+    fn elem_len(&self) -> usize {
+        self.len()
     }
 
     fn page_locked(&self) -> bool {
@@ -429,7 +441,10 @@ impl<B: HostBuffer> fmt::Debug for HostTransfer<B> {
 /// drops it once the copy is done. If the copy then fails, its error goes to the device's
 /// deferred errors ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), since
 /// no future is left to return it. `mem::forget` of the future leaks the host buffer and loses
-/// such an error. Neither blocks.
+/// such an error. Neither blocks. A [`PinnedHostVec`](crate::PinnedHostVec) is not dropped in a
+/// host function (its free may call the driver): it is freed at once, stream-ordered on the
+/// copy's stream, after the copy; the leaf [`PinnedHostResource`](crate::PinnedHostResource)'s
+/// free then waits for that stream (`cuMemFreeHost`), a pool's does not.
 ///
 /// # Examples
 ///
@@ -485,6 +500,34 @@ impl<B: HostBuffer> CopyToHost<B> {
         CopyToHost { transfer }
     }
 
+    /// [`start`](CopyToHost::start) for typed device data: `len` elements of `B::Elem` at
+    /// `src`. A host buffer of fewer elements is an [`Error::LengthMismatch`] in elements,
+    /// named `call`.
+    ///
+    /// # Safety
+    /// As [`start`](CopyToHost::start), for `len * size_of::<B::Elem>()` bytes (which the
+    /// caller's device data holds, so the product does not overflow).
+    #[allow(dead_code)] // for the typed containers
+    pub(crate) unsafe fn start_elems(
+        call: &'static str,
+        stream: &Stream,
+        src: DevicePtr,
+        len: usize,
+        host: B,
+    ) -> Self {
+        if host.elem_len() < len {
+            return CopyToHost::failed(Error::LengthMismatch {
+                call,
+                device_len: len,
+                host_len: host.elem_len(),
+                unit: "elements",
+            });
+        }
+        let bytes = len * std::mem::size_of::<B::Elem>();
+        // SAFETY: forwarded from the caller.
+        unsafe { CopyToHost::start(stream, src, bytes, host) }
+    }
+
     /// A future that resolves to `error`; the host buffer was dropped (nothing was enqueued).
     pub(crate) fn failed(error: Error) -> Self {
         CopyToHost {
@@ -528,7 +571,10 @@ impl<B: HostBuffer> fmt::Debug for CopyToHost<B> {
 /// drops it once the copy is done. If the copy then fails, its error goes to the device's
 /// deferred errors ([`Device::take_deferred_error`](crate::Device::take_deferred_error)), since
 /// no future is left to return it. `mem::forget` of the future leaks the host buffer and loses
-/// such an error. Neither blocks.
+/// such an error. Neither blocks. A [`PinnedHostVec`](crate::PinnedHostVec) is not dropped in a
+/// host function (its free may call the driver): it is freed at once, stream-ordered on the
+/// copy's stream, after the copy; the leaf [`PinnedHostResource`](crate::PinnedHostResource)'s
+/// free then waits for that stream (`cuMemFreeHost`), a pool's does not.
 ///
 /// # Examples
 ///
@@ -580,6 +626,34 @@ impl<B: HostBuffer> CopyFromHost<B> {
             }
         });
         CopyFromHost { transfer }
+    }
+
+    /// [`start`](CopyFromHost::start) for typed device data: room for `capacity` elements of
+    /// `B::Elem` at `dst`. A host buffer of more elements is an [`Error::LengthMismatch`] in
+    /// elements, named `call`.
+    ///
+    /// # Safety
+    /// As [`start`](CopyFromHost::start), for `capacity * size_of::<B::Elem>()` bytes (which
+    /// the caller's device memory holds, so the product does not overflow).
+    #[allow(dead_code)] // for the typed containers
+    pub(crate) unsafe fn start_elems(
+        call: &'static str,
+        stream: &Stream,
+        dst: DevicePtr,
+        capacity: usize,
+        host: B,
+    ) -> Self {
+        if host.elem_len() > capacity {
+            return CopyFromHost::failed(Error::LengthMismatch {
+                call,
+                device_len: capacity,
+                host_len: host.elem_len(),
+                unit: "elements",
+            });
+        }
+        let bytes = capacity * std::mem::size_of::<B::Elem>();
+        // SAFETY: forwarded from the caller.
+        unsafe { CopyFromHost::start(stream, dst, bytes, host) }
     }
 
     /// A future that resolves to `error`; the host buffer was never taken.

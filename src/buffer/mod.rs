@@ -13,6 +13,7 @@ mod copy;
 mod guard;
 mod handoff;
 mod host_copy;
+mod peer;
 mod pinned;
 mod resize;
 mod scalar;
@@ -305,7 +306,7 @@ impl fmt::Debug for DeviceBuffer {
     }
 }
 
-#[cfg(all(test, feature = "cuda-driver"))]
+#[cfg(all(test, feature = "gpu-tests"))]
 mod gpu_tests;
 #[cfg(test)]
 mod tests;

@@ -34,6 +34,18 @@ use crate::stream::Stream;
 /// it (its copy future was dropped) is freed stream-ordered on the copy's stream, after the
 /// copy.
 ///
+/// Which resources qualify: those whose [`properties`](crate::MemoryResource::properties) say
+/// both host- and device-accessible — [`PinnedHostResource`] and managed memory, and adaptors
+/// and pools over them. Device memory ([`CudaResource`](crate::CudaResource) on CUDA) and
+/// pageable memory ([`HostResource`](crate::HostResource) on CUDA, which the copy engines
+/// cannot reach directly) are refused with [`Error::NotHostAccessible`]. On the host backend
+/// every resource qualifies.
+///
+/// Since the constructor waits for its stream, give it a stream that is not busy with long
+/// kernels (a staging stream, or the copy stream itself). Freeing memory of the leaf
+/// [`PinnedHostResource`] is `cuMemFreeHost`, which waits for the stream to go idle: a pool
+/// over it frees without blocking, and makes later vectors cheap.
+///
 /// # Examples
 ///
 /// ```
@@ -223,15 +235,16 @@ impl<T: Pod> PinnedHostVec<T> {
                 mem::align_of::<T>()
             )));
         }
-        let ptr = NonNull::new(base.addr() as *mut T).ok_or_else(|| {
+        v.ptr = NonNull::new(base.addr() as *mut T).ok_or_else(|| {
             Error::invalid(format!(
                 "PinnedHostVec: the resource returned a null pointer for {bytes} bytes"
             ))
         })?;
+        v.len = len;
         // Host code is not stream-ordered: wait until device work queued before this
         // allocation (a copy still reading the memory before its last free) has finished.
+        // Nothing reads the elements before then: `v` is not handed out yet.
         stream.record()?.await?;
-        (v.ptr, v.len) = (ptr, len);
         Ok(v)
     }
 
@@ -389,6 +402,10 @@ impl<T: Pod + Send> sealed::Sealed for PinnedHostVec<T> {
 
     fn byte_len(&self) -> usize {
         self.bytes
+    }
+
+    fn elem_len(&self) -> usize {
+        self.len
     }
 
     fn page_locked(&self) -> bool {

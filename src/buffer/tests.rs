@@ -119,22 +119,6 @@ fn set_stream_without_waits_reads_stale_data() {
 }
 
 #[test]
-fn move_to_hands_over_by_value() {
-    let d = device();
-    let [a, b] = streams(&d);
-    block_on(async {
-        let mut buf = DeviceBuffer::new(64, &a, CudaResource::new(&d)).await?;
-        a.enqueue_delay(Duration::from_millis(50))?;
-        buf.fill(3)?;
-        let buf = buf.move_to(&b)?;
-        assert_eq!(buf.stream(), b);
-        assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![3u8; 64]);
-        Ok::<_, Error>(())
-    })
-    .unwrap();
-}
-
-#[test]
 fn read_on_makes_reader_wait_for_owner() {
     let d = device();
     let [owner, reader] = streams(&d);
@@ -770,7 +754,6 @@ fn other_device_is_a_device_mismatch() {
     mismatch(block_on(buf.try_clone_on(&s2)).map(drop));
     let other = DeviceBuffer::try_new(64, &s2, CudaResource::new(&d2)).unwrap();
     mismatch(buf.copy_from_device(&other));
-    mismatch(buf.move_to(&s2).map(drop));
 }
 
 #[test]

@@ -53,6 +53,22 @@ struct DeviceInner {
     host_controls: Option<HostControls>,
     /// Total memory, asked of the backend once: it does not change while the device lives.
     total_memory: OnceLock<usize>,
+    /// Every stream made on this device, weakly (the dead ones are dropped as new ones come),
+    /// for a device-wide synchronize.
+    streams: Mutex<Vec<Weak<dyn TrackedStream>>>,
+}
+
+/// What a device-wide synchronize needs of a stream. The stream layer, above the device,
+/// implements it, so that the device can reach its streams without depending on that layer.
+pub(crate) trait TrackedStream: Send + Sync {
+    /// Blocks until the stream's work so far has completed.
+    fn synchronize_blocking(&self) -> Result<()>;
+
+    /// Records an event at the stream's end now; the future resolves when it completes.
+    #[allow(clippy::type_complexity)]
+    fn record(
+        self: Arc<Self>,
+    ) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>>;
 }
 
 impl Device {
@@ -67,6 +83,7 @@ impl Device {
                 host_controls,
                 backend,
                 total_memory: OnceLock::new(),
+                streams: Mutex::new(Vec::new()),
             }),
         };
         let mut live = live_devices().lock();
@@ -240,6 +257,107 @@ impl Device {
     /// ```
     pub fn set_completion_strategy(&self, strategy: CompletionStrategy) {
         self.inner.driver.set_strategy(strategy)
+    }
+
+    /// Resolves once the work enqueued so far on every stream of this device has completed
+    /// (PyTorch's `torch.cuda.synchronize`, without blocking a thread): an event is recorded on
+    /// each live stream when the future is first polled, and all of them are awaited.
+    ///
+    /// "Every stream" is every stream this crate has a handle to: those of [`Stream::new`],
+    /// the default streams, streams adopted from other libraries, and those that resources
+    /// keep. (On CUDA, work other libraries enqueue on streams of their own is not waited for;
+    /// [`synchronize_blocking`](Device::synchronize_blocking) has the same reach.)
+    ///
+    /// [`Stream::new`]: crate::Stream::new
+    ///
+    /// # Errors
+    /// The first error of a stream that failed or whose event could not be recorded; the
+    /// other streams are still waited for.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves every stream untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{Device, HostConfig, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host_with(HostConfig::default());
+    /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// a.enqueue_delay(Duration::from_millis(10))?;
+    /// b.enqueue_delay(Duration::from_millis(20))?;
+    /// let (on_a, on_b) = (a.record()?, b.record()?);
+    /// device.synchronize().await?;
+    /// assert!(on_a.is_complete()? && on_b.is_complete()?);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn synchronize(&self) -> Result<()> {
+        let mut first_error = None;
+        let mut events = Vec::new();
+        for stream in self.live_streams() {
+            match stream.record() {
+                Ok(event) => events.push(event),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for event in events {
+            if let Err(e) = event.await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Blocks the calling thread until the work enqueued so far on every stream of this device
+    /// has completed; the reach of [`synchronize`](Device::synchronize). Do not call it on an
+    /// async executor thread.
+    ///
+    /// # Errors
+    /// The first error a stream reported; the other streams are still waited for.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{Device, HostConfig, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let s = Stream::new(&device)?;
+    /// s.enqueue_delay(Duration::from_millis(10))?;
+    /// let done = s.record()?;
+    /// device.synchronize_blocking()?;
+    /// assert!(done.is_complete()?);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn synchronize_blocking(&self) -> Result<()> {
+        let mut first_error = None;
+        for stream in self.live_streams() {
+            if let Err(e) = stream.synchronize_blocking() {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Keeps a weak handle to a new stream of this device, for
+    /// [`synchronize`](Device::synchronize); forgets the dead ones on the way.
+    pub(crate) fn track_stream(&self, stream: Weak<dyn TrackedStream>) {
+        let mut streams = self.inner.streams.lock();
+        streams.retain(|s| s.strong_count() > 0);
+        streams.push(stream);
+    }
+
+    /// The streams of this device that are alive now.
+    fn live_streams(&self) -> Vec<Arc<dyn TrackedStream>> {
+        self.inner
+            .streams
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 
     /// Fault injection and accounting; `Some` on the host backend only.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_timer::Delay;
 
 use crate::error::{Error, Result};
-use crate::resource::availability::Waiter;
+use crate::resource::availability::{WaitEnd, Waiter};
 use crate::resource::{check_resource, DevicePtr, MemoryResource};
 use crate::stream::Stream;
 use crate::sync::Arc;
@@ -30,8 +30,10 @@ use crate::sync::Arc;
 /// runtime-independent timer.
 ///
 /// # Errors
-/// [`Error::OutOfMemory`] at once when the request can never fit, nothing can come back for
-/// it, or the resource cannot make it wait; [`Error::DeviceMismatch`] before any wait when the
+/// [`Error::TooLarge`] at once, with the maximum, when the request is above the resource's
+/// [`capacity_limit`](MemoryResource::capacity_limit) (whatever out-of-memory error the
+/// resource itself gave); [`Error::OutOfMemory`] at once when nothing can come back for it or
+/// the resource cannot make it wait; [`Error::DeviceMismatch`] before any wait when the
 /// stream is of another device; [`Error::Timeout`] when a [`deadline`](Allocate::deadline) passes first; any other
 /// error of `try_allocate`.
 ///
@@ -127,6 +129,16 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
         Some(second)
     }
 
+    /// An out-of-memory outcome for a request above the capacity limit, made
+    /// [`Error::TooLarge`] whatever the resource said: the caller should hear that waiting
+    /// cannot help, not how much is free now.
+    fn never_fitting(&self, done: Result<DevicePtr>) -> Result<DevicePtr> {
+        done.map_err(|e| match e {
+            Error::OutOfMemory { .. } => e.never_fitting(self.mr.capacity_limit()),
+            e => e,
+        })
+    }
+
     fn timed_out(&self, since: Instant) -> Error {
         Error::Timeout {
             requested: self.bytes,
@@ -135,9 +147,10 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
         }
     }
 
-    fn leave_queue(&mut self) {
+    /// Leaves the wait queue (if queued), counting how the wait ended.
+    fn leave_queue(&mut self, end: WaitEnd) {
         if let (Some(wait), Some(a)) = (self.wait.take(), self.mr.availability()) {
-            a.remove(&wait.waiter);
+            a.finish(&wait.waiter, end, wait.since.elapsed());
         }
     }
 }
@@ -153,7 +166,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
                 // The fast path.
                 match this.mr.try_allocate(this.bytes, this.stream) {
                     Err(e) if e.is_out_of_memory() && this.can_wait() => {}
-                    done => return Poll::Ready(done),
+                    done => return Poll::Ready(this.never_fitting(done)),
                 }
             } else {
                 // Behind other waiters, but checked as the fast path would be first: a request
@@ -162,7 +175,8 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
                     return Poll::Ready(Err(e));
                 }
                 if this.bytes == 0 || !this.can_wait() {
-                    return Poll::Ready(this.mr.try_allocate(this.bytes, this.stream));
+                    let done = this.mr.try_allocate(this.bytes, this.stream);
+                    return Poll::Ready(this.never_fitting(done));
                 }
             }
             let Some(availability) = this.mr.availability() else {
@@ -183,7 +197,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if availability.is_head(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             if let Some(done) = this.retry() {
-                this.leave_queue();
+                this.leave_queue(WaitEnd::Done);
                 return Poll::Ready(done);
             }
         }
@@ -191,7 +205,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if let Some(timer) = &mut wait.timer {
             if Pin::new(timer).poll(cx).is_ready() {
                 let since = wait.since;
-                this.leave_queue();
+                this.leave_queue(WaitEnd::TimedOut);
                 return Poll::Ready(Err(this.timed_out(since)));
             }
         }
@@ -201,7 +215,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
 
 impl<R: MemoryResource + ?Sized> Drop for Allocate<'_, R> {
     fn drop(&mut self) {
-        self.leave_queue();
+        self.leave_queue(WaitEnd::Cancelled);
     }
 }
 

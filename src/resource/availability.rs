@@ -3,10 +3,12 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
 use std::task::Waker;
+use std::time::Duration;
 
+use crate::resource::WaitQueueStats;
 use crate::sync::{fence, Arc, AtomicUsize, Mutex};
 
 /// The signal a resource fires when memory may have become available (a free, growth, a
@@ -41,6 +43,29 @@ pub struct Availability {
     /// Whether anyone waits here or at a follower, so that a notify with nobody waiting reads
     /// one counter instead of locking and walking the followers.
     waiting: Arc<Waiting>,
+    /// How the queue has fared ([`Availability::stats`]); touched only when a request waits.
+    counts: WaitCounts,
+}
+
+/// The counters behind [`WaitQueueStats`]. Plain std atomics, also under loom: they order
+/// nothing, they only count.
+#[derive(Debug, Default)]
+struct WaitCounts {
+    waits: AtomicU64,
+    timeouts: AtomicU64,
+    cancellations: AtomicU64,
+    waited_nanos: AtomicU64,
+}
+
+/// How a wait in the queue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitEnd {
+    /// The request got its memory, or failed for good.
+    Done,
+    /// Its deadline passed.
+    TimedOut,
+    /// Its future was dropped.
+    Cancelled,
 }
 
 /// How many wait queues at or below an availability have waiters: its own queue (while it has
@@ -131,9 +156,62 @@ impl Availability {
         follower
     }
 
+    /// How the queue has fared: waiters now, and the waits, timeouts, cancellations and time
+    /// waited since the resource was made. What [`MemoryStats::wait_queue`] reports.
+    ///
+    /// [`MemoryStats::wait_queue`]: crate::MemoryStats::wait_queue
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    /// let held = mr.allocate(1024, &stream).await?;
+    /// let late = mr.allocate(256, &stream).timeout(Duration::from_millis(5)).await;
+    /// assert!(late.is_err());
+    /// let stats = mr.availability().unwrap().stats();
+    /// assert_eq!((stats.waiting, stats.waits, stats.timeouts), (0, 1, 1));
+    /// assert!(stats.time_waited > Duration::ZERO); // about the 5 ms it waited
+    /// unsafe { mr.deallocate(held, 1024, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn stats(&self) -> WaitQueueStats {
+        let c = &self.counts;
+        WaitQueueStats {
+            waiting: self.queue.len(),
+            waits: c.waits.load(Ordering::Relaxed),
+            timeouts: c.timeouts.load(Ordering::Relaxed),
+            cancellations: c.cancellations.load(Ordering::Relaxed),
+            time_waited: Duration::from_nanos(c.waited_nanos.load(Ordering::Relaxed)),
+        }
+    }
+
     /// Queues a new waiter at the back.
     pub(crate) fn push(&self, waker: &Waker) -> Arc<Waiter> {
+        self.counts.waits.fetch_add(1, Ordering::Relaxed);
         self.queue.push(waker, || self.waiting.up())
+    }
+
+    /// Takes `waiter` out of the queue as [`remove`](Availability::remove) does, and counts
+    /// how its wait ended and how long it took.
+    pub(crate) fn finish(&self, waiter: &Arc<Waiter>, end: WaitEnd, waited: Duration) {
+        self.remove(waiter);
+        let c = &self.counts;
+        match end {
+            WaitEnd::Done => {}
+            WaitEnd::TimedOut => {
+                c.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            WaitEnd::Cancelled => {
+                c.cancellations.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        c.waited_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Whether `waiter` is the oldest in the queue (the one allowed to retry).

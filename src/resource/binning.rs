@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{Allocated, MemoryStats};
 use crate::resource::{Availability, DevicePtr, FixedSizeResource, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
@@ -232,6 +233,36 @@ impl<R: MemoryResource + Clone> Forward for Inner<R> {
 
     fn availability(&self) -> Option<&Availability> {
         Some(&self.availability)
+    }
+
+    /// The upstream's figures, with the free blocks of the fixed-size bins taken out of
+    /// allocated: a bin's chunk is one allocation of the upstream, its blocks in use are the
+    /// allocations made here. (A bin's resource of yours reports in its own `memory_stats`.)
+    /// Allocated is `None` when the upstream does not count (a plain
+    /// [`CudaResource`](crate::CudaResource)): the large requests it serves are not counted here.
+    fn memory_stats(&self) -> MemoryStats {
+        let stats = self.upstream.memory_stats();
+        let Some(mut bytes) = stats.allocated_bytes else {
+            return stats;
+        };
+        let mut allocations = stats.allocations;
+        for bin in &self.bins {
+            if let BinResource::Fixed(r) = &bin.resource {
+                let b = r.memory_stats();
+                let chunk = r.block_size() * r.blocks_to_preallocate();
+                let reserved = b.reserved_bytes.unwrap_or(0);
+                // Saturating: an upstream that counts less than the bins hold (one shared
+                // with a reset counter, say) must not make this panic.
+                bytes = bytes.saturating_sub(reserved) + b.allocated_bytes.unwrap_or(0);
+                allocations = allocations
+                    .map(|n| n.saturating_sub(reserved / chunk) + b.allocations.unwrap_or(0));
+            }
+        }
+        stats.with_allocated(Allocated {
+            bytes,
+            peak: None,
+            allocations,
+        })
     }
 
     /// As the bin or the upstream that serves `bytes`.

@@ -112,6 +112,28 @@ impl MemoryResource for CudaAsyncViewResource {
         ResourceIdentity::Shared(self.pool.address())
     }
 
+    /// Reserved: what the driver pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); the
+    /// driver's allocated figure is not asked for, so wrap it in a
+    /// [`StatisticsAdaptor`](crate::StatisticsAdaptor) to count allocations.
+    ///
+    /// ```
+    /// use streamalloc::{CudaAsyncResource, Device, HostConfig, MemoryResource, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let mr = CudaAsyncResource::new(&device)?;
+    /// let p = mr.try_allocate(1 << 20, &stream)?;
+    /// assert!(mr.memory_stats().reserved_bytes.unwrap() >= 1 << 20);
+    /// unsafe { mr.deallocate(p, 1 << 20, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn memory_stats(&self) -> crate::resource::MemoryStats {
+        crate::resource::MemoryStats {
+            reserved_bytes: self.pool.reserved().ok(),
+            ..crate::resource::MemoryStats::default()
+        }
+    }
+
     fn properties(&self) -> Properties {
         Properties {
             device_accessible: true,

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
-    align_up, is_empty_request, Availability, DevicePtr, MemoryResource, SharedResource,
+    align_up, is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
+    SharedResource,
 };
 use crate::stream::Stream;
 
@@ -236,11 +237,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
             return Ok(DevicePtr::NULL);
         }
         if bytes > self.block_size {
-            return Err(Error::OutOfMemory {
-                requested: bytes,
-                available: Some(self.block_size),
-                device: self.device.id(),
-            });
+            return Err(Error::too_large(bytes, self.block_size, self.device.id()));
         }
         let mut state = self.state.lock();
         let slot = state.slot_or_insert(stream.id(), || FreeOrder::new(stream));
@@ -293,6 +290,24 @@ impl<R: MemoryResource> Forward for Inner<R> {
 
     fn capacity_limit(&self) -> Option<usize> {
         Some(self.block_size)
+    }
+
+    /// Reserved: the blocks held from the upstream (they go back only when the resource is
+    /// dropped, so the peak is the figure now); allocated: the blocks in use.
+    fn memory_stats(&self) -> MemoryStats {
+        let (chunks, live) = {
+            let state = self.state.lock();
+            (state.chunk_count(), state.live())
+        };
+        let reserved = chunks * self.blocks_per_chunk * self.block_size;
+        self.upstream
+            .memory_stats()
+            .with_reserved(reserved, reserved)
+            .with_allocated(Allocated {
+                bytes: live * self.block_size,
+                peak: None,
+                allocations: Some(live),
+            })
     }
 
     /// While a block is in use, a free brings one back; else only the upstream could give the

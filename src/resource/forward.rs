@@ -38,7 +38,7 @@
 //! [`CudaAsyncResource`]: crate::CudaAsyncResource
 
 use crate::error::Result;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties};
+use crate::resource::{Availability, DevicePtr, MemoryResource, MemoryStats, Properties};
 use crate::stream::Stream;
 
 /// The shared state's upstream: `memory_resource!(shared ..)` implements it from the state's
@@ -83,6 +83,17 @@ pub(crate) trait Forward: Wraps {
 
     fn properties(&self) -> Properties {
         self.upstream().properties()
+    }
+
+    /// The upstream's figures; a layer that counts or holds memory puts its own over them. The
+    /// wait queue is filled in by the handle, from its own [`availability`](Forward::availability).
+    fn memory_stats(&self) -> MemoryStats {
+        self.upstream().memory_stats()
+    }
+
+    /// Resets the peaks below; a layer with peaks of its own resets them too.
+    fn reset_peak(&self) {
+        self.upstream().reset_peak()
     }
 }
 
@@ -145,7 +156,8 @@ macro_rules! memory_resource {
             use $crate::resource::forward::Forward as _;
             use $crate::error::Result;
             use $crate::resource::{
-                Availability, DevicePtr, MemoryResource, Properties, ResourceIdentity,
+                Availability, DevicePtr, MemoryResource, MemoryStats, Properties,
+                ResourceIdentity,
             };
             use $crate::stream::Stream;
 
@@ -186,6 +198,21 @@ macro_rules! memory_resource {
                 fn properties(&self) -> Properties {
                     let $this = self;
                     $to.properties()
+                }
+
+                fn memory_stats(&self) -> MemoryStats {
+                    let $this = self;
+                    let mut stats = $to.memory_stats();
+                    // The queue that awaited allocations through this resource join.
+                    if let Some(a) = self.availability() {
+                        stats.wait_queue = a.stats();
+                    }
+                    stats
+                }
+
+                fn reset_peak(&self) {
+                    let $this = self;
+                    $to.reset_peak()
                 }
             }
         };

@@ -16,7 +16,9 @@ mod pageable;
 mod pinned_host;
 pub(crate) mod pool;
 pub(crate) mod registry;
+pub(crate) mod scoped;
 mod size;
+mod stats;
 pub(crate) mod stream_order;
 
 use std::fmt;
@@ -40,6 +42,8 @@ pub use pinned_host::PinnedHostResource;
 pub use pool::{PoolResource, PoolStatistics};
 pub(crate) use size::align_up;
 pub use size::ALLOCATION_ALIGNMENT;
+pub(crate) use stats::Allocated;
+pub use stats::{MemoryStats, WaitQueueStats};
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
@@ -256,6 +260,56 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     /// Where the memory lives and who can access it.
     fn properties(&self) -> Properties;
 
+    /// The numbers users look for, for this resource and every one under it: allocated and
+    /// reserved bytes, their peaks, live allocations, and the wait queue (PyTorch's
+    /// `torch.cuda.memory_stats`). See [`MemoryStats`] for which layer gives which number.
+    ///
+    /// The default, for a resource that counts nothing, reports only its wait queue.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// assert_eq!(CudaResource::new(&device).memory_stats().allocated_bytes, None);
+    /// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// let p = pool.try_allocate(1000, &stream)?;
+    /// let stats = pool.memory_stats();
+    /// assert_eq!(stats.allocated_bytes, Some(1024)); // as the pool rounds it
+    /// assert_eq!(stats.reserved_bytes, Some(1 << 20));
+    /// unsafe { pool.deallocate(p, 1000, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn memory_stats(&self) -> MemoryStats {
+        MemoryStats {
+            wait_queue: self
+                .availability()
+                .map(Availability::stats)
+                .unwrap_or_default(),
+            ..MemoryStats::default()
+        }
+    }
+
+    /// Resets the peaks of [`memory_stats`](MemoryResource::memory_stats) to the current
+    /// figures, in this resource and every one under it (PyTorch's
+    /// `torch.cuda.reset_peak_memory_stats`). A [`StatisticsAdaptor`](crate::StatisticsAdaptor)
+    /// resets the peaks of its innermost scope.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, MemoryResource, StatisticsAdaptor, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    /// let p = mr.try_allocate(4096, &stream)?;
+    /// unsafe { mr.deallocate(p, 4096, &stream) };
+    /// assert_eq!(mr.memory_stats().peak_allocated_bytes, Some(4096));
+    /// mr.reset_peak();
+    /// assert_eq!(mr.memory_stats().peak_allocated_bytes, Some(0));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn reset_peak(&self) {}
+
     /// Allocates `bytes` for use on `stream`; a future whose first poll is the synchronous
     /// fast path ([`try_allocate`](MemoryResource::try_allocate)).
     ///
@@ -310,6 +364,24 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
             Poll::Pending => futures::executor::block_on(future),
         }
     }
+}
+
+/// The [`memory_stats`](MemoryResource::memory_stats) of `device`'s current resource
+/// ([`current_device_resource_for`](crate::current_device_resource_for)): PyTorch's
+/// `torch.cuda.memory_stats(device)`.
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, HostConfig, PoolResource, StatisticsAdaptor};
+///
+/// let device = Device::host_with(HostConfig::default());
+/// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+/// streamalloc::set_current_device_resource_for(&device, std::sync::Arc::new(StatisticsAdaptor::new(pool)))?;
+/// let stats = streamalloc::memory_stats(&device);
+/// assert_eq!((stats.allocated_bytes, stats.reserved_bytes), (Some(0), Some(1 << 20)));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn memory_stats(device: &Device) -> MemoryStats {
+    registry::current_device_resource_for(device).memory_stats()
 }
 
 /// Whether this thread runs under a tokio `current_thread` runtime, where blocking while
@@ -418,7 +490,17 @@ pub(crate) fn leaf_allocate(
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
     }
-    device.raw().allocate(kind, bytes).map(DevicePtr::from_raw)
+    device
+        .raw()
+        .allocate(kind, bytes)
+        .map(DevicePtr::from_raw)
+        .map_err(|e| {
+            // No device allocation can be larger than the device (the leaves' capacity limit).
+            match kind {
+                crate::backend::MemoryKind::Device => e.never_fitting(device.total_memory().ok()),
+                _ => e,
+            }
+        })
 }
 
 /// `deallocate` of a leaf resource over the backend's raw allocator of `kind`.
@@ -458,3 +540,9 @@ mod wait_tests;
 
 #[cfg(test)]
 mod equality_tests;
+
+#[cfg(test)]
+mod stats_tests;
+
+#[cfg(test)]
+mod too_large_tests;

@@ -7,7 +7,10 @@ use parking_lot::Mutex;
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
-use crate::resource::{CudaResource, SharedResource, ALLOCATION_ALIGNMENT};
+use crate::resource::scoped::scoped_resource_for;
+use crate::resource::{
+    into_shared, CudaResource, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+};
 
 fn registry() -> &'static Mutex<HashMap<DeviceId, SharedResource>> {
     static REGISTRY: OnceLock<Mutex<HashMap<DeviceId, SharedResource>>> = OnceLock::new();
@@ -29,15 +32,25 @@ pub fn current_device_resource() -> SharedResource {
     current_device_resource_for(&Device::default())
 }
 
-/// The resource that containers and helpers use on `device` when none is given: a
-/// [`CudaResource`] until [`set_current_device_resource_for`] installs another.
+/// The resource that containers and helpers use on `device` when none is given: inside a
+/// [`with_resource`](crate::with_resource) scope of a resource of `device`, that resource
+/// (the innermost one); else the device's own, a [`CudaResource`] until
+/// [`set_current_device_resource_for`] installs another.
 ///
 /// ```
-/// use streamalloc::{current_device_resource_for, Device, HostConfig, MemoryResource};
+/// use streamalloc::*;
+///
 /// let device = Device::host_with(HostConfig::default());
 /// assert_eq!(current_device_resource_for(&device).properties().device, device.id());
+/// let managed = ManagedResource::new(&device);
+/// with_resource_sync(managed.clone(), || {
+///     assert!(current_device_resource_for(&device).is_equal(&managed));
+/// });
 /// ```
 pub fn current_device_resource_for(device: &Device) -> SharedResource {
+    if let Some(scoped) = scoped_resource_for(device.id()) {
+        return scoped;
+    }
     registry()
         .lock()
         .entry(device.id())
@@ -46,6 +59,11 @@ pub fn current_device_resource_for(device: &Device) -> SharedResource {
 }
 
 /// Installs `mr` as the current resource of [`Device::default()`]; returns the previous one.
+/// Any resource will do, as for [`DeviceBuffer::new`](crate::DeviceBuffer::new): a resource by
+/// value, a clone of a shared one, an `Arc` of either, or a [`SharedResource`].
+///
+/// It is the device's own resource, for every thread and task; a
+/// [`with_resource`](crate::with_resource) scope still takes precedence inside it.
 ///
 /// # Errors
 /// [`Error::DeviceMismatch`] when `mr` allocates on another device.
@@ -59,19 +77,37 @@ pub fn current_device_resource_for(device: &Device) -> SharedResource {
 /// let previous = set_current_device_resource(pool)?;
 /// assert!(format!("{previous:?}").contains("CudaResource"));
 /// assert!(format!("{:?}", current_device_resource()).contains("CudaAsyncResource"));
+/// set_current_device_resource(previous)?;
 /// # Ok::<(), streamalloc::Error>(())
 /// ```
-pub fn set_current_device_resource(mr: SharedResource) -> Result<SharedResource> {
+pub fn set_current_device_resource(mr: impl MemoryResource + 'static) -> Result<SharedResource> {
     set_current_device_resource_for(&Device::default(), mr)
 }
 
-/// Installs `mr` as the current resource of `device`; returns the previous one.
+/// Installs `mr` as the current resource of `device`; returns the previous one. Any resource
+/// will do, as for [`DeviceBuffer::new`](crate::DeviceBuffer::new); `mr` is type-erased once
+/// (a [`SharedResource`] is kept as it is).
 ///
 /// # Errors
-/// [`Error::DeviceMismatch`] when `mr` allocates on another device.
+/// [`Error::DeviceMismatch`] when `mr` allocates on another device (`expected` is `device`,
+/// `actual` the resource's); the current resource is then unchanged.
+///
+/// ```
+/// use streamalloc::*;
+///
+/// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
+/// let pool = PoolResource::new(CudaResource::new(&d0), 1 << 20, None)?;
+/// set_current_device_resource_for(&d0, pool.clone())?;
+/// assert!(current_device_resource_for(&d0).is_equal(&pool));
+///
+/// let wrong = set_current_device_resource_for(&d1, pool);
+/// assert!(matches!(wrong, Err(Error::DeviceMismatch { expected, actual, .. })
+///     if expected == d1.id() && actual == d0.id()));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 pub fn set_current_device_resource_for(
     device: &Device,
-    mr: SharedResource,
+    mr: impl MemoryResource + 'static,
 ) -> Result<SharedResource> {
     let id = mr.properties().device;
     if id != device.id() {
@@ -80,6 +116,7 @@ pub fn set_current_device_resource_for(
             actual: id,
         });
     }
+    let mr = into_shared(mr);
     let mut map = registry().lock();
     Ok(map.insert(id, mr).unwrap_or_else(|| initial(device)))
 }
@@ -144,3 +181,6 @@ pub fn percent_of_free_device_memory(device: &Device, percent: u32) -> Result<us
     let bytes = (free * u128::from(percent) / 100) as usize;
     Ok(bytes / ALLOCATION_ALIGNMENT * ALLOCATION_ALIGNMENT)
 }
+
+#[cfg(test)]
+mod tests;

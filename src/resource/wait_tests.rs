@@ -169,8 +169,9 @@ fn requests_that_can_never_fit_fail_at_once() {
     assert!(
         matches!(
             err,
-            Error::OutOfMemory {
+            Error::TooLarge {
                 requested: 2048,
+                maximum: 1024,
                 ..
             }
         ),
@@ -191,8 +192,9 @@ fn a_limit_that_is_not_a_multiple_of_256_reports_what_can_fit() {
     assert!(
         matches!(
             r,
-            Err(Error::OutOfMemory {
+            Err(Error::TooLarge {
                 requested: 1000,
+                maximum: 768,
                 ..
             })
         ),

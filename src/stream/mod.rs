@@ -6,6 +6,8 @@ mod round_robin;
 
 use std::cell::RefCell;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -18,7 +20,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{AnyStream, DefaultStream};
 use crate::device::notify::ShadowStream;
-use crate::device::Device;
+use crate::device::{Device, TrackedStream};
 use crate::error::Result;
 
 /// An owned, ordered queue of device work on one device. A cheap `Clone` handle: clones are the
@@ -69,14 +71,16 @@ impl Stream {
 
     fn wrap(device: &Device, raw: AnyStream) -> Stream {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        Stream {
-            inner: Arc::new(StreamInner {
-                id: StreamId(NEXT.fetch_add(1, Ordering::Relaxed)),
-                device: device.clone(),
-                raw,
-                shadow: ShadowStream::default(),
-            }),
-        }
+        let inner = Arc::new(StreamInner {
+            id: StreamId(NEXT.fetch_add(1, Ordering::Relaxed)),
+            device: device.clone(),
+            raw,
+            shadow: ShadowStream::default(),
+        });
+        // For `Device::synchronize`: the device keeps a weak handle to each of its streams.
+        let weak: Weak<StreamInner> = Arc::downgrade(&inner);
+        device.track_stream(weak);
+        Stream { inner }
     }
 
     /// The device's legacy default stream (`CU_STREAM_LEGACY`, RMM's `cuda_stream_legacy`), for
@@ -193,6 +197,39 @@ impl Stream {
         self.inner.raw.wait_event(event.raw())
     }
 
+    /// Makes work enqueued on this stream from now on wait for everything enqueued on `other`
+    /// so far, without blocking the host: [`record`](Stream::record) on `other`, then
+    /// [`wait`](Stream::wait) here (PyTorch's `Stream.wait_stream`). Waiting for itself does
+    /// nothing.
+    ///
+    /// # Stream ordering
+    /// Only work enqueued on `other` before the call is waited for.
+    ///
+    /// # Errors
+    /// A driver error when recording or waiting fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{Device, Stream};
+    ///
+    /// let device = Device::host();
+    /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// b.enqueue_delay(Duration::from_millis(20))?; // b is busy
+    /// a.wait_stream(&b)?;                            // a's later work runs after it
+    /// let on_a = a.record()?;
+    /// assert!(!on_a.is_complete()?);
+    /// on_a.synchronize_blocking()?;
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn wait_stream(&self, other: &Stream) -> Result<()> {
+        if self == other {
+            return Ok(());
+        }
+        self.wait(&other.record()?)
+    }
+
     /// Resolves once all work enqueued so far has completed. Blocks no thread.
     ///
     /// # Errors
@@ -267,6 +304,17 @@ impl Stream {
 
     pub(crate) fn shadow(&self) -> &ShadowStream {
         &self.inner.shadow
+    }
+}
+
+impl TrackedStream for StreamInner {
+    fn synchronize_blocking(&self) -> Result<()> {
+        self.raw.synchronize_blocking()
+    }
+
+    fn record(self: Arc<Self>) -> Result<Pin<Box<dyn Future<Output = Result<()>> + Send>>> {
+        let event = Stream { inner: self }.record()?;
+        Ok(Box::pin(event))
     }
 }
 

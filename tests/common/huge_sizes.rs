@@ -74,7 +74,10 @@ fn refuse(mr: &SharedResource, bytes: usize, s: &Stream) -> Result<(), TestCaseE
     let expect_oom = |how: &str, r: streamalloc::Result<()>| -> Result<(), TestCaseError> {
         match r {
             Ok(()) => Err(TestCaseError::fail(format!("{how}({bytes}) succeeded"))),
-            Err(streamalloc::Error::OutOfMemory { requested, .. }) => {
+            Err(
+                streamalloc::Error::OutOfMemory { requested, .. }
+                | streamalloc::Error::TooLarge { requested, .. },
+            ) => {
                 prop_assert!(requested >= bytes, "{how}({bytes}) names {requested} bytes");
                 Ok(())
             }
@@ -145,7 +148,9 @@ pub fn limiting_charges_nothing(device: Device) {
             let e = mr.try_allocate(bytes, &s).unwrap_err();
             prop_assert!(
                 matches!(e, streamalloc::Error::OutOfMemory { requested, available: Some(a), .. }
-                    if requested == bytes && a == (1 << 30) - 1024),
+                    if requested == bytes && a == (1 << 30) - 1024)
+                    || matches!(e, streamalloc::Error::TooLarge { requested, maximum, .. }
+                    if requested == bytes && maximum == 1 << 30),
                 "{bytes}: {e:?}"
             );
             let e = block_on(mr.allocate(bytes, &s).timeout(AWAIT_LIMIT)).unwrap_err();

@@ -7,11 +7,14 @@ pub mod arena_suite;
 pub mod buffer_suite;
 pub mod container_suite;
 pub mod deferred_suite;
+pub mod host_data_suite;
 pub mod huge_sizes;
+pub mod multi_device_suite;
 pub mod pool_suite;
 pub mod pressure_suite;
 mod rng;
 pub mod stress;
 pub mod suite;
+pub mod sync_suite;
 
 pub use rng::SplitMix64;

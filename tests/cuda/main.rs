@@ -1,8 +1,8 @@
-//! Integration tests on the CUDA backend: the host suites instantiated for device 0. Ignored
-//! where there is no GPU (CI shows them as ignored, never as passed); the GPU bundle runs them
-//! with `--include-ignored`. Without the CUDA backend (`--no-default-features`) there is nothing
-//! to instantiate them for, so the binary is empty.
-#![cfg(feature = "cuda-driver")]
+//! Integration tests on the CUDA backend: the host suites instantiated for device 0. This binary
+//! is built only with feature `gpu-tests` (implied by `cuda`; Cargo.toml's `required-features`),
+//! so a plain `cargo test` skips it without listing its tests. Built, every test is ignored where
+//! there is no GPU (shown as ignored, never as passed):
+//! `cargo test --features cuda -- --include-ignored` and the GPU bundle run them.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -37,7 +37,11 @@ resource_suite!(host_resource, gpu(), |d| Arc::new(HostResource::new(d)), #[igno
 resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(d), #[ignore = "needs a CUDA device"]);
 
 buffer_suite!(buffers, gpu(), #[ignore = "needs a CUDA device"]);
+host_data_suite!(host_data, gpu(), #[ignore = "needs a CUDA device"]);
 container_suite!(containers, gpu(), #[ignore = "needs a CUDA device"]);
+// Devices 0 and 1; with one GPU these skip, or fail when asked for by name (`multi_gpu`).
+multi_device_suite!(multi_gpu, common::multi_device_suite::two_cuda_devices(), #[ignore = "needs two CUDA devices"]);
+sync_suite!(synchronization, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
 deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d)), #[ignore = "needs a CUDA device"]);

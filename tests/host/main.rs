@@ -39,7 +39,10 @@ resource_suite!(current_device_resource, host(), |d| {
 });
 
 buffer_suite!(buffers, host());
+host_data_suite!(host_data, host());
 container_suite!(containers, host());
+multi_device_suite!(multi_device, Some((host(), host())));
+sync_suite!(synchronization, host());
 huge_sizes_suite!(huge_sizes, host());
 
 /// With no capacity to refuse them first, huge requests reach the host backend's own size

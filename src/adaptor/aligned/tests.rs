@@ -279,7 +279,8 @@ fn an_overflowing_request_fails_at_once_even_awaited() {
         mr.allocate(usize::MAX - 100, &s)
             .timeout(std::time::Duration::from_secs(5)),
     );
-    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+    // Said as what it is: a request that can never fit.
+    assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
 }
 
 /// The capacity limit is the largest request whose padded size fits the upstream's.

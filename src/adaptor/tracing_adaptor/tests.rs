@@ -10,6 +10,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 use super::*;
+use crate::error::Error;
 use crate::test_support::{self, free, host, recording, KIB, MIB};
 use crate::{CudaResource, LimitingAdaptor};
 

@@ -181,6 +181,12 @@ impl DeviceContext {
         self.id
     }
 
+    /// The primary context, valid while `self` lives (for calls that name a context, such as
+    /// `cuMemcpyPeerAsync`).
+    pub(super) fn raw_context(&self) -> sys::CUcontext {
+        self.ctx.0
+    }
+
     /// Makes this device's primary context current on the calling thread, unless this crate
     /// already did so last on this thread.
     ///

@@ -134,7 +134,7 @@ impl CudaMemPool {
                 id,
             ));
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-13000")]
         {
             // SAFETY: the library is loaded (a context exists); the symbol is only looked up,
             // never called through this pointer type. A driver older than CUDA 13 lacks it, and
@@ -171,7 +171,7 @@ impl CudaMemPool {
                 owned: false,
             })
         }
-        #[cfg(not(feature = "cuda"))]
+        #[cfg(not(feature = "cuda-13000"))]
         {
             Err(Error::unsupported(
                 format!("{what}: this build uses CUDA 12 headers"),

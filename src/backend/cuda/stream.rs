@@ -298,6 +298,28 @@ impl BackendStream for CudaStream {
         self.ctx.check("cuMemcpyAsync", r)
     }
 
+    unsafe fn copy_peer(&self, dst: u64, src: u64, src_stream: &Self, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the stream live; both contexts are retained by
+        // their `DeviceContext`s (borrowed here); `dst` is memory of this stream's device and
+        // `src` of `src_stream`'s, both valid until the copy completes, and nothing else writes
+        // them meanwhile (caller, 1 and 2).
+        let r = unsafe {
+            sys::cuMemcpyPeerAsync(
+                dst,
+                self.ctx.raw_context(),
+                src,
+                src_stream.ctx.raw_context(),
+                bytes,
+                self.raw.0,
+            )
+        };
+        self.ctx.check("cuMemcpyPeerAsync", r)
+    }
+
     unsafe fn copy_pageable(&self, dst: u64, src: u64, bytes: usize, to_host: bool) -> Result<()> {
         if bytes == 0 {
             return Ok(());

@@ -1,9 +1,13 @@
-//! Tests of the CUDA backend at the trait level. All but the first need a GPU and are ignored
-//! elsewhere; `.gpu/run.sh` runs them with `--include-ignored`.
+//! Tests of the CUDA backend at the trait level. All but the first need a GPU: they are built
+//! with feature `gpu-tests` (implied by `cuda`) and ignored elsewhere; `.gpu/run.sh` and
+//! `cargo test --features cuda -- --include-ignored` run them.
 //!
 //! No test asks for more managed or pinned host memory than a machine has: oversubscribing
 //! managed memory can hang a GPU, and pinning can wake the OOM killer where the kernel
 //! overcommits. Out-of-memory is checked on device memory and pools only.
+
+// The helpers below serve the GPU tests only.
+#![cfg_attr(not(feature = "gpu-tests"), allow(dead_code, unused_imports))]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -62,6 +66,7 @@ fn device_count_never_panics() {
     }
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn driver_loads_and_describes_the_device() {
@@ -79,6 +84,7 @@ fn driver_loads_and_describes_the_device() {
     ));
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_memory_kind_holds_data() {
@@ -127,6 +133,7 @@ fn last_prefetch_location(ptr: u64, bytes: usize) -> c_int {
     location
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
@@ -174,6 +181,7 @@ fn prefetch_moves_managed_memory_to_the_device_and_skips_other_memory() {
     }
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn too_large_device_requests_are_out_of_memory() {
@@ -199,6 +207,7 @@ fn too_large_device_requests_are_out_of_memory() {
     unsafe { backend().free(MemoryKind::Device, p, 4096, &*s) }.unwrap();
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn delay_occupies_the_stream() {
@@ -215,6 +224,7 @@ fn delay_occupies_the_stream() {
     s.synchronize_blocking().unwrap();
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn wait_event_orders_work_across_streams() {
@@ -241,6 +251,7 @@ fn wait_event_orders_work_across_streams() {
     unsafe { backend().free(MemoryKind::Device, p, n, &*a) }.unwrap();
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn foreign_streams_and_events_are_rejected() {
@@ -260,6 +271,7 @@ fn foreign_streams_and_events_are_rejected() {
     ));
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn notify_completes_after_preceding_work_and_leaks_nothing() {
@@ -281,6 +293,7 @@ fn notify_completes_after_preceding_work_and_leaks_nothing() {
     );
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn host_functions_run_in_order_and_survive_a_panic() {
@@ -314,6 +327,7 @@ fn host_functions_run_in_order_and_survive_a_panic() {
     s.synchronize_blocking().unwrap();
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn pools_allocate_free_and_trim() {
@@ -342,6 +356,7 @@ fn pools_allocate_free_and_trim() {
     assert_eq!(pool.reserved().unwrap(), 0);
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn pools_export_handles_or_say_unsupported() {
@@ -370,6 +385,7 @@ fn pools_export_handles_or_say_unsupported() {
     ));
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_default_pool_is_shared_and_never_destroyed() {
@@ -389,6 +405,7 @@ fn the_default_pool_is_shared_and_never_destroyed() {
     s.synchronize_blocking().unwrap();
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn events_are_recycled() {
@@ -407,6 +424,7 @@ fn events_are_recycled() {
     assert!(idle > 0 && idle <= MAX_IDLE_EVENTS, "{idle}");
 }
 
+#[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
 fn threads_bind_the_context_themselves() {

@@ -84,6 +84,32 @@ impl<'a> CopyToSlice<'a> {
         }
     }
 
+    /// [`start`](CopyToSlice::start) for typed device data: `len` elements of `T` at `src`. A
+    /// slice of fewer elements is an [`Error::LengthMismatch`] in elements, named `call`.
+    ///
+    /// # Safety
+    /// As [`start`](CopyToSlice::start), for `len * size_of::<T>()` bytes (which the caller's
+    /// device data holds, so the product does not overflow).
+    #[allow(dead_code)] // for the typed containers
+    pub(crate) unsafe fn start_elems<T: Pod>(
+        call: &'static str,
+        stream: &Stream,
+        src: DevicePtr,
+        len: usize,
+        dst: &'a mut [T],
+    ) -> Self {
+        if dst.len() < len {
+            return Self::failed(Error::LengthMismatch {
+                call,
+                device_len: len,
+                host_len: dst.len(),
+                unit: "elements",
+            });
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::start(call, stream, src, len * std::mem::size_of::<T>(), dst) }
+    }
+
     /// A future that resolves to `error`; nothing was enqueued.
     pub(crate) fn failed(error: Error) -> Self {
         CopyToSlice {
@@ -180,6 +206,33 @@ impl CopyFromSlice {
         // SAFETY: forwarded from the caller; the staging buffer is no longer than `capacity`.
         let staged = unsafe { CopyFromHost::start(stream, dst, capacity, src.to_vec()) };
         CopyFromSlice { staged }
+    }
+
+    /// [`start`](CopyFromSlice::start) for typed device data: room for `capacity` elements of
+    /// `T` at `dst`. A slice of more elements is an [`Error::LengthMismatch`] in elements,
+    /// named `call`.
+    ///
+    /// # Safety
+    /// As [`start`](CopyFromSlice::start), for `capacity * size_of::<T>()` bytes (which the
+    /// caller's device memory holds, so the product does not overflow).
+    #[allow(dead_code)] // for the typed containers
+    pub(crate) unsafe fn start_elems<T: Pod>(
+        call: &'static str,
+        stream: &Stream,
+        dst: DevicePtr,
+        capacity: usize,
+        src: &[T],
+    ) -> Self {
+        if src.len() > capacity {
+            return Self::failed(Error::LengthMismatch {
+                call,
+                device_len: capacity,
+                host_len: src.len(),
+                unit: "elements",
+            });
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::start(call, stream, dst, capacity * std::mem::size_of::<T>(), src) }
     }
 
     /// A future that resolves to `error`; nothing was enqueued.

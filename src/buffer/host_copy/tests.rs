@@ -272,3 +272,106 @@ fn a_failed_copy_to_host_slice_leaves_the_slice_alone() {
     assert_injected_copy_failure(block_on(buf.copy_to_host_slice(&mut dst)).err());
     assert_eq!(dst, [3u8; 64]);
 }
+
+/// The typed starts that containers use: lengths and errors in elements.
+#[test]
+fn typed_starts_count_elements() {
+    use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice};
+
+    let (_device, stream, buf) = setup(CompletionStrategy::Poller);
+    // 16 f32 in 64 bytes. Every start below is sound: `buf` holds 64 bytes at `ptr`, is
+    // owned by `stream`, and outlives the copies, which are all awaited.
+    let (ptr, n) = (buf.ptr(), 16);
+    let sent: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, sent) };
+    let sent = block_on(copy).unwrap();
+    // SAFETY: as above.
+    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; n]) };
+    assert_eq!(block_on(copy).unwrap(), sent);
+    let mut out = [0f32; 16];
+    // SAFETY: as above.
+    let copy = unsafe { CopyToSlice::start_elems("test_to_slice", &stream, ptr, n, &mut out) };
+    block_on(copy).unwrap();
+    assert_eq!(&out[..], &sent[..]);
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromSlice::start_elems("test_from_slice", &stream, ptr, n, &[9f32]) };
+    block_on(copy).unwrap();
+
+    let mismatch = |call, device_len, host_len| Error::LengthMismatch {
+        call,
+        device_len,
+        host_len,
+        unit: "elements",
+    };
+    // SAFETY: as above.
+    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; 15]) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_to", 16, 15));
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, vec![0f32; 17]) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_from", 16, 17));
+    let mut short = [0f32; 3];
+    // SAFETY: as above.
+    let copy = unsafe { CopyToSlice::start_elems("ts", &stream, ptr, n, &mut short) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("ts", 16, 3));
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromSlice::start_elems("fs", &stream, ptr, 2, &[0f32; 3]) };
+    assert_eq!(block_on(copy).unwrap_err(), mismatch("fs", 2, 3));
+    assert_eq!(
+        block_on(buf.copy_to_host(vec![0f32; 16])).unwrap()[..2],
+        [9.0, 1.0]
+    );
+}
+
+#[test]
+fn views_copy_only_their_range_into_borrowed_slices() {
+    let (_device, stream, mut buf) = setup(CompletionStrategy::Poller);
+    let bytes: Vec<u8> = (0..64).collect();
+    block_on(buf.copy_from_host_slice(&bytes)).unwrap();
+    let mut words = [0u16; 3];
+    block_on(buf.slice(10..16).unwrap().copy_to_host_slice(&mut words)).unwrap();
+    assert_eq!(
+        words,
+        [
+            u16::from_le_bytes([10, 11]),
+            u16::from_le_bytes([12, 13]),
+            u16::from_le_bytes([14, 15])
+        ]
+    );
+    let mut short = [0u8; 5];
+    let e = block_on(buf.slice(10..16).unwrap().copy_to_host_slice(&mut short)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                device_len: 6,
+                host_len: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut v =
+        crate::DeviceVec::<u32>::try_new(8, &stream, CudaResource::new(&stream.device().clone()))
+            .unwrap();
+    block_on(v.copy_from_host_slice(&[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+    let view = v.slice_mut(2..5).unwrap();
+    let mut out = [0u32; 4];
+    block_on(view.copy_to_host_slice(&mut out)).unwrap();
+    assert_eq!(out, [3, 4, 5, 0]);
+    let mut short = [0u32; 2];
+    let e = block_on(view.copy_to_host_slice(&mut short)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                device_len: 3,
+                host_len: 2,
+                unit: "elements",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -252,3 +252,30 @@ fn elements_aligned_beyond_the_resource_are_refused() {
     s.synchronize_blocking().unwrap();
     assert_eq!(allocated(&d), 0, "the misaligned block was given back");
 }
+
+/// Pipelines spawn these futures on multi-thread runtimes.
+#[test]
+fn constructors_and_copies_are_send() {
+    fn send<F: Send>(_: &F) {}
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = PinnedHostResource::new(&d);
+    let new = PinnedHostVec::<f32>::new(4, &s, mr.clone());
+    send(&new);
+    let zeroed = PinnedHostVec::<f32>::zeroed(4, &s, mr.clone());
+    send(&zeroed);
+    let from = PinnedHostVec::from_slice(&[1u8], &s, mr.clone());
+    send(&from);
+    let v = block_on(new).unwrap();
+    let mut buf = DeviceBuffer::try_new(16, &s, CudaResource::new(&d)).unwrap();
+    let to = buf.copy_from_host(v);
+    send(&to);
+    let v = block_on(to).unwrap();
+    let mut out = [0f32; 4];
+    let to_slice = buf.copy_to_host_slice(&mut out);
+    send(&to_slice);
+    block_on(to_slice).unwrap();
+    let from_slice = buf.copy_from_host_slice(&v[..]);
+    send(&from_slice);
+    block_on(from_slice).unwrap();
+}

@@ -31,7 +31,10 @@ use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::registry::percent_of_free_device_memory;
 use crate::resource::stream_order::{Fence, OrderCounters};
-use crate::resource::{is_empty_request, Availability, DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{
+    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
+    SharedResource,
+};
 use crate::stream::Stream;
 
 /// RMM's arena allocator (`arena_memory_resource`) over any upstream resource: a global arena
@@ -350,6 +353,20 @@ impl<R: MemoryResource> Forward for Inner<R> {
 
     fn capacity_limit(&self) -> Option<usize> {
         Some(self.capacity)
+    }
+
+    /// Reserved: the arena, taken whole when it was made; allocated: the live allocations, as
+    /// the arena rounded them.
+    fn memory_stats(&self) -> MemoryStats {
+        let stats = self.statistics();
+        self.upstream
+            .memory_stats()
+            .with_reserved(stats.arena_size, stats.arena_size)
+            .with_allocated(Allocated {
+                bytes: stats.live_bytes,
+                peak: None,
+                allocations: Some(stats.live_allocations),
+            })
     }
 
     /// The arena never grows: only a live allocation or a pending free can bring memory back.

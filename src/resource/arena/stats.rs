@@ -111,6 +111,7 @@ impl<R: MemoryResource> Inner<R> {
             available: Some(free),
             device: self.device.id(),
         }
+        .never_fitting(Some(self.capacity))
     }
 
     fn write_dump(&self, dump: &ArenaDump, bytes: usize, rounded: usize, stream: &Stream) {

@@ -39,7 +39,8 @@ fn requests_up_to_the_block_get_a_block_larger_ones_fail_at_once() {
     assert_eq!(mr.try_allocate(0, &s).unwrap(), DevicePtr::NULL);
     let err = mr.try_allocate(4 * KIB + 1, &s).unwrap_err();
     assert!(
-        matches!(err, Error::OutOfMemory { requested, .. } if requested == 4 * KIB + 1),
+        matches!(err, Error::TooLarge { requested, maximum, .. }
+            if requested == 4 * KIB + 1 && maximum == 4 * KIB),
         "{err}"
     );
     // Awaited too: it could never fit, so it does not wait.

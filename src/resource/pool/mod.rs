@@ -4,6 +4,7 @@ pub(crate) mod core;
 mod level;
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -13,7 +14,10 @@ use self::level::{Level, Released};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::{is_empty_request, Availability, DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{
+    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
+    SharedResource,
+};
 use crate::stream::Stream;
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
@@ -77,8 +81,9 @@ use crate::stream::Stream;
 /// # Errors
 /// [`Error::InvalidArgument`] from `new` when a size is not a multiple of 256 or the initial
 /// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's free bytes
-/// when neither the pool nor its upstream can serve a request (at once for a request larger
-/// than any pool could hold, such as `usize::MAX` bytes). A pool dropped (its last clone)
+/// when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
+/// maximum for a request above the pool's maximum (or its upstream's capacity limit), which
+/// can never fit. A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
 /// [`Error::Leaked`] with their number and bytes on its device: take it with
 /// [`Device::take_deferred_error`]. A free of a pointer the pool does not hold as allocated
@@ -120,6 +125,9 @@ struct Inner<R: MemoryResource> {
     /// Requests up to this size go through the shards.
     shard_limit: usize,
     availability: Arc<Availability>,
+    /// The most bytes held from the upstream at once since the pool was made or its peak
+    /// reset. Written only when the pool grows (under the global lock), never on the fast path.
+    peak_reserved: AtomicUsize,
 }
 
 struct Shard {
@@ -232,6 +240,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 shard_chunk,
                 shard_limit,
                 availability,
+                peak_reserved: AtomicUsize::new(0),
             }),
         };
         if initial_size > 0 {
@@ -334,6 +343,8 @@ impl<R: MemoryResource> Inner<R> {
             match self.upstream.try_allocate(try_size, stream) {
                 Ok(p) => {
                     global.add_chunk(p.addr(), try_size, stream);
+                    self.peak_reserved
+                        .fetch_max(global.chunk_bytes, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && try_size > min_size => {
@@ -557,6 +568,7 @@ impl<R: MemoryResource> Inner<R> {
             available: Some(self.global.lock().core.free_bytes() + in_shards),
             device: self.device.id(),
         }
+        .never_fitting(self.capacity_limit())
     }
 }
 
@@ -572,7 +584,8 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 requested: bytes,
                 available: None,
                 device: self.device.id(),
-            });
+            }
+            .never_fitting(self.capacity_limit()));
         };
         let first = if size <= self.shard_limit {
             self.shard_allocate(size, stream)?
@@ -650,6 +663,30 @@ impl<R: MemoryResource> Forward for Inner<R> {
     /// upstream's outstanding memory is not only the pool's own free memory.)
     fn may_regain_memory(&self, bytes: usize) -> bool {
         self.statistics().live_allocations > 0 || self.upstream.may_regain_memory(bytes)
+    }
+
+    /// Reserved: the bytes held from the upstream; allocated: the live allocations, as the
+    /// pool rounded them (it keeps no peak of those: a [`StatisticsAdaptor`] over it does).
+    ///
+    /// [`StatisticsAdaptor`]: crate::StatisticsAdaptor
+    fn memory_stats(&self) -> MemoryStats {
+        let stats = self.statistics();
+        self.upstream
+            .memory_stats()
+            .with_reserved(stats.pool_size, self.peak_reserved.load(Ordering::Relaxed))
+            .with_allocated(Allocated {
+                bytes: stats.pool_size - stats.free_bytes,
+                peak: None,
+                allocations: Some(stats.live_allocations),
+            })
+    }
+
+    fn reset_peak(&self) {
+        let global = self.global.lock();
+        self.peak_reserved
+            .store(global.chunk_bytes, Ordering::Relaxed);
+        drop(global);
+        self.upstream.reset_peak();
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -480,7 +480,7 @@ fn drop_with_allocations_out_defers_a_leak_error() {
 /// request, never a panic (debug) or a wrapped size (release), with and without a maximum,
 /// sharded or not; the pool is unchanged and still serves.
 #[test]
-fn sizes_near_usize_max_are_out_of_memory() {
+fn sizes_near_usize_max_can_never_fit() {
     let device = host();
     let stream = Stream::new(&device).unwrap();
     for maximum in [None, Some(4 * MIB), Some(SHARDED)] {
@@ -493,12 +493,12 @@ fn sizes_near_usize_max_are_out_of_memory() {
         ] {
             let err = pool.try_allocate(bytes, &stream).unwrap_err();
             assert!(
-                matches!(err, crate::Error::OutOfMemory { requested, device: d, .. }
+                matches!(err, crate::Error::TooLarge { requested, device: d, .. }
                     if requested == bytes && d == device.id()),
                 "{maximum:?} {bytes}: {err}"
             );
             let err = futures::executor::block_on(pool.allocate(bytes, &stream)).unwrap_err();
-            assert!(err.is_out_of_memory(), "{maximum:?} {bytes}: {err}");
+            assert!(err.never_fits(), "{maximum:?} {bytes}: {err}");
         }
         assert_eq!(pool.statistics().live_allocations, 0);
         let p = pool.try_allocate(MIB, &stream).unwrap();
