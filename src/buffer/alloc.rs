@@ -377,8 +377,10 @@ pub(super) fn misaligned(base: DevicePtr, mr: &dyn MemoryResource) -> Error {
 /// while memory may come back), in a future it boxes then.
 ///
 /// # Errors
-/// [`Error::OutOfMemory`] and the other errors of the resource; [`Error::DeviceMismatch`] when
-/// the stream is not on the resource's device; [`Error::Timeout`] when the deadline passes first
+/// [`Error::TooLarge`] at once when the request is above the resource's
+/// [`capacity_limit`](MemoryResource::capacity_limit); [`Error::OutOfMemory`] and the other
+/// errors of the resource; [`Error::DeviceMismatch`] when the stream is not on the resource's
+/// device; [`Error::Timeout`] when the deadline passes first
 /// (it names the size and the device); [`Error::InvalidArgument`] for a bad alignment.
 ///
 /// # Cancel safety
@@ -536,7 +538,8 @@ impl Future for NewBuffer<'_> {
                     match request.mr.try_allocate(allocated, this.stream) {
                         Ok(base) => return Poll::Ready(this.finish(base, allocated, request)),
                         Err(e) if !e.is_out_of_memory() || !can_wait(&*request.mr, allocated) => {
-                            return Poll::Ready(Err(e))
+                            // As `Allocate` says it: above the limit, waiting cannot help.
+                            return Poll::Ready(Err(e.never_fitting(request.mr.capacity_limit())));
                         }
                         Err(_) => {}
                     }

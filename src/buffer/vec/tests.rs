@@ -4,7 +4,8 @@ use std::time::Duration;
 use futures::executor::block_on;
 
 use crate::{
-    CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, LimitingAdaptor, Stream,
+    CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, LimitingAdaptor,
+    MemoryResource, Stream,
 };
 
 /// A fresh host device: its own memory accounting, so tests can check what is allocated.
@@ -251,4 +252,60 @@ fn containers_and_their_futures_are_send() {
     let x = block_on(crate::DeviceScalar::new(1u8, &s, mr)).unwrap();
     send(&x.value());
     send(&x);
+}
+
+#[test]
+fn new_above_the_capacity_limit_is_too_large_at_once() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    let e = block_on(DeviceBuffer::new(4096, &s, mr.clone())).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TooLarge {
+                requested: 4096,
+                maximum: 1024,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = block_on(DeviceVec::<u32>::new(1024, &s, mr)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TooLarge {
+                requested: 4096,
+                maximum: 1024,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // A resource whose own refusal is a plain out-of-memory error.
+    let small = Device::host_with(HostConfig::default().capacity(1 << 16));
+    let s = Stream::new(&small).unwrap();
+    for mr in [
+        crate::resource::into_shared(CudaResource::new(&small)),
+        crate::resource::into_shared(
+            crate::PoolResource::new(CudaResource::new(&small), 1 << 12, Some(1 << 14)).unwrap(),
+        ),
+        // Refuses with a plain out-of-memory error, but knows its limit.
+        crate::resource::into_shared(
+            crate::CallbackResource::new(
+                CudaResource::new(&small).properties(),
+                |bytes, s: &Stream| Err(Error::out_of_memory(bytes, Some(0), s.device().id())),
+                |_, _, _| {},
+            )
+            .with_capacity_limit(1 << 10),
+        ),
+    ] {
+        let limit = mr.capacity_limit();
+        let direct = block_on(mr.allocate(1 << 20, &s)).unwrap_err();
+        let e = block_on(DeviceBuffer::new(1 << 20, &s, mr.clone())).unwrap_err();
+        assert_eq!(e, direct, "limit {limit:?}");
+        let e = block_on(DeviceVec::<u8>::new(1 << 20, &s, mr)).unwrap_err();
+        assert_eq!(e, direct, "limit {limit:?}");
+    }
 }
