@@ -53,6 +53,8 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
+    // A builder future of `Self`, as `allocate` is of a pointer: the name users look for.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(bytes: usize, stream: &Stream, mr: impl MemoryResource + 'static) -> NewBuffer<'_> {
         NewBuffer::new(bytes, ALLOCATION_ALIGNMENT, stream, into_shared(mr))
     }
@@ -306,7 +308,10 @@ impl DeviceBuffer {
 }
 
 /// `mr` type-erased, once it is checked to allocate on `stream`'s device.
-fn shared_for(mr: impl MemoryResource + 'static, stream: &Stream) -> Result<SharedResource> {
+pub(super) fn shared_for(
+    mr: impl MemoryResource + 'static,
+    stream: &Stream,
+) -> Result<SharedResource> {
     let mr = into_shared(mr);
     check_resource(&*mr, stream)?;
     Ok(mr)
@@ -372,8 +377,10 @@ pub(super) fn misaligned(base: DevicePtr, mr: &dyn MemoryResource) -> Error {
 /// while memory may come back), in a future it boxes then.
 ///
 /// # Errors
-/// [`Error::OutOfMemory`] and the other errors of the resource; [`Error::DeviceMismatch`] when
-/// the stream is not on the resource's device; [`Error::Timeout`] when the deadline passes first
+/// [`Error::TooLarge`] at once when the request is above the resource's
+/// [`capacity_limit`](MemoryResource::capacity_limit); [`Error::OutOfMemory`] and the other
+/// errors of the resource; [`Error::DeviceMismatch`] when the stream is not on the resource's
+/// device; [`Error::Timeout`] when the deadline passes first
 /// (it names the size and the device); [`Error::InvalidArgument`] for a bad alignment.
 ///
 /// # Cancel safety
@@ -531,7 +538,8 @@ impl Future for NewBuffer<'_> {
                     match request.mr.try_allocate(allocated, this.stream) {
                         Ok(base) => return Poll::Ready(this.finish(base, allocated, request)),
                         Err(e) if !e.is_out_of_memory() || !can_wait(&*request.mr, allocated) => {
-                            return Poll::Ready(Err(e))
+                            // As `Allocate` says it: above the limit, waiting cannot help.
+                            return Poll::Ready(Err(e.never_fitting(request.mr.capacity_limit())));
                         }
                         Err(_) => {}
                     }

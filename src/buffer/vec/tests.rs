@@ -4,7 +4,8 @@ use std::time::Duration;
 use futures::executor::block_on;
 
 use crate::{
-    CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, LimitingAdaptor, Stream,
+    CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, LimitingAdaptor,
+    MemoryResource, Stream,
 };
 
 /// A fresh host device: its own memory accounting, so tests can check what is allocated.
@@ -177,4 +178,134 @@ fn handoff_orders_the_new_owner_after_the_old_one() {
     drop(open);
     block_on(write).unwrap();
     assert_eq!(block_on(read).unwrap(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn another_devices_stream_is_a_device_mismatch() {
+    let (d0, d1) = (device(), device());
+    let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
+    let mut v = DeviceVec::<u32>::try_new(4, &s0, CudaResource::new(&d0)).unwrap();
+    let e = v.set_stream(&s1).unwrap_err();
+    assert!(
+        matches!(e, Error::DeviceMismatch { expected, actual } if expected == d0.id() && actual == d1.id()),
+        "{e:?}"
+    );
+    assert_eq!(v.stream(), s0, "a refused hand-off keeps the owner");
+    assert!(matches!(v.read_on(&s1), Err(Error::DeviceMismatch { .. })));
+    let e = block_on(DeviceVec::<u32>::new(4, &s1, CudaResource::new(&d0))).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
+    assert!(DeviceVec::<u32>::try_new(4, &s1, CudaResource::new(&d0)).is_err());
+    assert_eq!(allocated(&d1), 0);
+}
+
+#[test]
+fn forgotten_view_copies_free_nothing_under_the_device() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mut v = block_on(DeviceVec::from_host(
+        vec![5u8; 4096],
+        &s,
+        CudaResource::new(&device),
+    ))
+    .unwrap();
+    let open = gate(&s);
+    std::mem::forget(v.slice(..100).unwrap().copy_to_host(vec![0u8; 100]));
+    std::mem::forget(v.slice_mut(100..).unwrap().copy_from_host(vec![1u8; 3996]));
+    drop(v.slice(..10).unwrap().to_vec()); // dropped in flight: the stream frees its host side
+    drop(v);
+    drop(open);
+    block_on(s.synchronize()).unwrap();
+    assert_eq!(allocated(&device), 0);
+}
+
+#[test]
+fn over_aligned_elements_get_their_alignment() {
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(1024))]
+    struct Wide([u8; 1024]);
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let v = DeviceVec::<Wide>::try_new(3, &s, mr.clone()).unwrap();
+    assert!(v.ptr().is_aligned(1024));
+    let mut w = block_on(DeviceVec::<Wide>::new(3, &s, mr)).unwrap();
+    assert!(w.ptr().is_aligned(1024));
+    block_on(w.resize(50)).unwrap();
+    assert!(w.ptr().is_aligned(1024));
+    assert!(w.slice(1..).unwrap().ptr().is_aligned(1024));
+}
+
+#[test]
+fn containers_and_their_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = CudaResource::new(&device);
+    let mut v = DeviceVec::<f32>::try_new(4, &s, mr.clone()).unwrap();
+    send(&DeviceVec::<f32>::new(4, &s, mr.clone()));
+    send(&DeviceBuffer::new(4, &s, mr.clone()));
+    send(&v.to_vec());
+    send(&v.slice(..).unwrap());
+    send(&v.resize(2));
+    send(&v.slice_mut(..).unwrap());
+    send(&crate::DeviceScalar::new(1u8, &s, mr.clone()));
+    let x = block_on(crate::DeviceScalar::new(1u8, &s, mr)).unwrap();
+    send(&x.value());
+    send(&x);
+}
+
+#[test]
+fn new_above_the_capacity_limit_is_too_large_at_once() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    let e = block_on(DeviceBuffer::new(4096, &s, mr.clone())).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TooLarge {
+                requested: 4096,
+                maximum: 1024,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = block_on(DeviceVec::<u32>::new(1024, &s, mr)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TooLarge {
+                requested: 4096,
+                maximum: 1024,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // A resource whose own refusal is a plain out-of-memory error.
+    let small = Device::host_with(HostConfig::default().capacity(1 << 16));
+    let s = Stream::new(&small).unwrap();
+    for mr in [
+        crate::resource::into_shared(CudaResource::new(&small)),
+        crate::resource::into_shared(
+            crate::PoolResource::new(CudaResource::new(&small), 1 << 12, Some(1 << 14)).unwrap(),
+        ),
+        // Refuses with a plain out-of-memory error, but knows its limit.
+        crate::resource::into_shared(
+            crate::CallbackResource::new(
+                CudaResource::new(&small).properties(),
+                |bytes, s: &Stream| Err(Error::out_of_memory(bytes, Some(0), s.device().id())),
+                |_, _, _| {},
+            )
+            .with_capacity_limit(1 << 10),
+        ),
+    ] {
+        let limit = mr.capacity_limit();
+        let direct = block_on(mr.allocate(1 << 20, &s)).unwrap_err();
+        let e = block_on(DeviceBuffer::new(1 << 20, &s, mr.clone())).unwrap_err();
+        assert_eq!(e, direct, "limit {limit:?}");
+        let e = block_on(DeviceVec::<u8>::new(1 << 20, &s, mr)).unwrap_err();
+        assert_eq!(e, direct, "limit {limit:?}");
+    }
 }
