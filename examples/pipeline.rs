@@ -38,10 +38,29 @@ use tokio::sync::mpsc;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Batches in flight at most: the pool holds this many batches' memory.
-const POOL_BATCHES: usize = 12;
+/// Batches in flight at most: the pool holds this many batches' memory (default; the
+/// `PIPELINE_POOL_BATCHES` environment variable overrides it).
+const POOL_BATCHES: usize = 16;
+
+fn pool_batches() -> usize {
+    std::env::var("PIPELINE_POOL_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        // The download stage keeps up to STAGING batches until their copies are done.
+        .filter(|&n| n > staging() + 1)
+        .unwrap_or(POOL_BATCHES)
+}
 /// Pinned staging vectors per direction (copies in flight per copy stream).
-const STAGING: usize = 8;
+const STAGING: usize = 2;
+
+/// [`STAGING`], or the `PIPELINE_STAGING` environment variable.
+fn staging() -> usize {
+    std::env::var("PIPELINE_STAGING")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(STAGING)
+}
 
 /// The per-element transform, as the PTX computes it (`mul.rn` then `add.rn`, no fused
 /// multiply-add), so the host check is bit-exact.
@@ -173,13 +192,14 @@ async fn main() -> Result<(), BoxError> {
     };
     let bytes = elems * size_of::<f32>();
     println!(
-        "device {} ({}, {} backend); {batches} batches of {elems} f32 ({} KiB); pool of {POOL_BATCHES} batches",
+        "device {} ({}, {} backend); {batches} batches of {elems} f32 ({} KiB); pool of {} batches",
         device.id(),
         device.name(),
         device.backend(),
-        bytes >> 10
+        bytes >> 10,
+        pool_batches()
     );
-    let pool_bytes = POOL_BATCHES * bytes;
+    let pool_bytes = pool_batches() * bytes;
     let mut setup = Setup {
         pool: PoolResource::new(
             CudaAsyncResource::new(&device)?,
@@ -193,7 +213,13 @@ async fn main() -> Result<(), BoxError> {
         elems,
         iters: 1,
     };
-    setup.iters = calibrate(&setup).await?;
+    setup.iters = match std::env::var("PIPELINE_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(iters) => iters,
+        None => calibrate(&setup).await?,
+    };
 
     let streams: [Stream; 3] = [
         Stream::new(&setup.device)?,
@@ -206,6 +232,22 @@ async fn main() -> Result<(), BoxError> {
     let three = run(&setup, [&streams[0], &streams[1], &streams[2]]).await?;
     let single = run(&setup, [&one, &one, &one]).await?;
 
+    let stages = stage_times(&setup, &one).await?;
+    println!(
+        "each stage alone, {} batches on one stream ({} staging vectors): upload {:.1} ms, kernel {:.1} ms, download {:.1} ms",
+        setup.batches,
+        staging(),
+        stages[0].as_secs_f64() * 1e3,
+        stages[1].as_secs_f64() * 1e3,
+        stages[2].as_secs_f64() * 1e3
+    );
+    if std::env::var_os("PIPELINE_COPIES").is_some() {
+        let both = copies_together(&setup, &streams[0], &streams[2]).await?;
+        println!(
+            "uploads and downloads at once on two streams: {:.1} ms (each alone: see above)",
+            both.as_secs_f64() * 1e3
+        );
+    }
     let rate = |r: &Run| setup.batches as f64 / r.wall.as_secs_f64();
     println!(
         "3 streams: {:>8.1} ms, {:>7.1} batches/s, peak {} batches in flight (allocated, not yet back on the host)",
@@ -296,15 +338,87 @@ async fn calibrate(setup: &Setup) -> Result<u32, BoxError> {
     Ok(iters)
 }
 
+/// How long each stage takes alone for all batches on `s` (one device vector, one staging
+/// vector): the bound a pipeline's wall time approaches when the stages overlap.
+async fn stage_times(setup: &Setup, s: &Stream) -> Result<[Duration; 3], BoxError> {
+    let mut x = DeviceVec::<f32>::new(setup.elems, s, setup.pool.clone()).await?;
+    let mut ring = VecDeque::new();
+    for _ in 0..staging() {
+        ring.push_back(PinnedHostVec::<f32>::zeroed(setup.elems, s, setup.pinned.clone()).await?);
+    }
+    s.synchronize().await?;
+    let start = Instant::now();
+    for _ in 0..setup.batches {
+        let staging = ring.pop_front().expect("a staging vector");
+        ring.push_back(x.copy_from_host(staging).await?);
+    }
+    let upload = start.elapsed();
+    let start = Instant::now();
+    for _ in 0..setup.batches {
+        setup.kernel.launch(s, &mut x, setup.iters)?;
+    }
+    s.synchronize().await?;
+    let kernel = start.elapsed();
+    let start = Instant::now();
+    for _ in 0..setup.batches {
+        let staging = ring.pop_front().expect("a staging vector");
+        ring.push_back(x.copy_to_host(staging).await?);
+    }
+    Ok([upload, kernel, start.elapsed()])
+}
+
+/// Diagnostic: all uploads on `up` and all downloads on `down` at the same time (no kernel,
+/// no hand-off, no pool): whether the device runs the two directions of copies concurrently.
+async fn copies_together(setup: &Setup, up: &Stream, down: &Stream) -> Result<Duration, BoxError> {
+    async fn copies(setup: &Setup, s: &Stream, to_device: bool) -> Result<(), BoxError> {
+        let mut x = DeviceVec::<f32>::new(setup.elems, s, setup.pool.clone()).await?;
+        let mut ring = VecDeque::new();
+        for _ in 0..staging() {
+            ring.push_back(
+                PinnedHostVec::<f32>::zeroed(setup.elems, s, setup.pinned.clone()).await?,
+            );
+        }
+        s.synchronize().await?;
+        let mut in_flight = VecDeque::new();
+        for _ in 0..setup.batches {
+            let staging = match ring.pop_front() {
+                Some(v) => v,
+                None => match in_flight.pop_front().expect("a copy in flight") {
+                    Ok::<CopyFromHost<_>, CopyToHost<_>>(c) => c.await?,
+                    Err(c) => c.await?,
+                },
+            };
+            in_flight.push_back(if to_device {
+                Ok(x.copy_from_host(staging))
+            } else {
+                Err(x.copy_to_host(staging))
+            });
+        }
+        for c in in_flight {
+            match c {
+                Ok(c) => drop(c.await?),
+                Err(c) => drop(c.await?),
+            }
+        }
+        Ok(())
+    }
+    let start = Instant::now();
+    let (a, b) = tokio::join!(copies(setup, up, true), copies(setup, down, false));
+    a?;
+    b?;
+    Ok(start.elapsed())
+}
+
 /// Runs the pipeline once with its stages on `[upload, kernel, download]`.
 async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
     let [up, k, down] = streams.map(Stream::clone);
+    let (k_for_upload, down_for_kernel) = (k.clone(), down.clone());
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     // Staging vectors, made before the clock starts (their inputs are written once).
     let mut up_staging = Vec::new();
     let mut down_staging = Vec::new();
-    for slot in 0..STAGING {
+    for slot in 0..staging() {
         let mut v = PinnedHostVec::<f32>::new(setup.elems, &up, setup.pinned.clone()).await?;
         v.iter_mut()
             .enumerate()
@@ -315,8 +429,8 @@ async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
     }
     // (batch, staging slot of its input, data)
     type Batch = (usize, usize, DeviceVec<f32>);
-    let (to_kernel, mut kernel_rx) = mpsc::channel::<Batch>(POOL_BATCHES);
-    let (to_download, mut download_rx) = mpsc::channel::<Batch>(POOL_BATCHES);
+    let (to_kernel, mut kernel_rx) = mpsc::channel::<Batch>(pool_batches());
+    let (to_download, mut download_rx) = mpsc::channel::<Batch>(pool_batches());
     let start = Instant::now();
 
     let upload = tokio::spawn({
@@ -337,6 +451,10 @@ async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
                 let now = in_flight.fetch_add(1, Ordering::Relaxed) + 1;
                 peak.fetch_max(now, Ordering::Relaxed);
                 copies.push_back((slot, x.copy_from_host(staging))); // enqueued now, on `up`
+                                                                     // Hand the batch on at once: the event `k` waits for is recorded on `up` now,
+                                                                     // right after this upload. Handed on later, it would also cover the uploads
+                                                                     // queued meanwhile, and the kernel would wait for them too.
+                x.set_stream(&k_for_upload)?;
                 to_kernel.send((batch, slot, x)).await?;
             }
             for (_, c) in copies {
@@ -350,8 +468,8 @@ async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
         let setup = setup.clone();
         async move {
             while let Some((batch, slot, mut x)) = kernel_rx.recv().await {
-                x.set_stream(&k)?; // `k` waits for the upload, no event by hand
-                setup.kernel.launch(&k, &mut x, setup.iters)?;
+                setup.kernel.launch(&k, &mut x, setup.iters)?; // after the upload: no event by hand
+                x.set_stream(&down_for_kernel)?; // `down` waits for this kernel only
                 to_download.send((batch, slot, x)).await?;
             }
             Ok::<_, BoxError>(())
@@ -361,28 +479,33 @@ async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Run, BoxError> {
     let download = tokio::spawn({
         let (setup, in_flight) = (setup.clone(), in_flight.clone());
         async move {
-            let mut copies: VecDeque<(usize, usize, CopyToHost<PinnedHostVec<f32>>)> =
-                VecDeque::new();
+            // Each batch's memory is kept until its download is done. Freed on `down` at once,
+            // the upload stage would take it back at once, and the pool's cross-stream wait (an
+            // event recorded on `down` when memory changes stream) would make that upload wait
+            // for every download queued by then: the stages would run one after another.
+            type Download = (usize, usize, CopyToHost<PinnedHostVec<f32>>, DeviceVec<f32>);
+            let mut copies: VecDeque<Download> = VecDeque::new();
             let mut free: Vec<PinnedHostVec<f32>> = down_staging;
             let mut checked = 0;
-            while let Some((batch, slot, mut x)) = download_rx.recv().await {
+            while let Some((batch, slot, x)) = download_rx.recv().await {
                 let staging = match free.pop() {
                     Some(s) => s,
                     None => {
-                        let (b, slot, c) = copies.pop_front().expect("a copy in flight");
+                        let (b, slot, c, done) = copies.pop_front().expect("a copy in flight");
                         let s = c.await?;
+                        drop(done); // idle now: freed on `down`, reused without a stall
                         in_flight.fetch_sub(1, Ordering::Relaxed);
                         check(&setup, b, slot, &s)?;
                         checked += 1;
                         s
                     }
                 };
-                x.set_stream(&down)?; // `down` waits for the kernel
-                copies.push_back((batch, slot, x.copy_to_host(staging))); // enqueued now, on `down`
-                drop(x); // freed on `down` after the copy: the upload stage may reuse it
+                let copy = x.copy_to_host(staging); // enqueued now, on `down`
+                copies.push_back((batch, slot, copy, x));
             }
-            for (b, slot, c) in copies {
+            for (b, slot, c, done) in copies {
                 check(&setup, b, slot, &c.await?)?;
+                drop(done);
                 checked += 1;
             }
             Ok::<_, BoxError>(checked)

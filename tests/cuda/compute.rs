@@ -23,6 +23,28 @@ fn gpu() -> Device {
 
 /// 200 ms: long enough that work not ordered after the spin certainly runs before it ends.
 const SPIN_NS: u64 = 200_000_000;
+/// The spinning writer fills only this many leading bytes: 128 blocks of 256 threads, so most
+/// of the GPU stays free. A writer that filled every SM would serialize a reader kernel on
+/// another stream by itself (no room to run), and the ordering tests would pass without the
+/// tracking (the negative control showed it).
+const SPIN_BYTES: usize = 32 << 10;
+
+/// What a zeroed `u32` vector holds after the spinning writer filled it with `0xab` bytes.
+fn after_spin(i: usize) -> u32 {
+    if i < SPIN_BYTES / 4 {
+        0xabab_abab
+    } else {
+        0
+    }
+}
+
+/// The number of elements of `seen` that differ from [`after_spin`].
+fn not_after_spin(seen: &[u32]) -> usize {
+    seen.iter()
+        .enumerate()
+        .filter(|&(i, &x)| x != after_spin(i))
+        .count()
+}
 
 /// Hand-written PTX (JIT-compiled by the driver for the GPU at hand):
 /// `add_one_f32(float* x, u32 n)`, `copy_u32(const u32* src, u32* dst, u32 n)`,
@@ -394,7 +416,7 @@ fn handoff_through_kernels() {
     let n = 1u32 << 22;
     let mut v = block_on(DeviceVec::<u32>::zeroed(n as usize, &a, mr.clone())).unwrap();
     // A writes 0xabababab after spinning 200 ms.
-    launch_spin_then_fill(&a, v.ptr().addr(), 4 * n as usize, 0xab, SPIN_NS).unwrap();
+    launch_spin_then_fill(&a, v.ptr().addr(), SPIN_BYTES, 0xab, SPIN_NS).unwrap();
 
     // 1. B reads through a ReadGuard: it waits for A.
     let mut out = block_on(DeviceVec::<u32>::zeroed(n as usize, &b, mr.clone())).unwrap();
@@ -411,7 +433,7 @@ fn handoff_through_kernels() {
         .unwrap();
     }
     let seen = block_on(out.to_vec()).unwrap();
-    let stale = seen.iter().filter(|&&x| x != 0xabab_abab).count();
+    let stale = not_after_spin(&seen);
     assert_eq!(
         stale, 0,
         "{stale} of {n} elements were read before A wrote them"
@@ -443,7 +465,7 @@ fn handoff_through_kernels() {
     }
     .unwrap();
     let seen = block_on(out2.to_vec()).unwrap();
-    let overwritten = seen.iter().filter(|&&x| x != 0xabab_abab).count();
+    let overwritten = not_after_spin(&seen);
     assert_eq!(
         overwritten, 0,
         "A's write overtook B's read in {overwritten} of {n} elements"
@@ -494,7 +516,7 @@ fn negative_control_an_untracked_read_on_another_stream_races() {
     let n = 1u32 << 22;
     let v = block_on(DeviceVec::<u32>::zeroed(n as usize, &a, mr.clone())).unwrap();
     a.synchronize_blocking().unwrap();
-    launch_spin_then_fill(&a, v.ptr().addr(), 4 * n as usize, 0xab, SPIN_NS).unwrap();
+    launch_spin_then_fill(&a, v.ptr().addr(), SPIN_BYTES, 0xab, SPIN_NS).unwrap();
     let mut out = block_on(DeviceVec::<u32>::zeroed(n as usize, &b, mr)).unwrap();
     // SAFETY: deliberately wrong ordering (the point of the control); the memory stays
     // allocated until both streams are synchronized below.
@@ -508,7 +530,7 @@ fn negative_control_an_untracked_read_on_another_stream_races() {
     .unwrap();
     let seen = block_on(out.to_vec()).unwrap();
     a.synchronize_blocking().unwrap();
-    let stale = seen.iter().filter(|&&x| x != 0xabab_abab).count();
+    let stale = not_after_spin(&seen);
     assert!(
         stale > 0,
         "the untracked read happened to run after A's 200 ms write"
@@ -623,7 +645,7 @@ fn an_unknown_cudarc_stream_waits_for_the_owner() {
     let unknown = device.cudarc_context().unwrap().new_stream().unwrap();
     let n = 1u32 << 20;
     let v = block_on(DeviceVec::<u32>::zeroed(n as usize, &a, mr.clone())).unwrap();
-    launch_spin_then_fill(&a, v.ptr().addr(), 4 * n as usize, 0xab, SPIN_NS).unwrap();
+    launch_spin_then_fill(&a, v.ptr().addr(), SPIN_BYTES, 0xab, SPIN_NS).unwrap();
     let mut out = block_on(DeviceVec::<u32>::zeroed(n as usize, &a, mr)).unwrap();
     {
         let (src, _sync_src) = v.device_ptr(&unknown);
@@ -632,7 +654,7 @@ fn an_unknown_cudarc_stream_waits_for_the_owner() {
         launch_copy_raw(&k, &unknown, src, dst, n);
     } // both SyncOnDrops synchronize `unknown` here
     let seen = block_on(out.to_vec()).unwrap();
-    let stale = seen.iter().filter(|&&x| x != 0xabab_abab).count();
+    let stale = not_after_spin(&seen);
     assert_eq!(
         stale, 0,
         "{stale} of {n} elements were read before A wrote them"
