@@ -19,7 +19,12 @@ use streamalloc::{
 /// A pool over plain device memory with room for every request, as a shared handle (what a
 /// buffer keeps; passing it makes no new `Arc` per call).
 fn pool(device: &Device) -> SharedResource {
-    let pool = PoolResource::new(CudaResource::new(device), 64 << 20, None).expect("pool");
+    let pool = PoolResource::new(
+        CudaResource::new(device).expect("device resource"),
+        64 << 20,
+        None,
+    )
+    .expect("pool");
     std::sync::Arc::new(pool) as std::sync::Arc<dyn MemoryResource>
 }
 

@@ -24,7 +24,12 @@ use workloads::{pair_sizes, pair_step, random, threaded, RAND_1MIB, RAND_64MIB};
 /// maximum.
 fn pool(device: &Device) -> PoolResource<CudaResource> {
     let initial = percent_of_free_device_memory(device, 50).expect("memory info");
-    PoolResource::new(CudaResource::new(device), initial, None).expect("pool")
+    PoolResource::new(
+        CudaResource::new(device).expect("device resource"),
+        initial,
+        None,
+    )
+    .expect("pool")
 }
 
 fn w1_pair(c: &mut Criterion) {

@@ -106,7 +106,11 @@ fn measure_up_to<R: MemoryResource>(
 /// The pool of WORKLOADS.md: over plain device memory, 50 % of free memory, no maximum.
 fn workload_pool(device: &Device) -> Result<PoolResource<CudaResource>, BoxError> {
     let initial = percent_of_free_device_memory(device, 50)?;
-    Ok(PoolResource::new(CudaResource::new(device), initial, None)?)
+    Ok(PoolResource::new(
+        CudaResource::new(device)?,
+        initial,
+        None,
+    )?)
 }
 
 fn main() {
@@ -135,7 +139,7 @@ fn run() -> Result<(), BoxError> {
 
     // Made first: on the host backend, memory the big pools free reaches the device only when
     // their streams get there.
-    let wake_pool = PoolResource::new(CudaResource::new(&device), WAKE_SIZE, Some(WAKE_SIZE))?;
+    let wake_pool = PoolResource::new(CudaResource::new(&device)?, WAKE_SIZE, Some(WAKE_SIZE))?;
     let mut rows = Vec::new();
     #[cfg(feature = "cuda-driver")]
     if device.backend() == BackendKind::Cuda {
@@ -162,7 +166,7 @@ fn run() -> Result<(), BoxError> {
     {
         // WORKLOADS.md's arena: over plain device memory, 50 % of free memory.
         let size = percent_of_free_device_memory(&device, 50)?;
-        let mr = ArenaResource::new(CudaResource::new(&device), Some(size))?;
+        let mr = ArenaResource::new(CudaResource::new(&device)?, Some(size))?;
         rows.push(measure("streamalloc ArenaResource", &mr, &device)?);
     }
     {
@@ -173,7 +177,7 @@ fn run() -> Result<(), BoxError> {
     }
     {
         // Blocks of 1 MiB, RMM's default, which hold every request of W1, W2 rand1MiB and W3.
-        let mr = FixedSizeResource::with_defaults(CudaResource::new(&device))?;
+        let mr = FixedSizeResource::with_defaults(CudaResource::new(&device)?)?;
         rows.push(measure_up_to(
             "streamalloc FixedSizeResource (1 MiB blocks)",
             &mr,

@@ -39,7 +39,7 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         device.backend()
     );
 
-    let pool = PoolResource::new(CudaResource::new(&device), 256 << 20, Some(1 << 30))?;
+    let pool = PoolResource::new(CudaResource::new(&device)?, 256 << 20, Some(1 << 30))?;
     let binning = BinningResource::with_range(pool.clone(), 16, 20)?;
     let log_path =
         std::env::temp_dir().join(format!("streamalloc-composed-{}.csv", std::process::id()));

@@ -45,7 +45,7 @@ async fn main() -> Result<()> {
         device.backend()
     );
     // A bounded pool: initial size = maximum, so it never grows past 64 MiB.
-    let pool = PoolResource::new(CudaResource::new(&device), POOL_BYTES, Some(POOL_BYTES))?;
+    let pool = PoolResource::new(CudaResource::new(&device)?, POOL_BYTES, Some(POOL_BYTES))?;
     let streams = StreamPool::new(&device, 8)?;
     let tally = Arc::new(Tally::default());
 

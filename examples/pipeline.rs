@@ -206,7 +206,7 @@ async fn main() -> Result<(), BoxError> {
             pool_bytes,
             Some(pool_bytes),
         )?,
-        pinned: PinnedHostResource::new(&device),
+        pinned: PinnedHostResource::new(&device)?,
         device,
         kernel,
         batches,

@@ -48,7 +48,7 @@ pub enum Error {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let pool = PoolResource::new(CudaResource::new(&device), 0, Some(1 << 20))?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 0, Some(1 << 20))?;
     /// let e = pool.try_allocate(2 << 20, &stream).unwrap_err();
     /// assert!(matches!(e, Error::TooLarge { requested, maximum, .. }
     ///     if requested == 2 << 20 && maximum == 1 << 20));
@@ -89,7 +89,7 @@ pub enum Error {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::new(100, &stream, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(100, &stream, CudaResource::new(&device)?).await?;
     /// let e = buf.copy_to_host(vec![0f32; 24]).await.unwrap_err(); // 96 bytes < 100
     /// assert!(matches!(e, Error::LengthMismatch { device_len: 100, host_len: 96, .. }), "{e}");
     /// # Ok::<(), Error>(())
@@ -191,7 +191,7 @@ pub enum Error {
     ///
     /// let device = Device::host_with(HostConfig::default());
     /// let stream = Stream::new(&device)?;
-    /// let pool = PoolResource::new(CudaResource::new(&device), 0, None)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 0, None)?;
     /// let _leaked = pool.try_allocate(1000, &stream)?;
     /// drop(pool);
     /// let err = device.take_deferred_error().unwrap();

@@ -43,7 +43,7 @@ pub(crate) fn recording(
     let calls = Calls::default();
     let (a, d) = (calls.clone(), calls.clone());
     let mr = CallbackResource::new(
-        CudaResource::new(device).properties(),
+        CudaResource::new(device).unwrap().properties(),
         move |bytes, stream| {
             a.lock().push(Call::Allocate(bytes, stream.id()));
             answer(bytes)
@@ -109,7 +109,10 @@ pub(crate) fn a_waiting_allocation_resumes_after_a_free<R: MemoryResource>(
     wrap: impl FnOnce(LimitingAdaptor<CudaResource>) -> R,
 ) {
     let (device, s) = host();
-    let mr = wrap(LimitingAdaptor::new(CudaResource::new(&device), limit));
+    let mr = wrap(LimitingAdaptor::new(
+        CudaResource::new(&device).unwrap(),
+        limit,
+    ));
     let availability = || {
         mr.availability()
             .expect("the adaptor forwards availability")

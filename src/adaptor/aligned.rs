@@ -44,7 +44,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = AlignedAdaptor::new(CudaResource::new(&device), 4096, 64 << 10)?;
+/// let mr = AlignedAdaptor::new(CudaResource::new(&device)?, 4096, 64 << 10)?;
 ///
 /// let big = mr.try_allocate(64 << 10, &stream)?;   // at the threshold: 4 KiB aligned
 /// assert!(big.is_aligned(4096));
@@ -55,7 +55,7 @@ use crate::stream::Stream;
 ///     mr.deallocate(small, 100, &stream);
 /// }
 ///
-/// assert!(AlignedAdaptor::new(CudaResource::new(&device), 768, 0).is_err());
+/// assert!(AlignedAdaptor::new(CudaResource::new(&device)?, 768, 0).is_err());
 /// # Ok::<(), streamalloc::Error>(())
 /// ```
 pub struct AlignedAdaptor<R: MemoryResource = SharedResource> {

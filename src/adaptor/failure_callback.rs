@@ -18,7 +18,7 @@ use crate::stream::Stream;
 /// fn policy(f: &AllocationFailure<'_>) -> bool {
 ///     f.bytes < (1 << 20) && f.attempt <= 3
 /// }
-/// let mr = FailureCallbackAdaptor::new(CudaResource::new(&Device::host()), policy);
+/// let mr = FailureCallbackAdaptor::new(CudaResource::new(&Device::host()).unwrap(), policy);
 /// ```
 #[derive(Debug)]
 #[non_exhaustive]
@@ -79,7 +79,7 @@ type Callback = dyn Fn(&AllocationFailure<'_>) -> bool + Send + Sync;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let limited = LimitingAdaptor::new(CudaResource::new(&device), 1 << 20);
+/// let limited = LimitingAdaptor::new(CudaResource::new(&device)?, 1 << 20);
 /// let cache: Arc<Mutex<Option<DevicePtr>>> = Arc::default();
 /// *cache.lock().unwrap() = Some(limited.try_allocate(1 << 20, &stream)?); // fills the budget
 ///

@@ -31,7 +31,7 @@ use crate::stream::Stream;
 /// # rt.block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1 << 20);
+/// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1 << 20);
 ///
 /// let first = mr.allocate(1 << 20, &stream).await?;       // the whole budget
 /// assert!(mr.try_allocate(256, &stream).unwrap_err().is_out_of_memory());

@@ -98,7 +98,7 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// let path = std::env::temp_dir().join(format!("streamalloc-doc-{}.csv", std::process::id()));
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = LoggingAdaptor::to_file(CudaResource::new(&device), &path)?;
+/// let mr = LoggingAdaptor::to_file(CudaResource::new(&device)?, &path)?;
 /// let p = mr.try_allocate(4096, &stream)?;
 /// unsafe { mr.deallocate(p, 4096, &stream) };
 /// mr.flush()?;
@@ -186,7 +186,7 @@ impl<R> Drop for Inner<R> {
 /// let mr = LoggingAdaptor::builder()
 ///     .auto_flush(true)
 ///     .clock(move || SystemTime::now() + offset)
-///     .build_to_writer(CudaResource::new(&device), std::io::sink())?;
+///     .build_to_writer(CudaResource::new(&device)?, std::io::sink())?;
 /// assert!(mr.auto_flush());
 /// # Ok::<(), streamalloc::Error>(())
 /// ```
@@ -362,7 +362,7 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
     ///
     /// let device = Device::host();
     /// if std::env::var_os("STREAMALLOC_LOG_FILE").is_none() {
-    ///     let e = LoggingAdaptor::from_env(CudaResource::new(&device)).unwrap_err();
+    ///     let e = LoggingAdaptor::from_env(CudaResource::new(&device).unwrap()).unwrap_err();
     ///     assert!(matches!(e, Error::InvalidArgument(_)));
     ///     assert!(e.to_string().contains("STREAMALLOC_LOG_FILE is not set"));
     /// }

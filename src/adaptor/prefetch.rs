@@ -40,7 +40,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host_with(HostConfig::default());
 /// let stream = Stream::new(&device)?;
-/// let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+/// let mr = PrefetchAdaptor::new(ManagedResource::new(&device)?);
 /// let p = mr.try_allocate(1 << 20, &stream)?;          // allocated, then prefetched on `stream`
 /// assert_eq!(device.host_controls().unwrap().prefetches(), 1);
 /// unsafe { mr.deallocate(p, 1 << 20, &stream) };

@@ -41,7 +41,7 @@ pub struct Counter {
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+/// let mr = StatisticsAdaptor::new(CudaResource::new(&device)?);
 /// let p = mr.try_allocate(1000, &stream)?;
 /// let Counters { bytes, allocations } = mr.counters();
 /// assert_eq!((bytes.value, allocations.value), (1000, 1));
@@ -105,7 +105,7 @@ pub struct Counters {
 /// const MIB: usize = 1 << 20;
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+/// let mr = StatisticsAdaptor::new(CudaResource::new(&device)?);
 ///
 /// let ptrs: Vec<_> = (0..10).map(|_| mr.try_allocate(10 * MIB, &stream)).collect::<Result<_, _>>()?;
 /// for &p in ptrs.iter().step_by(2) {
@@ -220,7 +220,7 @@ impl<R: MemoryResource> StatisticsAdaptor<R> {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    /// let mr = StatisticsAdaptor::new(CudaResource::new(&device)?);
     /// let a = mr.try_allocate(100, &stream)?;
     ///
     /// let before = mr.push_counters();

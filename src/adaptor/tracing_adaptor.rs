@@ -66,7 +66,7 @@ macro_rules! at_level {
 /// tracing::subscriber::with_default(subscriber, || {
 ///     let device = Device::host();
 ///     let stream = Stream::new(&device)?;
-///     let mr = TracingAdaptor::with_level(CudaResource::new(&device), tracing::Level::DEBUG);
+///     let mr = TracingAdaptor::with_level(CudaResource::new(&device)?, tracing::Level::DEBUG);
 ///     // DEBUG streamalloc::memory: allocate bytes=4096 stream=.. ptr=0x.. elapsed_ns=.. outcome="ok"
 ///     let p = mr.try_allocate(4096, &stream)?;
 ///     unsafe { mr.deallocate(p, 4096, &stream) };

@@ -23,7 +23,7 @@ pub const MAX_TRACKING_ISSUES: usize = 1024;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = TrackingAdaptor::new(CudaResource::new(&device));
+/// let mr = TrackingAdaptor::new(CudaResource::new(&device)?);
 /// let p = mr.try_allocate(4096, &stream)?;
 /// let a = &mr.outstanding_allocations()[0];
 /// assert_eq!((a.ptr, a.bytes, a.stream), (p, 4096, stream.id()));
@@ -70,7 +70,7 @@ impl fmt::Display for Allocation {
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = TrackingAdaptor::new(CudaResource::new(&device));
+/// let mr = TrackingAdaptor::new(CudaResource::new(&device)?);
 /// let p = mr.try_allocate(4096, &stream)?;
 /// // A bug: the wrong size. (On a GPU this is undefined behaviour; the host backend checks
 /// // frees, refuses this one and records its own error on the device.)
@@ -166,7 +166,7 @@ impl fmt::Display for TrackingIssue {
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = TrackingAdaptor::new(CudaResource::new(&device));
+/// let mr = TrackingAdaptor::new(CudaResource::new(&device)?);
 /// let p = mr.try_allocate(1000, &stream)?;
 /// let report = mr.leak_report();
 /// assert!(!report.is_empty());
@@ -246,7 +246,7 @@ impl fmt::Display for LeakReport {
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = TrackingAdaptor::with_backtraces(CudaResource::new(&device));
+/// let mr = TrackingAdaptor::with_backtraces(CudaResource::new(&device)?);
 /// let kept = mr.try_allocate(1 << 20, &stream)?;
 /// let freed = mr.try_allocate(4096, &stream)?;
 /// stream.enqueue_delay(Duration::from_millis(100))?; // a kernel still running, so...

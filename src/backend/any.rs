@@ -91,6 +91,11 @@ impl AnyBackend {
         dispatch!(AnyBackend, self, b => b.memory_info())
     }
 
+    /// [`Backend::check_kind`].
+    pub(crate) fn check_kind(&self, kind: MemoryKind) -> Result<()> {
+        dispatch!(AnyBackend, self, b => b.check_kind(kind))
+    }
+
     /// [`Backend::allocate`].
     pub(crate) fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
         dispatch!(AnyBackend, self, b => b.allocate(kind, bytes))

@@ -100,6 +100,13 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn memory_info(&self) -> Result<MemoryInfo>;
     /// Allocates `bytes` (> 0) of `kind`, 256-byte aligned, synchronously.
     fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64>;
+    /// Whether this device can allocate `kind` at all, from what the driver reports cheaply
+    /// (a device attribute): [`Error::Unsupported`] where it cannot. The host backend can
+    /// allocate every kind.
+    fn check_kind(&self, kind: MemoryKind) -> Result<()> {
+        let _ = kind;
+        Ok(())
+    }
     /// Frees what [`Backend::allocate`] returned, once `stream` reaches this point. (The CUDA
     /// driver's plain frees synchronize the device, which gives the same guarantee.)
     ///

@@ -47,7 +47,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::new(1000, &stream, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(1000, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!((buf.len(), buf.capacity()), (1000, 1000));
     /// assert_eq!(buf.stream(), stream);
     /// # Ok::<(), streamalloc::Error>(())
@@ -76,7 +76,7 @@ impl DeviceBuffer {
     ///
     /// let device = Device::host_with(HostConfig::default().capacity(1 << 20));
     /// let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let buf = DeviceBuffer::try_new(4096, &stream, mr.clone())?;
     /// assert_eq!(buf.len(), 4096);
     /// assert!(DeviceBuffer::try_new(2 << 20, &stream, mr).unwrap_err().is_out_of_memory());
@@ -170,7 +170,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let mut buf = DeviceBuffer::with_alignment(1000, 4096, &stream, mr.clone()).await?;
     /// assert!(buf.ptr().is_aligned(4096));
     /// assert_eq!((buf.len(), buf.alignment()), (1000, 4096));
@@ -218,7 +218,7 @@ impl DeviceBuffer {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let buf = DeviceBuffer::try_with_alignment(100, 1 << 16, &stream, mr.clone())?;
     /// assert!(buf.ptr().is_aligned(1 << 16));
     /// let odd = DeviceBuffer::try_with_alignment(100, 384, &stream, mr);
@@ -286,7 +286,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let p = mr.try_allocate(64, &stream)?;
     /// // SAFETY: `p` is 64 bytes from `mr`, used by nothing, freed by nobody else.
     /// let mut buf = unsafe { DeviceBuffer::from_raw_parts(p, 64, &stream, mr)? };
@@ -395,7 +395,7 @@ pub(super) fn misaligned(base: DevicePtr, mr: &dyn MemoryResource) -> Error {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+/// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
 /// let held = DeviceBuffer::new(1024, &stream, mr.clone()).await?;
 /// let late = DeviceBuffer::new(256, &stream, mr).timeout(Duration::from_millis(10)).await;
 /// let Err(e @ Error::Timeout { requested: 256, .. }) = late else { panic!("{late:?}") };
@@ -466,7 +466,7 @@ impl<'a> NewBuffer<'a> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
     /// let _held = DeviceBuffer::new(1024, &stream, mr.clone()).await?;
     /// let soon = Instant::now() + Duration::from_millis(10);
     /// let late = DeviceBuffer::new(512, &stream, mr).deadline(soon).await;
@@ -489,7 +489,7 @@ impl<'a> NewBuffer<'a> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device))
+    /// let buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device)?)
     ///     .timeout(Duration::from_secs(1))
     ///     .await?;                                  // memory is there: no wait at all
     /// assert_eq!(buf.len(), 64);

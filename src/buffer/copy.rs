@@ -25,7 +25,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(0xab)?;
     /// assert_eq!(buf.copy_to_host(vec![0u8; 8]).await?, vec![0xab; 8]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -62,7 +62,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let mut src = DeviceBuffer::new(4, &a, mr.clone()).await?;
     /// src.fill(2)?;
     /// let mut dst = DeviceBuffer::new(6, &b, mr).await?;
@@ -125,7 +125,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(3, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(3, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(1)?;
     /// assert_eq!(buf.copy_to_host(vec![0u8; 3]).await?, [1, 1, 1]);
     /// assert!(buf.copy_to_host(vec![0u8; 2]).await.is_err()); // too short
@@ -165,7 +165,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(3, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(3, &stream, CudaResource::new(&device)?).await?;
     /// let host = buf.copy_from_host(vec![7u8, 8, 9]).await?;
     /// assert_eq!(host, [7, 8, 9]);
     /// assert!(buf.copy_from_host(vec![0u8; 4]).await.is_err()); // too long
@@ -210,7 +210,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(0)?;
     /// let mut out = [1u16; 5];
     /// buf.copy_to_host_slice(&mut out).await?;
@@ -251,7 +251,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
     /// buf.copy_from_host_slice(&[0.25f64]).await?;
     /// assert_eq!(buf.copy_to_host(vec![0f64; 1]).await?, [0.25]);
     /// assert!(buf.copy_from_host_slice(&[0u8; 9]).await.is_err()); // too long
@@ -300,7 +300,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut buf = DeviceBuffer::new(32, &a, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(32, &a, CudaResource::new(&device)?).await?;
     /// buf.fill(4)?;
     /// let copy = buf.try_clone_on(&b).await?;
     /// drop(buf);                    // freed on `a` after `b` has copied it
@@ -349,7 +349,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(32, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(32, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(6)?;
     /// let copy = buf.try_clone().await?;
     /// assert_ne!(copy.ptr(), buf.ptr());
@@ -378,9 +378,9 @@ impl DeviceBuffer {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let managed = DeviceBuffer::try_new(4096, &stream, ManagedResource::new(&device))?;
+    /// let managed = DeviceBuffer::try_new(4096, &stream, ManagedResource::new(&device)?)?;
     /// assert!(managed.prefetch(&stream)?);      // enqueued
-    /// let plain = DeviceBuffer::try_new(4096, &stream, CudaResource::new(&device))?;
+    /// let plain = DeviceBuffer::try_new(4096, &stream, CudaResource::new(&device)?)?;
     /// assert!(!plain.prefetch(&stream)?);       // not managed: nothing to migrate
     /// # Ok::<(), streamalloc::Error>(())
     /// ```

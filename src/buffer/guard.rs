@@ -38,7 +38,7 @@ use super::DeviceBuffer;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-/// let mut buf = DeviceBuffer::new(256, &owner, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(256, &owner, CudaResource::new(&device)?).await?;
 /// buf.fill(1)?;
 /// {
 ///     let read = buf.read_on(&reader)?;     // `reader` now waits for the fill
@@ -79,7 +79,7 @@ impl<'a> ReadGuard<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)?).await?;
     /// assert_eq!(buf.read_on(&reader)?.ptr(), buf.ptr());
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -95,7 +95,7 @@ impl<'a> ReadGuard<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)?).await?;
     /// assert_eq!(buf.read_on(&reader)?.len(), 64);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -111,7 +111,7 @@ impl<'a> ReadGuard<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(0, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(0, &owner, CudaResource::new(&device)?).await?;
     /// assert!(buf.read_on(&reader)?.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -127,7 +127,7 @@ impl<'a> ReadGuard<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)?).await?;
     /// assert_eq!(buf.read_on(&reader)?.stream(), &reader);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -146,7 +146,7 @@ impl<'a> ReadGuard<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)?).await?;
     /// let read = buf.read_on(&reader)?;
     /// // ... enqueue reads on `reader` ...
     /// read.finish()?;

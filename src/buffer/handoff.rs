@@ -14,7 +14,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut buf = DeviceBuffer::try_new(64, &a, CudaResource::new(&device))?;
+    /// let mut buf = DeviceBuffer::try_new(64, &a, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.stream(), a);
     /// buf.set_stream(&b)?;
     /// assert_eq!(buf.stream(), b);
@@ -48,7 +48,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut buf = DeviceBuffer::new(64, &a, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(64, &a, CudaResource::new(&device)?).await?;
     /// a.enqueue_delay(Duration::from_millis(20))?; // a long "kernel" on `a`
     /// buf.fill(5)?;
     /// buf.set_stream(&b)?;
@@ -80,7 +80,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)?).await?;
     /// let read = buf.read_on(&reader)?;
     /// // ... launch a kernel on `reader` that reads `read.ptr()` ...
     /// drop(read);
@@ -131,7 +131,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host_with(HostConfig::default());
     /// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)).await?;
+    /// let buf = DeviceBuffer::new(64, &owner, CudaResource::new(&device)?).await?;
     /// reader.enqueue_delay(Duration::from_millis(20))?; // a "kernel" reading `buf`
     /// buf.record_read(&reader)?;
     /// drop(buf);

@@ -85,7 +85,7 @@ pub(super) mod sealed {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)?).await?;
 /// let boxed: Box<[f32]> = vec![1.0, 2.0, 3.0, 4.0].into_boxed_slice();
 /// let boxed = buf.copy_from_host(boxed).await?;      // handed back when the copy is done
 /// let back = buf.copy_to_host(vec![0f32; 4]).await?; // 16 bytes, read as 4 floats
@@ -454,7 +454,7 @@ impl<B: HostBuffer> fmt::Debug for HostTransfer<B> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)?).await?;
 /// buf.fill(3)?;
 /// let copy = buf.copy_to_host(vec![0u8; 20]); // enqueued here
 /// let host = copy.await?;                     // handed back here
@@ -584,7 +584,7 @@ impl<B: HostBuffer> fmt::Debug for CopyToHost<B> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
 /// let mine = buf.copy_from_host(vec![9u8, 8, 7]).await?; // the first 3 bytes
 /// assert_eq!(mine, [9, 8, 7]);
 /// assert_eq!(buf.copy_to_host(vec![0u8; 4]).await?, [9, 8, 7, 0]);

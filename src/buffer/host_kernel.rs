@@ -47,7 +47,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let buf = DeviceBuffer::try_new(16, &stream, CudaResource::new(&device))?;
+/// let buf = DeviceBuffer::try_new(16, &stream, CudaResource::new(&device)?)?;
 /// let arg = buf.host_read();
 /// assert_eq!(arg.len(), 16);
 /// stream.launch_host_kernel(arg, |bytes: &[u8]| assert!(bytes.iter().all(|&b| b == 0)))?;
@@ -80,7 +80,7 @@ pub struct HostRead<'a, T> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-/// let mut buf = DeviceBuffer::new(4, &a, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(4, &a, CudaResource::new(&device)?).await?;
 /// b.launch_host_kernel(buf.host_write(), |bytes: &mut [u8]| bytes.fill(9))?;
 /// assert_eq!(buf.stream(), b); // handed to the launch stream
 /// assert_eq!(buf.copy_to_host(vec![0u8; 4]).await?, [9; 4]);
@@ -117,7 +117,7 @@ impl<'a, T: Pod> HostRead<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.host_read().len(), 8);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -131,7 +131,7 @@ impl<'a, T: Pod> HostRead<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(0, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(0, &stream, CudaResource::new(&device)?)?;
     /// assert!(buf.host_read().is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -157,7 +157,7 @@ impl<'a, T: Pod> HostWrite<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut buf = DeviceBuffer::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.host_write().len(), 8);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -171,7 +171,7 @@ impl<'a, T: Pod> HostWrite<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::try_new(0, &stream, CudaResource::new(&device))?;
+    /// let mut buf = DeviceBuffer::try_new(0, &stream, CudaResource::new(&device)?)?;
     /// assert!(buf.host_write().is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -191,7 +191,7 @@ impl DeviceBuffer {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::try_new(4, &stream, CudaResource::new(&device))?;
+    /// let mut buf = DeviceBuffer::try_new(4, &stream, CudaResource::new(&device)?)?;
     /// buf.fill(2)?;
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// stream.launch_host_kernel(buf.host_read(), move |b: &[u8]| {
@@ -215,7 +215,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
     /// stream.launch_host_kernel(buf.host_write(), |b: &mut [u8]| {
     ///     for (i, x) in b.iter_mut().enumerate() {
     ///         *x = i as u8;
@@ -239,7 +239,7 @@ impl BufferView<'_> {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// stream.launch_host_kernel(buf.slice(8..16)?.host_read(), |b: &[u8]| assert_eq!(b.len(), 8))?;
     /// # stream.synchronize_blocking()?;
     /// # assert!(device.take_deferred_error().is_none());
@@ -262,7 +262,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1.5f32, 2.5], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1.5f32, 2.5], &stream, CudaResource::new(&device)?).await?;
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// stream.launch_host_kernel(v.host_read(), move |v: &[f32]| tx.send(v.iter().sum::<f32>()).unwrap())?;
     /// assert_eq!(rx.recv().unwrap(), 4.0);
@@ -284,7 +284,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u32>::new(4, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u32>::new(4, &stream, CudaResource::new(&device)?).await?;
     /// stream.launch_host_kernel(v.host_write(), |v: &mut [u32]| {
     ///     v.iter_mut().enumerate().for_each(|(i, x)| *x = i as u32 * 10)
     /// })?;
@@ -308,7 +308,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1u16, 2, 3, 4], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1u16, 2, 3, 4], &stream, CudaResource::new(&device)?).await?;
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// stream.launch_host_kernel(v.slice(1..3)?.host_read(), move |s: &[u16]| tx.send(s.to_vec()).unwrap())?;
     /// assert_eq!(rx.recv().unwrap(), [2, 3]);
@@ -329,7 +329,7 @@ impl<T: Pod> VecViewMut<'_, T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)?).await?;
     /// let view = v.slice_mut(1..)?;
     /// stream.launch_host_kernel(view.host_read(), |s: &[u8]| assert_eq!(s, [2, 3]))?;
     /// # stream.synchronize_blocking()?;
@@ -355,7 +355,7 @@ impl<T: Pod> VecViewMut<'_, T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<i32>::zeroed(5, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<i32>::zeroed(5, &stream, CudaResource::new(&device)?).await?;
     /// stream.launch_host_kernel(v.slice_mut(1..4)?.host_write(), |s: &mut [i32]| s.fill(-1))?;
     /// assert_eq!(v.to_vec().await?, [0, -1, -1, -1, 0]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -620,7 +620,7 @@ impl Stream {
     ///
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
     /// let mut x = DeviceVec::<f32>::new(4, &a, mr.clone()).await?;
     /// let y = DeviceVec::from_host(vec![1.0f32; 4], &b, mr.clone()).await?;
@@ -647,8 +647,8 @@ impl Stream {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let s = Stream::new(&device)?;
-    /// let a = DeviceVec::from_host(vec![1u64, 2, 3], &s, CudaResource::new(&device)).await?;
-    /// let mut sum = DeviceVec::<u64>::zeroed(1, &s, CudaResource::new(&device)).await?;
+    /// let a = DeviceVec::from_host(vec![1u64, 2, 3], &s, CudaResource::new(&device)?).await?;
+    /// let mut sum = DeviceVec::<u64>::zeroed(1, &s, CudaResource::new(&device)?).await?;
     /// s.launch_host_kernel((a.host_read(), sum.host_write()), |(a, sum): (&[u64], &mut [u64])| {
     ///     sum[0] = a.iter().sum()
     /// })?;

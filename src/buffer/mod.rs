@@ -121,7 +121,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert!(buf.ptr().is_aligned(256));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -135,7 +135,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.len(), 64);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -149,7 +149,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(0, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(0, &stream, CudaResource::new(&device)?)?;
     /// assert!(buf.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -164,7 +164,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device)?).await?;
     /// buf.resize(16).await?;
     /// assert_eq!((buf.len(), buf.capacity()), (16, 64));
     /// # Ok::<(), streamalloc::Error>(())
@@ -182,7 +182,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream, ALLOCATION_ALIGNMENT};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.alignment(), ALLOCATION_ALIGNMENT);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -196,7 +196,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.device(), &device);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -210,7 +210,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, MemoryResource, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.resource().properties().device, device.id());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -225,10 +225,10 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, PoolResource, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
     /// let buf = DeviceBuffer::try_new(64, &stream, pool.clone())?;
     /// assert!(buf.can_be_freed_by(&pool));
-    /// assert!(!buf.can_be_freed_by(&CudaResource::new(&device)));
+    /// assert!(!buf.can_be_freed_by(&CudaResource::new(&device)?));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn can_be_freed_by(&self, mr: &dyn MemoryResource) -> bool {
@@ -266,7 +266,7 @@ fn default_owner() -> &'static Stream {
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+/// let mut buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
 /// let taken = std::mem::take(&mut buf);         // `buf` is now an empty default buffer
 /// assert_eq!((taken.len(), buf.len()), (64, 0));
 /// # Ok::<(), streamalloc::Error>(())
@@ -274,7 +274,9 @@ fn default_owner() -> &'static Stream {
 impl Default for DeviceBuffer {
     fn default() -> Self {
         let owner = default_owner();
-        let mr = into_shared(CudaResource::new(owner.device()));
+        // `CudaResource::new` fails on no device (it checks nothing); the owner's is the host's.
+        let mr = CudaResource::new(owner.device()).expect("CudaResource::new cannot fail");
+        let mr = into_shared(mr);
         Self::from_parts(DevicePtr::NULL, 0, mr, owner)
     }
 }

@@ -35,9 +35,9 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
     /// let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
-    /// let mut src = DeviceBuffer::new(4, &s0, CudaResource::new(&d0)).await?;
+    /// let mut src = DeviceBuffer::new(4, &s0, CudaResource::new(&d0)?).await?;
     /// src.fill(9)?;                                    // on device 0
-    /// let mut dst = DeviceBuffer::new(6, &s1, CudaResource::new(&d1)).await?;
+    /// let mut dst = DeviceBuffer::new(6, &s1, CudaResource::new(&d1)?).await?;
     /// dst.copy_from_peer(&src)?;                       // on device 1, after the fill
     /// drop(src);                                       // freed on device 0 after the copy
     /// assert_eq!(dst.copy_to_host(vec![0u8; 6]).await?, [9, 9, 9, 9, 0, 0]);
@@ -107,7 +107,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
     /// let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
-    /// let mut buf = DeviceBuffer::new(32, &s0, CudaResource::new(&d0)).await?;
+    /// let mut buf = DeviceBuffer::new(32, &s0, CudaResource::new(&d0)?).await?;
     /// buf.fill(3)?;
     /// let there = buf.try_clone_to(&s1, current_device_resource_for(&d1)).await?;
     /// assert_eq!((there.device(), there.stream()), (&d1, s1));
@@ -146,8 +146,8 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
     /// let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
-    /// let src = DeviceVec::from_host(vec![1.5f32, 2.5], &s0, CudaResource::new(&d0)).await?;
-    /// let mut dst = DeviceVec::<f32>::zeroed(3, &s1, CudaResource::new(&d1)).await?;
+    /// let src = DeviceVec::from_host(vec![1.5f32, 2.5], &s0, CudaResource::new(&d0)?).await?;
+    /// let mut dst = DeviceVec::<f32>::zeroed(3, &s1, CudaResource::new(&d1)?).await?;
     /// dst.copy_from_peer(&src)?;
     /// assert_eq!(dst.to_vec().await?, [1.5, 2.5, 0.0]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -188,7 +188,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
     /// let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
-    /// let v = DeviceVec::from_host(vec![7u64, 8, 9], &s0, CudaResource::new(&d0)).await?;
+    /// let v = DeviceVec::from_host(vec![7u64, 8, 9], &s0, CudaResource::new(&d0)?).await?;
     /// let w = v.try_clone_to(&s1, current_device_resource_for(&d1)).await?;
     /// assert_eq!((w.device(), w.len()), (&d1, 3));
     /// assert_eq!(w.to_vec().await?, [7, 8, 9]);

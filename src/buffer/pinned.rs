@@ -57,8 +57,8 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let staging = PoolResource::new(PinnedHostResource::new(&device), 1 << 20, None)?;
-/// let mut buf = DeviceBuffer::new(4 * 256, &stream, CudaResource::new(&device)).await?;
+/// let staging = PoolResource::new(PinnedHostResource::new(&device)?, 1 << 20, None)?;
+/// let mut buf = DeviceBuffer::new(4 * 256, &stream, CudaResource::new(&device)?).await?;
 /// for batch in 0..3 {
 ///     let mut host = PinnedHostVec::<f32>::new(256, &stream, staging.clone()).await?;
 ///     host.fill(batch as f32);
@@ -119,9 +119,9 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::<u32>::new(1000, &stream, PinnedHostResource::new(&device)).await?;
+    /// let v = PinnedHostVec::<u32>::new(1000, &stream, PinnedHostResource::new(&device)?).await?;
     /// assert_eq!(v.len(), 1000);
-    /// assert!(PinnedHostVec::<u32>::new(usize::MAX, &stream, PinnedHostResource::new(&device))
+    /// assert!(PinnedHostVec::<u32>::new(usize::MAX, &stream, PinnedHostResource::new(&device)?)
     ///     .await
     ///     .is_err()); // 4 * usize::MAX bytes overflow
     /// # Ok::<(), Error>(())
@@ -151,7 +151,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::<f64>::zeroed(64, &stream, PinnedHostResource::new(&device)).await?;
+    /// let v = PinnedHostVec::<f64>::zeroed(64, &stream, PinnedHostResource::new(&device)?).await?;
     /// assert!(v.iter().all(|&x| x == 0.0));
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -183,7 +183,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::from_slice(&[1u16, 2, 3], &stream, PinnedHostResource::new(&device))
+    /// let v = PinnedHostVec::from_slice(&[1u16, 2, 3], &stream, PinnedHostResource::new(&device)?)
     ///     .await?;
     /// assert_eq!(&v[..], &[1, 2, 3]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -255,7 +255,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::<u64>::zeroed(5, &stream, PinnedHostResource::new(&device)).await?;
+    /// let v = PinnedHostVec::<u64>::zeroed(5, &stream, PinnedHostResource::new(&device)?).await?;
     /// assert_eq!(v.len(), 5);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -271,7 +271,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::<u8>::new(0, &stream, PinnedHostResource::new(&device)).await?;
+    /// let v = PinnedHostVec::<u8>::new(0, &stream, PinnedHostResource::new(&device)?).await?;
     /// assert!(v.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -287,7 +287,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::from_slice(&[4i32, 5], &stream, PinnedHostResource::new(&device))
+    /// let v = PinnedHostVec::from_slice(&[4i32, 5], &stream, PinnedHostResource::new(&device)?)
     ///     .await?;
     /// assert_eq!(v.as_slice(), &[4, 5]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -307,7 +307,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = PinnedHostVec::<i32>::zeroed(2, &stream, PinnedHostResource::new(&device))
+    /// let mut v = PinnedHostVec::<i32>::zeroed(2, &stream, PinnedHostResource::new(&device)?)
     ///     .await?;
     /// v.as_mut_slice()[1] = 7;
     /// assert_eq!(&v[..], &[0, 7]);
@@ -326,7 +326,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::<u8>::new(8, &stream, PinnedHostResource::new(&device)).await?;
+    /// let v = PinnedHostVec::<u8>::new(8, &stream, PinnedHostResource::new(&device)?).await?;
     /// assert_eq!(v.stream(), &stream);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -342,7 +342,7 @@ impl<T: Pod> PinnedHostVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = PinnedHostVec::<u8>::new(8, &stream, PinnedHostResource::new(&device)).await?;
+    /// let v = PinnedHostVec::<u8>::new(8, &stream, PinnedHostResource::new(&device)?).await?;
     /// assert!(v.resource().properties().host_accessible);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();

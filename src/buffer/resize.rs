@@ -34,7 +34,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
     /// buf.copy_from_host(vec![1u8, 2, 3, 4]).await?;
     /// buf.resize(8).await?;                   // grows: reallocates and copies
     /// assert_eq!(buf.capacity(), 8);
@@ -71,7 +71,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
     /// buf.reserve(1024).await?;
     /// assert_eq!((buf.len(), buf.capacity()), (4, 1024));
     /// # Ok::<(), streamalloc::Error>(())
@@ -103,7 +103,7 @@ impl DeviceBuffer {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(1024, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(1024, &stream, CudaResource::new(&device)?).await?;
     /// buf.resize(10).await?;
     /// buf.shrink_to_fit().await?;
     /// assert_eq!((buf.len(), buf.capacity()), (10, 10));

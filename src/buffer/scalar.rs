@@ -30,7 +30,7 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-/// let mut x = DeviceScalar::new(41u64, &a, CudaResource::new(&device)).await?;
+/// let mut x = DeviceScalar::new(41u64, &a, CudaResource::new(&device)?).await?;
 /// x.set_value(42)?;                     // enqueued on `a`, no wait
 /// x.set_stream(&b)?;                    // `b` waits for `a`
 /// assert_eq!(x.value().await?, 42);     // read on `b`
@@ -64,7 +64,7 @@ impl<T: Pod + Send> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let x = DeviceScalar::new(1.5f32, &stream, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(1.5f32, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(x.value().await?, 1.5);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -97,7 +97,7 @@ impl<T: Pod + Send> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let x = DeviceScalar::new(-3i32, &stream, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(-3i32, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(x.value().await?, -3);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -126,7 +126,7 @@ impl<T: Pod + Send> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut x = DeviceScalar::new(0u8, &stream, CudaResource::new(&device)).await?;
+    /// let mut x = DeviceScalar::new(0u8, &stream, CudaResource::new(&device)?).await?;
     /// x.set_value(9)?;
     /// assert_eq!(x.value().await?, 9);
     /// # Ok::<(), streamalloc::Error>(())
@@ -152,7 +152,7 @@ impl<T: Pod> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let x = DeviceScalar::new(0u32, &stream, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(0u32, &stream, CudaResource::new(&device)?).await?;
     /// assert!(x.ptr().is_aligned(256));
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -168,7 +168,7 @@ impl<T: Pod> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let x = DeviceScalar::new(0u32, &stream, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(0u32, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(x.stream(), stream);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -192,7 +192,7 @@ impl<T: Pod> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut x = DeviceScalar::new(5u16, &a, CudaResource::new(&device)).await?;
+    /// let mut x = DeviceScalar::new(5u16, &a, CudaResource::new(&device)?).await?;
     /// x.set_stream(&b)?;
     /// assert_eq!((x.stream(), x.value().await?), (b, 5));
     /// # Ok::<(), streamalloc::Error>(())
@@ -209,7 +209,7 @@ impl<T: Pod> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let x = DeviceScalar::new(0u32, &stream, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(0u32, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(x.device(), &device);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -233,7 +233,7 @@ impl<T: Pod> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let x = DeviceScalar::new(0u32, &owner, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(0u32, &owner, CudaResource::new(&device)?).await?;
     /// let read = x.read_on(&reader)?;
     /// assert_eq!(read.ptr(), x.ptr());
     /// # Ok::<(), streamalloc::Error>(())
@@ -250,7 +250,7 @@ impl<T: Pod> DeviceScalar<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let x = DeviceScalar::new(0u64, &stream, CudaResource::new(&device)).await?;
+    /// let x = DeviceScalar::new(0u64, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(x.as_buffer().len(), 8);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();

@@ -76,7 +76,7 @@ fn set_stream_makes_new_owner_wait_for_old_owner() {
         let d = device_with(strategy);
         let [a, b] = streams(&d);
         block_on(async {
-            let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d)).await?;
+            let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d).unwrap()).await?;
             a.enqueue_delay(Duration::from_millis(100))?;
             buf.fill(7)?;
             buf.set_stream(&b)?;
@@ -98,7 +98,7 @@ fn set_stream_without_waits_reads_stale_data() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d).unwrap()).await?;
         let open = gate(&a);
         buf.fill(7)?;
         // SAFETY: `a` is blocked by the gate until `b`'s copy below has completed, so the fill
@@ -122,7 +122,12 @@ fn set_stream_without_waits_reads_stale_data() {
 fn read_on_makes_reader_wait_for_owner() {
     let d = device();
     let [owner, reader] = streams(&d);
-    let mut buf = block_on(DeviceBuffer::new(4096, &owner, CudaResource::new(&d))).unwrap();
+    let mut buf = block_on(DeviceBuffer::new(
+        4096,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
     owner.enqueue_delay(Duration::from_millis(100)).unwrap();
     buf.fill(7).unwrap();
     let mut seen = vec![0u8; 4096];
@@ -145,7 +150,12 @@ fn read_on_without_waits_reads_stale_data() {
     // Negative control of the test above.
     let d = device();
     let [owner, reader] = streams(&d);
-    let mut buf = block_on(DeviceBuffer::new(4096, &owner, CudaResource::new(&d))).unwrap();
+    let mut buf = block_on(DeviceBuffer::new(
+        4096,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
     let open = gate(&owner);
     buf.fill(7).unwrap();
     // SAFETY: the owner is blocked by the gate until the reader's copy has completed.
@@ -172,7 +182,12 @@ fn read_on_without_waits_reads_stale_data() {
 fn drop_waits_for_every_reader() {
     let d = device();
     let [owner, r1, r2] = streams(&d);
-    let buf = block_on(DeviceBuffer::new(1 << 16, &owner, CudaResource::new(&d))).unwrap();
+    let buf = block_on(DeviceBuffer::new(
+        1 << 16,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
     assert_eq!(allocated(&d), 1 << 16);
     let open1 = {
         let _read = buf.read_on(&r1).unwrap();
@@ -212,7 +227,12 @@ fn a_forgotten_read_guard_still_orders_the_free() {
     // guard must not let the free overtake work the reader enqueued meanwhile.
     let d = device();
     let [owner, reader] = streams(&d);
-    let buf = block_on(DeviceBuffer::new(1 << 16, &owner, CudaResource::new(&d))).unwrap();
+    let buf = block_on(DeviceBuffer::new(
+        1 << 16,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
     let read = buf.read_on(&reader).unwrap();
     let open = gate(&reader); // the "kernel" reading the buffer
     std::mem::forget(read);
@@ -232,7 +252,12 @@ fn drop_without_readers_frees_at_once_on_the_owner() {
     // is nothing to wait for.
     let d = device();
     let [owner, other] = streams(&d);
-    let buf = block_on(DeviceBuffer::new(1 << 16, &owner, CudaResource::new(&d))).unwrap();
+    let buf = block_on(DeviceBuffer::new(
+        1 << 16,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
     let _blocked = gate(&other);
     drop(buf);
     owner.synchronize_blocking().unwrap();
@@ -243,7 +268,12 @@ fn drop_without_readers_frees_at_once_on_the_owner() {
 fn owner_writes_wait_for_readers() {
     let d = device();
     let [owner, reader] = streams(&d);
-    let mut buf = block_on(DeviceBuffer::new(4096, &owner, CudaResource::new(&d))).unwrap();
+    let mut buf = block_on(DeviceBuffer::new(
+        4096,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
     buf.fill(1).unwrap();
     let mut seen = vec![0u8; 4096];
     let open = {
@@ -268,7 +298,7 @@ fn owner_writes_wait_for_readers() {
 fn set_stream_waits_for_readers() {
     let d = device();
     let [a, reader, c] = streams(&d);
-    let mut buf = block_on(DeviceBuffer::new(4096, &a, CudaResource::new(&d))).unwrap();
+    let mut buf = block_on(DeviceBuffer::new(4096, &a, CudaResource::new(&d).unwrap())).unwrap();
     buf.fill(1).unwrap();
     let mut seen = vec![0u8; 4096];
     let open = {
@@ -294,7 +324,7 @@ fn set_stream_waits_for_readers() {
 fn reader_events_are_one_per_stream() {
     let d = device();
     let [owner, r1, r2] = streams(&d);
-    let mut buf = DeviceBuffer::try_new(64, &owner, CudaResource::new(&d)).unwrap();
+    let mut buf = DeviceBuffer::try_new(64, &owner, CudaResource::new(&d).unwrap()).unwrap();
     let readers = |b: &DeviceBuffer| b.uses.lock().reader_count();
     let _g1 = gate(&r1);
     let _g2 = gate(&r2);
@@ -322,7 +352,7 @@ fn reader_events_are_one_per_stream() {
 fn completed_readers_are_pruned() {
     let d = device();
     let [owner, r1, r2] = streams(&d);
-    let buf = DeviceBuffer::try_new(64, &owner, CudaResource::new(&d)).unwrap();
+    let buf = DeviceBuffer::try_new(64, &owner, CudaResource::new(&d).unwrap()).unwrap();
     buf.record_read(&r1).unwrap();
     r1.synchronize_blocking().unwrap();
     buf.record_read(&r2).unwrap();
@@ -336,7 +366,7 @@ fn resize_grow_reallocates_and_keeps_contents() {
     let d = device();
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(1000)).await?;
         let old = buf.ptr();
         buf.resize(5000).await?;
@@ -355,7 +385,7 @@ fn resize_within_capacity_keeps_memory() {
     let d = device();
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(1000)).await?;
         let ptr = buf.ptr();
         buf.resize(10).await?;
@@ -378,7 +408,7 @@ fn reserve_keeps_size_and_contents() {
     let d = device();
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(300, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(300, &s, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(300)).await?;
         let ptr = buf.ptr();
         buf.reserve(100).await?;
@@ -401,7 +431,7 @@ fn shrink_to_fit_keeps_contents() {
     let d = device();
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(4096, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(4096, &s, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(4096)).await?;
         buf.resize(100).await?;
         buf.shrink_to_fit().await?;
@@ -422,7 +452,7 @@ fn reallocation_frees_old_block_after_readers() {
     let d = device();
     let [owner, reader] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(1000, &owner, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(1000, &owner, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(1000)).await?;
         let open = {
             let _read = buf.read_on(&reader)?;
@@ -468,7 +498,7 @@ fn copy_from_device_waits_for_the_source_owner() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mr = CudaResource::new(&d);
+        let mr = CudaResource::new(&d).unwrap();
         let mut src = DeviceBuffer::new(4096, &a, mr.clone()).await?;
         let mut dst = DeviceBuffer::new(8192, &b, mr).await?;
         a.enqueue_delay(Duration::from_millis(100))?;
@@ -490,7 +520,7 @@ fn copy_from_device_records_the_read_of_the_source() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mr = CudaResource::new(&d);
+        let mr = CudaResource::new(&d).unwrap();
         let mut src = DeviceBuffer::new(4096, &a, mr.clone()).await?;
         let mut dst = DeviceBuffer::new(8192, &b, mr).await?;
         src.fill(3)?;
@@ -520,7 +550,7 @@ fn copy_from_device_records_the_read_of_the_source() {
 fn copy_from_device_rejects_a_longer_source() {
     let d = device();
     let [s] = streams(&d);
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     let src = DeviceBuffer::try_new(10, &s, mr.clone()).unwrap();
     let mut dst = DeviceBuffer::try_new(9, &s, mr).unwrap();
     assert!(matches!(
@@ -534,7 +564,7 @@ fn try_clone_on_waits_for_the_owner() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d).unwrap()).await?;
         a.enqueue_delay(Duration::from_millis(100))?;
         buf.fill(9)?;
         buf.resize(1000).await?; // capacity 4096, size 1000
@@ -556,7 +586,7 @@ fn try_clone_on_records_the_read_of_the_original() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(4096, &a, CudaResource::new(&d).unwrap()).await?;
         buf.fill(9)?;
         a.synchronize().await?;
         let open = gate(&b); // holds the copy back
@@ -578,7 +608,7 @@ fn try_clone_copies_on_the_owner() {
     let d = device();
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(512, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(512, &s, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(512)).await?;
         let mut copy = buf.try_clone().await?;
         assert_eq!(copy.stream(), s);
@@ -598,7 +628,7 @@ fn host_copies_round_trip_vec_and_box() {
     let d = device();
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d).unwrap()).await?;
         let back = buf.copy_from_host(pattern(1000).into_boxed_slice()).await?;
         assert_eq!(&back[..], &pattern(1000)[..]);
         let host: Box<[u8]> = buf.copy_to_host(vec![0u8; 1000].into_boxed_slice()).await?;
@@ -620,7 +650,7 @@ fn host_copies_round_trip_vec_and_box() {
 fn host_copy_length_errors() {
     let d = device();
     let [s] = streams(&d);
-    let mut buf = DeviceBuffer::try_new(100, &s, CudaResource::new(&d)).unwrap();
+    let mut buf = DeviceBuffer::try_new(100, &s, CudaResource::new(&d).unwrap()).unwrap();
     let e = block_on(buf.copy_to_host(vec![0u8; 99])).unwrap_err();
     assert!(
         matches!(
@@ -654,7 +684,7 @@ fn copy_to_host_is_enqueued_at_creation_and_borrows_nothing() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(256, &a, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(256, &a, CudaResource::new(&d).unwrap()).await?;
         buf.fill(1)?;
         let first = buf.copy_to_host(vec![0u8; 256]);
         buf.fill(2)?; // enqueued after the copy above on the same stream
@@ -678,7 +708,7 @@ const BIG: usize = 8 << 20;
 fn dropped_copy_from_host_future_keeps_host_buffer_until_the_copy() {
     let d = device();
     let [s] = streams(&d);
-    let mut buf = block_on(DeviceBuffer::new(BIG, &s, CudaResource::new(&d))).unwrap();
+    let mut buf = block_on(DeviceBuffer::new(BIG, &s, CudaResource::new(&d).unwrap())).unwrap();
     let data = pattern(BIG);
     let open = gate(&s);
     // Polled once, then dropped while the copy waits behind the gate. (A drop that blocked
@@ -700,7 +730,7 @@ fn dropped_copy_from_host_future_keeps_host_buffer_until_the_copy() {
 fn dropped_copy_to_host_future_keeps_host_buffer_until_the_copy() {
     let d = device();
     let [s] = streams(&d);
-    let mut buf = block_on(DeviceBuffer::new(BIG, &s, CudaResource::new(&d))).unwrap();
+    let mut buf = block_on(DeviceBuffer::new(BIG, &s, CudaResource::new(&d).unwrap())).unwrap();
     buf.fill(5).unwrap();
     let open = gate(&s);
     // Dropped unpolled, then dropped after one poll: both hand the Vec to the stream.
@@ -720,7 +750,7 @@ fn dropped_copy_to_host_future_keeps_host_buffer_until_the_copy() {
 fn forgotten_copy_future_leaks_only_the_host_buffer() {
     let d = device();
     let [s] = streams(&d);
-    let mut buf = DeviceBuffer::try_new(64, &s, CudaResource::new(&d)).unwrap();
+    let mut buf = DeviceBuffer::try_new(64, &s, CudaResource::new(&d).unwrap()).unwrap();
     s.enqueue_delay(Duration::from_millis(20)).unwrap();
     std::mem::forget(buf.copy_from_host(vec![4u8; 64]));
     s.synchronize_blocking().unwrap();
@@ -743,7 +773,7 @@ fn other_device_is_a_device_mismatch() {
             "expected a device mismatch, got {r:?}"
         )
     };
-    let mr1 = CudaResource::new(&d1);
+    let mr1 = CudaResource::new(&d1).unwrap();
     mismatch(DeviceBuffer::try_new(64, &s2, mr1.clone()).map(drop));
     mismatch(block_on(DeviceBuffer::new(64, &s2, mr1.clone())).map(drop));
     let mut buf = DeviceBuffer::try_new(64, &s1, mr1).unwrap();
@@ -752,7 +782,7 @@ fn other_device_is_a_device_mismatch() {
     mismatch(buf.read_on(&s2).map(drop));
     mismatch(buf.record_read(&s2));
     mismatch(block_on(buf.try_clone_on(&s2)).map(drop));
-    let other = DeviceBuffer::try_new(64, &s2, CudaResource::new(&d2)).unwrap();
+    let other = DeviceBuffer::try_new(64, &s2, CudaResource::new(&d2).unwrap()).unwrap();
     mismatch(buf.copy_from_device(&other));
 }
 
@@ -761,7 +791,7 @@ fn zero_length_buffers() {
     let d = device();
     let [a, b] = streams(&d);
     block_on(async {
-        let mr = CudaResource::new(&d);
+        let mr = CudaResource::new(&d).unwrap();
         let mut buf = DeviceBuffer::new(0, &a, mr.clone()).await?;
         assert!(buf.is_empty());
         assert_eq!((buf.len(), buf.capacity()), (0, 0));
@@ -797,7 +827,7 @@ fn allocation_failure_leaves_buffer_unchanged() {
     let d = Device::host_with(HostConfig::default().capacity(4096));
     let [s] = streams(&d);
     block_on(async {
-        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(1000, &s, CudaResource::new(&d).unwrap()).await?;
         buf.copy_from_host(pattern(1000)).await?;
         let ptr = buf.ptr();
         let e = buf.resize(1 << 20).await.unwrap_err();
@@ -828,8 +858,8 @@ fn buffers_and_their_futures_are_send() {
     sync::<DeviceBuffer>();
     let d = device();
     let [s, t] = streams(&d);
-    let mut buf = DeviceBuffer::try_new(16, &s, CudaResource::new(&d)).unwrap();
-    send(&DeviceBuffer::new(16, &s, CudaResource::new(&d)));
+    let mut buf = DeviceBuffer::try_new(16, &s, CudaResource::new(&d).unwrap()).unwrap();
+    send(&DeviceBuffer::new(16, &s, CudaResource::new(&d).unwrap()));
     send(&DeviceBuffer::with_current_resource(16, &s));
     send(&buf.try_clone_on(&t));
     send(&buf.copy_to_host(vec![0u8; 16]));
@@ -842,7 +872,7 @@ fn buffers_and_their_futures_are_send() {
 async fn works_across_tokio_tasks() {
     let d = device();
     let [a, b] = streams(&d);
-    let mut buf = DeviceBuffer::new(1024, &a, CudaResource::new(&d))
+    let mut buf = DeviceBuffer::new(1024, &a, CudaResource::new(&d).unwrap())
         .await
         .unwrap();
     a.enqueue_delay(Duration::from_millis(30)).unwrap();
@@ -886,7 +916,7 @@ fn a_default_buffer_is_empty_and_can_grow() {
 fn take_leaves_a_default_buffer_and_frees_once() {
     let device = device();
     let [s] = streams::<1>(&device);
-    let mut buf = DeviceBuffer::try_new(4096, &s, CudaResource::new(&device)).unwrap();
+    let mut buf = DeviceBuffer::try_new(4096, &s, CudaResource::new(&device).unwrap()).unwrap();
     let taken = std::mem::take(&mut buf);
     assert_eq!((taken.len(), buf.len()), (4096, 0));
     drop(buf);
@@ -905,7 +935,8 @@ fn take_leaves_a_default_buffer_and_frees_once() {
 fn a_prefetch_on_another_stream_delays_the_free() {
     let device = device();
     let [owner, other] = streams::<2>(&device);
-    let buf = DeviceBuffer::try_new(4096, &owner, crate::ManagedResource::new(&device)).unwrap();
+    let buf =
+        DeviceBuffer::try_new(4096, &owner, crate::ManagedResource::new(&device).unwrap()).unwrap();
     let open = gate(&other);
     assert!(buf.prefetch(&other).unwrap());
     drop(buf);

@@ -106,7 +106,7 @@ fn vec_alignment<T>() -> usize {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-/// let mut v = DeviceVec::<f32>::from_host(vec![1.0, 2.0, 3.0], &a, CudaResource::new(&device)).await?;
+/// let mut v = DeviceVec::<f32>::from_host(vec![1.0, 2.0, 3.0], &a, CudaResource::new(&device)?).await?;
 /// v.set_stream(&b)?;                                 // `b` waits for `a`'s work on `v`
 /// assert_eq!(v.to_vec().await?, [1.0, 2.0, 3.0]);    // copied on `b`
 /// assert_eq!(v.slice(1..)?.to_vec().await?, [2.0, 3.0]);
@@ -149,7 +149,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let v = DeviceVec::<u32>::new(1000, &stream, mr.clone()).await?;
     /// assert_eq!((v.len(), v.as_buffer().len()), (1000, 4000));
     /// let w = DeviceVec::<u64>::new(10, &stream, mr.clone()).timeout(Duration::from_secs(1)).await?;
@@ -183,7 +183,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<i16>::zeroed(4, &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::<i16>::zeroed(4, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.to_vec().await?, [0; 4]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -209,7 +209,7 @@ impl<T: Pod> DeviceVec<T> {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let v = DeviceVec::<f64>::try_new(0, &stream, mr.clone())?;   // zero length works
     /// assert!(v.is_empty());
     /// let e = DeviceVec::<f64>::try_new(usize::MAX, &stream, mr.clone()).unwrap_err();
@@ -253,7 +253,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![7u8, 8, 9], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![7u8, 8, 9], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.to_vec().await?, [7, 8, 9]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -288,7 +288,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
     /// let data = [1.0f64, 2.0];
-    /// let v = DeviceVec::from_host_slice(&data, &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host_slice(&data, &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.to_vec().await?, data);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -316,7 +316,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mr = CudaResource::new(&device);
+    /// let mr = CudaResource::new(&device)?;
     /// let v = DeviceVec::<u32>::from_buffer(DeviceBuffer::try_new(16, &stream, mr.clone())?)?;
     /// assert_eq!(v.len(), 4);
     /// let odd = DeviceBuffer::try_new(10, &stream, mr)?;
@@ -361,7 +361,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u16>::try_new(5, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u16>::try_new(5, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.len(), 5);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -375,7 +375,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// assert!(DeviceVec::<u16>::try_new(0, &stream, CudaResource::new(&device))?.is_empty());
+    /// assert!(DeviceVec::<u16>::try_new(0, &stream, CudaResource::new(&device)?)?.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn is_empty(&self) -> bool {
@@ -389,7 +389,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u32>::new(8, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u32>::new(8, &stream, CudaResource::new(&device)?).await?;
     /// v.resize(2).await?;
     /// assert_eq!((v.len(), v.capacity()), (2, 8));
     /// # Ok::<(), streamalloc::Error>(())
@@ -407,7 +407,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device)?)?;
     /// assert!(v.ptr().is_aligned(256));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -421,7 +421,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.stream(), stream);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -447,7 +447,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut v = DeviceVec::<u8>::new(4, &a, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u8>::new(4, &a, CudaResource::new(&device)?).await?;
     /// a.enqueue_delay(Duration::from_millis(20))?;        // a slow "kernel" on `a`
     /// let _ = v.copy_from_host(vec![1, 2, 3, 4]);         // enqueued on `a` after it
     /// v.set_stream(&b)?;
@@ -465,7 +465,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.device(), &device);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -479,7 +479,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, MemoryResource, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.resource().properties().device, device.id());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -502,7 +502,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<f32>::try_new(16, &owner, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<f32>::try_new(16, &owner, CudaResource::new(&device)?)?;
     /// let read = v.read_on(&reader)?;
     /// assert_eq!((read.ptr(), read.len()), (v.ptr(), 64));
     /// // ... a kernel on `reader` reads `read.ptr()` ...
@@ -520,7 +520,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<f32>::try_new(16, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.as_buffer().len(), 64);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -541,7 +541,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(2, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(2, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.into_buffer().len(), 16);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -563,7 +563,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![0u32, 1, 2, 3, 4], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![0u32, 1, 2, 3, 4], &stream, CudaResource::new(&device)?).await?;
     /// let mid = v.slice(1..4)?;
     /// assert_eq!((mid.len(), mid.ptr()), (3, v.ptr().offset(4)));
     /// assert_eq!(mid.to_vec().await?, [1, 2, 3]);
@@ -589,7 +589,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u32>::zeroed(5, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u32>::zeroed(5, &stream, CudaResource::new(&device)?).await?;
     /// v.slice_mut(3..)?.copy_from_host(vec![7, 8]).await?;
     /// assert_eq!(v.to_vec().await?, [0, 0, 0, 7, 8]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -621,7 +621,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1.5f64, 2.5], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1.5f64, 2.5], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.copy_to_host(vec![0.0; 3]).await?, [1.5, 2.5, 0.0]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -649,7 +649,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host_slice(&[1u32, 2], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host_slice(&[1u32, 2], &stream, CudaResource::new(&device)?).await?;
     /// let mut out = [0u32; 2];
     /// v.copy_to_host_slice(&mut out).await?;
     /// assert_eq!(out, [1, 2]);
@@ -686,7 +686,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<i32>::zeroed(3, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<i32>::zeroed(3, &stream, CudaResource::new(&device)?).await?;
     /// v.copy_from_host(vec![-1, -2]).await?;
     /// assert_eq!(v.to_vec().await?, [-1, -2, 0]);
     /// assert!(v.copy_from_host(vec![0; 4]).await.is_err()); // longer than the vector
@@ -717,7 +717,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<f32>::zeroed(3, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<f32>::zeroed(3, &stream, CudaResource::new(&device)?).await?;
     /// v.copy_from_host_slice(&[0.5, 1.5]).await?;
     /// assert_eq!(v.to_vec().await?, [0.5, 1.5, 0.0]);
     /// # Ok::<(), streamalloc::Error>(())
@@ -751,7 +751,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![3u16; 4], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![3u16; 4], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.to_vec().await?, vec![3u16; 4]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -784,7 +784,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::from_host(vec![1u32, 2], &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::from_host(vec![1u32, 2], &stream, CudaResource::new(&device)?).await?;
     /// v.resize(4).await?;
     /// assert_eq!(&v.to_vec().await?[..2], &[1, 2]);
     /// assert_eq!(v.len(), 4);
@@ -815,7 +815,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::new(1, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u64>::new(1, &stream, CudaResource::new(&device)?).await?;
     /// v.reserve(100).await?;
     /// assert_eq!((v.len(), v.capacity()), (1, 100));
     /// # Ok::<(), streamalloc::Error>(())
@@ -845,7 +845,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::new(100, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u64>::new(100, &stream, CudaResource::new(&device)?).await?;
     /// v.resize(3).await?;
     /// v.shrink_to_fit().await?;
     /// assert_eq!((v.len(), v.capacity()), (3, 3));
@@ -874,7 +874,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1u8, 2], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1u8, 2], &stream, CudaResource::new(&device)?).await?;
     /// let w = v.try_clone().await?;
     /// assert_ne!(v.ptr(), w.ptr());
     /// assert_eq!(w.to_vec().await?, [1, 2]);
@@ -944,7 +944,7 @@ impl<T: Pod> fmt::Debug for DeviceVec<T> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = LimitingAdaptor::new(CudaResource::new(&device), 4096);
+/// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
 /// let _held = DeviceVec::<f32>::new(1024, &stream, mr.clone()).await?; // all 4096 bytes
 /// let late = DeviceVec::<f32>::new(16, &stream, mr).timeout(Duration::from_millis(10)).await;
 /// assert!(matches!(late, Err(Error::Timeout { requested: 64, .. }))); // 16 f32 = 64 bytes
@@ -980,7 +980,7 @@ impl<'a, T: Pod> NewVec<'a, T> {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
     /// let soon = Instant::now() + Duration::from_secs(1);
-    /// let v = DeviceVec::<u8>::new(8, &stream, CudaResource::new(&device)).deadline(soon).await?;
+    /// let v = DeviceVec::<u8>::new(8, &stream, CudaResource::new(&device)?).deadline(soon).await?;
     /// assert_eq!(v.len(), 8);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -999,7 +999,7 @@ impl<'a, T: Pod> NewVec<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u8>::new(8, &stream, CudaResource::new(&device))
+    /// let v = DeviceVec::<u8>::new(8, &stream, CudaResource::new(&device)?)
     ///     .timeout(Duration::from_secs(1))
     ///     .await?;
     /// assert_eq!(v.len(), 8);

@@ -59,7 +59,7 @@ pub(crate) fn checked_range(
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
 /// buf.copy_from_host(vec![0u8, 1, 2, 3, 4, 5, 6, 7]).await?;
 /// let view = buf.slice(2..5)?;
 /// assert_eq!((view.len(), view.ptr()), (3, buf.ptr().offset(2)));
@@ -89,7 +89,7 @@ impl DeviceBuffer {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(16..)?.len(), 48);
     /// assert!(buf.slice(60..70).is_err());           // out of bounds: an error, no panic
     /// # Ok::<(), streamalloc::Error>(())
@@ -111,7 +111,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(8..)?.ptr(), buf.ptr().offset(8));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -125,7 +125,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(8..=9)?.len(), 2);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -139,7 +139,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert!(buf.slice(64..)?.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -153,7 +153,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(8..)?.slice(4..)?.offset(), 12);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -167,7 +167,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(8..)?.buffer().len(), 64);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -181,7 +181,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(..)?.stream(), stream);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -195,7 +195,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(buf.slice(..)?.device(), &device);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -214,7 +214,7 @@ impl<'a> BufferView<'a> {
     /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)?)?;
     /// let inner = buf.slice(8..24)?.slice(..4)?;
     /// assert_eq!((inner.offset(), inner.len()), (8, 4));
     /// assert!(buf.slice(8..24)?.slice(..17).is_err());
@@ -248,7 +248,7 @@ impl<'a> BufferView<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(5 << 20, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(5 << 20, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(9)?;
     /// let head = buf.slice(..64)?.copy_to_host(vec![0u8; 64]).await?; // 64 bytes, not 5 MiB
     /// assert_eq!(head, vec![9u8; 64]);

@@ -27,7 +27,7 @@
 //! let device = Device::host();
 //! let stream = Stream::new(&device)?;
 //! let log = Shared::default();
-//! let recorded = StatisticsAdaptor::new(CudaResource::new(&device));
+//! let recorded = StatisticsAdaptor::new(CudaResource::new(&device)?);
 //! let mr = LoggingAdaptor::to_writer(recorded.clone(), log.clone())?;
 //! let a = mr.try_allocate(1 << 20, &stream)?;
 //! let b = mr.try_allocate(4096, &stream)?;
@@ -37,7 +37,7 @@
 //!
 //! let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
 //! let events = parse_log_str(&text)?;
-//! let target = StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device), 0, Some(8 << 20))?);
+//! let target = StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device)?, 0, Some(8 << 20))?);
 //! let report = replay(&events, &target, &device)?;
 //! assert!(report.is_clean(), "{report}");
 //! assert_eq!(target.bytes_counter(), recorded.bytes_counter());
@@ -111,7 +111,7 @@ impl fmt::Display for ReplayFailureKind {
 /// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
 ///            7,10:00:00.000000,free,0x7f0000001000,256,0\n";
 /// let device = Device::host();
-/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device), &device)?;
+/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device)?, &device)?;
 /// let failure = &report.failures[0];
 /// assert_eq!((failure.line, &failure.kind), (2, &ReplayFailureKind::UnknownPointer));
 /// assert_eq!(failure.to_string(), "line 2: free of 0x7f0000001000 (256 B): the pointer is not live");
@@ -166,7 +166,7 @@ pub struct Unfreed {
 /// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
 ///            3,12:00:00.000000,allocate,0x7f0000000000,4096,0x10\n";
 /// let device = Device::host();
-/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device), &device)?;
+/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device)?, &device)?;
 /// assert!(report.is_clean());
 /// assert_eq!(report.unfreed, [Unfreed { line: 2, ptr: DevicePtr::from_raw(0x7f00_0000_0000), bytes: 4096 }]);
 /// assert_eq!(report.frees, 1); // the replay freed it at the end
@@ -276,7 +276,7 @@ struct Live {
 /// 140187014588416,16:36:43.474618,free,0x7f8a7a000400,2000,0
 /// ";
 /// let device = Device::host();
-/// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+/// let mr = StatisticsAdaptor::new(CudaResource::new(&device)?);
 /// let report = replay(&parse_log_str(log)?, &mr, &device)?;
 /// assert!(report.is_clean());
 /// assert_eq!((report.allocations, report.frees, report.logged_failures), (2, 2, 1));

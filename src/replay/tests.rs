@@ -89,7 +89,7 @@ fn a_logged_workload_replays_to_the_same_figures() {
         let (device, _) = host();
         let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
         let out = Shared::default();
-        let recorded = StatisticsAdaptor::new(CudaResource::new(&device));
+        let recorded = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
         let logged = LoggingAdaptor::to_writer(recorded.clone(), out.clone()).unwrap();
         let outcome = workload(&logged, &streams, seed, 400);
         logged.flush().unwrap();
@@ -100,7 +100,7 @@ fn a_logged_workload_replays_to_the_same_figures() {
 
         let events = parse_log_str(&out.text()).unwrap();
         let (fresh, _) = host();
-        let pool = PoolResource::new(CudaResource::new(&fresh), 0, None).unwrap();
+        let pool = PoolResource::new(CudaResource::new(&fresh).unwrap(), 0, None).unwrap();
         let target = StatisticsAdaptor::new(pool);
         let report = replay(&events, &target, &fresh).unwrap();
 
@@ -141,7 +141,7 @@ fn a_logged_workload_replays_to_the_same_figures() {
 fn a_multithreaded_log_replays_cleanly() {
     let (device, _) = host();
     let out = Shared::default();
-    let recorded = StatisticsAdaptor::new(CudaResource::new(&device));
+    let recorded = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let logged = LoggingAdaptor::to_writer(recorded.clone(), out.clone()).unwrap();
     let failures: usize = thread::scope(|scope| {
         let handles: Vec<_> = (0..3)
@@ -167,7 +167,7 @@ fn a_multithreaded_log_replays_cleanly() {
     assert_eq!(threads.len(), 3);
 
     let (fresh, _) = host();
-    let target = StatisticsAdaptor::new(CudaResource::new(&fresh));
+    let target = StatisticsAdaptor::new(CudaResource::new(&fresh).unwrap());
     let report = replay(&events, &target, &fresh).unwrap();
     assert!(report.is_clean(), "{report}");
     assert!(report.unfreed.is_empty());
@@ -198,7 +198,7 @@ Thread,Time,Action,Pointer,Size,Stream
 2310717,16:36:43.474622,free,0x7f8a7a000000,512,0x2
 ";
     let (device, _) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let report = replay(&parse_log_str(log).unwrap(), &mr, &device).unwrap();
     assert!(report.is_clean(), "{report}");
     assert_eq!(
@@ -232,7 +232,10 @@ Thread,Time,Action,Pointer,Size,Stream
     let events = parse_log_str(log).unwrap();
     let (device, _) = host();
     // 1 KiB: the 4 KiB allocation is refused.
-    let mr = StatisticsAdaptor::new(LimitingAdaptor::new(CudaResource::new(&device), KIB));
+    let mr = StatisticsAdaptor::new(LimitingAdaptor::new(
+        CudaResource::new(&device).unwrap(),
+        KIB,
+    ));
     let report = replay(&events, &mr, &device).unwrap();
     assert!(!report.is_clean());
     let got: Vec<(usize, &ReplayFailureKind)> =
@@ -327,7 +330,7 @@ Thread,Time,Action,Pointer,Size,Stream
 fn a_resource_of_another_device_is_refused() {
     let (device, _) = host();
     let (other, _) = host();
-    let mr: SharedResource = Arc::new(CudaResource::new(&other));
+    let mr: SharedResource = Arc::new(CudaResource::new(&other).unwrap());
     let e = replay(&[], &*mr, &device).unwrap_err();
     assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
 }
@@ -336,7 +339,7 @@ fn a_resource_of_another_device_is_refused() {
 fn an_empty_log_replays_to_nothing() {
     let (device, _) = host();
     let events = parse_log_str(&format!("{LOG_HEADER}\n")).unwrap();
-    let report = replay(&events, &CudaResource::new(&device), &device).unwrap();
+    let report = replay(&events, &CudaResource::new(&device).unwrap(), &device).unwrap();
     assert_eq!(report, ReplayReport::default());
     assert!(report.is_clean());
 }

@@ -81,7 +81,7 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
     /// let held = mr.allocate(1024, &stream).await?;
     /// let err = mr.allocate(256, &stream).deadline(Instant::now() + Duration::from_millis(10)).await;
     /// assert!(matches!(err, Err(streamalloc::Error::Timeout { requested: 256, .. })));

@@ -168,7 +168,7 @@ impl Availability {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
     /// let held = mr.allocate(1024, &stream).await?;
     /// let late = mr.allocate(256, &stream).timeout(Duration::from_millis(5)).await;
     /// assert!(late.is_err());

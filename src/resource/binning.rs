@@ -46,7 +46,7 @@ const BIN_BLOCKS: usize = 128;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let pool = PoolResource::new(CudaResource::new(&device), 64 << 20, None)?;
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 64 << 20, None)?;
 /// // Bins of 4 KiB, 8 KiB, ..., 1 MiB over the pool; larger requests go to the pool itself.
 /// let mr = BinningResource::with_range(pool, 12, 20)?;
 /// let small = mr.allocate(3000, &stream).await?;        // the 4 KiB bin
@@ -144,9 +144,9 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
     /// use streamalloc::{BinningResource, CudaResource, Device, Error, HostResource};
     ///
     /// let device = Device::host();
-    /// let mut mr = BinningResource::new(CudaResource::new(&device));
+    /// let mut mr = BinningResource::new(CudaResource::new(&device)?);
     /// mr.add_bin(4096, None)?;                                       // fixed-size blocks
-    /// mr.add_bin(1 << 20, Some(Arc::new(HostResource::new(&device))))?; // a resource of yours
+    /// mr.add_bin(1 << 20, Some(Arc::new(HostResource::new(&device)?)))?; // a resource of yours
     /// assert_eq!(mr.bin_sizes(), vec![4096, 1 << 20]);
     /// let shared = mr.clone();
     /// assert!(matches!(mr.add_bin(64, None), Err(Error::InvalidArgument(_))));

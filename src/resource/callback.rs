@@ -58,7 +58,7 @@ type DeallocateFn = dyn Fn(DevicePtr, usize, &Stream) + Send + Sync;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let upstream = CudaResource::new(&device);
+/// let upstream = CudaResource::new(&device)?;
 /// let live = Arc::new(AtomicUsize::new(0));
 ///
 /// let mr = CallbackResource::new(
@@ -144,7 +144,7 @@ impl CallbackResource {
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let limited = LimitingAdaptor::new(CudaResource::new(&device), 4096);
+    /// let limited = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
     /// // Frees in `limited` wake allocations waiting here.
     /// let availability = Arc::new(Availability::new());
     /// limited.availability().unwrap().add_follower(&availability);

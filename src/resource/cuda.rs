@@ -23,7 +23,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = CudaResource::new(&device);
+/// let mr = CudaResource::new(&device)?;
 /// let p = mr.try_allocate(4096, &stream)?;
 /// unsafe { mr.deallocate(p, 4096, &stream) };
 /// # Ok::<(), streamalloc::Error>(())
@@ -35,10 +35,14 @@ pub struct CudaResource {
 
 impl CudaResource {
     /// A resource that allocates device memory of `device`.
-    pub fn new(device: &Device) -> Self {
-        CudaResource {
+    ///
+    /// # Errors
+    /// None today: every device has device memory. It returns a `Result` like the other leaf
+    /// resources' constructors, so that callers treat them alike.
+    pub fn new(device: &Device) -> Result<Self> {
+        Ok(CudaResource {
             device: device.clone(),
-        }
+        })
     }
 
     /// The device it allocates on.

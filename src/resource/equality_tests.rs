@@ -16,8 +16,8 @@ fn device() -> Device {
 #[test]
 fn clones_of_a_resource_are_equal_and_distinct_resources_are_not() {
     let d = device();
-    let pool = PoolResource::new(CudaResource::new(&d), 1 << 20, None).unwrap();
-    let other = PoolResource::new(CudaResource::new(&d), 1 << 20, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&d).unwrap(), 1 << 20, None).unwrap();
+    let other = PoolResource::new(CudaResource::new(&d).unwrap(), 1 << 20, None).unwrap();
     assert!(pool.is_equal(&pool.clone()));
     assert!(!pool.is_equal(&other));
 
@@ -37,7 +37,7 @@ fn clones_of_a_resource_are_equal_and_distinct_resources_are_not() {
 #[test]
 fn type_erasure_keeps_identity() {
     let d = device();
-    let pool = PoolResource::new(CudaResource::new(&d), 1 << 20, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&d).unwrap(), 1 << 20, None).unwrap();
     let shared: SharedResource = Arc::new(pool.clone());
     assert!(shared.is_equal(&pool));
     assert!(pool.is_equal(&*shared));
@@ -47,10 +47,18 @@ fn type_erasure_keeps_identity() {
 #[test]
 fn stateless_resources_are_equal_by_kind_and_device() {
     let (a, b) = (device(), device());
-    assert!(CudaResource::new(&a).is_equal(&CudaResource::new(&a)));
-    assert!(!CudaResource::new(&a).is_equal(&CudaResource::new(&b)));
-    assert!(!CudaResource::new(&a).is_equal(&ManagedResource::new(&a)));
-    assert!(HostResource::new(&a).is_equal(&HostResource::new(&a)));
+    assert!(CudaResource::new(&a)
+        .unwrap()
+        .is_equal(&CudaResource::new(&a).unwrap()));
+    assert!(!CudaResource::new(&a)
+        .unwrap()
+        .is_equal(&CudaResource::new(&b).unwrap()));
+    assert!(!CudaResource::new(&a)
+        .unwrap()
+        .is_equal(&ManagedResource::new(&a).unwrap()));
+    assert!(HostResource::new(&a)
+        .unwrap()
+        .is_equal(&HostResource::new(&a).unwrap()));
 }
 
 #[test]

@@ -64,7 +64,7 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = FixedSizeResource::new(CudaResource::new(&device), 64 << 10, 16)?;
+/// let mr = FixedSizeResource::new(CudaResource::new(&device)?, 64 << 10, 16)?;
 /// let p = mr.allocate(1000, &stream).await?;       // a whole 64 KiB block
 /// assert_eq!(mr.free_blocks(), 15);
 /// unsafe { mr.deallocate(p, 1000, &stream) };
@@ -97,7 +97,7 @@ impl<R: MemoryResource> FixedSizeResource<R> {
     ///
     /// ```
     /// use streamalloc::{CudaResource, Device, Error, FixedSizeResource};
-    /// let up = CudaResource::new(&Device::host());
+    /// let up = CudaResource::new(&Device::host())?;
     /// let mr = FixedSizeResource::new(up.clone(), 1000, 4)?;
     /// assert_eq!(mr.block_size(), 1024);
     /// assert!(matches!(FixedSizeResource::new(up, 0, 4), Err(Error::InvalidArgument(_))));

@@ -20,7 +20,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = ManagedResource::new(&device);
+/// let mr = ManagedResource::new(&device)?;
 /// assert!(mr.properties().host_accessible && mr.properties().device_accessible);
 /// let p = mr.try_allocate(256, &stream)?;
 /// unsafe { mr.deallocate(p, 256, &stream) };
@@ -35,18 +35,24 @@ pub struct ManagedResource {
 impl ManagedResource {
     /// A resource that allocates managed memory attached to `device`, one request at most the
     /// device's total memory.
-    pub fn new(device: &Device) -> Self {
-        ManagedResource {
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a CUDA device without managed memory
+    /// (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY` is 0); driver errors from asking. Never on the
+    /// host backend.
+    pub fn new(device: &Device) -> Result<Self> {
+        device.raw().check_kind(MemoryKind::Managed)?;
+        Ok(ManagedResource {
             device: device.clone(),
             oversubscribe: false,
-        }
+        })
     }
 
     /// Lets a single request exceed the device's total memory (pages then migrate on demand).
     ///
     /// ```
     /// # use streamalloc::{Device, ManagedResource, MemoryResource};
-    /// let mr = ManagedResource::new(&Device::host()).allow_oversubscription();
+    /// let mr = ManagedResource::new(&Device::host()).unwrap().allow_oversubscription();
     /// assert_eq!(mr.capacity_limit(), None);
     /// ```
     pub fn allow_oversubscription(mut self) -> Self {

@@ -162,7 +162,7 @@ impl Properties {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = CudaResource::new(&device);
+/// let mr = CudaResource::new(&device)?;
 /// let ptr = mr.allocate(1 << 20, &stream).await?;
 /// assert!(ptr.is_aligned(256));
 /// // SAFETY: allocated above from `mr` with the same size, used by nothing else.
@@ -218,7 +218,7 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 4096);
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
     /// assert!(!mr.may_regain_memory(4096)); // nothing is out: nothing can come back
     /// let p = mr.try_allocate(4096, &stream)?;
     /// assert!(mr.may_regain_memory(4096)); // freeing `p` would make room
@@ -239,11 +239,11 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource};
     ///
     /// let device = Device::host();
-    /// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
     /// assert!(pool.is_equal(&pool.clone()));
-    /// let other = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// let other = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
     /// assert!(!pool.is_equal(&other));
-    /// assert!(CudaResource::new(&device).is_equal(&CudaResource::new(&device)));
+    /// assert!(CudaResource::new(&device)?.is_equal(&CudaResource::new(&device)?));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     fn is_equal(&self, other: &dyn MemoryResource) -> bool {
@@ -271,8 +271,8 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// assert_eq!(CudaResource::new(&device).memory_stats().allocated_bytes, None);
-    /// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+    /// assert_eq!(CudaResource::new(&device)?.memory_stats().allocated_bytes, None);
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
     /// let p = pool.try_allocate(1000, &stream)?;
     /// let stats = pool.memory_stats();
     /// assert_eq!(stats.allocated_bytes, Some(1024)); // as the pool rounds it
@@ -300,7 +300,7 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    /// let mr = StatisticsAdaptor::new(CudaResource::new(&device)?);
     /// let p = mr.try_allocate(4096, &stream)?;
     /// unsafe { mr.deallocate(p, 4096, &stream) };
     /// assert_eq!(mr.memory_stats().peak_allocated_bytes, Some(4096));
@@ -338,7 +338,7 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 4096);
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
     /// let held = mr.allocate_blocking(4096, &stream)?; // served at once
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     /// let r = rt.block_on(async { mr.allocate_blocking(256, &stream) });
@@ -374,7 +374,7 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
 /// use streamalloc::{CudaResource, Device, HostConfig, PoolResource, StatisticsAdaptor};
 ///
 /// let device = Device::host_with(HostConfig::default());
-/// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
 /// streamalloc::set_current_device_resource_for(&device, std::sync::Arc::new(StatisticsAdaptor::new(pool)))?;
 /// let stats = streamalloc::memory_stats(&device);
 /// assert_eq!((stats.allocated_bytes, stats.reserved_bytes), (Some(0), Some(1 << 20)));
@@ -404,7 +404,7 @@ forward::memory_resource!(delegate [R: MemoryResource + ?Sized] Arc<R>, |this| &
 /// use streamalloc::{CudaResource, Device, MemoryResource, ResourceIdentity};
 ///
 /// let device = Device::host();
-/// assert!(matches!(CudaResource::new(&device).identity(), ResourceIdentity::Stateless { .. }));
+/// assert!(matches!(CudaResource::new(&device).unwrap().identity(), ResourceIdentity::Stateless { .. }));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -22,7 +22,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = HostResource::new(&device);
+/// let mr = HostResource::new(&device)?;
 /// let p = mr.try_allocate(100, &stream)?;
 /// assert!(p.is_aligned(256));
 /// unsafe { mr.deallocate(p, 100, &stream) };
@@ -35,10 +35,14 @@ pub struct HostResource {
 
 impl HostResource {
     /// A resource of system memory, for use with streams of `device`.
-    pub fn new(device: &Device) -> Self {
-        HostResource {
+    ///
+    /// # Errors
+    /// None today: system memory needs nothing of the device. It returns a `Result` like the
+    /// other leaf resources' constructors, so that callers treat them alike.
+    pub fn new(device: &Device) -> Result<Self> {
+        Ok(HostResource {
             device: device.clone(),
-        }
+        })
     }
 }
 

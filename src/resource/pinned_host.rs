@@ -15,7 +15,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = PinnedHostResource::new(&device);
+/// let mr = PinnedHostResource::new(&device)?;
 /// assert!(mr.properties().host_accessible);
 /// let p = mr.try_allocate(1000, &stream)?;
 /// assert!(p.is_aligned(256));
@@ -29,10 +29,16 @@ pub struct PinnedHostResource {
 
 impl PinnedHostResource {
     /// A resource that allocates pinned host memory mapped for `device`.
-    pub fn new(device: &Device) -> Self {
-        PinnedHostResource {
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) on a CUDA device that cannot map host
+    /// memory (`CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY` is 0); driver errors from asking. Never
+    /// on the host backend.
+    pub fn new(device: &Device) -> Result<Self> {
+        device.raw().check_kind(MemoryKind::PinnedHost)?;
+        Ok(PinnedHostResource {
             device: device.clone(),
-        }
+        })
     }
 }
 

@@ -18,7 +18,8 @@ fn registry() -> &'static Mutex<HashMap<DeviceId, SharedResource>> {
 }
 
 fn initial(device: &Device) -> SharedResource {
-    Arc::new(CudaResource::new(device))
+    // `CudaResource::new` checks nothing of the device: every device has device memory.
+    Arc::new(CudaResource::new(device).expect("CudaResource::new cannot fail"))
 }
 
 /// The current resource of [`Device::default()`]. See [`current_device_resource_for`].
@@ -42,7 +43,7 @@ pub fn current_device_resource() -> SharedResource {
 ///
 /// let device = Device::host_with(HostConfig::default());
 /// assert_eq!(current_device_resource_for(&device).properties().device, device.id());
-/// let managed = ManagedResource::new(&device);
+/// let managed = ManagedResource::new(&device).unwrap();
 /// with_resource_sync(managed.clone(), || {
 ///     assert!(current_device_resource_for(&device).is_equal(&managed));
 /// });
@@ -96,7 +97,7 @@ pub fn set_current_device_resource(mr: impl MemoryResource + 'static) -> Result<
 /// use streamalloc::*;
 ///
 /// let (d0, d1) = (Device::host_with(HostConfig::default()), Device::host_with(HostConfig::default()));
-/// let pool = PoolResource::new(CudaResource::new(&d0), 1 << 20, None)?;
+/// let pool = PoolResource::new(CudaResource::new(&d0)?, 1 << 20, None)?;
 /// set_current_device_resource_for(&d0, pool.clone())?;
 /// assert!(current_device_resource_for(&d0).is_equal(&pool));
 ///
@@ -129,7 +130,7 @@ pub fn set_current_device_resource_for(
 /// use streamalloc::*;
 ///
 /// let device = Device::host_with(HostConfig::default());
-/// set_current_device_resource_for(&device, Arc::new(ManagedResource::new(&device)))?;
+/// set_current_device_resource_for(&device, Arc::new(ManagedResource::new(&device)?))?;
 /// let was = reset_current_device_resource_for(&device);
 /// assert!(format!("{was:?}").contains("ManagedResource"));
 /// assert!(format!("{:?}", current_device_resource_for(&device)).contains("CudaResource"));

@@ -102,7 +102,7 @@ impl Drop for Installed {
 /// # futures::executor::block_on(async {
 /// let device = Device::host_with(HostConfig::default());
 /// let stream = Stream::new(&device)?;
-/// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
 ///
 /// let buf = with_resource(pool.clone(), async {
 ///     stream.synchronize().await?;                              // any awaits in between
@@ -140,7 +140,7 @@ pub fn with_resource<F: IntoFuture>(
 ///
 /// let device = Device::host_with(HostConfig::default());
 /// let stream = Stream::new(&device)?;
-/// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None)?;
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
 ///
 /// let buf = with_resource_sync(pool.clone(), || {
 ///     DeviceBuffer::try_new(256, &stream, current_device_resource_for(&device))
@@ -167,12 +167,12 @@ pub fn with_resource_sync<R>(mr: impl MemoryResource + 'static, f: impl FnOnce()
 /// use streamalloc::*;
 ///
 /// let device = Device::host_with(HostConfig::default());
-/// let scoped = with_resource(ManagedResource::new(&device), async {
+/// let scoped = with_resource(ManagedResource::new(&device).unwrap(), async {
 ///     current_device_resource_for(&device)
 /// });
 /// assert_eq!(scoped.resource().properties().device, device.id());
 /// let mr = futures::executor::block_on(scoped);
-/// assert!(mr.is_equal(&ManagedResource::new(&device)));
+/// assert!(mr.is_equal(&ManagedResource::new(&device).unwrap()));
 /// ```
 #[pin_project]
 #[must_use = "futures do nothing unless polled"]
@@ -190,8 +190,8 @@ impl<F> WithResource<F> {
     /// use streamalloc::*;
     ///
     /// let device = Device::host_with(HostConfig::default());
-    /// let scoped = with_resource(CudaResource::new(&device), async {});
-    /// assert!(scoped.resource().is_equal(&CudaResource::new(&device)));
+    /// let scoped = with_resource(CudaResource::new(&device).unwrap(), async {});
+    /// assert!(scoped.resource().is_equal(&CudaResource::new(&device).unwrap()));
     /// ```
     pub fn resource(&self) -> &SharedResource {
         &self.mr

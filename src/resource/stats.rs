@@ -32,7 +32,7 @@ use std::time::Duration;
 ///
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mr = StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device), 1 << 20, None)?);
+/// let mr = StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?);
 /// let p = mr.try_allocate(1000, &stream)?;
 /// let stats = mr.memory_stats();
 /// assert_eq!(stats.allocated_bytes, Some(1000));
@@ -142,7 +142,7 @@ impl fmt::Display for MemoryStats {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device), 1 << 20);
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1 << 20);
     /// let p = mr.try_allocate(1536, &stream)?;
     /// let summary = mr.memory_stats().to_string();
     /// assert!(summary.contains("allocated"), "{summary}");

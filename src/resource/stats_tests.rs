@@ -23,8 +23,9 @@ fn device() -> (Device, Stream) {
 #[test]
 fn a_statistics_adaptor_over_a_pool_reports_allocated_and_reserved_together() {
     let (device, s) = device();
-    let mr =
-        StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device), MIB, None).unwrap());
+    let mr = StatisticsAdaptor::new(
+        PoolResource::new(CudaResource::new(&device).unwrap(), MIB, None).unwrap(),
+    );
     let a = mr.try_allocate(1000, &s).unwrap();
     let b = mr.try_allocate(3000, &s).unwrap();
     free(&mr, a, 1000, &s);
@@ -41,7 +42,7 @@ fn a_statistics_adaptor_over_a_pool_reports_allocated_and_reserved_together() {
 #[test]
 fn a_pool_reports_its_reserved_peak_after_trim_until_reset() {
     let (device, s) = device();
-    let pool = PoolResource::new(CudaResource::new(&device), 0, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
     let p = pool.try_allocate(MIB, &s).unwrap();
     let grown = pool.pool_size();
     let stats = pool.memory_stats();
@@ -63,7 +64,7 @@ fn a_pool_reports_its_reserved_peak_after_trim_until_reset() {
 #[test]
 fn reset_peak_reaches_every_layer() {
     let (device, s) = device();
-    let pool = PoolResource::new(CudaResource::new(&device), 0, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
     let mr = StatisticsAdaptor::new(LimitingAdaptor::new(pool.clone(), 4 * MIB));
     let p = mr.try_allocate(MIB, &s).unwrap();
     free(&mr, p, MIB, &s);
@@ -80,7 +81,7 @@ fn reset_peak_reaches_every_layer() {
 #[test]
 fn a_limiting_adaptor_reports_what_it_charged_and_its_peak() {
     let (device, s) = device();
-    let mr = LimitingAdaptor::new(CudaResource::new(&device), MIB);
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), MIB);
     let a = mr.try_allocate(1000, &s).unwrap();
     let b = mr.try_allocate(KIB, &s).unwrap();
     free(&mr, b, KIB, &s);
@@ -95,7 +96,7 @@ fn a_limiting_adaptor_reports_what_it_charged_and_its_peak() {
 #[test]
 fn arena_fixed_size_and_binning_report_allocated_and_reserved() {
     let (device, s) = device();
-    let arena = ArenaResource::new(CudaResource::new(&device), Some(4 * MIB)).unwrap();
+    let arena = ArenaResource::new(CudaResource::new(&device).unwrap(), Some(4 * MIB)).unwrap();
     let p = arena.try_allocate(1000, &s).unwrap();
     let stats = arena.memory_stats();
     assert_eq!(stats.reserved_bytes, Some(4 * MIB));
@@ -103,7 +104,7 @@ fn arena_fixed_size_and_binning_report_allocated_and_reserved() {
     assert!(stats.allocated_bytes.unwrap() >= 1000);
     free(&arena, p, 1000, &s);
 
-    let fixed = FixedSizeResource::new(CudaResource::new(&device), KIB, 8).unwrap();
+    let fixed = FixedSizeResource::new(CudaResource::new(&device).unwrap(), KIB, 8).unwrap();
     let p = fixed.try_allocate(100, &s).unwrap();
     let stats = fixed.memory_stats();
     assert_eq!(
@@ -117,7 +118,7 @@ fn arena_fixed_size_and_binning_report_allocated_and_reserved() {
     free(&fixed, p, 100, &s);
 
     // Binning over a pool: the bins' free blocks are reserved, not allocated.
-    let pool = PoolResource::new(CudaResource::new(&device), 0, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
     let mut binning = BinningResource::new(pool.clone());
     binning.add_bin(KIB, None).unwrap();
     let p = binning.try_allocate(100, &s).unwrap();
@@ -133,7 +134,7 @@ fn arena_fixed_size_and_binning_report_allocated_and_reserved() {
 #[test]
 fn a_plain_leaf_counts_nothing_and_says_so() {
     let (device, _s) = device();
-    let stats = CudaResource::new(&device).memory_stats();
+    let stats = CudaResource::new(&device).unwrap().memory_stats();
     assert_eq!(stats.allocated_bytes, None);
     assert_eq!(stats.reserved_bytes, None);
     let text = stats.to_string();
@@ -143,7 +144,7 @@ fn a_plain_leaf_counts_nothing_and_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wait_queue_counts_waits_timeouts_and_cancellations_through_adaptors() {
     let (device, s) = device();
-    let limited = LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB);
+    let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 4 * KIB);
     let mr = StatisticsAdaptor::new(limited.clone());
     let held = mr.allocate(4 * KIB, &s).await.unwrap();
 
@@ -190,7 +191,7 @@ async fn the_wait_queue_counts_waits_timeouts_and_cancellations_through_adaptors
 #[test]
 fn memory_stats_of_a_device_reads_its_current_resource() {
     let (device, s) = device();
-    let mr = std::sync::Arc::new(StatisticsAdaptor::new(CudaResource::new(&device)));
+    let mr = std::sync::Arc::new(StatisticsAdaptor::new(CudaResource::new(&device).unwrap()));
     crate::set_current_device_resource_for(&device, mr.clone()).unwrap();
     let p = mr.try_allocate(512, &s).unwrap();
     assert_eq!(crate::memory_stats(&device).allocated_bytes, Some(512));
@@ -201,8 +202,9 @@ fn memory_stats_of_a_device_reads_its_current_resource() {
 #[test]
 fn the_summary_shows_the_figures() {
     let (device, s) = device();
-    let mr =
-        StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device), MIB, None).unwrap());
+    let mr = StatisticsAdaptor::new(
+        PoolResource::new(CudaResource::new(&device).unwrap(), MIB, None).unwrap(),
+    );
     let p = mr.try_allocate(1536, &s).unwrap();
     let text = mr.memory_stats().to_string();
     assert!(text.contains("1.5 KiB (1536 bytes)"), "{text}");
@@ -217,7 +219,7 @@ fn every_adaptor_passes_the_figures_up() {
         TrackingAdaptor,
     };
     let (device, s) = device();
-    let pool = PoolResource::new(CudaResource::new(&device), MIB, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), MIB, None).unwrap();
     let counted = StatisticsAdaptor::new(pool);
     let stack = TracingAdaptor::new(TrackingAdaptor::new(
         LoggingAdaptor::to_writer(

@@ -33,7 +33,7 @@ fn assert_too_large(e: &Error, requested: usize, maximum: usize) {
 #[tokio::test]
 async fn a_pool_says_a_request_above_its_maximum_can_never_fit() {
     let (device, s) = device(64 * MIB);
-    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(MIB)).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(MIB)).unwrap();
     assert_too_large(&pool.try_allocate(2 * MIB, &s).unwrap_err(), 2 * MIB, MIB);
     assert_too_large(&pool.allocate(2 * MIB, &s).await.unwrap_err(), 2 * MIB, MIB);
     // Within the maximum but not now: plain out-of-memory, with what is available.
@@ -57,7 +57,10 @@ async fn a_pool_says_a_request_above_its_maximum_can_never_fit() {
 #[tokio::test]
 async fn a_budget_says_so_through_adaptors() {
     let (device, s) = device(64 * MIB);
-    let mr = StatisticsAdaptor::new(LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB));
+    let mr = StatisticsAdaptor::new(LimitingAdaptor::new(
+        CudaResource::new(&device).unwrap(),
+        4 * KIB,
+    ));
     assert_too_large(&mr.try_allocate(8 * KIB, &s).unwrap_err(), 8 * KIB, 4 * KIB);
     assert_too_large(
         &mr.allocate(8 * KIB, &s).await.unwrap_err(),
@@ -69,16 +72,16 @@ async fn a_budget_says_so_through_adaptors() {
 #[test]
 fn a_device_leaf_says_so_above_the_device_memory() {
     let (device, s) = device(MIB);
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     assert_too_large(&mr.try_allocate(2 * MIB, &s).unwrap_err(), 2 * MIB, MIB);
 }
 
 #[test]
 fn fixed_size_and_arena_say_so_above_their_limits() {
     let (device, s) = device(64 * MIB);
-    let fixed = FixedSizeResource::new(CudaResource::new(&device), KIB, 4).unwrap();
+    let fixed = FixedSizeResource::new(CudaResource::new(&device).unwrap(), KIB, 4).unwrap();
     assert_too_large(&fixed.try_allocate(KIB + 1, &s).unwrap_err(), KIB + 1, KIB);
-    let arena = ArenaResource::new(CudaResource::new(&device), Some(4 * MIB)).unwrap();
+    let arena = ArenaResource::new(CudaResource::new(&device).unwrap(), Some(4 * MIB)).unwrap();
     let limit = arena.capacity_limit().unwrap();
     assert_too_large(
         &arena.try_allocate(limit + 1, &s).unwrap_err(),
@@ -93,7 +96,7 @@ async fn an_awaited_request_above_any_resources_limit_is_too_large() {
     let (device, s) = device(64 * MIB);
     let id = device.id();
     let mr = CallbackResource::new(
-        CudaResource::new(&device).properties(),
+        CudaResource::new(&device).unwrap().properties(),
         move |bytes, _| Err(Error::out_of_memory(bytes, Some(0), id)),
         |_, _, _| {},
     )

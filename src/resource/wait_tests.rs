@@ -16,7 +16,7 @@ fn limited(limit: usize) -> (LimitingAdaptor<CudaResource>, Stream) {
     let device = Device::host_with(HostConfig::default());
     let stream = Stream::new(&device).unwrap();
     (
-        LimitingAdaptor::new(CudaResource::new(&device), limit),
+        LimitingAdaptor::new(CudaResource::new(&device).unwrap(), limit),
         stream,
     )
 }
@@ -208,7 +208,7 @@ fn a_limit_that_is_not_a_multiple_of_256_reports_what_can_fit() {
 fn resources_without_a_wait_queue_fail_at_once() {
     let device = Device::host_with(HostConfig::default().capacity(KIB));
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let err = futures::executor::block_on(mr.allocate(2 * KIB, &s)).unwrap_err();
     assert!(err.is_out_of_memory());
 }
@@ -236,7 +236,7 @@ fn the_budget_is_charged_in_256_byte_units_and_errors_carry_it() {
 fn an_upstream_failure_returns_the_charge() {
     let device = Device::host_with(HostConfig::default());
     let s = Stream::new(&device).unwrap();
-    let mr = LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB);
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 4 * KIB);
     device.host_controls().unwrap().fail_next_allocations(1);
     assert!(mr.try_allocate(KIB, &s).unwrap_err().is_out_of_memory());
     assert_eq!(mr.allocated_bytes(), 0);
@@ -248,7 +248,7 @@ fn a_limit_over_a_limit_wakes_on_upstream_frees() {
     // and must be woken when memory returns to the inner one.
     let device = Device::host_with(HostConfig::default());
     let s = Stream::new(&device).unwrap();
-    let inner = LimitingAdaptor::new(CudaResource::new(&device), KIB);
+    let inner = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), KIB);
     let outer = LimitingAdaptor::new(inner.clone(), 4 * KIB);
     let held = inner.allocate_blocking(KIB, &s).unwrap();
     let mut waiting = Box::pin(outer.allocate(KIB, &s));
@@ -270,7 +270,7 @@ fn a_head_waiter_that_fails_upstream_is_not_woken_by_its_own_failure() {
     // must not count as memory coming back, or the head would spin.
     let device = Device::host_with(HostConfig::default());
     let s = Stream::new(&device).unwrap();
-    let inner = LimitingAdaptor::new(CudaResource::new(&device), KIB);
+    let inner = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), KIB);
     let outer = LimitingAdaptor::new(inner.clone(), 4 * KIB);
     let held = inner.allocate_blocking(KIB, &s).unwrap();
     let wakes = Arc::new(AtomicUsize::new(0));

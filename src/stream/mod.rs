@@ -112,7 +112,7 @@ impl Stream {
     /// let legacy = Stream::legacy_default(&device)?;
     /// assert_eq!(legacy, Stream::legacy_default(&device)?); // the same stream
     /// let mine = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(64, &legacy, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(64, &legacy, CudaResource::new(&device)?).await?;
     /// buf.fill(3)?;                  // on the legacy stream
     /// buf.set_stream(&mine)?;        // `mine` waits for it
     /// assert_eq!(buf.copy_to_host(vec![0u8; 64]).await?, vec![3; 64]);

@@ -20,21 +20,21 @@ fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
 }
 
 fn arena(device: &Device, size: usize) -> ArenaResource<CudaResource> {
-    ArenaResource::new(CudaResource::new(device), Some(size)).unwrap()
+    ArenaResource::new(CudaResource::new(device).unwrap(), Some(size)).unwrap()
 }
 
 /// RMM `ArenaTest.SizeSmallerThanSuperblockSize`.
 pub fn smaller_than_a_superblock_is_rejected(device: Device) {
-    let r = ArenaResource::new(CudaResource::new(&device), Some(256));
+    let r = ArenaResource::new(CudaResource::new(&device).unwrap(), Some(256));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
-    let r = ArenaResource::new(CudaResource::new(&device), Some(MIB - 256));
+    let r = ArenaResource::new(CudaResource::new(&device).unwrap(), Some(MIB - 256));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
 }
 
 /// RMM `ArenaTest.AllocateNinetyPercent`.
 pub fn ninety_percent_arena(device: Device) {
     let size = percent_of_free_device_memory(&device, 90).unwrap();
-    let mr = ArenaResource::new(CudaResource::new(&device), Some(size)).unwrap();
+    let mr = ArenaResource::new(CudaResource::new(&device).unwrap(), Some(size)).unwrap();
     let s = Stream::new(&device).unwrap();
     let p = mr.try_allocate(size / 2, &s).unwrap();
     free(&mr, p, size / 2, &s);
@@ -43,7 +43,7 @@ pub fn ninety_percent_arena(device: Device) {
 /// RMM `ArenaTest.SmallMediumLarge`, with the default arena (half of the free memory).
 pub fn small_medium_large(device: Device) {
     let free_now = device.memory_info().unwrap().free;
-    let mr = ArenaResource::new(CudaResource::new(&device), None).unwrap();
+    let mr = ArenaResource::new(CudaResource::new(&device).unwrap(), None).unwrap();
     let s = Stream::new(&device).unwrap();
     let sizes = [256, 64 * MIB, free_now / 3 / 256 * 256];
     let ptrs: Vec<DevicePtr> = sizes
@@ -158,7 +158,7 @@ pub fn dump_log_on_failure(device: Device) {
     let config = ArenaConfig::default()
         .arena_size(MIB)
         .dump_on_failure(ArenaDump::File(path.clone()));
-    let mr = ArenaResource::with_config(CudaResource::new(&device), config).unwrap();
+    let mr = ArenaResource::with_config(CudaResource::new(&device).unwrap(), config).unwrap();
     let s = Stream::new(&device).unwrap();
     let err = mr.try_allocate(8 * MIB, &s).unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");

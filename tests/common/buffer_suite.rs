@@ -282,16 +282,18 @@ pub fn adopted_memory_is_freed_by_the_buffer(device: Device) {
 pub fn prefetch_buffers(device: Device) {
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let n = 1 << 20;
-    let plain = DeviceBuffer::try_new(n, &s, CudaResource::new(&device)).unwrap();
+    let plain = DeviceBuffer::try_new(n, &s, CudaResource::new(&device).unwrap()).unwrap();
     assert!(!plain.prefetch(&s).unwrap(), "device memory is not managed");
     assert!(!plain.prefetch_to(PrefetchTarget::Host, &t).unwrap());
-    assert!(!DeviceBuffer::try_new(0, &s, ManagedResource::new(&device))
-        .unwrap()
-        .prefetch(&s)
-        .unwrap());
+    assert!(
+        !DeviceBuffer::try_new(0, &s, ManagedResource::new(&device).unwrap())
+            .unwrap()
+            .prefetch(&s)
+            .unwrap()
+    );
 
     let mut pools: Vec<streamalloc::SharedResource> =
-        vec![std::sync::Arc::new(ManagedResource::new(&device))];
+        vec![std::sync::Arc::new(ManagedResource::new(&device).unwrap())];
     match CudaAsyncManagedResource::new(&device) {
         Ok(mr) => pools.push(std::sync::Arc::new(mr)),
         Err(Error::Unsupported { .. }) => {}

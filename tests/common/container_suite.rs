@@ -103,7 +103,7 @@ pub fn resize_keeps_elements(device: Device) {
 
 /// `zeroed` gives zeros even in memory a pool hands back after someone wrote it.
 pub fn zeroed_is_zero_in_reused_memory(device: Device) {
-    let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 1 << 20, None).unwrap();
     let s = Stream::new(&device).unwrap();
     let dirty = block_on(DeviceVec::from_host(vec![u32::MAX; 4096], &s, pool.clone())).unwrap();
     let p = dirty.ptr();

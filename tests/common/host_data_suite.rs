@@ -38,14 +38,16 @@ pub fn typed_round_trips(device: Device) {
 /// Pinned vectors from the leaf resource and from a pool over it carry data both ways.
 pub fn pinned_round_trips(device: Device) {
     let s = Stream::new(&device).unwrap();
-    let pool = PoolResource::new(PinnedHostResource::new(&device), 1 << 20, None).unwrap();
+    let pool = PoolResource::new(PinnedHostResource::new(&device).unwrap(), 1 << 20, None).unwrap();
     block_on(async {
         let mut buf = DeviceBuffer::new(4 << 20, &s, CudaAsyncResource::new(&device)?).await?;
         let n = 1 << 20;
         let sent = floats(n);
-        let leaf = PinnedHostVec::from_slice(&sent, &s, PinnedHostResource::new(&device)).await?;
+        let leaf =
+            PinnedHostVec::from_slice(&sent, &s, PinnedHostResource::new(&device).unwrap()).await?;
         let leaf = buf.copy_from_host(leaf).await?;
-        let back = PinnedHostVec::<f32>::zeroed(n, &s, PinnedHostResource::new(&device)).await?;
+        let back =
+            PinnedHostVec::<f32>::zeroed(n, &s, PinnedHostResource::new(&device).unwrap()).await?;
         let back = buf.copy_to_host(back).await?;
         assert_eq!(&back[..], &leaf[..]);
         let mut buf = DeviceBuffer::new(4000, &s, CudaAsyncResource::new(&device)?).await?;
@@ -120,7 +122,7 @@ pub fn length_mismatches(device: Device) {
     let pinned = block_on(PinnedHostVec::<u8>::new(
         65,
         &s,
-        PinnedHostResource::new(&device),
+        PinnedHostResource::new(&device).unwrap(),
     ));
     let e = block_on(buf.copy_from_host(pinned.unwrap())).unwrap_err();
     assert!(
@@ -141,7 +143,11 @@ pub fn length_mismatches(device: Device) {
 pub fn reused_pinned_memory_waits_for_a_dropped_copy(device: Device) {
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     for alloc_on in [&s, &t] {
-        let pool = PoolResource::new(PinnedHostResource::new(&device), 1 << 20, Some(1 << 20));
+        let pool = PoolResource::new(
+            PinnedHostResource::new(&device).unwrap(),
+            1 << 20,
+            Some(1 << 20),
+        );
         let pool = pool.unwrap();
         block_on(async {
             let mr = CudaAsyncResource::new(&device)?;
@@ -169,7 +175,7 @@ pub fn reused_pinned_memory_waits_for_a_dropped_copy(device: Device) {
 /// slices), count in elements, and a view copies only its own elements.
 pub fn device_vec_host_data(device: Device) {
     let s = Stream::new(&device).unwrap();
-    let pool = PoolResource::new(PinnedHostResource::new(&device), 1 << 20, None).unwrap();
+    let pool = PoolResource::new(PinnedHostResource::new(&device).unwrap(), 1 << 20, None).unwrap();
     block_on(async {
         let n = 10_000;
         let sent = floats(n);
@@ -214,7 +220,7 @@ pub fn pinned_copies_start_without_waiting(device: Device) {
     block_on(async {
         let n = 1 << 20;
         let mut buf = DeviceBuffer::new(n, &s, CudaAsyncResource::new(&device)?).await?;
-        let pinned = PinnedHostResource::new(&device);
+        let pinned = PinnedHostResource::new(&device).unwrap();
         let host = PinnedHostVec::from_slice(&vec![6u8; n], &s, pinned).await?;
         s.enqueue_delay(LONG)?;
         let started = Instant::now();

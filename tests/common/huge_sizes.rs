@@ -137,7 +137,7 @@ pub fn huge_requests_fail_cleanly(device: Device, make: Make) {
 /// A limiting adaptor charges nothing for a refused huge request: before the fix the charge
 /// wrapped to 0 (release) or the rounding panicked (debug).
 pub fn limiting_charges_nothing(device: Device) {
-    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1 << 30);
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1 << 30);
     let s = Stream::new(&device).unwrap();
     let held = mr.try_allocate(1000, &s).unwrap();
     assert_eq!(mr.allocated_bytes(), 1024);
@@ -174,7 +174,7 @@ pub fn limiting_charges_nothing(device: Device) {
     let asked = Arc::new(AtomicUsize::new(0));
     let counted = asked.clone();
     let generous = CallbackResource::new(
-        CudaResource::new(&device).properties(),
+        CudaResource::new(&device).unwrap().properties(),
         move |_, _| {
             counted.fetch_add(1, Ordering::Relaxed);
             Ok(DevicePtr::from_raw(1 << 40))
@@ -194,7 +194,7 @@ pub fn limiting_charges_nothing(device: Device) {
 /// (whose rounding is where sizes overflowed) and directly over a leaf.
 pub fn counters_unchanged(device: Device) {
     let s = Stream::new(&device).unwrap();
-    let limited = LimitingAdaptor::new(CudaResource::new(&device), 1 << 30);
+    let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1 << 30);
     let stats = StatisticsAdaptor::new(limited.clone());
     let tracked = TrackingAdaptor::new(stats.clone());
     for bytes in edge_sizes() {
@@ -228,7 +228,7 @@ pub fn replay_of_huge_sizes(device: Device) {
     }
     log.push_str("1,10:00:00.000003,free,0x7f0000000000,4096,0\n");
     let events = parse_log_str(&log).unwrap();
-    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1 << 30);
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1 << 30);
     let report = replay(&events, &mr, &device).unwrap();
     assert_eq!(report.allocations, 1, "{report}");
     assert_eq!(report.frees, 1, "{report}");
@@ -249,7 +249,7 @@ pub fn replay_of_huge_sizes(device: Device) {
 /// memory and hold nothing; a normal request after them is served or out of memory (a 2^62
 /// alignment pads 4 KiB to more than any device has), never anything else.
 pub fn edge_configurations(device: Device) {
-    let leaf = || CudaResource::new(&device);
+    let leaf = || CudaResource::new(&device).unwrap();
     let mut binning = BinningResource::new(leaf());
     binning.add_bin(4096, None).unwrap();
     // The leaf behind a callback, which claims no capacity limit, so that the bin is allowed.

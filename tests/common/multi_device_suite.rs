@@ -68,7 +68,7 @@ pub fn peer_copy_waits_for_the_source_owner((d0, d1): (Device, Device)) {
 
     // And back, from device 1 to device 0, into a longer buffer.
     let sent = block_on(dst.copy_from_host(pattern(n))).unwrap();
-    let mut back = DeviceBuffer::try_new(n + 100, &s0, CudaResource::new(&d0)).unwrap();
+    let mut back = DeviceBuffer::try_new(n + 100, &s0, CudaResource::new(&d0).unwrap()).unwrap();
     back.fill(0).unwrap();
     back.copy_from_peer(&dst).unwrap();
     let host = block_on(back.copy_to_host(vec![1u8; n + 100])).unwrap();
@@ -82,7 +82,7 @@ pub fn the_source_free_waits_for_the_peer_read((d0, d1): (Device, Device)) {
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
     let n = 1 << 20;
     let src = DeviceBuffer::try_new(n, &s0, CudaAsyncResource::new(&d0).unwrap()).unwrap();
-    let mut dst = DeviceBuffer::try_new(n, &s1, CudaResource::new(&d1)).unwrap();
+    let mut dst = DeviceBuffer::try_new(n, &s1, CudaResource::new(&d1).unwrap()).unwrap();
     s1.enqueue_delay(LONG).unwrap(); // device 1 is busy before it reads `src`
     dst.copy_from_peer(&src).unwrap();
     let copied = s1.record().unwrap();
@@ -99,7 +99,7 @@ pub fn the_source_free_waits_for_the_peer_read((d0, d1): (Device, Device)) {
 pub fn clone_to_another_device((d0, d1): (Device, Device)) {
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
     let n = 100_000;
-    let mr0 = CudaResource::new(&d0);
+    let mr0 = CudaResource::new(&d0).unwrap();
     let mut buf = block_on(DeviceBuffer::with_alignment(n, 4096, &s0, mr0)).unwrap();
     let sent = block_on(buf.copy_from_host(pattern(n))).unwrap();
     let copy = block_on(buf.try_clone_to(&s1, CudaAsyncResource::new(&d1).unwrap())).unwrap();
@@ -110,11 +110,11 @@ pub fn clone_to_another_device((d0, d1): (Device, Device)) {
     assert_eq!((buf.device(), buf.stream()), (&d0, s0.clone()));
     assert_eq!(block_on(buf.copy_to_host(vec![0u8; n])).unwrap(), sent);
 
-    let empty = DeviceBuffer::try_new(0, &s0, CudaResource::new(&d0)).unwrap();
-    let copy = block_on(empty.try_clone_to(&s1, CudaResource::new(&d1))).unwrap();
+    let empty = DeviceBuffer::try_new(0, &s0, CudaResource::new(&d0).unwrap()).unwrap();
+    let copy = block_on(empty.try_clone_to(&s1, CudaResource::new(&d1).unwrap())).unwrap();
     assert_eq!((copy.len(), copy.device()), (0, &d1));
 
-    let mut short = DeviceBuffer::try_new(10, &s1, CudaResource::new(&d1)).unwrap();
+    let mut short = DeviceBuffer::try_new(10, &s1, CudaResource::new(&d1).unwrap()).unwrap();
     let r = short.copy_from_peer(&buf);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
 }
@@ -139,9 +139,9 @@ fn assert_mismatch<T: std::fmt::Debug>(
 /// device ids, and stays on device 0.
 pub fn another_devices_stream_is_refused_with_both_ids((d0, d1): (Device, Device)) {
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
-    let mr0 = CudaResource::new(&d0);
+    let mr0 = CudaResource::new(&d0).unwrap();
     let mut buf = DeviceBuffer::try_new(256, &s0, mr0.clone()).unwrap();
-    let other = DeviceBuffer::try_new(256, &s1, CudaResource::new(&d1)).unwrap();
+    let other = DeviceBuffer::try_new(256, &s1, CudaResource::new(&d1).unwrap()).unwrap();
 
     assert_mismatch(buf.set_stream(&s1), &d0, &d1, "set_stream");
     assert_mismatch(buf.read_on(&s1).map(|_| ()), &d0, &d1, "read_on");
@@ -179,7 +179,10 @@ pub fn another_devices_stream_is_refused_with_both_ids((d0, d1): (Device, Device
 /// refused with both ids; its elements cross through `try_clone_to` / `copy_from_peer`.
 pub fn vectors_keep_their_device((d0, d1): (Device, Device)) {
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
-    let (mr0, mr1) = (CudaAsyncResource::new(&d0).unwrap(), CudaResource::new(&d1));
+    let (mr0, mr1) = (
+        CudaAsyncResource::new(&d0).unwrap(),
+        CudaResource::new(&d1).unwrap(),
+    );
     let data: Vec<f32> = (0..10_000).map(|i| i as f32 * 0.5).collect();
     let mut v = block_on(DeviceVec::from_host(data.clone(), &s0, mr0.clone())).unwrap();
 
@@ -210,7 +213,12 @@ pub fn vectors_keep_their_device((d0, d1): (Device, Device)) {
     let r = short.try_clone_to(&s1, mr1);
     let short = block_on(r).unwrap();
     assert!(matches!(w.copy_from_peer(&short), Ok(())));
-    let mut tiny = block_on(DeviceVec::<f32>::new(2, &s1, CudaResource::new(&d1))).unwrap();
+    let mut tiny = block_on(DeviceVec::<f32>::new(
+        2,
+        &s1,
+        CudaResource::new(&d1).unwrap(),
+    ))
+    .unwrap();
     assert!(matches!(
         tiny.copy_from_peer(&v),
         Err(Error::InvalidArgument(_))
@@ -221,8 +229,8 @@ pub fn vectors_keep_their_device((d0, d1): (Device, Device)) {
 /// answer for device 1, and clones to device 1 can take device 1's current resource.
 pub fn per_device_current_resources_and_scopes((d0, d1): (Device, Device)) {
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
-    let p0 = PoolResource::new(CudaResource::new(&d0), 0, None).unwrap();
-    let p1 = PoolResource::new(CudaResource::new(&d1), 0, None).unwrap();
+    let p0 = PoolResource::new(CudaResource::new(&d0).unwrap(), 0, None).unwrap();
+    let p1 = PoolResource::new(CudaResource::new(&d1).unwrap(), 0, None).unwrap();
     let own1 = current_device_resource_for(&d1);
     block_on(with_resource(p0.clone(), async {
         let b1 = DeviceBuffer::with_current_resource(4096, &s1)

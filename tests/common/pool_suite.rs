@@ -111,7 +111,7 @@ fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
 }
 
 pub fn maximum_below_initial_is_rejected(device: Device) {
-    let up = CudaResource::new(&device);
+    let up = CudaResource::new(&device).unwrap();
     let r = PoolResource::new(up.clone(), 1 << 20, Some(1 << 19));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     let r = PoolResource::new(up, 1000, None);
@@ -120,7 +120,12 @@ pub fn maximum_below_initial_is_rejected(device: Device) {
 
 /// RMM `PoolTest.ReferenceValidity`-style: initial = maximum = 1000192 serves 1000 B.
 pub fn initial_equals_maximum(device: Device) {
-    let pool = PoolResource::new(CudaResource::new(&device), 1_000_192, Some(1_000_192)).unwrap();
+    let pool = PoolResource::new(
+        CudaResource::new(&device).unwrap(),
+        1_000_192,
+        Some(1_000_192),
+    )
+    .unwrap();
     let s = Stream::new(&device).unwrap();
     let p = pool.try_allocate(1000, &s).unwrap();
     assert_eq!(pool.pool_size(), 1_000_192);
@@ -132,7 +137,7 @@ pub fn initial_equals_maximum(device: Device) {
 pub fn force_growth(device: Device) {
     let s = Stream::new(&device).unwrap();
     {
-        let up = LimitingAdaptor::new(CudaResource::new(&device), 6000);
+        let up = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 6000);
         let pool = PoolResource::new(up.clone(), 0, None).unwrap();
         let a = pool.try_allocate(1000, &s).unwrap();
         assert_eq!(pool.pool_size(), 1024);
@@ -161,7 +166,7 @@ pub fn force_growth(device: Device) {
         assert_eq!(up.allocated_bytes(), 0);
     }
     {
-        let up = LimitingAdaptor::new(CudaResource::new(&device), 6000);
+        let up = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 6000);
         let pool = PoolResource::new(up, 0, Some(8192)).unwrap();
         let a = pool.try_allocate(1000, &s).unwrap();
         assert_eq!(pool.pool_size(), 4096, "max(1024, 8192 / 2)");
@@ -178,7 +183,7 @@ pub fn force_growth(device: Device) {
 /// RMM `PoolTest.InitialAndMaxPoolSizeEqual`'s sibling: a pool of 90 % of free memory.
 pub fn ninety_percent_pool(device: Device) {
     let size = percent_of_free_device_memory(&device, 90).unwrap();
-    let pool = PoolResource::new(CudaResource::new(&device), size, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), size, None).unwrap();
     let s = Stream::new(&device).unwrap();
     let p = pool.try_allocate(size / 2, &s).unwrap();
     assert_eq!(pool.pool_size(), size);
@@ -190,7 +195,7 @@ pub fn ninety_percent_pool(device: Device) {
 pub fn two_large_buffers(device: Device) {
     let free_now = device.memory_info().unwrap().free;
     let initial = percent_of_free_device_memory(&device, 50).unwrap();
-    let pool = PoolResource::new(CudaResource::new(&device), initial, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), initial, None).unwrap();
     let s = Stream::new(&device).unwrap();
     let quarter = free_now / 4 / 256 * 256;
     let a = pool.try_allocate(quarter, &s).unwrap();
@@ -201,7 +206,8 @@ pub fn two_large_buffers(device: Device) {
 
 /// A stream used and dropped: its freed memory is still there for other streams.
 pub fn stream_destroyed_after_use(device: Device) {
-    let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, Some(1 << 20)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 1 << 20, Some(1 << 20)).unwrap();
     {
         let s = Stream::new(&device).unwrap();
         let p = pool.try_allocate(1 << 20, &s).unwrap();
@@ -215,7 +221,8 @@ pub fn stream_destroyed_after_use(device: Device) {
 /// Memory freed on one stream serves another after an event wait, without growth; a stream
 /// reuses its own frees at once.
 pub fn cross_stream_reuse_without_growth(device: Device) {
-    let pool = PoolResource::new(CudaResource::new(&device), 4 << 20, Some(4 << 20)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 4 << 20, Some(4 << 20)).unwrap();
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let p = pool.try_allocate(4 << 20, &a).unwrap();
     free(&pool, p, 4 << 20, &a);
@@ -250,7 +257,7 @@ pub fn cross_stream_reuse_without_growth(device: Device) {
 pub fn stress_awaiting_tasks(device: Device) {
     const CAPACITY: usize = 64 << 20;
     const TASKS: usize = 200;
-    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(CAPACITY)).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(CAPACITY)).unwrap();
     let outcome = stress::awaiting_tasks(&device, pool.clone(), CAPACITY, TASKS, 0x5eed, false);
     assert!(
         outcome.served >= TASKS / 2,
@@ -278,7 +285,8 @@ pub fn fill_to_maximum(device: Device) {
     for (initial, pattern) in fill_cases(true) {
         {
             let pool =
-                PoolResource::new(CudaResource::new(&device), initial, Some(FILL_MAX)).unwrap();
+                PoolResource::new(CudaResource::new(&device).unwrap(), initial, Some(FILL_MAX))
+                    .unwrap();
             let mut live = fill(&pool, &fill_sizes(FILL_MAX, pattern), &s);
             let last = live.pop().unwrap();
             full_then_waiter_gets_through(&pool, last, &s);
@@ -304,7 +312,8 @@ pub fn fill_to_maximum_from_threads(device: Device) {
     for (initial, pattern) in fill_cases(false) {
         {
             let pool =
-                PoolResource::new(CudaResource::new(&device), initial, Some(FILL_MAX)).unwrap();
+                PoolResource::new(CudaResource::new(&device).unwrap(), initial, Some(FILL_MAX))
+                    .unwrap();
             let sizes = fill_sizes(FILL_MAX / THREADS, pattern);
             let start = Barrier::new(THREADS);
             let mut live: Vec<Vec<(DevicePtr, usize)>> = std::thread::scope(|scope| {
@@ -344,7 +353,8 @@ pub fn refill_from_another_shard(device: Device) {
     for (initial, pattern) in fill_cases(false) {
         {
             let pool =
-                PoolResource::new(CudaResource::new(&device), initial, Some(FILL_MAX)).unwrap();
+                PoolResource::new(CudaResource::new(&device).unwrap(), initial, Some(FILL_MAX))
+                    .unwrap();
             let sizes = fill_sizes(FILL_MAX, pattern);
             for s in [&a, &b, &a] {
                 std::thread::scope(|scope| {

@@ -212,16 +212,16 @@ macro_rules! pressure_suites {
             const BOUND: usize = 64 << 20;
 
             fn pool(d: &Device) -> PoolResource<CudaResource> {
-                PoolResource::new(CudaResource::new(d), 0, Some(BOUND)).unwrap()
+                PoolResource::new(CudaResource::new(d).unwrap(), 0, Some(BOUND)).unwrap()
             }
 
             fn limited(d: &Device) -> LimitingAdaptor<CudaResource> {
-                LimitingAdaptor::new(CudaResource::new(d), BOUND)
+                LimitingAdaptor::new(CudaResource::new(d).unwrap(), BOUND)
             }
 
             pressure_suite!(bounded_pool, $device, |d| Arc::new(pool(d)) $(, #[$attr])*);
             pressure_suite!(preallocated_pool, $device, |d| {
-                Arc::new(PoolResource::new(CudaResource::new(d), BOUND, Some(BOUND)).unwrap())
+                Arc::new(PoolResource::new(CudaResource::new(d).unwrap(), BOUND, Some(BOUND)).unwrap())
             } $(, #[$attr])*);
             pressure_suite!(pool_over_limiting, $device, |d| {
                 Arc::new(PoolResource::new(limited(d), 0, None).unwrap())
@@ -243,7 +243,7 @@ macro_rules! pressure_suites {
                 Arc::new(FixedSizeResource::new(pool(d), 2 << 20, 4).unwrap())
             } $(, #[$attr])*);
             pressure_suite!(arena, $device, |d| {
-                Arc::new(ArenaResource::new(CudaResource::new(d), Some(BOUND)).unwrap())
+                Arc::new(ArenaResource::new(CudaResource::new(d).unwrap(), Some(BOUND)).unwrap())
             } $(, #[$attr])*);
             pressure_suite!(statistics_over_pool, $device, |d| {
                 Arc::new(StatisticsAdaptor::new(pool(d)))
@@ -256,7 +256,7 @@ macro_rules! pressure_suites {
                 Arc::new(LoggingAdaptor::to_writer(fixed, std::io::sink()).unwrap())
             } $(, #[$attr])*);
             pressure_suite!(aligned_over_arena, $device, |d| {
-                let arena = ArenaResource::new(CudaResource::new(d), Some(BOUND)).unwrap();
+                let arena = ArenaResource::new(CudaResource::new(d).unwrap(), Some(BOUND)).unwrap();
                 Arc::new(AlignedAdaptor::new(arena, 4096, 64 << 10).unwrap())
             } $(, #[$attr])*);
             pressure_suite!(failure_callback_over_pool, $device, |d| {
@@ -266,7 +266,7 @@ macro_rules! pressure_suites {
                 Arc::new(TracingAdaptor::new(limited(d)))
             } $(, #[$attr])*);
             pressure_suite!(prefetch_over_pool_of_managed, $device, |d| {
-                let pool = PoolResource::new(ManagedResource::new(d), 0, Some(BOUND)).unwrap();
+                let pool = PoolResource::new(ManagedResource::new(d).unwrap(), 0, Some(BOUND)).unwrap();
                 Arc::new(PrefetchAdaptor::new(pool))
             } $(, #[$attr])*);
         }

@@ -201,7 +201,7 @@ mod tests {
         let device = Device::cuda(0).expect("CUDA device 0");
         let stream = Stream::new(&device).unwrap();
         // Pinned host memory: the device writes it, the host reads it back directly.
-        let mr = PinnedHostResource::new(&device);
+        let mr = PinnedHostResource::new(&device).unwrap();
         let n = 3 << 20;
         let p = mr.try_allocate(n, &stream).unwrap();
         // SAFETY: `p` is `n` bytes of host-accessible memory that nothing uses yet.

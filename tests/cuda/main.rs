@@ -17,7 +17,7 @@ fn gpu() -> Device {
     Device::cuda(0).expect("these tests need CUDA device 0")
 }
 
-resource_suite!(cuda_resource, gpu(), |d| Arc::new(CudaResource::new(d)), #[ignore = "needs a CUDA device"]);
+resource_suite!(cuda_resource, gpu(), |d| Arc::new(CudaResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 resource_suite!(cuda_async_resource, gpu(), |d| Arc::new(CudaAsyncResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 resource_suite!(
     cuda_async_view_resource,
@@ -31,10 +31,10 @@ resource_suite!(
     |d| Arc::new(CudaAsyncViewResource::device_default(d).unwrap()),
     #[ignore = "needs a CUDA device"]
 );
-resource_suite!(managed_resource, gpu(), |d| Arc::new(ManagedResource::new(d)), #[ignore = "needs a CUDA device"]);
+resource_suite!(managed_resource, gpu(), |d| Arc::new(ManagedResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 resource_suite!(cuda_async_managed_resource, gpu(), |d| Arc::new(CudaAsyncManagedResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
-resource_suite!(pinned_host_resource, gpu(), |d| Arc::new(PinnedHostResource::new(d)), #[ignore = "needs a CUDA device"]);
-resource_suite!(host_resource, gpu(), |d| Arc::new(HostResource::new(d)), #[ignore = "needs a CUDA device"]);
+resource_suite!(pinned_host_resource, gpu(), |d| Arc::new(PinnedHostResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
+resource_suite!(host_resource, gpu(), |d| Arc::new(HostResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 resource_suite!(current_device_resource, gpu(), |d| current_device_resource_for(d), #[ignore = "needs a CUDA device"]);
 
 buffer_suite!(buffers, gpu(), #[ignore = "needs a CUDA device"]);
@@ -45,9 +45,9 @@ multi_device_suite!(multi_gpu, common::multi_device_suite::two_cuda_devices(), #
 sync_suite!(synchronization, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
-deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d)), #[ignore = "needs a CUDA device"]);
+deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 deferred_suite!(cuda_async_resource_errors, gpu(), |d| Arc::new(CudaAsyncResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
-deferred_suite!(pinned_host_resource_errors, gpu(), |d| Arc::new(PinnedHostResource::new(d)), #[ignore = "needs a CUDA device"]);
+deferred_suite!(pinned_host_resource_errors, gpu(), |d| Arc::new(PinnedHostResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 
 /// The handoff proof: a long-running kernel writes a buffer on stream A, the buffer moves to
 /// stream B, and B copies it to the host. The host must see what the kernel wrote. (Its
@@ -83,7 +83,7 @@ fn kernel_then_move(value: u8) -> Vec<u8> {
 resource_suite!(
     pool_over_cuda_resource,
     gpu(),
-    |d| Arc::new(PoolResource::new(CudaResource::new(d), 1 << 20, None).unwrap()),
+    |d| Arc::new(PoolResource::new(CudaResource::new(d).unwrap(), 1 << 20, None).unwrap()),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
@@ -95,25 +95,25 @@ resource_suite!(
 resource_suite!(
     limiting_adaptor,
     gpu(),
-    |d| Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30)),
+    |d| Arc::new(LimitingAdaptor::new(CudaResource::new(d).unwrap(), 8 << 30)),
     #[ignore = "needs a CUDA device"]
 );
 pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);
 pressure_suites!(gpu(), #[ignore = "needs a CUDA device"]);
 resource_suite!(limiting_over_host_resource, gpu(), |d| {
-    Arc::new(LimitingAdaptor::new(HostResource::new(d), usize::MAX))
+    Arc::new(LimitingAdaptor::new(HostResource::new(d).unwrap(), usize::MAX))
 }, #[ignore = "needs a CUDA device"]);
 resource_suite!(limiting_over_pinned_host_resource, gpu(), |d| {
-    Arc::new(LimitingAdaptor::new(PinnedHostResource::new(d), usize::MAX))
+    Arc::new(LimitingAdaptor::new(PinnedHostResource::new(d).unwrap(), usize::MAX))
 }, #[ignore = "needs a CUDA device"]);
 resource_suite!(binning_over_host_resource, gpu(), |d| {
-    Arc::new(BinningResource::with_range(HostResource::new(d), 12, 20).unwrap())
+    Arc::new(BinningResource::with_range(HostResource::new(d).unwrap(), 12, 20).unwrap())
 }, #[ignore = "needs a CUDA device"]);
 resource_suite!(
     binning_over_pool,
     gpu(),
     |d| {
-        let pool = PoolResource::new(CudaResource::new(d), 0, None).unwrap();
+        let pool = PoolResource::new(CudaResource::new(d).unwrap(), 0, None).unwrap();
         Arc::new(BinningResource::with_range(pool, 18, 22).unwrap())
     },
     #[ignore = "needs a CUDA device"]
@@ -121,13 +121,13 @@ resource_suite!(
 resource_suite!(
     fixed_size_over_cuda_resource,
     gpu(),
-    |d| Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap()),
+    |d| Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d).unwrap()).unwrap()),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
     failure_callback_adaptor,
     gpu(),
-    |d| Arc::new(FailureCallbackAdaptor::new(CudaResource::new(d), |f| f.attempt < 2)),
+    |d| Arc::new(FailureCallbackAdaptor::new(CudaResource::new(d).unwrap(), |f| f.attempt < 2)),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
@@ -139,37 +139,37 @@ resource_suite!(
 resource_suite!(
     prefetch_adaptor_over_managed,
     gpu(),
-    |d| Arc::new(PrefetchAdaptor::new(ManagedResource::new(d))),
+    |d| Arc::new(PrefetchAdaptor::new(ManagedResource::new(d).unwrap())),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
     prefetch_adaptor_over_device_memory,
     gpu(),
-    |d| Arc::new(PrefetchAdaptor::new(CudaResource::new(d))),
+    |d| Arc::new(PrefetchAdaptor::new(CudaResource::new(d).unwrap())),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
     tracing_adaptor,
     gpu(),
-    |d| Arc::new(TracingAdaptor::new(CudaResource::new(d))),
+    |d| Arc::new(TracingAdaptor::new(CudaResource::new(d).unwrap())),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
     statistics_adaptor,
     gpu(),
-    |d| Arc::new(StatisticsAdaptor::new(CudaResource::new(d))),
+    |d| Arc::new(StatisticsAdaptor::new(CudaResource::new(d).unwrap())),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
     tracking_adaptor,
     gpu(),
-    |d| Arc::new(TrackingAdaptor::new(CudaResource::new(d))),
+    |d| Arc::new(TrackingAdaptor::new(CudaResource::new(d).unwrap())),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
     logging_adaptor,
     gpu(),
-    |d| Arc::new(LoggingAdaptor::to_writer(CudaResource::new(d), std::io::sink()).unwrap()),
+    |d| Arc::new(LoggingAdaptor::to_writer(CudaResource::new(d).unwrap(), std::io::sink()).unwrap()),
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
@@ -199,7 +199,7 @@ fn prefetch_adaptor_moves_managed_memory_to_the_device() {
 
     let device = gpu();
     let stream = Stream::new(&device).unwrap();
-    let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+    let mr = PrefetchAdaptor::new(ManagedResource::new(&device).unwrap());
     let n = 12345;
     let mut buf = DeviceBuffer::try_new(n, &stream, mr).unwrap();
     stream.synchronize_blocking().unwrap();
@@ -241,7 +241,7 @@ fn prefetch_adaptor_moves_managed_memory_to_the_device() {
 resource_suite!(
     arena_over_cuda_resource,
     gpu(),
-    |d| Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap()),
+    |d| Arc::new(ArenaResource::new(CudaResource::new(d).unwrap(), None).unwrap()),
     #[ignore = "needs a CUDA device"]
 );
 arena_suite!(arenas, gpu(), #[ignore = "needs a CUDA device"]);

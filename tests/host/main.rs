@@ -12,7 +12,9 @@ fn host() -> Device {
     Device::host_with(HostConfig::default())
 }
 
-resource_suite!(cuda_resource, host(), |d| Arc::new(CudaResource::new(d)));
+resource_suite!(cuda_resource, host(), |d| Arc::new(
+    CudaResource::new(d).unwrap()
+));
 resource_suite!(cuda_async_resource, host(), |d| Arc::new(
     CudaAsyncResource::new(d).unwrap()
 ));
@@ -25,15 +27,17 @@ resource_suite!(cuda_async_view_of_default_pool, host(), |d| {
     Arc::new(CudaAsyncViewResource::device_default(d).unwrap())
 });
 resource_suite!(managed_resource, host(), |d| Arc::new(
-    ManagedResource::new(d)
+    ManagedResource::new(d).unwrap()
 ));
 resource_suite!(cuda_async_managed_resource, host(), |d| Arc::new(
     CudaAsyncManagedResource::new(d).unwrap()
 ));
 resource_suite!(pinned_host_resource, host(), |d| Arc::new(
-    PinnedHostResource::new(d)
+    PinnedHostResource::new(d).unwrap()
 ));
-resource_suite!(host_resource, host(), |d| Arc::new(HostResource::new(d)));
+resource_suite!(host_resource, host(), |d| Arc::new(
+    HostResource::new(d).unwrap()
+));
 resource_suite!(current_device_resource, host(), |d| {
     current_device_resource_for(d)
 });
@@ -51,68 +55,75 @@ huge_sizes_suite!(huge_sizes, host());
 fn huge_requests_on_a_host_device_of_unbounded_capacity() {
     common::huge_sizes::huge_requests_fail_cleanly(
         Device::host_with(HostConfig::default().capacity(usize::MAX)),
-        |d| Arc::new(CudaResource::new(d)),
+        |d| Arc::new(CudaResource::new(d).unwrap()),
     );
 }
 
 resource_suite!(pool_over_cuda_resource, host(), |d| {
-    Arc::new(PoolResource::new(CudaResource::new(d), 1 << 20, None).unwrap())
+    Arc::new(PoolResource::new(CudaResource::new(d).unwrap(), 1 << 20, None).unwrap())
 });
 resource_suite!(bounded_pool_over_host_resource, host(), |d| {
-    Arc::new(PoolResource::new(HostResource::new(d), 0, Some(8 << 30)).unwrap())
+    Arc::new(PoolResource::new(HostResource::new(d).unwrap(), 0, Some(8 << 30)).unwrap())
 });
 resource_suite!(limiting_adaptor, host(), |d| {
-    Arc::new(LimitingAdaptor::new(CudaResource::new(d), 8 << 30))
+    Arc::new(LimitingAdaptor::new(CudaResource::new(d).unwrap(), 8 << 30))
 });
 pool_suite!(pools, host());
 pressure_suites!(host());
 resource_suite!(limiting_over_host_resource, host(), |d| {
-    Arc::new(LimitingAdaptor::new(HostResource::new(d), usize::MAX))
+    Arc::new(LimitingAdaptor::new(
+        HostResource::new(d).unwrap(),
+        usize::MAX,
+    ))
 });
 resource_suite!(limiting_over_pinned_host_resource, host(), |d| {
-    Arc::new(LimitingAdaptor::new(PinnedHostResource::new(d), usize::MAX))
+    Arc::new(LimitingAdaptor::new(
+        PinnedHostResource::new(d).unwrap(),
+        usize::MAX,
+    ))
 });
 resource_suite!(binning_over_host_resource, host(), |d| {
-    Arc::new(BinningResource::with_range(HostResource::new(d), 12, 20).unwrap())
+    Arc::new(BinningResource::with_range(HostResource::new(d).unwrap(), 12, 20).unwrap())
 });
 resource_suite!(binning_over_pool, host(), |d| {
-    let pool = PoolResource::new(CudaResource::new(d), 0, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(d).unwrap(), 0, None).unwrap();
     Arc::new(BinningResource::with_range(pool, 18, 22).unwrap())
 });
 resource_suite!(fixed_size_over_cuda_resource, host(), |d| {
-    Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d)).unwrap())
+    Arc::new(FixedSizeResource::with_defaults(CudaResource::new(d).unwrap()).unwrap())
 });
 resource_suite!(failure_callback_adaptor, host(), |d| {
-    Arc::new(FailureCallbackAdaptor::new(CudaResource::new(d), |f| {
-        f.attempt < 2
-    }))
+    Arc::new(FailureCallbackAdaptor::new(
+        CudaResource::new(d).unwrap(),
+        |f| f.attempt < 2,
+    ))
 });
 resource_suite!(aligned_adaptor, host(), |d| {
-    Arc::new(AlignedAdaptor::new(CudaResource::new(d), 4096, 64 << 10).unwrap())
+    Arc::new(AlignedAdaptor::new(CudaResource::new(d).unwrap(), 4096, 64 << 10).unwrap())
 });
 resource_suite!(prefetch_adaptor_over_managed, host(), |d| {
-    Arc::new(PrefetchAdaptor::new(ManagedResource::new(d)))
+    Arc::new(PrefetchAdaptor::new(ManagedResource::new(d).unwrap()))
 });
 resource_suite!(prefetch_adaptor_over_device_memory, host(), |d| {
-    Arc::new(PrefetchAdaptor::new(CudaResource::new(d)))
+    Arc::new(PrefetchAdaptor::new(CudaResource::new(d).unwrap()))
 });
 resource_suite!(tracing_adaptor, host(), |d| {
-    Arc::new(TracingAdaptor::new(CudaResource::new(d)))
+    Arc::new(TracingAdaptor::new(CudaResource::new(d).unwrap()))
 });
 resource_suite!(statistics_adaptor, host(), |d| Arc::new(
-    StatisticsAdaptor::new(CudaResource::new(d))
+    StatisticsAdaptor::new(CudaResource::new(d).unwrap())
 ));
 resource_suite!(tracking_adaptor, host(), |d| Arc::new(
-    TrackingAdaptor::new(CudaResource::new(d))
+    TrackingAdaptor::new(CudaResource::new(d).unwrap())
 ));
 resource_suite!(tracking_adaptor_with_backtraces, host(), |d| Arc::new(
-    TrackingAdaptor::with_backtraces(CudaResource::new(d))
+    TrackingAdaptor::with_backtraces(CudaResource::new(d).unwrap())
 ));
 resource_suite!(logging_adaptor, host(), |d| Arc::new(
-    LoggingAdaptor::to_writer(CudaResource::new(d), std::io::sink()).unwrap()
+    LoggingAdaptor::to_writer(CudaResource::new(d).unwrap(), std::io::sink()).unwrap()
 ));
 resource_suite!(callback_resource, host(), |d| {
-    let upstream = CudaResource::new(d);
+    let upstream = CudaResource::new(d).unwrap();
     let freeing = upstream.clone();
     Arc::new(CallbackResource::new(
         upstream.properties(),
@@ -124,16 +135,16 @@ resource_suite!(callback_resource, host(), |d| {
 });
 
 resource_suite!(arena_over_cuda_resource, host(), |d| {
-    Arc::new(ArenaResource::new(CudaResource::new(d), None).unwrap())
+    Arc::new(ArenaResource::new(CudaResource::new(d).unwrap(), None).unwrap())
 });
 arena_suite!(arenas, host());
 
 deferred_suite!(cuda_resource_errors, host(), |d| Arc::new(
-    CudaResource::new(d)
+    CudaResource::new(d).unwrap()
 ));
 deferred_suite!(cuda_async_resource_errors, host(), |d| Arc::new(
     CudaAsyncResource::new(d).unwrap()
 ));
 deferred_suite!(pinned_host_resource_errors, host(), |d| Arc::new(
-    PinnedHostResource::new(d)
+    PinnedHostResource::new(d).unwrap()
 ));

@@ -26,11 +26,11 @@ fn scripted(device: &Device, pointers: &'static [u64]) -> (CallbackResource, tes
 fn invalid_alignments_are_refused() {
     let (device, _) = host();
     for alignment in [0, 1, 32, 64, 128, 255, 768, 4097] {
-        let e = AlignedAdaptor::new(CudaResource::new(&device), alignment, 0).unwrap_err();
+        let e = AlignedAdaptor::new(CudaResource::new(&device).unwrap(), alignment, 0).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{alignment}: {e}");
     }
     for alignment in [256, 512, 4096, 1 << 21] {
-        let mr = AlignedAdaptor::new(CudaResource::new(&device), alignment, 0).unwrap();
+        let mr = AlignedAdaptor::new(CudaResource::new(&device).unwrap(), alignment, 0).unwrap();
         assert_eq!(mr.alignment(), alignment);
     }
 }
@@ -160,7 +160,7 @@ fn several_live_allocations_each_find_their_own_pointer() {
 #[test]
 fn real_pointers_are_aligned() {
     let (device, s) = host();
-    let mr = AlignedAdaptor::new(CudaResource::new(&device), 4096, 65536).unwrap();
+    let mr = AlignedAdaptor::new(CudaResource::new(&device).unwrap(), 4096, 65536).unwrap();
     let live: Vec<_> = (0..16)
         .map(|_| mr.try_allocate(65536, &s).unwrap())
         .collect();
@@ -188,7 +188,7 @@ fn an_address_reused_during_a_free_does_not_collide() {
     let upstream = {
         let (hook, frees) = (hook.clone(), frees.clone());
         CallbackResource::new(
-            CudaResource::new(&device).properties(),
+            CudaResource::new(&device).unwrap().properties(),
             |_, _| Ok(addr(256)), // the same address every time, as after a free
             move |p, b, s| {
                 frees.lock().push(Call::Deallocate(p, b, s.id()));
@@ -261,7 +261,7 @@ fn an_overflowing_request_fails_at_once_even_awaited() {
     let (device, s) = host();
     let id = device.id();
     let up = CallbackResource::new(
-        CudaResource::new(&device).properties(),
+        CudaResource::new(&device).unwrap().properties(),
         move |bytes, _| {
             Err(Error::OutOfMemory {
                 requested: bytes,
@@ -287,10 +287,13 @@ fn an_overflowing_request_fails_at_once_even_awaited() {
 #[test]
 fn the_capacity_limit_accounts_for_padding() {
     let (device, s) = host();
-    let limited = |limit| LimitingAdaptor::new(CudaResource::new(&device), limit);
-    let no_limit = AlignedAdaptor::new(CudaResource::new(&device), 4096, 0).unwrap();
+    let limited = |limit| LimitingAdaptor::new(CudaResource::new(&device).unwrap(), limit);
+    let no_limit = AlignedAdaptor::new(CudaResource::new(&device).unwrap(), 4096, 0).unwrap();
     let total = device.total_memory().unwrap();
-    assert_eq!(CudaResource::new(&device).capacity_limit(), Some(total));
+    assert_eq!(
+        CudaResource::new(&device).unwrap().capacity_limit(),
+        Some(total)
+    );
     assert_eq!(
         no_limit.capacity_limit(),
         Some((total - 3840) / 4096 * 4096)

@@ -107,7 +107,7 @@ fn success_and_frees_are_forwarded() {
 #[test]
 fn a_callback_that_frees_memory_makes_the_retry_succeed() {
     let (device, s) = host();
-    let limited = LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB);
+    let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 4 * KIB);
     let spill = Arc::new(Mutex::new(vec![
         limited.try_allocate(2 * KIB, &s).unwrap(),
         limited.try_allocate(2 * KIB, &s).unwrap(),
@@ -134,7 +134,7 @@ fn a_callback_that_frees_memory_makes_the_retry_succeed() {
 #[test]
 fn clones_share_the_upstream() {
     let (device, s) = host();
-    let limited = LimitingAdaptor::new(CudaResource::new(&device), MIB);
+    let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), MIB);
     let mr = FailureCallbackAdaptor::new(limited.clone(), |_| false);
     let copy = mr.clone();
     let p = mr.try_allocate(KIB, &s).unwrap();

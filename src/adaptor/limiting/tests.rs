@@ -37,7 +37,7 @@ proptest! {
 fn a_double_free_leaves_the_budget_whole() {
     let device = crate::Device::host_with(crate::HostConfig::default());
     let s = crate::Stream::new(&device).unwrap();
-    let mr = LimitingAdaptor::new(crate::CudaResource::new(&device), 4096);
+    let mr = LimitingAdaptor::new(crate::CudaResource::new(&device).unwrap(), 4096);
     let p = mr.try_allocate(1024, &s).unwrap();
     // SAFETY: `p` came from `mr`; the second free is the mistake under test, which neither
     // the adaptor nor the host backend below it lets through.

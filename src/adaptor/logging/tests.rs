@@ -115,7 +115,7 @@ fn streams_can_be_logged_as_the_default_stream() {
     let out = Shared::default();
     let mr = LoggingAdaptor::builder()
         .streams_as_default(true)
-        .build_to_writer(CudaResource::new(&device), out.clone())
+        .build_to_writer(CudaResource::new(&device).unwrap(), out.clone())
         .unwrap();
     let p = mr.try_allocate(KIB, &s).unwrap();
     free(&mr, p, KIB, &s);
@@ -184,7 +184,7 @@ fn concurrent_lines_are_whole_and_in_time_order() {
     // reads it under the lock that orders the lines.
     let mr = LoggingAdaptor::builder()
         .clock(fixed_clock())
-        .build_to_writer(CudaResource::new(&device), out.clone())
+        .build_to_writer(CudaResource::new(&device).unwrap(), out.clone())
         .unwrap();
     let ids: Vec<u64> = thread::scope(|scope| {
         let handles: Vec<_> = (0..3)
@@ -219,7 +219,7 @@ fn concurrent_lines_are_whole_and_in_time_order() {
 fn lines_are_buffered_until_a_flush_or_the_last_drop() {
     let (device, s) = host();
     let path = temp_path("buffered");
-    let mr = LoggingAdaptor::to_file(CudaResource::new(&device), &path).unwrap();
+    let mr = LoggingAdaptor::to_file(CudaResource::new(&device).unwrap(), &path).unwrap();
     assert_eq!(mr.path(), Some(path.as_path()));
     assert!(!mr.auto_flush());
     let p = mr.try_allocate(KIB, &s).unwrap();
@@ -246,7 +246,7 @@ fn auto_flush_writes_every_line_through() {
     let path = temp_path("auto-flush");
     let mr = LoggingAdaptor::builder()
         .auto_flush(true)
-        .build_to_file(CudaResource::new(&device), &path)
+        .build_to_file(CudaResource::new(&device).unwrap(), &path)
         .unwrap();
     assert!(mr.auto_flush());
     assert_eq!(
@@ -265,7 +265,7 @@ fn a_file_is_truncated() {
     let (device, _) = host();
     let path = temp_path("truncated");
     std::fs::write(&path, "old contents\nmore\n").unwrap();
-    let mr = LoggingAdaptor::to_file(CudaResource::new(&device), &path).unwrap();
+    let mr = LoggingAdaptor::to_file(CudaResource::new(&device).unwrap(), &path).unwrap();
     mr.flush().unwrap();
     assert_eq!(
         std::fs::read_to_string(&path).unwrap(),
@@ -278,7 +278,7 @@ fn a_file_is_truncated() {
 fn a_file_that_cannot_be_created_is_an_io_error_naming_it() {
     let (device, _) = host();
     let path = std::env::temp_dir().join("streamalloc-no-such-dir/sub/log.csv");
-    let e = LoggingAdaptor::to_file(CudaResource::new(&device), &path).unwrap_err();
+    let e = LoggingAdaptor::to_file(CudaResource::new(&device).unwrap(), &path).unwrap_err();
     let Error::Io { kind, .. } = &e else {
         panic!("{e:?}")
     };
@@ -295,7 +295,7 @@ fn a_header_that_cannot_be_written_is_an_error() {
     };
     let e = LoggingAdaptor::builder()
         .auto_flush(true)
-        .build_to_writer(CudaResource::new(&device), failing)
+        .build_to_writer(CudaResource::new(&device).unwrap(), failing)
         .unwrap_err();
     assert!(
         matches!(
@@ -314,14 +314,14 @@ fn a_header_that_cannot_be_written_is_an_error() {
 fn from_env_reads_the_path_and_says_clearly_when_it_is_missing() {
     let (device, s) = host();
     std::env::remove_var(LOG_FILE_ENV);
-    let e = LoggingAdaptor::from_env(CudaResource::new(&device)).unwrap_err();
+    let e = LoggingAdaptor::from_env(CudaResource::new(&device).unwrap()).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert!(
         e.to_string().contains("STREAMALLOC_LOG_FILE is not set"),
         "{e}"
     );
     std::env::set_var(LOG_FILE_ENV, "");
-    let e = LoggingAdaptor::from_env(CudaResource::new(&device)).unwrap_err();
+    let e = LoggingAdaptor::from_env(CudaResource::new(&device).unwrap()).unwrap_err();
     assert!(
         e.to_string().contains("STREAMALLOC_LOG_FILE is empty"),
         "{e}"
@@ -329,7 +329,7 @@ fn from_env_reads_the_path_and_says_clearly_when_it_is_missing() {
 
     let path = temp_path("from-env");
     std::env::set_var(LOG_FILE_ENV, &path);
-    let mr = LoggingAdaptor::from_env(CudaResource::new(&device));
+    let mr = LoggingAdaptor::from_env(CudaResource::new(&device).unwrap());
     std::env::remove_var(LOG_FILE_ENV);
     let mr = mr.unwrap();
     assert_eq!(mr.path(), Some(path.as_path()));
@@ -351,7 +351,7 @@ fn a_failed_write_is_recorded_and_stops_logging_without_failing_allocations() {
     let mr = LoggingAdaptor::builder()
         .auto_flush(true)
         .build_to_writer(
-            CudaResource::new(&device),
+            CudaResource::new(&device).unwrap(),
             Failing {
                 budget: header_and_a_bit,
                 taken: taken.clone(),
@@ -392,7 +392,7 @@ fn a_failed_write_is_recorded_and_stops_logging_without_failing_allocations() {
 fn a_failed_flush_is_an_error() {
     let (device, s) = host();
     let mr = LoggingAdaptor::to_writer(
-        CudaResource::new(&device),
+        CudaResource::new(&device).unwrap(),
         Failing {
             budget: 5,
             taken: Shared::default(),
@@ -411,7 +411,7 @@ fn a_failed_flush_is_an_error() {
 fn forwards_the_upstream() {
     let (device, _) = host();
     let mr = LoggingAdaptor::to_writer(
-        LimitingAdaptor::new(CudaResource::new(&device), MIB),
+        LimitingAdaptor::new(CudaResource::new(&device).unwrap(), MIB),
         io::sink(),
     )
     .unwrap();

@@ -14,7 +14,7 @@ use crate::{
 fn managed_allocations_are_prefetched() {
     let (device, s) = host();
     let controls = device.host_controls().unwrap();
-    let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+    let mr = PrefetchAdaptor::new(ManagedResource::new(&device).unwrap());
     let a = mr.try_allocate(KIB, &s).unwrap();
     let b = mr.try_allocate(MIB, &s).unwrap();
     assert_eq!(controls.prefetches(), 2);
@@ -36,12 +36,12 @@ fn managed_allocations_are_prefetched() {
 fn other_memory_and_no_adaptor_prefetch_nothing() {
     let (device, s) = host();
     let controls = device.host_controls().unwrap();
-    let plain = ManagedResource::new(&device);
+    let plain = ManagedResource::new(&device).unwrap();
     let p = plain.try_allocate(MIB, &s).unwrap();
     free(&plain, p, MIB, &s);
     let upstreams: [SharedResource; 2] = [
-        Arc::new(CudaResource::new(&device)),
-        Arc::new(PinnedHostResource::new(&device)),
+        Arc::new(CudaResource::new(&device).unwrap()),
+        Arc::new(PinnedHostResource::new(&device).unwrap()),
     ];
     for upstream in upstreams {
         let mr = PrefetchAdaptor::new(upstream);
@@ -57,7 +57,7 @@ fn other_memory_and_no_adaptor_prefetch_nothing() {
 fn pieces_of_a_managed_pool_are_prefetched() {
     let (device, s) = host();
     let controls = device.host_controls().unwrap();
-    let pool = PoolResource::new(ManagedResource::new(&device), MIB, None).unwrap();
+    let pool = PoolResource::new(ManagedResource::new(&device).unwrap(), MIB, None).unwrap();
     let mr = PrefetchAdaptor::new(pool);
     let pieces: Vec<_> = (0..4)
         .map(|_| mr.try_allocate(4 * KIB, &s).unwrap())
@@ -74,7 +74,7 @@ fn pieces_of_a_managed_pool_are_prefetched() {
 fn a_failed_prefetch_is_deferred_and_the_memory_returned() {
     let (device, s) = host();
     let controls = device.host_controls().unwrap();
-    let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+    let mr = PrefetchAdaptor::new(ManagedResource::new(&device).unwrap());
     controls.fail_next_prefetches(1);
     let p = mr.try_allocate(MIB, &s).unwrap();
     assert!(!p.is_null());
@@ -101,7 +101,7 @@ fn upstream_errors_pass_through() {
         Error::InvalidArgument("no".into())
     );
     assert_eq!(*calls.lock(), [Call::Allocate(KIB, s.id())]);
-    let too_much = ManagedResource::new(&device);
+    let too_much = ManagedResource::new(&device).unwrap();
     let mr = PrefetchAdaptor::new(too_much.clone());
     assert!(mr.try_allocate(1 << 50, &s).unwrap_err().is_out_of_memory());
     assert_eq!(mr.capacity_limit(), too_much.capacity_limit());
@@ -124,7 +124,10 @@ fn a_waiting_allocation_resumes_after_a_free() {
 fn the_allocation_that_ends_a_wait_is_prefetched() {
     let (device, s) = host();
     let controls = device.host_controls().unwrap();
-    let mr = PrefetchAdaptor::new(LimitingAdaptor::new(ManagedResource::new(&device), 4 * KIB));
+    let mr = PrefetchAdaptor::new(LimitingAdaptor::new(
+        ManagedResource::new(&device).unwrap(),
+        4 * KIB,
+    ));
     let held = mr.try_allocate(4 * KIB, &s).unwrap();
     let mut waiting = Box::pin(mr.allocate(KIB, &s));
     let waker = futures::task::noop_waker();

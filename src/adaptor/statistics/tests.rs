@@ -15,7 +15,7 @@ fn counter(value: i64, peak: i64, total: i64) -> Counter {
 #[test]
 fn empty() {
     let (device, _) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     assert_eq!(mr.counters(), Counters::default());
     assert_eq!(mr.scope_depth(), 1);
 }
@@ -23,7 +23,7 @@ fn empty() {
 #[test]
 fn all_freed() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let ptrs: Vec<_> = (0..10)
         .map(|_| mr.try_allocate(TEN_MIB, &s).unwrap())
         .collect();
@@ -38,7 +38,7 @@ fn all_freed() {
 #[test]
 fn peak_allocations_match_rmm() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let mut ptrs: Vec<_> = (0..10)
         .map(|_| mr.try_allocate(TEN_MIB, &s).unwrap())
         .collect();
@@ -69,7 +69,7 @@ fn peak_allocations_match_rmm() {
 #[test]
 fn stacked_adaptors_each_count_what_passes_through_them() {
     let (device, s) = host();
-    let outer = StatisticsAdaptor::new(CudaResource::new(&device));
+    let outer = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let mut ptrs: Vec<_> = (0..10)
         .map(|_| (outer.try_allocate(TEN_MIB, &s).unwrap(), false))
         .collect();
@@ -99,7 +99,7 @@ fn stacked_adaptors_each_count_what_passes_through_them() {
 #[test]
 fn freeing_through_an_inner_adaptor_goes_negative_there() {
     let (device, s) = host();
-    let outer = StatisticsAdaptor::new(CudaResource::new(&device));
+    let outer = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let mut ptrs: Vec<_> = (0..10)
         .map(|_| outer.try_allocate(TEN_MIB, &s).unwrap())
         .collect();
@@ -123,7 +123,7 @@ fn freeing_through_an_inner_adaptor_goes_negative_there() {
 #[test]
 fn nested_scopes_match_rmm() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let a0 = mr.try_allocate(TEN_MIB, &s).unwrap();
     assert_eq!(mr.bytes_counter().value, TEN_MIB_I);
     assert_eq!(mr.allocations_counter().value, 1);
@@ -172,7 +172,7 @@ fn nested_scopes_match_rmm() {
 #[test]
 fn popping_folds_value_total_and_peak_into_the_outer_scope() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     // Outer scope: peak 3 KiB, then down to 1 KiB.
     let a = mr.try_allocate(KIB, &s).unwrap();
     let b = mr.try_allocate(2 * KIB, &s).unwrap();
@@ -203,7 +203,7 @@ fn popping_folds_value_total_and_peak_into_the_outer_scope() {
 #[test]
 fn zero_byte_allocations_count_as_allocations() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let p = mr.try_allocate(0, &s).unwrap();
     assert_eq!(mr.allocations_counter(), counter(1, 1, 1));
     assert_eq!(mr.bytes_counter(), counter(0, 0, 0));
@@ -214,7 +214,7 @@ fn zero_byte_allocations_count_as_allocations() {
 #[test]
 fn failed_allocations_count_nothing() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     assert!(mr.try_allocate(1 << 50, &s).unwrap_err().is_out_of_memory());
     assert_eq!(mr.counters(), Counters::default());
 }
@@ -222,7 +222,7 @@ fn failed_allocations_count_nothing() {
 #[test]
 fn clones_share_counters_and_scopes() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let copy = mr.clone();
     let p = copy.try_allocate(KIB, &s).unwrap();
     mr.push_counters();
@@ -242,7 +242,7 @@ fn clones_share_counters_and_scopes() {
 fn a_free_is_counted_before_it_reaches_the_upstream() {
     let (device, s) = host();
     let seen: Arc<OnceLock<StatisticsAdaptor<CallbackResource>>> = Arc::default();
-    let upstream = CudaResource::new(&device);
+    let upstream = CudaResource::new(&device).unwrap();
     let (up_a, up_d, seen_d) = (upstream.clone(), upstream.clone(), seen.clone());
     let observed = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let observed_d = observed.clone();
@@ -270,7 +270,7 @@ fn a_free_is_counted_before_it_reaches_the_upstream() {
 fn concurrent_allocations_and_frees_all_land() {
     for bytes in [0, 256] {
         let (device, s) = host();
-        let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+        let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
         let threads = 4;
         let rounds = 200;
         thread::scope(|scope| {
@@ -305,7 +305,7 @@ fn concurrent_allocations_and_frees_all_land() {
 #[test]
 fn scopes_under_concurrent_traffic_lose_nothing() {
     let (device, s) = host();
-    let mr = StatisticsAdaptor::new(CudaResource::new(&device));
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     let held = mr.try_allocate(KIB, &s).unwrap();
     thread::scope(|scope| {
         let workers: Vec<_> = (0..2)
@@ -353,10 +353,13 @@ fn upstream_errors_pass_through_uncounted() {
 #[test]
 fn forwards_capacity_limit() {
     let (device, _) = host();
-    let mr = StatisticsAdaptor::new(LimitingAdaptor::new(CudaResource::new(&device), MIB));
+    let mr = StatisticsAdaptor::new(LimitingAdaptor::new(
+        CudaResource::new(&device).unwrap(),
+        MIB,
+    ));
     assert_eq!(mr.capacity_limit(), Some(MIB));
     assert!(mr.availability().is_some());
-    let plain = StatisticsAdaptor::new(CudaResource::new(&device));
+    let plain = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
     assert_eq!(plain.capacity_limit(), plain.upstream().capacity_limit());
 }
 

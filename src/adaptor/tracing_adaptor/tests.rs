@@ -79,7 +79,7 @@ fn ours(events: Vec<Captured>) -> Vec<Captured> {
 #[test]
 fn an_allocation_and_its_free_are_events_with_size_stream_pointer_and_latency() {
     let (device, s) = host();
-    let mr = TracingAdaptor::new(CudaResource::new(&device));
+    let mr = TracingAdaptor::new(CudaResource::new(&device).unwrap());
     let mut p = DevicePtr::NULL;
     let events = ours(capture(LevelFilter::TRACE, || {
         p = mr.try_allocate(1000, &s).unwrap();
@@ -110,7 +110,7 @@ fn an_allocation_and_its_free_are_events_with_size_stream_pointer_and_latency() 
 #[test]
 fn failures_say_what_went_wrong_and_return_the_error() {
     let (device, s) = host();
-    let mr = TracingAdaptor::new(CudaResource::new(&device));
+    let mr = TracingAdaptor::new(CudaResource::new(&device).unwrap());
     let (broken, _) = recording(&device, |_| Err(Error::InvalidArgument("nope".into())));
     let broken = TracingAdaptor::new(broken);
     let mut errors = Vec::new();
@@ -131,8 +131,8 @@ fn failures_say_what_went_wrong_and_return_the_error() {
 #[test]
 fn the_level_is_the_adaptors() {
     let (device, s) = host();
-    let quiet = TracingAdaptor::new(CudaResource::new(&device));
-    let loud = TracingAdaptor::with_level(CudaResource::new(&device), Level::INFO);
+    let quiet = TracingAdaptor::new(CudaResource::new(&device).unwrap());
+    let loud = TracingAdaptor::with_level(CudaResource::new(&device).unwrap(), Level::INFO);
     assert_eq!(loud.level(), Level::INFO);
     let events = ours(capture(LevelFilter::DEBUG, || {
         let p = quiet.try_allocate(KIB, &s).unwrap();
@@ -152,7 +152,7 @@ fn the_level_is_the_adaptors() {
 #[test]
 fn upstream_events_nest_in_the_span() {
     let (device, s) = host();
-    let inner = TracingAdaptor::new(CudaResource::new(&device));
+    let inner = TracingAdaptor::new(CudaResource::new(&device).unwrap());
     let outer = TracingAdaptor::with_level(inner, Level::DEBUG);
     let events = ours(capture(LevelFilter::TRACE, || {
         let p = outer.try_allocate(MIB, &s).unwrap();
@@ -180,7 +180,7 @@ fn upstream_events_nest_in_the_span() {
 #[test]
 fn without_a_subscriber_it_forwards() {
     let (device, s) = host();
-    let limited = LimitingAdaptor::new(CudaResource::new(&device), MIB);
+    let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), MIB);
     let mr = TracingAdaptor::new(limited.clone());
     let p = mr.try_allocate(KIB, &s).unwrap();
     assert_eq!(limited.allocated_bytes(), KIB);

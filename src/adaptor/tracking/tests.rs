@@ -22,7 +22,7 @@ fn fake(device: &Device) -> (CallbackResource, test_support::Calls) {
 #[test]
 fn empty() {
     let (device, _) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     assert_eq!(mr.allocated_bytes(), 0);
     assert_eq!(mr.outstanding_count(), 0);
     assert!(mr.leak_report().is_empty());
@@ -37,7 +37,7 @@ fn empty() {
 #[test]
 fn all_freed() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     let ptrs: Vec<_> = (0..10)
         .map(|_| mr.try_allocate(10 * MIB, &s).unwrap())
         .collect();
@@ -100,7 +100,7 @@ fn allocations_left_with_backtraces() {
 #[test]
 fn allocations_left_without_backtraces() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     let ptrs: Vec<_> = (0..10)
         .map(|_| mr.try_allocate(10 * MIB, &s).unwrap())
         .collect();
@@ -121,7 +121,7 @@ fn allocations_left_without_backtraces() {
 #[test]
 fn stacked_adaptors_each_track_what_passes_through_them() {
     let (device, s) = host();
-    let outer = TrackingAdaptor::new(CudaResource::new(&device));
+    let outer = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     let mut ptrs: Vec<_> = (0..10)
         .map(|_| (outer.try_allocate(10 * MIB, &s).unwrap(), false))
         .collect();
@@ -148,7 +148,7 @@ fn stacked_adaptors_each_track_what_passes_through_them() {
 #[test]
 fn untracked_frees_are_reported_and_never_underflow() {
     let (device, s) = host();
-    let outer = TrackingAdaptor::new(CudaResource::new(&device));
+    let outer = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     let mut ptrs: Vec<_> = (0..10)
         .map(|_| outer.try_allocate(10 * MIB, &s).unwrap())
         .collect();
@@ -233,7 +233,7 @@ fn a_pointer_handed_out_twice_is_reported_and_replaced() {
 #[test]
 fn zero_byte_allocations_are_not_recorded() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     let p = mr.try_allocate(0, &s).unwrap();
     assert!(p.is_null());
     assert_eq!(mr.outstanding_count(), 0);
@@ -244,7 +244,7 @@ fn zero_byte_allocations_are_not_recorded() {
 #[test]
 fn failed_allocations_are_not_recorded() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     assert!(mr.try_allocate(1 << 50, &s).unwrap_err().is_out_of_memory());
     let (broken, _) = recording(&device, |_| Err(Error::invalid("nope")));
     let broken = TrackingAdaptor::new(broken);
@@ -265,7 +265,7 @@ fn a_record_is_removed_before_the_free_reaches_the_upstream() {
     let (a, seen_d) = (adaptor.clone(), seen.clone());
     let next = AtomicU64::new(1);
     let up = CallbackResource::new(
-        CudaResource::new(&device).properties(),
+        CudaResource::new(&device).unwrap().properties(),
         move |_, _| {
             Ok(DevicePtr::from_raw(
                 next.fetch_add(1, Ordering::Relaxed) * 256,
@@ -302,7 +302,7 @@ fn issues_beyond_the_cap_are_counted_not_kept() {
 #[test]
 fn concurrent_allocations_and_frees_leave_nothing() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device));
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     thread::scope(|scope| {
         for t in 0..4 {
             let (mr, s) = (&mr, &s);
@@ -374,7 +374,10 @@ fn leaks_and_issues_are_logged_through_tracing() {
 #[test]
 fn clones_share_records_and_forward_the_upstream() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(crate::LimitingAdaptor::new(CudaResource::new(&device), MIB));
+    let mr = TrackingAdaptor::new(crate::LimitingAdaptor::new(
+        CudaResource::new(&device).unwrap(),
+        MIB,
+    ));
     let copy = mr.clone();
     let p = mr.try_allocate(KIB, &s).unwrap();
     assert_eq!(copy.outstanding_count(), 1);

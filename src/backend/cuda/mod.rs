@@ -172,6 +172,26 @@ impl Backend for CudaBackend {
         Ok(MemoryInfo { free, total })
     }
 
+    fn check_kind(&self, kind: MemoryKind) -> Result<()> {
+        let (attribute, what) = match kind {
+            // Every device has device memory.
+            MemoryKind::Device => return Ok(()),
+            MemoryKind::Managed => (
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+                "managed memory (CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY is 0)",
+            ),
+            MemoryKind::PinnedHost => (
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+                "pinned host memory mapped for the device (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)",
+            ),
+        };
+        self.ctx.bind()?;
+        if self.ctx.attribute(attribute)? == 0 {
+            return Err(Error::unsupported(what, self.ctx.id()));
+        }
+        Ok(())
+    }
+
     fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
         memory::allocate(&self.ctx, kind, bytes)
     }

@@ -87,6 +87,36 @@ fn driver_loads_and_describes_the_device() {
 #[cfg(feature = "gpu-tests")]
 #[test]
 #[ignore = "needs a CUDA device"]
+fn check_kind_refuses_exactly_what_the_device_attributes_deny() {
+    // What `ManagedResource::new` and `PinnedHostResource::new` ask before they succeed.
+    let b = backend();
+    b.ctx.bind().expect("bind");
+    assert!(b.check_kind(MemoryKind::Device).is_ok());
+    for (kind, attribute) in [
+        (
+            MemoryKind::Managed,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+        ),
+        (
+            MemoryKind::PinnedHost,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+        ),
+    ] {
+        let supported = b.ctx.attribute(attribute).expect("cuDeviceGetAttribute") != 0;
+        match b.check_kind(kind) {
+            Ok(()) => assert!(supported, "{kind:?} accepted though the device lacks it"),
+            Err(Error::Unsupported { device, .. }) => {
+                assert!(!supported, "{kind:?} refused though the device has it");
+                assert_eq!(device, b.id());
+            }
+            Err(e) => panic!("unexpected error for {kind:?}: {e}"),
+        }
+    }
+}
+
+#[cfg(feature = "gpu-tests")]
+#[test]
+#[ignore = "needs a CUDA device"]
 fn every_memory_kind_holds_data() {
     let s = stream();
     let n = 1 << 20;

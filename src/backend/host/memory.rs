@@ -263,7 +263,7 @@ impl Drop for HostMemory {
 /// let device = Device::host_with(HostConfig::default());
 /// let controls = device.host_controls().unwrap();
 /// let stream = Stream::new(&device)?;
-/// let mr = CudaResource::new(&device);
+/// let mr = CudaResource::new(&device)?;
 ///
 /// controls.fail_next_allocations(1);
 /// assert!(mr.try_allocate(1024, &stream).unwrap_err().is_out_of_memory());
@@ -301,7 +301,7 @@ impl HostControls {
     /// # futures::executor::block_on(async {
     /// let device = Device::host_with(HostConfig::default());
     /// let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
     /// device.host_controls().unwrap().fail_next_copies(1);
     /// let copy = buf.copy_from_host(vec![1u8; 4]);
     /// assert!(matches!(copy.await, Err(streamalloc::Error::Driver { .. })));
@@ -334,7 +334,7 @@ impl HostControls {
     ///
     /// let device = Device::host_with(HostConfig::default());
     /// let stream = Stream::new(&device)?;
-    /// let mr = PrefetchAdaptor::new(ManagedResource::new(&device));
+    /// let mr = PrefetchAdaptor::new(ManagedResource::new(&device)?);
     /// let p = mr.try_allocate(4096, &stream)?;
     /// assert_eq!(device.host_controls().unwrap().prefetches(), 1);
     /// unsafe { mr.deallocate(p, 4096, &stream) };

@@ -1,10 +1,40 @@
-use crate::{CudaResource, Device, Error, HostConfig, MemoryResource, Stream};
+use crate::backend::MemoryKind;
+use crate::{
+    CudaResource, Device, Error, HostConfig, HostResource, ManagedResource, MemoryResource,
+    PinnedHostResource, Stream,
+};
+
+#[test]
+fn every_leaf_constructor_succeeds_on_the_host_backend() {
+    // The host backend emulates every memory kind, so no leaf constructor may refuse it.
+    let d = Device::host_with(HostConfig::default());
+    let s = Stream::new(&d).unwrap();
+    for kind in [
+        MemoryKind::Device,
+        MemoryKind::Managed,
+        MemoryKind::PinnedHost,
+    ] {
+        assert!(d.raw().check_kind(kind).is_ok(), "{kind:?}");
+    }
+    let resources: [Box<dyn MemoryResource>; 4] = [
+        Box::new(CudaResource::new(&d).unwrap()),
+        Box::new(ManagedResource::new(&d).unwrap()),
+        Box::new(PinnedHostResource::new(&d).unwrap()),
+        Box::new(HostResource::new(&d).unwrap()),
+    ];
+    for mr in &resources {
+        let p = mr.try_allocate(256, &s).unwrap();
+        // SAFETY: allocated just above with the same size; no work uses it.
+        unsafe { mr.deallocate(p, 256, &s) };
+    }
+    s.synchronize_blocking().unwrap();
+}
 
 #[test]
 fn capacity_bounds_allocations_with_figures_in_the_error() {
     let d = Device::host_with(HostConfig::default().capacity(4096));
     let s = Stream::new(&d).unwrap();
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     let p = mr.try_allocate(3000, &s).unwrap();
     match mr.try_allocate(2000, &s) {
         Err(Error::OutOfMemory {
@@ -26,7 +56,7 @@ fn capacity_bounds_allocations_with_figures_in_the_error() {
 fn injected_failures_fail_exactly_that_many_allocations() {
     let d = Device::host_with(HostConfig::default());
     let s = Stream::new(&d).unwrap();
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     d.host_controls().unwrap().fail_next_allocations(2);
     assert!(mr.try_allocate(256, &s).unwrap_err().is_out_of_memory());
     assert!(mr.try_allocate(256, &s).unwrap_err().is_out_of_memory());
@@ -39,7 +69,7 @@ fn injected_failures_fail_exactly_that_many_allocations() {
 fn a_bad_free_is_a_deferred_error_not_undefined_behaviour() {
     let d = Device::host_with(HostConfig::default());
     let s = Stream::new(&d).unwrap();
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     let p = mr.try_allocate(1024, &s).unwrap();
     // SAFETY: deliberately wrong size; the host backend checks frees against its live map and
     // refuses this one without touching memory.
@@ -60,7 +90,7 @@ fn a_bad_free_is_a_deferred_error_not_undefined_behaviour() {
 fn frees_are_stream_ordered() {
     let d = Device::host_with(HostConfig::default());
     let s = Stream::new(&d).unwrap();
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     let p = mr.try_allocate(1 << 20, &s).unwrap();
     s.enqueue_delay(std::time::Duration::from_millis(50))
         .unwrap();
@@ -82,7 +112,7 @@ fn streams_of_another_device_are_rejected() {
         Device::host_with(HostConfig::default()),
     );
     let s2 = Stream::new(&d2).unwrap();
-    match CudaResource::new(&d1).try_allocate(256, &s2) {
+    match CudaResource::new(&d1).unwrap().try_allocate(256, &s2) {
         Err(Error::DeviceMismatch { expected, actual }) => {
             assert_eq!((expected, actual), (d1.id(), d2.id()))
         }

@@ -38,7 +38,7 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
 /// buf.copy_from_host_slice(&[1.5f32, -2.0]).await?;
 /// let mut out = [0f32; 2];
 /// buf.copy_to_host_slice(&mut out).await?;
@@ -166,7 +166,7 @@ impl fmt::Debug for CopyToSlice<'_> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)).await?;
+/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
 /// let mut data = vec![7u32, 9];
 /// let copy = buf.copy_from_host_slice(&data);
 /// data[0] = 0;                               // the copy took the bytes already

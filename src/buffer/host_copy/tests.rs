@@ -10,7 +10,7 @@ const STRATEGIES: [CompletionStrategy; 2] =
 fn setup(strategy: CompletionStrategy) -> (Device, Stream, DeviceBuffer) {
     let device = Device::host_with(HostConfig::default().completion_strategy(strategy));
     let stream = Stream::new(&device).unwrap();
-    let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)).unwrap();
+    let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device).unwrap()).unwrap();
     (device, stream, buf)
 }
 
@@ -96,7 +96,7 @@ fn a_dropped_copy_that_succeeds_defers_nothing() {
 }
 
 fn buffer_64(device: &Device, stream: &Stream) -> DeviceBuffer {
-    DeviceBuffer::try_new(64, stream, CudaResource::new(device)).unwrap()
+    DeviceBuffer::try_new(64, stream, CudaResource::new(device).unwrap()).unwrap()
 }
 
 #[test]
@@ -352,9 +352,12 @@ fn views_copy_only_their_range_into_borrowed_slices() {
         "{e}"
     );
 
-    let mut v =
-        crate::DeviceVec::<u32>::try_new(8, &stream, CudaResource::new(&stream.device().clone()))
-            .unwrap();
+    let mut v = crate::DeviceVec::<u32>::try_new(
+        8,
+        &stream,
+        CudaResource::new(&stream.device().clone()).unwrap(),
+    )
+    .unwrap();
     block_on(v.copy_from_host_slice(&[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
     let view = v.slice_mut(2..5).unwrap();
     let mut out = [0u32; 4];

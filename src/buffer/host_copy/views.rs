@@ -29,7 +29,7 @@ impl<'a> BufferView<'a> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut buf = DeviceBuffer::new(1 << 20, &stream, CudaResource::new(&device)).await?;
+    /// let mut buf = DeviceBuffer::new(1 << 20, &stream, CudaResource::new(&device)?).await?;
     /// buf.copy_from_host_slice(&[1u32, 2, 3, 4]).await?;
     /// let mut middle = [0u32; 2];
     /// buf.slice(4..12)?.copy_to_host_slice(&mut middle).await?; // 8 bytes, not 1 MiB
@@ -77,7 +77,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::from_host(vec![1i64, 2, 3], &stream, CudaResource::new(&device))
+    /// let mut v = DeviceVec::from_host(vec![1i64, 2, 3], &stream, CudaResource::new(&device)?)
     ///     .await?;
     /// let mut tail = v.slice_mut(1..)?;
     /// tail.copy_from_host_slice(&[-2, -3]).await?;

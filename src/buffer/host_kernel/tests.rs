@@ -21,7 +21,7 @@ fn allocated(device: &Device) -> usize {
 }
 
 fn buffer(bytes: usize, stream: &Stream) -> DeviceBuffer {
-    DeviceBuffer::try_new(bytes, stream, CudaResource::new(stream.device())).unwrap()
+    DeviceBuffer::try_new(bytes, stream, CudaResource::new(stream.device()).unwrap()).unwrap()
 }
 
 /// Blocks `stream` until the returned sender is dropped: a "kernel" whose end the test decides.
@@ -100,7 +100,7 @@ fn typed_sub_ranges_see_the_right_elements() {
 fn typed_vectors_and_their_views() {
     let d = device();
     let [s, t] = streams(&d);
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     let x = block_on(DeviceVec::from_host(
         vec![1.0f32, 2.0, 3.0, 4.0],
         &s,

@@ -9,7 +9,7 @@ use crate::{CudaResource, DeviceBuffer, Error, Stream};
 fn a_peer_copy_within_one_device_is_an_ordinary_copy() {
     let d = device();
     let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
-    let mr = CudaResource::new(&d);
+    let mr = CudaResource::new(&d).unwrap();
     let mut src = DeviceBuffer::try_new(8, &a, mr.clone()).unwrap();
     a.enqueue_delay(std::time::Duration::from_millis(50))
         .unwrap();

@@ -22,7 +22,7 @@ fn allocated(device: &Device) -> usize {
 fn constructors_fill_as_named_and_deref_to_the_elements() {
     let d = device();
     let s = Stream::new(&d).unwrap();
-    let mr = PinnedHostResource::new(&d);
+    let mr = PinnedHostResource::new(&d).unwrap();
     block_on(async {
         let mut v = PinnedHostVec::<u32>::new(100, &s, mr.clone()).await?;
         assert_eq!((v.len(), v.is_empty()), (100, false));
@@ -47,15 +47,18 @@ fn typed_round_trip_through_a_device_buffer() {
     let d = device();
     let s = Stream::new(&d).unwrap();
     block_on(async {
-        let mut buf = DeviceBuffer::new(4 * 1000, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(4 * 1000, &s, CudaResource::new(&d).unwrap()).await?;
         let sent: Vec<f32> = (0..1000).map(|i| i as f32 / 7.0).collect();
-        let host = PinnedHostVec::from_slice(&sent, &s, PinnedHostResource::new(&d)).await?;
+        let host =
+            PinnedHostVec::from_slice(&sent, &s, PinnedHostResource::new(&d).unwrap()).await?;
         let host = buf.copy_from_host(host).await?;
-        let back = PinnedHostVec::<f32>::zeroed(1000, &s, PinnedHostResource::new(&d)).await?;
+        let back =
+            PinnedHostVec::<f32>::zeroed(1000, &s, PinnedHostResource::new(&d).unwrap()).await?;
         let back = buf.copy_to_host(back).await?;
         assert_eq!(&back[..], &sent[..]);
         assert_eq!(&host[..], &sent[..]);
-        let short = PinnedHostVec::<f32>::new(999, &s, PinnedHostResource::new(&d)).await?;
+        let short =
+            PinnedHostVec::<f32>::new(999, &s, PinnedHostResource::new(&d).unwrap()).await?;
         let e = buf.copy_to_host(short).await.unwrap_err();
         assert!(
             matches!(
@@ -106,7 +109,7 @@ fn an_overflowing_size_is_an_error_that_allocates_nothing() {
     let e = block_on(PinnedHostVec::<u64>::new(
         usize::MAX / 4,
         &s,
-        PinnedHostResource::new(&d),
+        PinnedHostResource::new(&d).unwrap(),
     ))
     .unwrap_err();
     assert!(
@@ -120,10 +123,10 @@ fn an_overflowing_size_is_an_error_that_allocates_nothing() {
 fn a_pool_over_pinned_memory_reuses_one_staging_block_batch_after_batch() {
     let d = device();
     let s = Stream::new(&d).unwrap();
-    let pool = PoolResource::new(PinnedHostResource::new(&d), 1 << 16, None).unwrap();
+    let pool = PoolResource::new(PinnedHostResource::new(&d).unwrap(), 1 << 16, None).unwrap();
     let mut addrs = Vec::new();
     block_on(async {
-        let mut buf = DeviceBuffer::new(4096, &s, CudaResource::new(&d)).await?;
+        let mut buf = DeviceBuffer::new(4096, &s, CudaResource::new(&d).unwrap()).await?;
         for batch in 0..4u8 {
             let mut host = PinnedHostVec::<u8>::new(4096, &s, pool.clone()).await?;
             addrs.push(host.as_ptr() as usize);
@@ -150,10 +153,11 @@ fn reused_pinned_memory_is_not_written_under_a_dropped_copy() {
         let d = device();
         let (s, t) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
         // Room for one vector only: the second must reuse the first one's block.
-        let pool = PoolResource::new(PinnedHostResource::new(&d), 4096, Some(4096)).unwrap();
+        let pool =
+            PoolResource::new(PinnedHostResource::new(&d).unwrap(), 4096, Some(4096)).unwrap();
         let pick = |on_t: bool| if on_t { &t } else { &s };
         block_on(async {
-            let mut buf = DeviceBuffer::new(4096, &s, CudaResource::new(&d)).await?;
+            let mut buf = DeviceBuffer::new(4096, &s, CudaResource::new(&d).unwrap()).await?;
             let old = PinnedHostVec::from_slice(&[1u8; 4096], pick(old_on_t), pool.clone()).await?;
             let addr = old.as_ptr();
             s.enqueue_delay(Duration::from_millis(100))?;
@@ -179,12 +183,12 @@ fn reused_pinned_memory_is_not_written_under_a_dropped_copy() {
 fn a_dropped_copy_frees_its_pinned_vector_after_the_copy() {
     let d = device();
     let s = Stream::new(&d).unwrap();
-    let mut buf = DeviceBuffer::try_new(4096, &s, CudaResource::new(&d)).unwrap();
+    let mut buf = DeviceBuffer::try_new(4096, &s, CudaResource::new(&d).unwrap()).unwrap();
     let before = allocated(&d);
     let host = block_on(PinnedHostVec::from_slice(
         &[5u8; 4096],
         &s,
-        PinnedHostResource::new(&d),
+        PinnedHostResource::new(&d).unwrap(),
     ))
     .unwrap();
     s.enqueue_delay(Duration::from_millis(50)).unwrap();
@@ -203,7 +207,8 @@ fn a_constructor_dropped_while_it_waits_frees_what_it_allocated() {
     let d = device();
     let s = Stream::new(&d).unwrap();
     s.enqueue_delay(Duration::from_millis(50)).unwrap();
-    let pending = PinnedHostVec::<u8>::new(4096, &s, PinnedHostResource::new(&d)).now_or_never();
+    let pending =
+        PinnedHostVec::<u8>::new(4096, &s, PinnedHostResource::new(&d).unwrap()).now_or_never();
     assert!(
         pending.is_none(),
         "it waits for the stream to reach the allocation"
@@ -220,7 +225,7 @@ fn elements_aligned_beyond_the_resource_are_refused() {
 
     let d = device();
     let s = Stream::new(&d).unwrap();
-    let upstream = CudaResource::new(&d);
+    let upstream = CudaResource::new(&d).unwrap();
     // A resource whose blocks are 256-byte aligned but never 512-byte aligned.
     let bases = Arc::new(Mutex::new(HashMap::new()));
     let mr = CallbackResource::new(
@@ -259,7 +264,7 @@ fn constructors_and_copies_are_send() {
     fn send<F: Send>(_: &F) {}
     let d = device();
     let s = Stream::new(&d).unwrap();
-    let mr = PinnedHostResource::new(&d);
+    let mr = PinnedHostResource::new(&d).unwrap();
     let new = PinnedHostVec::<f32>::new(4, &s, mr.clone());
     send(&new);
     let zeroed = PinnedHostVec::<f32>::zeroed(4, &s, mr.clone());
@@ -267,7 +272,7 @@ fn constructors_and_copies_are_send() {
     let from = PinnedHostVec::from_slice(&[1u8], &s, mr.clone());
     send(&from);
     let v = block_on(new).unwrap();
-    let mut buf = DeviceBuffer::try_new(16, &s, CudaResource::new(&d)).unwrap();
+    let mut buf = DeviceBuffer::try_new(16, &s, CudaResource::new(&d).unwrap()).unwrap();
     let to = buf.copy_from_host(v);
     send(&to);
     let v = block_on(to).unwrap();

@@ -24,7 +24,12 @@ fn gate(stream: &Stream) -> mpsc::Sender<()> {
 fn set_value_is_stream_ordered_and_returns_without_waiting() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mut x = block_on(DeviceScalar::new(1u32, &s, CudaResource::new(&device))).unwrap();
+    let mut x = block_on(DeviceScalar::new(
+        1u32,
+        &s,
+        CudaResource::new(&device).unwrap(),
+    ))
+    .unwrap();
     let open = gate(&s);
     // Returns while the stream is blocked: the staged value lives in memory the copy owns.
     x.set_value(2).unwrap();
@@ -39,7 +44,12 @@ fn set_value_is_stream_ordered_and_returns_without_waiting() {
 fn handed_off_scalar_reads_the_old_owners_value() {
     let device = device();
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
-    let mut x = block_on(DeviceScalar::new(0i64, &a, CudaResource::new(&device))).unwrap();
+    let mut x = block_on(DeviceScalar::new(
+        0i64,
+        &a,
+        CudaResource::new(&device).unwrap(),
+    ))
+    .unwrap();
     let open = gate(&a);
     x.set_value(-7).unwrap();
     x.set_stream(&b).unwrap();

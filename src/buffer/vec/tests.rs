@@ -39,7 +39,7 @@ fn invalid(e: &Error) -> String {
 fn len_and_bytes_agree() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let v = DeviceVec::<f32>::try_new(10, &s, CudaResource::new(&device)).unwrap();
+    let v = DeviceVec::<f32>::try_new(10, &s, CudaResource::new(&device).unwrap()).unwrap();
     assert_eq!((v.len(), v.capacity(), v.as_buffer().len()), (10, 10, 40));
     assert_eq!(allocated(&device), 40);
     drop(v);
@@ -51,7 +51,7 @@ fn len_and_bytes_agree() {
 fn byte_size_overflow_is_an_error_with_the_numbers_and_allocates_nothing() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let n = usize::MAX / 8 + 1;
     let e = DeviceVec::<u64>::try_new(n, &s, mr.clone()).unwrap_err();
     let msg = invalid(&e);
@@ -70,7 +70,7 @@ fn byte_size_overflow_is_an_error_with_the_numbers_and_allocates_nothing() {
 fn zero_sized_elements_are_an_error() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     invalid(&DeviceVec::<()>::try_new(0, &s, mr.clone()).unwrap_err());
     invalid(&block_on(DeviceVec::<()>::new(3, &s, mr.clone())).unwrap_err());
     let buf = DeviceBuffer::try_new(8, &s, mr).unwrap();
@@ -81,7 +81,7 @@ fn zero_sized_elements_are_an_error() {
 fn zero_length_works() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let mut v = block_on(DeviceVec::<u32>::zeroed(0, &s, mr.clone())).unwrap();
     assert!(v.is_empty());
     assert_eq!(block_on(v.to_vec()).unwrap(), Vec::<u32>::new());
@@ -96,7 +96,7 @@ fn zero_length_works() {
 fn bad_ranges_are_errors_with_the_numbers() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mut v = DeviceVec::<u16>::try_new(10, &s, CudaResource::new(&device)).unwrap();
+    let mut v = DeviceVec::<u16>::try_new(10, &s, CudaResource::new(&device).unwrap()).unwrap();
     let msg = invalid(&v.slice(4..11).unwrap_err());
     assert!(msg.contains("4..11") && msg.contains("10"), "{msg}");
     #[allow(clippy::reversed_empty_ranges)]
@@ -114,7 +114,7 @@ fn bad_ranges_are_errors_with_the_numbers() {
 fn from_buffer_checks_the_length() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let e = DeviceVec::<u32>::from_buffer(DeviceBuffer::try_new(6, &s, mr.clone()).unwrap())
         .unwrap_err();
     let msg = invalid(&e);
@@ -131,7 +131,7 @@ fn from_buffer_checks_the_length() {
 fn round_trip_and_views_copy_only_their_range() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let data: Vec<u32> = (0..1000).collect();
     let mut v = block_on(DeviceVec::from_host(data.clone(), &s, mr)).unwrap();
     assert_eq!(block_on(v.to_vec()).unwrap(), data);
@@ -151,7 +151,7 @@ fn round_trip_and_views_copy_only_their_range() {
 fn new_times_out_naming_the_size_and_device() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1024);
     let _held = DeviceVec::<u8>::try_new(1024, &s, mr.clone()).unwrap();
     let e = block_on(DeviceVec::<f64>::new(8, &s, mr.clone()).timeout(Duration::from_millis(20)))
         .unwrap_err();
@@ -169,7 +169,12 @@ fn new_times_out_naming_the_size_and_device() {
 fn handoff_orders_the_new_owner_after_the_old_one() {
     let device = device();
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
-    let mut v = block_on(DeviceVec::<u64>::zeroed(4, &a, CudaResource::new(&device))).unwrap();
+    let mut v = block_on(DeviceVec::<u64>::zeroed(
+        4,
+        &a,
+        CudaResource::new(&device).unwrap(),
+    ))
+    .unwrap();
     let open = gate(&a);
     let write = v.copy_from_host(vec![1, 2, 3, 4]); // queued behind the gate on `a`
     v.set_stream(&b).unwrap();
@@ -184,7 +189,7 @@ fn handoff_orders_the_new_owner_after_the_old_one() {
 fn another_devices_stream_is_a_device_mismatch() {
     let (d0, d1) = (device(), device());
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());
-    let mut v = DeviceVec::<u32>::try_new(4, &s0, CudaResource::new(&d0)).unwrap();
+    let mut v = DeviceVec::<u32>::try_new(4, &s0, CudaResource::new(&d0).unwrap()).unwrap();
     let e = v.set_stream(&s1).unwrap_err();
     assert!(
         matches!(e, Error::DeviceMismatch { expected, actual } if expected == d0.id() && actual == d1.id()),
@@ -192,9 +197,14 @@ fn another_devices_stream_is_a_device_mismatch() {
     );
     assert_eq!(v.stream(), s0, "a refused hand-off keeps the owner");
     assert!(matches!(v.read_on(&s1), Err(Error::DeviceMismatch { .. })));
-    let e = block_on(DeviceVec::<u32>::new(4, &s1, CudaResource::new(&d0))).unwrap_err();
+    let e = block_on(DeviceVec::<u32>::new(
+        4,
+        &s1,
+        CudaResource::new(&d0).unwrap(),
+    ))
+    .unwrap_err();
     assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
-    assert!(DeviceVec::<u32>::try_new(4, &s1, CudaResource::new(&d0)).is_err());
+    assert!(DeviceVec::<u32>::try_new(4, &s1, CudaResource::new(&d0).unwrap()).is_err());
     assert_eq!(allocated(&d1), 0);
 }
 
@@ -205,7 +215,7 @@ fn forgotten_view_copies_free_nothing_under_the_device() {
     let mut v = block_on(DeviceVec::from_host(
         vec![5u8; 4096],
         &s,
-        CudaResource::new(&device),
+        CudaResource::new(&device).unwrap(),
     ))
     .unwrap();
     let open = gate(&s);
@@ -225,7 +235,7 @@ fn over_aligned_elements_get_their_alignment() {
     struct Wide([u8; 1024]);
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let v = DeviceVec::<Wide>::try_new(3, &s, mr.clone()).unwrap();
     assert!(v.ptr().is_aligned(1024));
     let mut w = block_on(DeviceVec::<Wide>::new(3, &s, mr)).unwrap();
@@ -240,7 +250,7 @@ fn containers_and_their_futures_are_send() {
     fn send<T: Send>(_: &T) {}
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = CudaResource::new(&device);
+    let mr = CudaResource::new(&device).unwrap();
     let mut v = DeviceVec::<f32>::try_new(4, &s, mr.clone()).unwrap();
     send(&DeviceVec::<f32>::new(4, &s, mr.clone()));
     send(&DeviceBuffer::new(4, &s, mr.clone()));
@@ -258,7 +268,7 @@ fn containers_and_their_futures_are_send() {
 fn new_above_the_capacity_limit_is_too_large_at_once() {
     let device = device();
     let s = Stream::new(&device).unwrap();
-    let mr = LimitingAdaptor::new(CudaResource::new(&device), 1024);
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1024);
     let e = block_on(DeviceBuffer::new(4096, &s, mr.clone())).unwrap_err();
     assert!(
         matches!(
@@ -287,14 +297,15 @@ fn new_above_the_capacity_limit_is_too_large_at_once() {
     let small = Device::host_with(HostConfig::default().capacity(1 << 16));
     let s = Stream::new(&small).unwrap();
     for mr in [
-        crate::resource::into_shared(CudaResource::new(&small)),
+        crate::resource::into_shared(CudaResource::new(&small).unwrap()),
         crate::resource::into_shared(
-            crate::PoolResource::new(CudaResource::new(&small), 1 << 12, Some(1 << 14)).unwrap(),
+            crate::PoolResource::new(CudaResource::new(&small).unwrap(), 1 << 12, Some(1 << 14))
+                .unwrap(),
         ),
         // Refuses with a plain out-of-memory error, but knows its limit.
         crate::resource::into_shared(
             crate::CallbackResource::new(
-                CudaResource::new(&small).properties(),
+                CudaResource::new(&small).unwrap().properties(),
                 |bytes, s: &Stream| Err(Error::out_of_memory(bytes, Some(0), s.device().id())),
                 |_, _, _| {},
             )

@@ -35,7 +35,7 @@ use crate::stream::Stream;
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
 /// let data: Vec<u32> = (0..100).collect();
-/// let v = DeviceVec::from_host(data, &stream, CudaResource::new(&device)).await?;
+/// let v = DeviceVec::from_host(data, &stream, CudaResource::new(&device)?).await?;
 /// let tail = v.slice(90..)?;
 /// assert_eq!(tail.len(), 10);
 /// assert_eq!(tail.slice(8..)?.to_vec().await?, [98, 99]);
@@ -85,7 +85,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice(2..)?.ptr(), v.ptr().offset(16));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -99,7 +99,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice(2..5)?.len(), 3);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -113,7 +113,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert!(v.slice(8..)?.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -127,7 +127,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice(2..)?.slice(1..)?.start(), 3);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -141,7 +141,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice(2..)?.as_buffer().len(), 64);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -155,7 +155,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice(..)?.stream(), stream);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -169,7 +169,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice(..)?.device(), &device);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -188,7 +188,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// let view = v.slice(2..6)?;
     /// assert_eq!(view.slice(1..3)?.start(), 3);
     /// assert!(view.slice(1..5).is_err());           // past the view's 4 elements
@@ -222,7 +222,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1i8, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1i8, 2, 3], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.slice(1..)?.copy_to_host(vec![0; 2]).await?, [2, 3]);
     /// assert!(v.slice(..)?.copy_to_host(vec![0; 2]).await.is_err()); // too short
     /// # Ok::<(), streamalloc::Error>(())
@@ -257,7 +257,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1u16, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1u16, 2, 3], &stream, CudaResource::new(&device)?).await?;
     /// let mut out = [0u16; 2];
     /// v.slice(1..)?.copy_to_host_slice(&mut out).await?;
     /// assert_eq!(out, [2, 3]);
@@ -288,7 +288,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.slice(..2)?.to_vec().await?, [1, 2]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -327,7 +327,7 @@ impl<T: Pod> fmt::Debug for VecView<'_, T> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut v = DeviceVec::<f32>::zeroed(4, &stream, CudaResource::new(&device)).await?;
+/// let mut v = DeviceVec::<f32>::zeroed(4, &stream, CudaResource::new(&device)?).await?;
 /// let mut head = v.slice_mut(..2)?;
 /// head.copy_from_host(vec![1.0, 2.0]).await?;
 /// assert_eq!(head.to_vec().await?, [1.0, 2.0]);
@@ -370,7 +370,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// let view = v.slice_mut(2..4)?;
     /// assert_eq!((view.as_view().start(), view.as_view().len()), (2, 2));
     /// # Ok::<(), streamalloc::Error>(())
@@ -385,7 +385,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// let p = v.ptr();
     /// assert_eq!(v.slice_mut(2..)?.ptr(), p.offset(16));
     /// # Ok::<(), streamalloc::Error>(())
@@ -400,7 +400,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice_mut(2..5)?.len(), 3);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -414,7 +414,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert!(v.slice_mut(3..3)?.is_empty());
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -428,7 +428,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice_mut(5..)?.start(), 5);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -442,7 +442,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice_mut(..)?.stream(), stream);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -456,7 +456,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// assert_eq!(v.slice_mut(..)?.device(), &device);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -482,7 +482,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device))?;
+    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
     /// let mut view = v.slice_mut(2..6)?;
     /// assert_eq!(view.slice_mut(1..)?.start(), 3);
     /// assert!(view.slice_mut(..5).is_err());
@@ -516,7 +516,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.slice_mut(2..)?.copy_to_host(vec![0]).await?, [3]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -543,7 +543,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)?).await?;
     /// assert_eq!(v.slice_mut(..2)?.to_vec().await?, [1, 2]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
@@ -576,7 +576,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u8>::zeroed(4, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u8>::zeroed(4, &stream, CudaResource::new(&device)?).await?;
     /// v.slice_mut(1..3)?.copy_from_host(vec![5, 6]).await?;
     /// assert_eq!(v.to_vec().await?, [0, 5, 6, 0]);
     /// assert!(v.slice_mut(1..3)?.copy_from_host(vec![5, 6, 7]).await.is_err()); // too long
@@ -616,7 +616,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # futures::executor::block_on(async {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u16>::zeroed(3, &stream, CudaResource::new(&device)).await?;
+    /// let mut v = DeviceVec::<u16>::zeroed(3, &stream, CudaResource::new(&device)?).await?;
     /// v.slice_mut(1..)?.copy_from_host_slice(&[4, 5]).await?;
     /// assert_eq!(v.to_vec().await?, [0, 4, 5]);
     /// # Ok::<(), streamalloc::Error>(())

@@ -44,7 +44,7 @@ pub enum ArenaDump {
 ///
 /// let device = Device::host();
 /// let config = ArenaConfig::default().arena_size(16 << 20).size_classes(true);
-/// let arena = ArenaResource::with_config(CudaResource::new(&device), config)?;
+/// let arena = ArenaResource::with_config(CudaResource::new(&device)?, config)?;
 /// assert_eq!(arena.arena_size(), 16 << 20);
 /// # Ok::<(), streamalloc::Error>(())
 /// ```

@@ -97,7 +97,7 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let arena = ArenaResource::new(CudaResource::new(&device), Some(64 << 20))?;
+/// let arena = ArenaResource::new(CudaResource::new(&device)?, Some(64 << 20))?;
 /// let small = arena.allocate(1000, &stream).await?;   // from this stream's arena
 /// let large = arena.allocate(8 << 20, &stream).await?; // from the global arena
 /// assert!(small.is_aligned(256) && large.is_aligned(256));
@@ -123,7 +123,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     /// ```
     /// use streamalloc::{ArenaResource, CudaResource, Device, Error};
     ///
-    /// let mr = CudaResource::new(&Device::host());
+    /// let mr = CudaResource::new(&Device::host())?;
     /// let arena = ArenaResource::new(mr.clone(), Some(4 << 20))?;
     /// assert_eq!(arena.arena_size(), 4 << 20);
     /// // An arena holds at least one superblock (1 MiB).
@@ -154,7 +154,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     ///     .arena_size(8 << 20)
     ///     .dump_on_failure(ArenaDump::Tracing)
     ///     .per_thread_arenas(true);
-    /// let arena = ArenaResource::with_config(CudaResource::new(&device), config)?;
+    /// let arena = ArenaResource::with_config(CudaResource::new(&device)?, config)?;
     /// assert_eq!(arena.statistics().free_bytes, 8 << 20);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -221,7 +221,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let arena = ArenaResource::new(CudaResource::new(&device), Some(4 << 20))?;
+    /// let arena = ArenaResource::new(CudaResource::new(&device)?, Some(4 << 20))?;
     /// let p = arena.try_allocate(1000, &stream)?;
     /// let stats = arena.statistics();
     /// assert_eq!((stats.live_allocations, stats.live_bytes), (1, 1024));
@@ -248,7 +248,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     ///
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
-    /// let arena = ArenaResource::new(CudaResource::new(&device), Some(4 << 20))?;
+    /// let arena = ArenaResource::new(CudaResource::new(&device)?, Some(4 << 20))?;
     /// let p = arena.try_allocate(1000, &stream)?;
     /// unsafe { arena.deallocate(p, 1000, &stream) };
     /// assert_eq!(arena.statistics().global_free_bytes, 3 << 20); // one superblock lent out

@@ -23,7 +23,7 @@ use crate::stream::Stream;
 ///
 /// let device = Device::host();
 /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-/// let arena = ArenaResource::new(CudaResource::new(&device), Some(4 << 20))?;
+/// let arena = ArenaResource::new(CudaResource::new(&device)?, Some(4 << 20))?;
 /// let p = arena.try_allocate(1 << 20, &a)?; // a whole superblock of `a`'s arena
 /// b.wait(&a.record()?)?;
 /// unsafe { arena.deallocate(p, 1 << 20, &b) }; // freed on another stream than its arena's

@@ -20,7 +20,7 @@ fn device() -> Device {
 }
 
 fn arena(device: &Device, size: usize) -> ArenaResource<CudaResource> {
-    ArenaResource::new(CudaResource::new(device), Some(size)).unwrap()
+    ArenaResource::new(CudaResource::new(device).unwrap(), Some(size)).unwrap()
 }
 
 fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Stream) {
@@ -43,10 +43,10 @@ fn assert_accounted(mr: &ArenaResource<CudaResource>) -> ArenaStatistics {
 fn the_arena_size_is_rounded_down_to_pages_and_at_least_a_superblock() {
     let d = device();
     assert_eq!(arena(&d, MIB + 65 * KIB).arena_size(), MIB + 64 * KIB);
-    let err = ArenaResource::new(CudaResource::new(&d), Some(MIB - 1)).unwrap_err();
+    let err = ArenaResource::new(CudaResource::new(&d).unwrap(), Some(MIB - 1)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     // The default: half of the free memory (16 GiB emulated).
-    let default = ArenaResource::new(CudaResource::new(&device()), None).unwrap();
+    let default = ArenaResource::new(CudaResource::new(&device()).unwrap(), None).unwrap();
     assert_eq!(default.arena_size(), 8 << 30);
     assert_eq!(default.capacity_limit(), Some(8 << 30));
 }
@@ -54,7 +54,7 @@ fn the_arena_size_is_rounded_down_to_pages_and_at_least_a_superblock() {
 #[test]
 fn an_upstream_failure_is_returned() {
     let d = Device::host_with(HostConfig::default().capacity(4 * MIB));
-    let err = ArenaResource::new(CudaResource::new(&d), Some(8 * MIB)).unwrap_err();
+    let err = ArenaResource::new(CudaResource::new(&d).unwrap(), Some(8 * MIB)).unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
 }
 
@@ -189,7 +189,7 @@ fn per_thread_arenas_split_one_stream_and_free_locally() {
     let config = ArenaConfig::default()
         .arena_size(8 * MIB)
         .per_thread_arenas(true);
-    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    let mr = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap();
     let here = mr.try_allocate(KIB, &s).unwrap();
     let (mr2, s2) = (mr.clone(), s.clone());
     let there = std::thread::spawn(move || mr2.try_allocate(KIB, &s2).unwrap())
@@ -211,7 +211,7 @@ fn size_classes_round_requests_and_bound_the_capacity() {
     let config = ArenaConfig::default()
         .arena_size(5 * MIB + 512 * KIB)
         .size_classes(true);
-    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    let mr = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap();
     assert_eq!(mr.capacity_limit(), Some(5 * MIB), "5.5 MiB is not a class");
     let p = mr.try_allocate(17 * KIB, &s).unwrap();
     assert_eq!(mr.statistics().live_bytes, 20 * KIB);
@@ -268,7 +268,7 @@ fn a_failure_is_dumped_to_tracing() {
     let config = ArenaConfig::default()
         .arena_size(MIB)
         .dump_on_failure(ArenaDump::Tracing);
-    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    let mr = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap();
     let held = mr.try_allocate(KIB, &s).unwrap();
     let captured = Captured::default();
     let writer = captured.clone();
@@ -299,7 +299,7 @@ fn a_failure_is_dumped_to_a_file() {
     let config = ArenaConfig::default()
         .arena_size(MIB)
         .dump_on_failure(ArenaDump::File(path.clone()));
-    let mr = ArenaResource::with_config(CudaResource::new(&d), config).unwrap();
+    let mr = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap();
     assert!(mr.try_allocate(8 * MIB, &s).unwrap_err().is_out_of_memory());
     let text = std::fs::read_to_string(&path).expect("the dump file");
     assert!(text.contains("8388608 bytes"), "{text}");

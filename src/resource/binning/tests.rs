@@ -28,7 +28,7 @@ struct Counting {
 impl Counting {
     fn new(device: &Device) -> Self {
         Counting {
-            upstream: CudaResource::new(device),
+            upstream: CudaResource::new(device).unwrap(),
             allocations: Arc::default(),
             zero_byte: Arc::default(),
             frees: Arc::default(),
@@ -127,7 +127,7 @@ fn an_explicit_bin_resource_serves_its_sizes_and_zero_bytes() {
 #[test]
 fn bins_are_checked() {
     let device = host();
-    let up = CudaResource::new(&device);
+    let up = CudaResource::new(&device).unwrap();
     for (min, max) in [(20, 12), (12, 48)] {
         let r = BinningResource::with_range(up.clone(), min, max);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{min}..={max}");
@@ -142,12 +142,13 @@ fn bins_are_checked() {
         mr.add_bin(KIB, None),
         Err(Error::InvalidArgument(_))
     ));
-    let other = CudaResource::new(&host());
+    let other = CudaResource::new(&host()).unwrap();
     let r = mr.add_bin(2 * KIB, Some(Arc::new(other)));
     assert!(matches!(r, Err(Error::DeviceMismatch { .. })), "{r:?}");
     // A bin whose resource can never hold its largest request: awaited requests would wait
     // for ever.
-    let small_pool = PoolResource::new(CudaResource::new(&device), 0, Some(256 * KIB)).unwrap();
+    let small_pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(256 * KIB)).unwrap();
     let r = mr.add_bin(MIB, Some(Arc::new(small_pool)));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     let _shared = mr.clone();
@@ -164,7 +165,7 @@ async fn an_awaited_request_waits_for_its_bin() {
     let device = host();
     let s = Stream::new(&device).unwrap();
     // Room for one batch of the 4 KiB bin (128 blocks) and nothing more.
-    let up = LimitingAdaptor::new(CudaResource::new(&device), 128 * 4 * KIB);
+    let up = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 128 * 4 * KIB);
     let mr = BinningResource::with_range(up, 12, 12).unwrap();
     let held: Vec<_> = (0..128)
         .map(|_| mr.try_allocate(4 * KIB, &s).unwrap())
@@ -201,7 +202,7 @@ proptest! {
         ops in prop::collection::vec((0..=3 * MIB, any::<usize>(), any::<bool>(), 0..2usize), 1..120)
     ) {
         let device = host();
-        let pool = PoolResource::new(CudaResource::new(&device), 0, None).unwrap();
+        let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
         let mr = BinningResource::with_range(pool.clone(), 10, 20).unwrap();
         let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
         let mut live: Vec<(DevicePtr, usize)> = Vec::new();
@@ -236,7 +237,7 @@ proptest! {
 fn over_device_memory_upstream_requests_fail_and_bin_requests_wait() {
     let device = Device::host_with(crate::HostConfig::default().capacity(8 * MIB));
     let s = Stream::new(&device).unwrap();
-    let mr = BinningResource::with_range(CudaResource::new(&device), 12, 12).unwrap();
+    let mr = BinningResource::with_range(CudaResource::new(&device).unwrap(), 12, 12).unwrap();
     let mut large = Vec::new();
     while let Ok(p) = mr.try_allocate(MIB, &s) {
         large.push(p);

@@ -37,7 +37,7 @@ fn the_callbacks_are_invoked() {
 fn closures_can_log() {
     let (device, s) = host();
     let log = Arc::new(Mutex::new(String::new()));
-    let upstream = CudaResource::new(&device);
+    let upstream = CudaResource::new(&device).unwrap();
     let (up, l1, l2) = (upstream.clone(), log.clone(), log.clone());
     let mr = CallbackResource::new(
         upstream.properties(),
@@ -73,7 +73,7 @@ fn clones_share_the_closures() {
     let frees = Arc::new(AtomicUsize::new(0));
     let f = frees.clone();
     let mr = CallbackResource::new(
-        CudaResource::new(&device).properties(),
+        CudaResource::new(&device).unwrap().properties(),
         |_, _| Ok(DevicePtr::from_raw(256)),
         move |_, _, _| {
             f.fetch_add(1, Ordering::SeqCst);
@@ -150,7 +150,7 @@ fn a_waiting_allocation_resumes_after_a_free() {
 fn debug_names_the_settings() {
     let (device, _) = host();
     let mr = CallbackResource::new(
-        CudaResource::new(&device).properties(),
+        CudaResource::new(&device).unwrap().properties(),
         |_, _| Ok(DevicePtr::NULL),
         |_, _, _| {},
     )

@@ -13,7 +13,7 @@ const KIB: usize = 1 << 10;
 
 #[test]
 fn sizes_are_checked_and_rounded() {
-    let up = CudaResource::new(&host());
+    let up = CudaResource::new(&host()).unwrap();
     assert_eq!(
         FixedSizeResource::new(up.clone(), 1, 2)
             .unwrap()
@@ -35,7 +35,7 @@ fn sizes_are_checked_and_rounded() {
 fn requests_up_to_the_block_get_a_block_larger_ones_fail_at_once() {
     let device = host();
     let s = Stream::new(&device).unwrap();
-    let mr = FixedSizeResource::new(CudaResource::new(&device), 4 * KIB, 4).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), 4 * KIB, 4).unwrap();
     assert_eq!(mr.try_allocate(0, &s).unwrap(), DevicePtr::NULL);
     let err = mr.try_allocate(4 * KIB + 1, &s).unwrap_err();
     assert!(
@@ -62,7 +62,7 @@ fn requests_up_to_the_block_get_a_block_larger_ones_fail_at_once() {
 fn an_empty_resource_grows_by_the_same_count() {
     let device = host();
     let s = Stream::new(&device).unwrap();
-    let mr = FixedSizeResource::new(CudaResource::new(&device), 64 * KIB, 8).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), 64 * KIB, 8).unwrap();
     let controls = device.host_controls().unwrap();
     assert_eq!((mr.total_blocks(), mr.free_blocks()), (8, 8));
     assert_eq!(controls.allocated_bytes(), 8 * 64 * KIB);
@@ -92,7 +92,7 @@ fn an_empty_resource_grows_by_the_same_count() {
 fn a_double_free_is_a_deferred_error() {
     let device = host();
     let s = Stream::new(&device).unwrap();
-    let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 2).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), KIB, 2).unwrap();
     let p = mr.try_allocate(KIB, &s).unwrap();
     free(&mr, p, KIB, &s);
     free(&mr, p, KIB, &s);
@@ -115,7 +115,7 @@ fn a_double_free_is_a_deferred_error() {
 #[test]
 fn blocks_taken_from_another_stream_are_ordered_after_its_work() {
     let device = host();
-    let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 8).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), KIB, 8).unwrap();
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let blocks: Vec<_> = (0..8).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
     s.enqueue_delay(Duration::from_millis(100)).unwrap();
@@ -147,7 +147,7 @@ fn blocks_taken_from_another_stream_are_ordered_after_its_work() {
 #[test]
 fn blocks_passed_on_stay_ordered() {
     let device = host();
-    let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 4).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), KIB, 4).unwrap();
     let [s, t, u] = std::array::from_fn(|_| Stream::new(&device).unwrap());
     let blocks: Vec<_> = (0..4).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
     // T gets an event of its own first, so a stale one would be there to misuse.
@@ -205,7 +205,7 @@ async fn a_full_resource_makes_an_awaited_allocation_wait_for_a_free() {
     let device = host();
     let s = Stream::new(&device).unwrap();
     // The upstream allows one batch of four blocks: the resource cannot grow.
-    let up = LimitingAdaptor::new(CudaResource::new(&device), 4 * KIB);
+    let up = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 4 * KIB);
     let mr = FixedSizeResource::new(up, KIB, 4).unwrap();
     let held: Vec<_> = (0..4).map(|_| mr.try_allocate(KIB, &s).unwrap()).collect();
     assert!(mr.try_allocate(KIB, &s).unwrap_err().is_out_of_memory());
@@ -250,7 +250,7 @@ proptest! {
     #[test]
     fn random_operations_match_the_model(ops in prop::collection::vec(any_op(), 1..150)) {
         let device = host();
-        let mr = FixedSizeResource::new(CudaResource::new(&device), KIB, 4).unwrap();
+        let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), KIB, 4).unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
         let mut live: Vec<(DevicePtr, usize)> = Vec::new();
         for op in ops {

@@ -98,7 +98,7 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let pool = PoolResource::new(CudaResource::new(&device), 1 << 20, Some(16 << 20))?;
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, Some(16 << 20))?;
 /// let p = pool.allocate(1000, &stream).await?;
 /// assert!(p.is_aligned(256));
 /// assert_eq!(pool.pool_size(), 1 << 20);
@@ -203,7 +203,7 @@ impl<R: MemoryResource> PoolResource<R> {
     ///
     /// ```
     /// use streamalloc::{CudaResource, Device, Error, PoolResource};
-    /// let mr = CudaResource::new(&Device::host());
+    /// let mr = CudaResource::new(&Device::host()).unwrap();
     /// assert!(matches!(PoolResource::new(mr.clone(), 1000, None), Err(Error::InvalidArgument(_))));
     /// assert!(matches!(PoolResource::new(mr, 1 << 20, Some(1 << 10)), Err(Error::InvalidArgument(_))));
     /// ```
@@ -284,7 +284,7 @@ impl<R: MemoryResource> PoolResource<R> {
     ///
     /// let device = Device::host_with(HostConfig::default());
     /// let stream = Stream::new(&device)?;
-    /// let pool = PoolResource::new(CudaResource::new(&device), 0, None)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 0, None)?;
     /// let p = pool.try_allocate(1 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 1 << 20, &stream) };
     /// let size = pool.pool_size();

@@ -17,7 +17,8 @@ const MIB: usize = 1 << 20;
 #[test]
 fn memory_taken_from_another_stream_is_ordered_after_its_work() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), 2 * MIB, Some(2 * MIB)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 2 * MIB, Some(2 * MIB)).unwrap();
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let a = pool.try_allocate(2 * MIB, &s).unwrap();
     let s_done = busy(&s, 100);
@@ -39,7 +40,8 @@ fn memory_taken_from_another_stream_is_ordered_after_its_work() {
 #[test]
 fn a_new_free_needs_a_new_wait() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), 2 * MIB, Some(2 * MIB)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 2 * MIB, Some(2 * MIB)).unwrap();
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let a = pool.try_allocate(MIB, &s).unwrap();
     let b = pool.try_allocate(MIB, &s).unwrap();
@@ -67,7 +69,8 @@ fn a_new_free_needs_a_new_wait() {
 #[test]
 fn memory_merged_into_a_stream_is_ordered_for_the_next_taker() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), 2 * MIB, Some(2 * MIB)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 2 * MIB, Some(2 * MIB)).unwrap();
     let [t, v, w, u] = std::array::from_fn(|_| Stream::new(&device).unwrap());
     // T and V each take half of the chunk; T frees its half.
     let a = pool.try_allocate(MIB, &t).unwrap();
@@ -108,7 +111,8 @@ fn memory_merged_into_a_stream_is_ordered_for_the_next_taker() {
 #[test]
 fn memory_freed_on_a_quiet_stream_serves_the_others() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), 4 * MIB, Some(4 * MIB)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 4 * MIB, Some(4 * MIB)).unwrap();
     let quiet = Stream::new(&device).unwrap();
     let blocks: Vec<_> = (0..16)
         .map(|_| pool.try_allocate(256 * KIB, &quiet).unwrap())
@@ -134,8 +138,9 @@ const SHARDED: usize = 256 * MIB;
 #[test]
 fn large_pools_have_shards_and_small_ones_do_not() {
     let device = host();
-    let small = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED - 256)).unwrap();
-    let large = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let small =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(SHARDED - 256)).unwrap();
+    let large = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(SHARDED)).unwrap();
     assert!(small.inner.shards.is_empty());
     assert!(!large.inner.shards.is_empty());
     assert!(large.inner.shards.len().is_power_of_two());
@@ -150,7 +155,7 @@ fn large_pools_have_shards_and_small_ones_do_not() {
 #[test]
 fn a_shard_block_freed_on_another_stream_is_ordered_for_the_next_taker() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(SHARDED)).unwrap();
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let a = pool.try_allocate(64 * KIB, &s).unwrap();
     // T uses the block after S, then frees it.
@@ -186,7 +191,8 @@ fn a_shard_block_freed_on_another_stream_is_ordered_for_the_next_taker() {
 #[test]
 fn a_request_under_pressure_takes_back_the_shards_sub_chunks() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), SHARDED, Some(SHARDED)).unwrap();
     let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&device).unwrap()).collect();
     for s in &streams {
         let p = pool.try_allocate(4 * KIB, s).unwrap();
@@ -211,7 +217,8 @@ fn a_request_under_pressure_takes_back_the_shards_sub_chunks() {
 #[test]
 fn a_large_block_served_by_a_shard_under_pressure_is_freed_there() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), SHARDED, Some(SHARDED)).unwrap();
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let small = pool.try_allocate(4 * KIB, &a).unwrap();
     let sub_chunk = pool.inner.shard_chunk;
@@ -232,7 +239,8 @@ fn a_large_block_served_by_a_shard_under_pressure_is_freed_there() {
 #[test]
 fn a_block_at_a_sub_chunks_base_is_freed_in_its_shard() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), SHARDED, Some(SHARDED)).unwrap();
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let sub_chunk = pool.inner.shard_chunk;
     // A's shard takes a sub-chunk; the small block is carved from its end.
@@ -260,7 +268,8 @@ fn a_block_at_a_sub_chunks_base_is_freed_in_its_shard() {
 #[test]
 fn a_wholly_free_pool_serves_its_maximum() {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), 512 * KIB, Some(MIB)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), 512 * KIB, Some(MIB)).unwrap();
     let s = Stream::new(&device).unwrap();
     let p = pool.try_allocate(MIB, &s).unwrap();
     assert_eq!(
@@ -291,7 +300,8 @@ fn statistics_are_consistent_while_sub_chunks_move() {
     use std::sync::Arc;
 
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), SHARDED, Some(SHARDED)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), SHARDED, Some(SHARDED)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let worker = {
         let (pool, stop, device) = (pool.clone(), stop.clone(), device.clone());
@@ -334,7 +344,8 @@ fn any_op(largest: usize) -> impl Strategy<Value = Op> {
 /// chunks and gives them all back once everything is freed.
 fn run_ops(ops: Vec<Op>, initial: usize, maximum: usize) {
     let device = host();
-    let pool = PoolResource::new(CudaResource::new(&device), initial, Some(maximum)).unwrap();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), initial, Some(maximum)).unwrap();
     let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
     let rounded = |n: usize| n.div_ceil(256) * 256;
@@ -436,7 +447,7 @@ proptest! {
 fn drop_with_allocations_out_defers_a_leak_error() {
     let device = host();
     let stream = Stream::new(&device).unwrap();
-    let small = PoolResource::new(CudaResource::new(&device), 0, Some(4 * MIB)).unwrap();
+    let small = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(4 * MIB)).unwrap();
     small.try_allocate(1000, &stream).unwrap();
     drop(small);
     assert_eq!(device.deferred_error_count(), 1);
@@ -452,7 +463,7 @@ fn drop_with_allocations_out_defers_a_leak_error() {
     );
     assert!(device.take_deferred_error().is_none());
 
-    let large = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let large = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(SHARDED)).unwrap();
     assert!(!large.inner.shards.is_empty());
     let p = large.try_allocate(KIB, &stream).unwrap();
     large.try_allocate(64 * MIB, &stream).unwrap();
@@ -469,7 +480,7 @@ fn drop_with_allocations_out_defers_a_leak_error() {
     ));
 
     // Dropped with nothing out: no error.
-    let pool = PoolResource::new(CudaResource::new(&device), 0, Some(SHARDED)).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(SHARDED)).unwrap();
     let p = pool.try_allocate(KIB, &stream).unwrap();
     free(&pool, p, KIB, &stream);
     drop(pool);
@@ -484,7 +495,7 @@ fn sizes_near_usize_max_can_never_fit() {
     let device = host();
     let stream = Stream::new(&device).unwrap();
     for maximum in [None, Some(4 * MIB), Some(SHARDED)] {
-        let pool = PoolResource::new(CudaResource::new(&device), 0, maximum).unwrap();
+        let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, maximum).unwrap();
         for bytes in [
             usize::MAX,
             usize::MAX - 255,
@@ -514,7 +525,8 @@ fn bad_frees_are_deferred_errors_not_panics() {
     for (initial, maximum) in [(MIB, None), (0, Some(256 * MIB))] {
         let device = host();
         let s = Stream::new(&device).unwrap();
-        let pool = PoolResource::new(CudaResource::new(&device), initial, maximum).unwrap();
+        let pool =
+            PoolResource::new(CudaResource::new(&device).unwrap(), initial, maximum).unwrap();
         let p = pool.try_allocate(4 * KIB, &s).unwrap();
         let q = pool.try_allocate(4 * KIB, &s).unwrap();
         free(&pool, p, 4 * KIB, &s);

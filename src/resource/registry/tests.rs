@@ -13,11 +13,14 @@ use crate::{
 #[test]
 fn any_resource_is_accepted_by_value_by_arc_or_shared() {
     let d = device();
-    let pool = PoolResource::new(CudaResource::new(&d), 0, None).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&d).unwrap(), 0, None).unwrap();
     set_current_device_resource_for(&d, pool.clone()).unwrap();
     assert!(current_device_resource_for(&d).is_equal(&pool));
 
-    let limited = Arc::new(LimitingAdaptor::new(CudaResource::new(&d), 1 << 20));
+    let limited = Arc::new(LimitingAdaptor::new(
+        CudaResource::new(&d).unwrap(),
+        1 << 20,
+    ));
     let previous = set_current_device_resource_for(&d, limited.clone()).unwrap();
     assert!(previous.is_equal(&pool));
 
@@ -33,7 +36,7 @@ fn any_resource_is_accepted_by_value_by_arc_or_shared() {
 fn a_resource_of_another_device_is_refused_with_both_ids() {
     let (d0, d1) = (device(), device());
     let before = current_device_resource_for(&d1);
-    let r = set_current_device_resource_for(&d1, CudaResource::new(&d0));
+    let r = set_current_device_resource_for(&d1, CudaResource::new(&d0).unwrap());
     match r {
         Err(Error::DeviceMismatch { expected, actual }) => {
             assert_eq!((expected, actual), (d1.id(), d0.id()));
@@ -46,8 +49,8 @@ fn a_resource_of_another_device_is_refused_with_both_ids() {
 #[test]
 fn two_devices_keep_their_own_current_resources() {
     let (d0, d1) = (device(), device());
-    let p0 = PoolResource::new(CudaResource::new(&d0), 0, None).unwrap();
-    let p1 = PoolResource::new(CudaResource::new(&d1), 0, None).unwrap();
+    let p0 = PoolResource::new(CudaResource::new(&d0).unwrap(), 0, None).unwrap();
+    let p1 = PoolResource::new(CudaResource::new(&d1).unwrap(), 0, None).unwrap();
     set_current_device_resource_for(&d0, p0.clone()).unwrap();
     set_current_device_resource_for(&d1, p1.clone()).unwrap();
     let (s0, s1) = (Stream::new(&d0).unwrap(), Stream::new(&d1).unwrap());

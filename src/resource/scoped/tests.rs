@@ -14,7 +14,7 @@ use crate::{
 
 /// A pool of `device`: a resource with an identity of its own.
 fn pool(device: &Device) -> SharedResource {
-    Arc::new(PoolResource::new(CudaResource::new(device), 0, None).unwrap())
+    Arc::new(PoolResource::new(CudaResource::new(device).unwrap(), 0, None).unwrap())
 }
 
 /// Returns `Pending` once (waking itself), then `Ready`: an await that gives the thread back to
