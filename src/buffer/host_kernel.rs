@@ -710,7 +710,7 @@ impl<T> fmt::Debug for HostWrite<'_, T> {
     }
 }
 
-#[cfg(all(test, feature = "cuda-driver"))]
+#[cfg(all(test, feature = "gpu-tests"))]
 mod gpu_tests;
 #[cfg(test)]
 mod tests;
