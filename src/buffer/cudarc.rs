@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::result::DriverError;
 use cudarc::driver::{
     sys, CudaStream, DevicePtr as CudarcDevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
     LaunchArgs, PushKernelArg, SyncOnDrop,
@@ -48,18 +47,27 @@ fn cudarc_device_id(cs: &CudaStream) -> DeviceId {
     }
 }
 
-/// A use that cannot go ahead: reports `error` to `device`, makes cudarc's next call on the
-/// context fail, and gives the kernel no address.
+/// A use that cannot go ahead. cudarc's `DevicePtr` cannot return an error, and an error it
+/// records is checked only before its *next* call (it binds and checks before asking for the
+/// address), so a null address would reach the operation under way (cuBLAS, a copy) and fault
+/// the whole context. So: the typed error goes to `device`'s deferred errors (for a caller that
+/// catches the panic) and this panics with it.
+///
+/// # Panics
+/// Always.
 fn refuse<'a>(
     device: &Device,
     cs: &CudaStream,
     error: Error,
 ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
     tracing::error!(%error, "a buffer was used on a cudarc stream it cannot be used on");
+    let message = format!(
+        "a streamalloc buffer of {} cannot be used on this cudarc stream (of {}): {error}",
+        device.id(),
+        cudarc_device_id(cs)
+    );
     device.defer_error(error);
-    cs.context()
-        .record_err::<()>(Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)));
-    (0, SyncOnDrop::Record(None))
+    panic!("{message}");
 }
 
 impl DeviceBuffer {

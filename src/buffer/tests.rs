@@ -247,6 +247,35 @@ fn a_forgotten_read_guard_still_orders_the_free() {
 }
 
 #[test]
+fn ending_one_of_two_reads_on_a_stream_keeps_the_other_pending() {
+    // Two reads registered on one stream: ending the first must not forget the second, whose
+    // work is enqueued after the first one's event.
+    let d = device();
+    let [owner, reader] = streams(&d);
+    let buf = block_on(DeviceBuffer::new(
+        1 << 16,
+        &owner,
+        CudaResource::new(&d).unwrap(),
+    ))
+    .unwrap();
+    let kept = buf.read_on(&reader).unwrap();
+    drop(buf.read_on(&reader).unwrap()); // records an event before the kernel below
+    let open = gate(&reader); // the kept read's "kernel"
+    std::mem::forget(kept);
+    drop(buf);
+    std::thread::sleep(Duration::from_millis(50)); // an unordered free would have run by now
+    assert_eq!(
+        allocated(&d),
+        1 << 16,
+        "freed while the kept read was running"
+    );
+    drop(open);
+    reader.synchronize_blocking().unwrap();
+    owner.synchronize_blocking().unwrap();
+    assert_eq!(allocated(&d), 0);
+}
+
+#[test]
 fn drop_without_readers_frees_at_once_on_the_owner() {
     // The control of the test above: the accounting it relies on does drop to zero when there
     // is nothing to wait for.

@@ -16,7 +16,8 @@ use crate::stream::{Event, Stream};
 /// - Every read of the buffer on a stream other than `owner` that has been enqueued through the
 ///   buffer's API is ordered before one of `readers`, before a point of `owner` that the owner's
 ///   work from now on follows, or is on one of `pending`.
-/// - `pending` holds each stream at most once, never `owner`.
+/// - `pending` holds each stream at most once, never `owner`, with the number of reads begun
+///   there and not yet ended (a read through cudarc never ends: it stays until settled).
 #[derive(Debug)]
 pub(crate) struct Uses {
     owner: Stream,
@@ -26,7 +27,7 @@ pub(crate) struct Uses {
     /// when the owner next has to be ordered after its readers: by then every such read has
     /// been enqueued (the reads borrow the buffer), so forgetting a guard cannot let a write or
     /// the free overtake them.
-    pending: Vec<Stream>,
+    pending: Vec<(Stream, usize)>,
     /// `false` only in negative-control tests: hand-offs and reads skip their waits.
     handoff_waits: bool,
 }
@@ -117,8 +118,9 @@ impl Uses {
         if self.handoff_waits {
             self.order_after_owner(reader)?;
         }
-        if !self.pending.contains(reader) {
-            self.pending.push(reader.clone());
+        match self.pending.iter_mut().find(|(s, _)| s == reader) {
+            Some((_, open)) => *open += 1,
+            None => self.pending.push((reader.clone(), 1)),
         }
         Ok(())
     }
@@ -130,7 +132,14 @@ impl Uses {
             return Ok(());
         }
         let event = reader.record()?;
-        self.pending.retain(|s| s != reader);
+        // Other reads begun on `reader` may enqueue more work after this event: the stream
+        // stays pending until the last of them ends (or the owner settles it).
+        if let Some(i) = self.pending.iter().position(|(s, _)| s == reader) {
+            self.pending[i].1 -= 1;
+            if self.pending[i].1 == 0 {
+                self.pending.swap_remove(i);
+            }
+        }
         self.add_read(event);
         Ok(())
     }
@@ -138,7 +147,7 @@ impl Uses {
     /// Turns every pending reader into a recorded event (or, where recording fails, waits for
     /// that stream to go idle: see [`add_read_now`](Uses::add_read_now)).
     fn settle_pending(&mut self) -> Result<()> {
-        while let Some(reader) = self.pending.last().cloned() {
+        while let Some((reader, _)) = self.pending.last().cloned() {
             self.add_read_now(&reader)?;
             self.pending.pop();
         }

@@ -263,7 +263,7 @@ impl<T: Pod> DeviceVec<T> {
         stream: &Stream,
         mr: impl MemoryResource + 'static,
     ) -> Result<Self> {
-        let mut v = Self::new(host.byte_len() / size_of::<T>(), stream, mr).await?;
+        let mut v = Self::new(host.elem_len(), stream, mr).await?;
         v.copy_from_host(host).await?;
         Ok(v)
     }
@@ -347,8 +347,14 @@ impl<T: Pod> DeviceVec<T> {
     }
 
     #[inline]
-    fn wrap(buf: DeviceBuffer) -> Self {
-        debug_assert!(buf.len() % size_of::<T>() == 0 && buf.ptr().is_aligned(align_of::<T>()));
+    fn wrap(mut buf: DeviceBuffer) -> Self {
+        debug_assert!(
+            size_of::<T>() == 0
+                || buf.len() % size_of::<T>() == 0 && buf.ptr().is_aligned(align_of::<T>())
+        );
+        // Reallocations (resize, reserve, a clone) keep the buffer's alignment: make it `T`'s
+        // where `T` is aligned above the allocation alignment.
+        buf.alignment = buf.alignment.max(align_of::<T>());
         DeviceVec {
             buf,
             _elem: PhantomData,
@@ -366,7 +372,8 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.buf.len() / size_of::<T>()
+        // A zero-sized `T` is refused by every constructor but `Default` (empty).
+        self.buf.len().checked_div(size_of::<T>()).unwrap_or(0)
     }
 
     /// True when the vector holds no element.
@@ -396,7 +403,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # }).unwrap();
     /// ```
     pub fn capacity(&self) -> usize {
-        self.buf.capacity() / size_of::<T>()
+        self.buf.capacity().checked_div(size_of::<T>()).unwrap_or(0)
     }
 
     /// The address of the first element (null for an empty vector of most resources).

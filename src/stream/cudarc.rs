@@ -62,11 +62,17 @@ impl Stream {
     ///   `SyncOnDrop` synchronizes that stream when dropped. Forgetting that `SyncOnDrop` is the
     ///   one way to let later work (the free included) overtake the use: adopt the stream with
     ///   [`from_cudarc`](Stream::from_cudarc) instead.
-    /// - On a stream of another device or context, or with a host-backend buffer: no address
-    ///   (null), [`Error::DeviceMismatch`] (both devices) or [`Error::InvalidArgument`] (another
-    ///   context) to the buffer's device's
-    ///   [`take_deferred_error`](crate::Device::take_deferred_error), and cudarc's context
-    ///   records `CUDA_ERROR_INVALID_VALUE`, so the next cudarc launch there fails.
+    /// - On a stream of another device or context, or with a host-backend buffer: a panic (the
+    ///   trait cannot return an error, and a null address would fault the operation under way),
+    ///   after [`Error::DeviceMismatch`] (both devices) or [`Error::InvalidArgument`] (another
+    ///   context) went to the buffer's device's
+    ///   [`take_deferred_error`](crate::Device::take_deferred_error). Check first with
+    ///   [`Stream::from_cudarc`], which returns those errors.
+    /// - cudarc's copies between two devices (`memcpy_dtod` / `clone_dtod` from a buffer of one
+    ///   device on a stream of another) run on a stream the buffer never sees: they are not
+    ///   tracked, and freeing the source may overtake them. Use
+    ///   [`copy_from_peer`](crate::DeviceBuffer::copy_from_peer) /
+    ///   [`try_clone_to`](crate::DeviceBuffer::try_clone_to), which order both devices.
     /// - Kernel arguments cannot see the launch stream (cudarc keeps it private): launch with
     ///   `&v` / `&mut v` on the owner's handle (`v.stream().cudarc_stream()?`); a `&mut v`
     ///   argument first makes the owner wait for every reader. On another stream, pass a

@@ -31,7 +31,7 @@ pub(crate) unsafe fn to_host<T: Pod, B: HostBuffer<Elem = T>>(
     len: usize,
     host: B,
 ) -> CopyToHost<B> {
-    let host_len = host.byte_len() / size_of::<T>();
+    let host_len = host.elem_len();
     if host_len < len {
         return CopyToHost::failed(mismatch("copy_to_host", len, host_len));
     }
@@ -51,7 +51,7 @@ pub(crate) unsafe fn from_host<T: Pod, B: HostBuffer<Elem = T>>(
     len: usize,
     host: B,
 ) -> CopyFromHost<B> {
-    let host_len = host.byte_len() / size_of::<T>();
+    let host_len = host.elem_len();
     if host_len > len {
         return CopyFromHost::failed(mismatch("copy_from_host", len, host_len));
     }

@@ -320,3 +320,43 @@ fn new_above_the_capacity_limit_is_too_large_at_once() {
         assert_eq!(e, direct, "limit {limit:?}");
     }
 }
+
+/// An element type aligned above the allocation alignment.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(512))]
+struct Wide([u8; 512]);
+
+#[test]
+fn an_over_aligned_element_keeps_its_alignment_across_reallocation() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mut v = DeviceVec::<Wide>::default();
+    block_on(v.resize(4)).unwrap();
+    assert!(
+        v.ptr().is_aligned(512),
+        "{:?} after resize of a default vector",
+        v.ptr()
+    );
+    // A pool hands out 256-byte-aligned pieces; a 256-byte buffer first shifts the rest.
+    let pool = crate::PoolResource::new(CudaResource::new(&d).unwrap(), 1 << 20, None).unwrap();
+    let _shift = DeviceBuffer::try_new(256, &s, pool.clone()).unwrap();
+    let wrapped = DeviceBuffer::try_with_alignment(512, 512, &s, pool).unwrap();
+    let mut w = DeviceVec::<Wide>::from_buffer(wrapped).unwrap();
+    for n in [3, 7, 2] {
+        block_on(w.resize(n)).unwrap();
+        block_on(w.shrink_to_fit()).unwrap();
+        assert!(w.ptr().is_aligned(512), "{:?} after resize to {n}", w.ptr());
+    }
+}
+
+#[test]
+fn zero_sized_elements_are_errors_or_empty_never_a_panic() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = CudaResource::new(&d).unwrap();
+    let e = block_on(DeviceVec::<()>::from_host(vec![(); 3], &s, mr.clone())).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(DeviceVec::<()>::try_new(2, &s, mr).is_err());
+    let v = DeviceVec::<()>::default();
+    assert_eq!((v.len(), v.capacity(), v.is_empty()), (0, 0, true));
+}
