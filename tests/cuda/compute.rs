@@ -558,7 +558,9 @@ fn cublas_on_another_stream_waits_for_the_writer() {
     let mr = CudaAsyncResource::new(&device).unwrap();
     let x = block_on(DeviceVec::<f32>::zeroed(m * m, &a, mr.clone())).unwrap();
     // 0x3f80_0000 is 1.0f32: every byte 0x3f would be 0.747; fill bytes with 0x3c: 0.0117...
-    launch_spin_then_fill(&a, x.ptr().addr(), 4 * m * m, 0x3c, SPIN_NS).unwrap();
+    // Only the first `cols` columns (column-major), so the spinning writer leaves SMs free.
+    launch_spin_then_fill(&a, x.ptr().addr(), SPIN_BYTES, 0x3c, SPIN_NS).unwrap();
+    let cols = SPIN_BYTES / 4 / m;
     let one_ish = f32::from_bits(0x3c3c_3c3c);
     let mut c = block_on(DeviceVec::<f32>::zeroed(m * m, &a, mr)).unwrap();
     let cfg = GemmConfig {
@@ -577,10 +579,18 @@ fn cublas_on_another_stream_waits_for_the_writer() {
     unsafe { blas.gemm(cfg, &x, &x, &mut c) }.unwrap();
     assert_eq!(c.stream(), b, "the output was handed to cuBLAS's stream");
     let out = block_on(c.to_vec()).unwrap();
-    let want = one_ish * one_ish * m as f32;
+    // C = X X with X nonzero in its first `cols` columns: C[i][j] = cols * v * v for j < cols.
+    let want = |e: usize| {
+        if e / m < cols {
+            one_ish * one_ish * cols as f32
+        } else {
+            0.0
+        }
+    };
     let wrong = out
         .iter()
-        .filter(|&&v| (v - want).abs() > 1e-3 * want)
+        .enumerate()
+        .filter(|&(e, &v)| (v - want(e)).abs() > 1e-3 * want(0))
         .count();
     assert_eq!(wrong, 0, "{wrong} results computed from unwritten inputs");
     drop(x); // freed on A after B's read (pending reader settled here)
