@@ -86,25 +86,24 @@ fn main() -> Result<(), BoxError> {
     })
 }
 
-/// The host backend: the producer stream writes A and B (copies of the same values the GPU's
-/// init kernel computes), the gemm stream takes them over and a CPU loop multiplies them.
+/// The host backend, shaped like the GPU path: a host kernel on the producer stream writes A and
+/// B (the values the GPU's init kernel computes), and a host kernel on the gemm stream reads them
+/// (it waits for the producer's writes: tracked like a device kernel) and writes C.
 async fn host_path(device: &Device) -> Result<(), BoxError> {
-    println!("path: host backend (plain copies and a CPU loop; no host kernel used)");
+    println!("path: host backend (host kernels: init on stream P, gemm on stream G)");
     let mr = CudaAsyncResource::new(device)?;
     let (producer, gemm) = (Stream::new(device)?, Stream::new(device)?);
     let start = Instant::now();
     let mut a = DeviceVec::<f32>::new(M * K, &producer, mr.clone()).await?;
     let mut b = DeviceVec::<f32>::new(K * N, &producer, mr.clone()).await?;
-    a.copy_from_host((0..M * K).map(a_at).collect::<Vec<_>>())
-        .await?;
-    b.copy_from_host((0..K * N).map(b_at).collect::<Vec<_>>())
-        .await?;
-    // The gemm stream takes the inputs over: it waits for the producer's writes.
-    a.set_stream(&gemm)?;
-    b.set_stream(&gemm)?;
-    let (ha, hb) = (a.to_vec().await?, b.to_vec().await?);
+    producer.launch_host_kernel((a.host_write(), b.host_write()), |(a, b)| {
+        a.iter_mut().enumerate().for_each(|(i, x)| *x = a_at(i));
+        b.iter_mut().enumerate().for_each(|(i, x)| *x = b_at(i));
+    })?;
     let mut c = DeviceVec::<f32>::new(M * N, &gemm, mr).await?;
-    c.copy_from_host(host_gemm(&ha, &hb)).await?;
+    gemm.launch_host_kernel((a.host_read(), b.host_read(), c.host_write()), |(a, b, c)| {
+        c.copy_from_slice(&host_gemm(a, b))
+    })?;
     let got = c.to_vec().await?;
     let elapsed = start.elapsed();
     check(&got, elapsed)
