@@ -10,12 +10,11 @@
 //! ```
 //!
 //! ```sh
-//! cargo run --example gemm --features nvrtc,cublas   # on CUDA device 0 (NVRTC + cuBLAS)
-//! cargo run --example gemm                           # host backend: a CPU loop
+//! cargo run --example gemm   # CUDA device 0 (NVRTC + cuBLAS, default features), else the host backend
 //! ```
 //!
-//! On the host backend (no GPU, or a build without `nvrtc`/`cublas`) the product is computed by
-//! a CPU loop over copies of the inputs; the program says which path ran. Where libnvrtc or
+//! On the host backend (no GPU, or a build without `nvrtc`/`cublas`) host kernels on the same two
+//! streams compute it; the program says which path ran. Where libnvrtc or
 //! libcublas is missing it says so and skips the GPU path.
 
 use std::time::Instant;
@@ -101,9 +100,10 @@ async fn host_path(device: &Device) -> Result<(), BoxError> {
         b.iter_mut().enumerate().for_each(|(i, x)| *x = b_at(i));
     })?;
     let mut c = DeviceVec::<f32>::new(M * N, &gemm, mr).await?;
-    gemm.launch_host_kernel((a.host_read(), b.host_read(), c.host_write()), |(a, b, c)| {
-        c.copy_from_slice(&host_gemm(a, b))
-    })?;
+    gemm.launch_host_kernel(
+        (a.host_read(), b.host_read(), c.host_write()),
+        |(a, b, c)| c.copy_from_slice(&host_gemm(a, b)),
+    )?;
     let got = c.to_vec().await?;
     let elapsed = start.elapsed();
     check(&got, elapsed)
