@@ -76,9 +76,7 @@ fn main() -> Result<(), BoxError> {
         #[cfg(not(all(feature = "nvrtc", feature = "cublas")))]
         if device.backend() == streamalloc::BackendKind::Cuda {
             println!("built without the `nvrtc` and `cublas` features: skipping the GPU path");
-            println!(
-                "(run with `--features nvrtc,cublas` for cuBLAS); computing on the host backend"
-            );
+            println!("(both are default features); computing on the host backend");
             return host_path(&Device::host()).await;
         }
         host_path(&device).await

@@ -16,8 +16,7 @@
 //! times is the overlap the streams buy (3x is the limit).
 //!
 //! ```sh
-//! cargo run --release --example pipeline                   # host backend (host kernel)
-//! cargo run --release --example pipeline --features nvrtc  # CUDA device 0: a PTX kernel
+//! cargo run --release --example pipeline   # CUDA device 0 (a PTX kernel), else the host backend
 //! ```
 //!
 //! On a GPU the kernel is the hand-written PTX below, loaded through cudarc (the `nvrtc`
@@ -293,7 +292,7 @@ fn cuda_kernel(device: &mut Device) -> Result<Kernel, BoxError> {
     {
         println!(
             "built without the `nvrtc` feature (cudarc's PTX loader): running on the host \
-             backend instead; use `--features nvrtc` for the GPU"
+             backend instead; build with the `nvrtc` feature (a default) for the GPU"
         );
         *device = Device::host();
         Ok(Kernel::Host)

@@ -10,8 +10,7 @@
 //! the device holds no memory once the pool is dropped.
 //!
 //! ```sh
-//! cargo run --release --example service                   # host backend (host kernel)
-//! cargo run --release --example service --features nvrtc  # CUDA device 0: a PTX kernel
+//! cargo run --release --example service   # CUDA device 0 (a PTX kernel), else the host backend
 //! ```
 
 use std::time::{Duration, Instant};
@@ -319,7 +318,7 @@ fn cuda_kernel(device: &mut Device) -> Result<Kernel, BoxError> {
     {
         println!(
             "built without the `nvrtc` feature (cudarc's PTX loader): running on the host \
-             backend instead; use `--features nvrtc` for the GPU"
+             backend instead; build with the `nvrtc` feature (a default) for the GPU"
         );
         *device = Device::host();
         Ok(Kernel::Host)

@@ -3,7 +3,8 @@
 //! written on A waits for A; a later write on A waits for B's read; the free waits for both).
 //!
 //! Kernels from PTX need the `nvrtc` feature (for cudarc's `Ptx` type; not libnvrtc), cuBLAS the
-//! `cublas` feature: run with `--features nvrtc,cublas`. Missing libraries skip with a message.
+//! `cublas` feature; both are default features and `cuda` implies them. Missing libraries skip
+//! with a message.
 #![cfg(feature = "cuda-driver")]
 // Without `nvrtc` and `cublas` only the interop tests remain.
 #![cfg_attr(not(feature = "nvrtc"), allow(unused_imports, dead_code))]
