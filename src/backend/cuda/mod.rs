@@ -20,6 +20,7 @@ mod handles;
 mod interop;
 mod memory;
 mod mempool;
+mod retired;
 mod spin;
 mod stream;
 #[cfg(test)]

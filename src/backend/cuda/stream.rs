@@ -50,7 +50,7 @@ impl CudaStream {
         // SAFETY: the context is current; `raw` is a valid out-pointer.
         let r = unsafe { sys::cuStreamCreate(&mut raw, flags) };
         ctx.check("cuStreamCreate", r)?;
-        super::interop::sweep_retired_streams();
+        super::retired::sweep_retired_streams();
         Ok(CudaStream {
             ctx,
             raw: RawStream(raw),
@@ -136,7 +136,7 @@ impl Drop for CudaStream {
         if let Some(outside) = self.cudarc.take() {
             if Arc::strong_count(&outside) > 1 {
                 // cudarc handles to it live on: destroy it once they are gone.
-                super::interop::retire_stream(outside, self.ctx.clone(), self.raw);
+                super::retired::retire_stream(outside, self.ctx.clone(), self.raw);
                 free_staging(&self.ctx, staging);
                 return;
             }
