@@ -14,13 +14,14 @@
 //! cargo run --example gemm                           # host backend: a CPU loop
 //! ```
 //!
-//! On the host backend (no GPU, or a build without `nvrtc`/`cublas`) the product is computed by
-//! a CPU loop over copies of the inputs; the program says which path ran. Where libnvrtc or
+//! On the host backend (no GPU, or a build without `nvrtc`/`cublas`) the same pipeline runs with
+//! host kernels (`Stream::launch_host_kernel`): an init kernel on P, a CPU SGEMM loop on G; the
+//! program says which path ran. Where libnvrtc or
 //! libcublas is missing it says so and skips the GPU path.
 
 use std::time::Instant;
 
-use streamalloc::{CudaAsyncResource, Device, DeviceVec, Stream};
+use streamalloc::{CudaAsyncResource, Device, DeviceBuffer, DeviceVec, Stream};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -41,6 +42,13 @@ fn b_at(i: usize) -> f32 {
 /// C = A * B on the host, column-major.
 fn host_gemm(a: &[f32], b: &[f32]) -> Vec<f32> {
     let mut c = vec![0.0f32; M * N];
+    host_gemm_into(a, b, &mut c);
+    c
+}
+
+/// `c = A * B`, column-major (`c` is overwritten).
+fn host_gemm_into(a: &[f32], b: &[f32], c: &mut [f32]) {
+    c.fill(0.0);
     for j in 0..N {
         for p in 0..K {
             let bpj = b[p + j * K];
@@ -49,7 +57,6 @@ fn host_gemm(a: &[f32], b: &[f32]) -> Vec<f32> {
             }
         }
     }
-    c
 }
 
 /// The largest difference between `got` and `want`, relative to `want`'s largest magnitude.
@@ -86,28 +93,55 @@ fn main() -> Result<(), BoxError> {
     })
 }
 
-/// The host backend: the producer stream writes A and B (copies of the same values the GPU's
-/// init kernel computes), the gemm stream takes them over and a CPU loop multiplies them.
+/// The host backend, the same shape with host kernels (closures enqueued on a stream, tracked
+/// like device kernels): one on the producer stream writes A and B, one on the gemm stream
+/// reads them (waiting for the producer) and writes C.
 async fn host_path(device: &Device) -> Result<(), BoxError> {
-    println!("path: host backend (plain copies and a CPU loop; no host kernel used)");
+    println!("path: host backend (host kernels: init on stream P, a CPU SGEMM loop on stream G)");
     let mr = CudaAsyncResource::new(device)?;
     let (producer, gemm) = (Stream::new(device)?, Stream::new(device)?);
     let start = Instant::now();
-    let mut a = DeviceVec::<f32>::new(M * K, &producer, mr.clone()).await?;
-    let mut b = DeviceVec::<f32>::new(K * N, &producer, mr.clone()).await?;
-    a.copy_from_host((0..M * K).map(a_at).collect::<Vec<_>>())
-        .await?;
-    b.copy_from_host((0..K * N).map(b_at).collect::<Vec<_>>())
-        .await?;
-    // The gemm stream takes the inputs over: it waits for the producer's writes.
-    a.set_stream(&gemm)?;
-    b.set_stream(&gemm)?;
-    let (ha, hb) = (a.to_vec().await?, b.to_vec().await?);
-    let mut c = DeviceVec::<f32>::new(M * N, &gemm, mr).await?;
-    c.copy_from_host(host_gemm(&ha, &hb)).await?;
+    let f32s = std::mem::size_of::<f32>();
+    let mut a = DeviceBuffer::new(M * K * f32s, &producer, mr.clone()).await?;
+    let mut b = DeviceBuffer::new(K * N * f32s, &producer, mr.clone()).await?;
+    producer.launch_host_kernel((a.host_write(), b.host_write()), |(a, b)| {
+        fill(bytemuck::cast_slice_mut(a), a_at);
+        fill(bytemuck::cast_slice_mut(b), b_at);
+    })?;
+    // Typed from here on: the same memory, now `DeviceVec<f32>`s.
+    let (a, b) = (
+        DeviceVec::<f32>::from_buffer(a)?,
+        DeviceVec::<f32>::from_buffer(b)?,
+    );
+
+    // C = A * B on G: the kernel reads A and B, so G first waits for P's kernel.
+    let mut c = DeviceBuffer::new(M * N * f32s, &gemm, mr).await?;
+    gemm.launch_host_kernel(
+        (
+            a.as_buffer().host_read(),
+            b.as_buffer().host_read(),
+            c.host_write(),
+        ),
+        |(a, b, c)| {
+            host_gemm_into(
+                bytemuck::cast_slice(a),
+                bytemuck::cast_slice(b),
+                bytemuck::cast_slice_mut(c),
+            )
+        },
+    )?;
+    let c = DeviceVec::<f32>::from_buffer(c)?;
     let got = c.to_vec().await?;
     let elapsed = start.elapsed();
+    drop((a, b)); // freed on P once G's kernel has read them
     check(&got, elapsed)
+}
+
+/// `x[i] = at(i)`.
+fn fill(x: &mut [f32], at: fn(usize) -> f32) {
+    for (i, x) in x.iter_mut().enumerate() {
+        *x = at(i);
+    }
 }
 
 fn check(got: &[f32], elapsed: std::time::Duration) -> Result<(), BoxError> {

@@ -31,7 +31,9 @@ use parking_lot::Mutex;
 pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
-pub use host_kernel::{HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape};
+pub use host_kernel::{
+    HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape,
+};
 pub use pinned::PinnedHostVec;
 pub use scalar::DeviceScalar;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};

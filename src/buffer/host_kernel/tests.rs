@@ -185,7 +185,10 @@ fn a_later_write_on_a_waits_for_the_read_on_b() {
     x.fill(3).unwrap();
     std::thread::sleep(SETTLE);
     drop(open);
-    assert!(rx.recv().unwrap(), "a overwrote data b's kernel was reading");
+    assert!(
+        rx.recv().unwrap(),
+        "a overwrote data b's kernel was reading"
+    );
     assert!(to_host(&x).iter().all(|&v| v == 3));
 }
 
@@ -241,7 +244,10 @@ fn drop_waits_for_the_writer_and_the_reader() {
     b.synchronize_blocking().unwrap();
     a.synchronize_blocking().unwrap();
     assert_eq!(allocated(&d), 0);
-    assert!(d.take_deferred_error().is_none(), "b's kernel saw a's write");
+    assert!(
+        d.take_deferred_error().is_none(),
+        "b's kernel saw a's write"
+    );
 }
 
 #[test]
@@ -317,7 +323,11 @@ fn out_of_range_and_misaligned_arguments_are_invalid() {
         matches!(&err, Error::InvalidArgument(m) if m.contains("not aligned to 4")),
         "{err}"
     );
-    assert_eq!(buf.stream(), s, "a refused write argument is not handed over");
+    assert_eq!(
+        buf.stream(),
+        s,
+        "a refused write argument is not handed over"
+    );
 }
 
 #[test]
