@@ -17,8 +17,12 @@ use streamalloc::*;
 
 use crate::kernels::launch_spin_then_fill;
 
+/// Device 0, with the deferred errors earlier tests left taken (the GPU suites share it and
+/// run one test at a time).
 fn gpu() -> Device {
-    Device::cuda(0).expect("these tests need CUDA device 0")
+    let device = Device::cuda(0).expect("these tests need CUDA device 0");
+    while device.take_deferred_error().is_some() {}
+    device
 }
 
 /// 200 ms: long enough that work not ordered after the spin certainly runs before it ends.
