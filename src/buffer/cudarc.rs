@@ -506,3 +506,35 @@ unsafe impl<'a, 'b: 'a, T: Pod + Send> PushKernelArg<&'b mut DeviceScalar<T>> fo
         self.arg(arg.as_buffer().kernel_arg_ptr())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{CudaResource, Device, DeviceBuffer, HostConfig, Stream};
+
+    /// `owner_ref` (the one `unsafe` lifetime extension here) sees the owner, and a hand-off.
+    #[test]
+    fn owner_ref_follows_the_owner() {
+        let device = Device::host_with(HostConfig::default());
+        let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+        let mut buf = DeviceBuffer::try_new(64, &a, CudaResource::new(&device)).unwrap();
+        assert_eq!(buf.owner_ref(), &a);
+        buf.set_stream(&b).unwrap();
+        assert_eq!(buf.owner_ref(), &b);
+    }
+
+    /// A host-backend buffer has no cudarc stream: `DeviceSlice::stream` cannot return an
+    /// error, so it panics with a message that names the device.
+    #[test]
+    fn a_host_buffer_has_no_cudarc_owner() {
+        let device = Device::host_with(HostConfig::default());
+        let stream = Stream::new(&device).unwrap();
+        let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device)).unwrap();
+        let id = device.id().to_string();
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = buf.cudarc_owner();
+        }))
+        .unwrap_err();
+        let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains(&id) && msg.contains("host-backend"), "{msg}");
+    }
+}
