@@ -3,8 +3,8 @@
 //!
 //! The host backend's counterpart of a kernel launch, so the same pipeline runs in CI, in doc
 //! examples and on a laptop: [`Stream::launch_host_kernel`] takes arguments made by
-//! [`DeviceBuffer::host_read`] / [`DeviceBuffer::host_write`] (and the typed containers' and
-//! views' methods of the same names), orders each like a device kernel's, and enqueues the
+//! [`DeviceVec::host_read`] / [`DeviceVec::host_write`] (and the methods of the same names on
+//! views and on [`DeviceBuffer`]), orders each like a device kernel's, and enqueues the
 //! closure. The worker of the stream calls it when the stream reaches it.
 //!
 //! Why it is sound:
@@ -26,7 +26,7 @@ use std::panic::{self, AssertUnwindSafe};
 
 use bytemuck::Pod;
 
-use super::DeviceBuffer;
+use super::{BufferView, DeviceBuffer, DeviceVec, VecView, VecViewMut};
 use crate::backend::panic_message;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;
@@ -34,7 +34,8 @@ use crate::resource::check_stream;
 use crate::stream::Stream;
 
 /// A read argument of a host kernel: the kernel receives `&[T]`. Made by
-/// [`DeviceBuffer::host_read`] and the typed containers' `host_read`.
+/// [`DeviceVec::host_read`], [`VecView::host_read`], [`VecViewMut::host_read`],
+/// [`DeviceBuffer::host_read`] and [`BufferView::host_read`].
 ///
 /// It borrows its buffer until [`Stream::launch_host_kernel`] consumes it, so the buffer
 /// cannot be written or dropped before the launch has ordered it.
@@ -65,7 +66,7 @@ pub struct HostRead<'a, T> {
 }
 
 /// A write argument of a host kernel: the kernel receives `&mut [T]`. Made by
-/// [`DeviceBuffer::host_write`] and the typed containers' `host_write`.
+/// [`DeviceVec::host_write`], [`VecViewMut::host_write`] and [`DeviceBuffer::host_write`].
 ///
 /// It borrows its buffer mutably until [`Stream::launch_host_kernel`] consumes it; the launch
 /// hands the buffer to the launch stream ([`DeviceBuffer::set_stream`]), as a device kernel
@@ -227,6 +228,138 @@ impl DeviceBuffer {
     pub fn host_write(&mut self) -> HostWrite<'_, u8> {
         let len = self.len;
         HostWrite::new(self, 0, len)
+    }
+}
+
+impl BufferView<'_> {
+    /// The view's bytes as a read argument of a host kernel ([`Stream::launch_host_kernel`]).
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device))?;
+    /// stream.launch_host_kernel(buf.slice(8..16)?.host_read(), |b: &[u8]| assert_eq!(b.len(), 8))?;
+    /// # stream.synchronize_blocking()?;
+    /// # assert!(device.take_deferred_error().is_none());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn host_read(&self) -> HostRead<'_, u8> {
+        HostRead::new(self.buffer(), self.offset(), self.len())
+    }
+}
+
+impl<T: Pod> DeviceVec<T> {
+    /// The vector as a read argument of a host kernel ([`Stream::launch_host_kernel`]): the
+    /// kernel receives `&[T]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let v = DeviceVec::from_host(vec![1.5f32, 2.5], &stream, CudaResource::new(&device)).await?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// stream.launch_host_kernel(v.host_read(), move |v: &[f32]| tx.send(v.iter().sum::<f32>()).unwrap())?;
+    /// assert_eq!(rx.recv().unwrap(), 4.0);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn host_read(&self) -> HostRead<'_, T> {
+        HostRead::new(self.as_buffer(), 0, self.len())
+    }
+
+    /// The vector as a write argument of a host kernel ([`Stream::launch_host_kernel`]): the
+    /// kernel receives `&mut [T]`, and the launch hands the vector to its stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mut v = DeviceVec::<u32>::new(4, &stream, CudaResource::new(&device)).await?;
+    /// stream.launch_host_kernel(v.host_write(), |v: &mut [u32]| {
+    ///     v.iter_mut().enumerate().for_each(|(i, x)| *x = i as u32 * 10)
+    /// })?;
+    /// assert_eq!(v.to_vec().await?, [0, 10, 20, 30]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn host_write(&mut self) -> HostWrite<'_, T> {
+        let len = self.len();
+        HostWrite::new(self.buffer_mut(), 0, len)
+    }
+}
+
+impl<'a, T: Pod> VecView<'a, T> {
+    /// The view as a read argument of a host kernel ([`Stream::launch_host_kernel`]): the
+    /// kernel receives `&[T]` of the view's elements; the whole vector is tracked as read.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let v = DeviceVec::from_host(vec![1u16, 2, 3, 4], &stream, CudaResource::new(&device)).await?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// stream.launch_host_kernel(v.slice(1..3)?.host_read(), move |s: &[u16]| tx.send(s.to_vec()).unwrap())?;
+    /// assert_eq!(rx.recv().unwrap(), [2, 3]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn host_read(&self) -> HostRead<'a, T> {
+        HostRead::new(self.as_buffer(), self.start() * size_of::<T>(), self.len())
+    }
+}
+
+impl<T: Pod> VecViewMut<'_, T> {
+    /// The view as a read argument of a host kernel; as [`VecView::host_read`].
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mut v = DeviceVec::from_host(vec![1u8, 2, 3], &stream, CudaResource::new(&device)).await?;
+    /// let view = v.slice_mut(1..)?;
+    /// stream.launch_host_kernel(view.host_read(), |s: &[u8]| assert_eq!(s, [2, 3]))?;
+    /// # stream.synchronize_blocking()?;
+    /// # assert!(device.take_deferred_error().is_none());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn host_read(&self) -> HostRead<'_, T> {
+        HostRead::new(self.as_view().as_buffer(), self.start() * size_of::<T>(), self.len())
+    }
+
+    /// The view as a write argument of a host kernel ([`Stream::launch_host_kernel`]): the
+    /// kernel receives `&mut [T]` of the view's elements, and the launch hands the whole
+    /// vector to its stream (as a device kernel writing the view needs).
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mut v = DeviceVec::<i32>::zeroed(5, &stream, CudaResource::new(&device)).await?;
+    /// stream.launch_host_kernel(v.slice_mut(1..4)?.host_write(), |s: &mut [i32]| s.fill(-1))?;
+    /// assert_eq!(v.to_vec().await?, [0, -1, -1, -1, 0]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn host_write(&mut self) -> HostWrite<'_, T> {
+        let (offset, len) = (self.start() * size_of::<T>(), self.len());
+        HostWrite::new(self.buffer_mut(), offset, len)
     }
 }
 
@@ -473,29 +606,48 @@ impl Stream {
     ///
     /// # Examples
     ///
-    /// A kernel on stream `b` that reads a buffer written on `a` waits for `a`:
+    /// `c = a * x + b` on typed vectors, the closure's parameter types inferred from `args`;
+    /// a kernel on stream `b` that reads a vector written on `a` waits for `a`:
     ///
     /// ```
     /// use std::time::Duration;
-    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    /// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
     ///
     /// # futures::executor::block_on(async {
     /// let device = Device::host();
     /// let mr = CudaResource::new(&device);
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut x = DeviceBuffer::new(4, &a, mr.clone()).await?;
-    /// let mut y = DeviceBuffer::new(4, &b, mr).await?;
+    /// let mut x = DeviceVec::<f32>::new(4, &a, mr.clone()).await?;
+    /// let y = DeviceVec::from_host(vec![1.0f32; 4], &b, mr.clone()).await?;
+    /// let mut c = DeviceVec::<f32>::new(4, &b, mr).await?;
     /// a.enqueue_delay(Duration::from_millis(20))?; // a long kernel on `a` ...
-    /// a.launch_host_kernel(x.host_write(), |x: &mut [u8]| x.fill(3))?; // ... then x = 3
+    /// a.launch_host_kernel(x.host_write(), |x: &mut [f32]| x.fill(3.0))?; // ... then x = 3
     ///
-    /// // y[i] = 2 * x[i], on `b`: waits for `a`'s write of `x`
-    /// b.launch_host_kernel((x.host_read(), y.host_write()), |(x, y)| {
-    ///     for (y, x) in y.iter_mut().zip(x) {
-    ///         *y = 2 * x;
+    /// // On `b`: waits for `a`'s write of `x`.
+    /// b.launch_host_kernel((x.host_read(), y.host_read(), c.host_write()), |(x, y, c)| {
+    ///     for ((c, x), y) in c.iter_mut().zip(x).zip(y) {
+    ///         *c = 2.0 * x + y;
     ///     }
     /// })?;
     /// drop(x); // freed on `a` after `b`'s kernel has read it
-    /// assert_eq!(y.copy_to_host(vec![0; 4]).await?, [6; 4]);
+    /// assert_eq!(c.to_vec().await?, [7.0; 4]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// With the parameter types written out (handy in a helper generic over the element):
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let s = Stream::new(&device)?;
+    /// let a = DeviceVec::from_host(vec![1u64, 2, 3], &s, CudaResource::new(&device)).await?;
+    /// let mut sum = DeviceVec::<u64>::zeroed(1, &s, CudaResource::new(&device)).await?;
+    /// s.launch_host_kernel((a.host_read(), sum.host_write()), |(a, sum): (&[u64], &mut [u64])| {
+    ///     sum[0] = a.iter().sum()
+    /// })?;
+    /// assert_eq!(sum.to_vec().await?, [6]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```

@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 
 use super::{HostRead, HostWrite};
-use crate::{CudaResource, Device, DeviceBuffer, Error, HostConfig, Stream};
+use crate::{CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, Stream};
 
 /// A fresh host device: its own memory accounting and deferred errors.
 fn device() -> Device {
@@ -93,6 +93,35 @@ fn typed_sub_ranges_see_the_right_elements() {
         .collect();
     assert_eq!(all, expected);
     assert_eq!(first, [1]);
+    assert!(d.take_deferred_error().is_none());
+}
+
+#[test]
+fn typed_vectors_and_their_views() {
+    let d = device();
+    let [s, t] = streams(&d);
+    let mr = CudaResource::new(&d);
+    let x = block_on(DeviceVec::from_host(vec![1.0f32, 2.0, 3.0, 4.0], &s, mr.clone())).unwrap();
+    let mut y = block_on(DeviceVec::<f32>::zeroed(6, &s, mr)).unwrap();
+    // y[1..5] = 10 * x, on `t`: the write to a view hands the whole vector over.
+    t.launch_host_kernel(
+        (x.slice(..).unwrap().host_read(), y.slice_mut(1..5).unwrap().host_write()),
+        |(x, y)| y.iter_mut().zip(x).for_each(|(y, x)| *y = 10.0 * x),
+    )
+    .unwrap();
+    assert_eq!(y.stream(), t);
+    // Two read views of one vector in one launch are fine.
+    let (tx, rx) = mpsc::channel();
+    s.launch_host_kernel(
+        (y.slice(..2).unwrap().host_read(), y.slice(4..).unwrap().host_read()),
+        move |(head, tail)| tx.send((head.to_vec(), tail.to_vec())).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rx.recv().unwrap(), (vec![0.0, 10.0], vec![40.0, 0.0]));
+    assert_eq!(
+        block_on(y.to_vec()).unwrap(),
+        [0.0, 10.0, 20.0, 30.0, 40.0, 0.0]
+    );
     assert!(d.take_deferred_error().is_none());
 }
 
