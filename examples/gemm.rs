@@ -21,7 +21,7 @@
 
 use std::time::Instant;
 
-use streamalloc::{CudaAsyncResource, Device, DeviceBuffer, DeviceVec, Stream};
+use streamalloc::{CudaAsyncResource, Device, DeviceVec, Stream};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -101,36 +101,19 @@ async fn host_path(device: &Device) -> Result<(), BoxError> {
     let mr = CudaAsyncResource::new(device)?;
     let (producer, gemm) = (Stream::new(device)?, Stream::new(device)?);
     let start = Instant::now();
-    let f32s = std::mem::size_of::<f32>();
-    let mut a = DeviceBuffer::new(M * K * f32s, &producer, mr.clone()).await?;
-    let mut b = DeviceBuffer::new(K * N * f32s, &producer, mr.clone()).await?;
+    let mut a = DeviceVec::<f32>::new(M * K, &producer, mr.clone()).await?;
+    let mut b = DeviceVec::<f32>::new(K * N, &producer, mr.clone()).await?;
     producer.launch_host_kernel((a.host_write(), b.host_write()), |(a, b)| {
-        fill(bytemuck::cast_slice_mut(a), a_at);
-        fill(bytemuck::cast_slice_mut(b), b_at);
+        fill(a, a_at);
+        fill(b, b_at);
     })?;
-    // Typed from here on: the same memory, now `DeviceVec<f32>`s.
-    let (a, b) = (
-        DeviceVec::<f32>::from_buffer(a)?,
-        DeviceVec::<f32>::from_buffer(b)?,
-    );
 
     // C = A * B on G: the kernel reads A and B, so G first waits for P's kernel.
-    let mut c = DeviceBuffer::new(M * N * f32s, &gemm, mr).await?;
+    let mut c = DeviceVec::<f32>::new(M * N, &gemm, mr).await?;
     gemm.launch_host_kernel(
-        (
-            a.as_buffer().host_read(),
-            b.as_buffer().host_read(),
-            c.host_write(),
-        ),
-        |(a, b, c)| {
-            host_gemm_into(
-                bytemuck::cast_slice(a),
-                bytemuck::cast_slice(b),
-                bytemuck::cast_slice_mut(c),
-            )
-        },
+        (a.host_read(), b.host_read(), c.host_write()),
+        |(a, b, c)| host_gemm_into(a, b, c),
     )?;
-    let c = DeviceVec::<f32>::from_buffer(c)?;
     let got = c.to_vec().await?;
     let elapsed = start.elapsed();
     drop((a, b)); // freed on P once G's kernel has read them

@@ -338,7 +338,11 @@ impl<T: Pod> VecViewMut<'_, T> {
     /// # }).unwrap();
     /// ```
     pub fn host_read(&self) -> HostRead<'_, T> {
-        HostRead::new(self.as_view().as_buffer(), self.start() * size_of::<T>(), self.len())
+        HostRead::new(
+            self.as_view().as_buffer(),
+            self.start() * size_of::<T>(),
+            self.len(),
+        )
     }
 
     /// The view as a write argument of a host kernel ([`Stream::launch_host_kernel`]): the

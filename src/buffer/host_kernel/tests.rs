@@ -101,11 +101,19 @@ fn typed_vectors_and_their_views() {
     let d = device();
     let [s, t] = streams(&d);
     let mr = CudaResource::new(&d);
-    let x = block_on(DeviceVec::from_host(vec![1.0f32, 2.0, 3.0, 4.0], &s, mr.clone())).unwrap();
+    let x = block_on(DeviceVec::from_host(
+        vec![1.0f32, 2.0, 3.0, 4.0],
+        &s,
+        mr.clone(),
+    ))
+    .unwrap();
     let mut y = block_on(DeviceVec::<f32>::zeroed(6, &s, mr)).unwrap();
     // y[1..5] = 10 * x, on `t`: the write to a view hands the whole vector over.
     t.launch_host_kernel(
-        (x.slice(..).unwrap().host_read(), y.slice_mut(1..5).unwrap().host_write()),
+        (
+            x.slice(..).unwrap().host_read(),
+            y.slice_mut(1..5).unwrap().host_write(),
+        ),
         |(x, y)| y.iter_mut().zip(x).for_each(|(y, x)| *y = 10.0 * x),
     )
     .unwrap();
@@ -113,7 +121,10 @@ fn typed_vectors_and_their_views() {
     // Two read views of one vector in one launch are fine.
     let (tx, rx) = mpsc::channel();
     s.launch_host_kernel(
-        (y.slice(..2).unwrap().host_read(), y.slice(4..).unwrap().host_read()),
+        (
+            y.slice(..2).unwrap().host_read(),
+            y.slice(4..).unwrap().host_read(),
+        ),
         move |(head, tail)| tx.send((head.to_vec(), tail.to_vec())).unwrap(),
     )
     .unwrap();
