@@ -482,6 +482,46 @@ fn handoff_through_kernels() {
     assert!(device.take_deferred_error().is_none());
 }
 
+/// A view read by a kernel on another stream through `on(&stream)` (a `KernelRead`) waits for
+/// the owner's write, like a whole vector's `ReadGuard`.
+#[cfg(feature = "nvrtc")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_view_is_read_on_another_stream_through_on() {
+    use streamalloc::cudarc::driver::PushKernelArg;
+    let device = gpu();
+    let k = kernels(&device);
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let bcs = b.cudarc_stream().unwrap();
+    let n = 1u32 << 20;
+    let v = block_on(DeviceVec::<u32>::zeroed(n as usize, &a, mr.clone())).unwrap();
+    launch_spin_then_fill(&a, v.ptr().addr(), 4 * n as usize, 0xab, SPIN_NS).unwrap();
+    let half = n / 2;
+    let mut out = block_on(DeviceVec::<u32>::zeroed(half as usize, &b, mr)).unwrap();
+    {
+        let tail = v.slice(half as usize..).unwrap();
+        let read = tail.on(&b).unwrap();
+        // SAFETY: copy_u32(src, dst, n) of the view's `half` elements, on B (the read's stream).
+        unsafe {
+            bcs.launch_builder(&k.copy)
+                .arg(&read)
+                .arg(&mut out)
+                .arg(&half)
+                .launch(LaunchConfig::for_num_elems(half))
+        }
+        .unwrap();
+    }
+    drop(v); // freed on A after B's read
+    let seen = block_on(out.to_vec()).unwrap();
+    let stale = seen.iter().filter(|&&x| x != 0xabab_abab).count();
+    assert_eq!(
+        stale, 0,
+        "{stale} of {half} elements were read before A wrote them"
+    );
+    assert!(device.take_deferred_error().is_none());
+}
+
 /// Negative control for `handoff_through_kernels`: the same read launched on B with the plain
 /// `&v` argument, which is only valid on the owner, is not ordered after A and reads stale data.
 /// It shows that the test above would fail without the tracking.
