@@ -13,8 +13,9 @@
 //! cargo run --example gemm   # CUDA device 0 (NVRTC + cuBLAS, default features), else the host backend
 //! ```
 //!
-//! On the host backend (no GPU, or a build without `nvrtc`/`cublas`) host kernels on the same two
-//! streams compute it; the program says which path ran. Where libnvrtc or
+//! On the host backend (no GPU, or a build without `nvrtc`/`cublas`) the same pipeline runs with
+//! host kernels (`Stream::launch_host_kernel`): an init kernel on P, a CPU SGEMM loop on G; the
+//! program says which path ran. Where libnvrtc or
 //! libcublas is missing it says so and skips the GPU path.
 
 use std::time::Instant;
@@ -40,6 +41,13 @@ fn b_at(i: usize) -> f32 {
 /// C = A * B on the host, column-major.
 fn host_gemm(a: &[f32], b: &[f32]) -> Vec<f32> {
     let mut c = vec![0.0f32; M * N];
+    host_gemm_into(a, b, &mut c);
+    c
+}
+
+/// `c = A * B`, column-major (`c` is overwritten).
+fn host_gemm_into(a: &[f32], b: &[f32], c: &mut [f32]) {
+    c.fill(0.0);
     for j in 0..N {
         for p in 0..K {
             let bpj = b[p + j * K];
@@ -48,7 +56,6 @@ fn host_gemm(a: &[f32], b: &[f32]) -> Vec<f32> {
             }
         }
     }
-    c
 }
 
 /// The largest difference between `got` and `want`, relative to `want`'s largest magnitude.
@@ -83,28 +90,38 @@ fn main() -> Result<(), BoxError> {
     })
 }
 
-/// The host backend, shaped like the GPU path: a host kernel on the producer stream writes A and
-/// B (the values the GPU's init kernel computes), and a host kernel on the gemm stream reads them
-/// (it waits for the producer's writes: tracked like a device kernel) and writes C.
+/// The host backend, the same shape with host kernels (closures enqueued on a stream, tracked
+/// like device kernels): one on the producer stream writes A and B, one on the gemm stream
+/// reads them (waiting for the producer) and writes C.
 async fn host_path(device: &Device) -> Result<(), BoxError> {
-    println!("path: host backend (host kernels: init on stream P, gemm on stream G)");
+    println!("path: host backend (host kernels: init on stream P, a CPU SGEMM loop on stream G)");
     let mr = CudaAsyncResource::new(device)?;
     let (producer, gemm) = (Stream::new(device)?, Stream::new(device)?);
     let start = Instant::now();
     let mut a = DeviceVec::<f32>::new(M * K, &producer, mr.clone()).await?;
     let mut b = DeviceVec::<f32>::new(K * N, &producer, mr.clone()).await?;
     producer.launch_host_kernel((a.host_write(), b.host_write()), |(a, b)| {
-        a.iter_mut().enumerate().for_each(|(i, x)| *x = a_at(i));
-        b.iter_mut().enumerate().for_each(|(i, x)| *x = b_at(i));
+        fill(a, a_at);
+        fill(b, b_at);
     })?;
+
+    // C = A * B on G: the kernel reads A and B, so G first waits for P's kernel.
     let mut c = DeviceVec::<f32>::new(M * N, &gemm, mr).await?;
     gemm.launch_host_kernel(
         (a.host_read(), b.host_read(), c.host_write()),
-        |(a, b, c)| c.copy_from_slice(&host_gemm(a, b)),
+        |(a, b, c)| host_gemm_into(a, b, c),
     )?;
     let got = c.to_vec().await?;
     let elapsed = start.elapsed();
+    drop((a, b)); // freed on P once G's kernel has read them
     check(&got, elapsed)
+}
+
+/// `x[i] = at(i)`.
+fn fill(x: &mut [f32], at: fn(usize) -> f32) {
+    for (i, x) in x.iter_mut().enumerate() {
+        *x = at(i);
+    }
 }
 
 fn check(got: &[f32], elapsed: std::time::Duration) -> Result<(), BoxError> {

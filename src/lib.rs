@@ -93,6 +93,8 @@ pub use adaptor::{
 };
 pub use backend::host::HostControls;
 pub use backend::{MemoryInfo, PrefetchTarget};
+#[cfg(feature = "cuda-driver")]
+pub use buffer::KernelRead;
 pub use buffer::{
     BufferView, CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, DeviceScalar,
     DeviceVec, HostBuffer, NewBuffer, NewVec, PinnedHostVec, ReadGuard, VecView, VecViewMut,

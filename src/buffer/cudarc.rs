@@ -2,6 +2,8 @@
 //! arguments (`PushKernelArg`), with every use tracked like the buffer's own operations. The
 //! rules users see are in [`Stream::cudarc_stream`]'s docs ("Buffers in cudarc calls").
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -512,5 +514,355 @@ unsafe impl<'a, 'b: 'a, T: Pod + Send> PushKernelArg<&'b mut DeviceScalar<T>> fo
         arg.buffer_mut().order_kernel_write();
         let arg: &'b DeviceScalar<T> = arg;
         self.arg(arg.as_buffer().kernel_arg_ptr())
+    }
+}
+
+/// A read of a vector, view or scalar on a stream that may not own it, as a CUDA kernel
+/// argument (the kernel gets a `const T*` to the first element). Made by `on(&stream)`:
+/// [`DeviceVec::on`], [`VecView::on`], [`VecViewMut::on`], [`DeviceScalar::on`].
+///
+/// Plain `&v` kernel arguments are valid only on the owner stream (the builder cannot see the
+/// launch stream); this is the tracked form for any other stream of the device, which must be
+/// the launch stream.
+///
+/// # Stream ordering
+/// When made, the stream waits for the owner's work so far and is registered as a reader:
+/// the owner's next write, hand-off or free waits for everything enqueued on the stream until
+/// then, even if the guard is forgotten. Dropping it records the read's end on the stream
+/// (later, unrelated work there is then not waited for).
+///
+/// # Errors
+/// Dropping cannot return an error: a failure to record goes to
+/// [`Device::take_deferred_error`] (the stream stays a reader); [`finish`](KernelRead::finish)
+/// returns it.
+///
+/// # Panics
+/// Passing a guard over host-backend memory as a CUDA kernel argument panics.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host();
+/// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let v = DeviceVec::from_host(vec![1u32, 2, 3, 4], &owner, CudaResource::new(&device).unwrap()).await?;
+/// let tail = v.slice(2..)?;
+/// let read = tail.on(&reader)?;          // `reader` waits for the upload
+/// assert_eq!((read.len(), read.ptr()), (2, tail.ptr()));
+/// // On CUDA: reader.cudarc_stream()?.launch_builder(&f).arg(&read) ...
+/// read.finish()?;
+/// drop(v);                               // freed on `owner` after `reader`'s reads
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+#[must_use = "the read is registered when the guard is made; pass it as a kernel argument"]
+pub struct KernelRead<'a, T> {
+    buf: &'a DeviceBuffer,
+    /// The address of the first element, borrowed by the kernel argument.
+    addr: DevicePtr,
+    len: usize,
+    stream: Stream,
+    /// Set by `finish`, so `Drop` does not record a second time.
+    ended: bool,
+    _elem: PhantomData<&'a [T]>,
+}
+
+impl<'a, T> KernelRead<'a, T> {
+    /// Starts a read of `len` elements at byte `offset` of `buf` on `stream`.
+    fn new(buf: &'a DeviceBuffer, offset: usize, len: usize, stream: &Stream) -> Result<Self> {
+        buf.begin_read(stream)?;
+        Ok(KernelRead {
+            buf,
+            addr: buf.ptr().offset(offset),
+            len,
+            stream: stream.clone(),
+            ended: false,
+            _elem: PhantomData,
+        })
+    }
+
+    /// The address of the first element read.
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
+    /// assert_eq!(v.slice(1..)?.on(&reader)?.ptr(), v.ptr().offset(8));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn ptr(&self) -> DevicePtr {
+        self.addr
+    }
+
+    /// The number of elements read.
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
+    /// assert_eq!(v.on(&reader)?.len(), 8);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no element is read.
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
+    /// assert!(v.slice(8..)?.on(&reader)?.is_empty());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The stream the read belongs on: launch the kernel there.
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
+    /// assert_eq!(v.on(&reader)?.stream(), &reader);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Ends the read now, returning the error that dropping would defer.
+    ///
+    /// # Errors
+    /// A driver error when the event cannot be recorded (the stream then stays a reader).
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
+    /// v.on(&reader)?.finish()?;
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn finish(mut self) -> Result<()> {
+        self.ended = true;
+        self.buf.end_read(&self.stream)
+    }
+}
+
+impl<T> Drop for KernelRead<'_, T> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Err(e) = self.buf.end_read(&self.stream) {
+            // The stream stays a pending reader (the free still waits for it).
+            self.buf.device().defer_error(e);
+        }
+    }
+}
+
+impl<T> fmt::Debug for KernelRead<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelRead")
+            .field("ptr", &self.addr)
+            .field("len", &self.len)
+            .field("stream", &self.stream.id())
+            .finish()
+    }
+}
+
+// SAFETY: pushes a reference to the guard's address field, borrowed for `'b`, which outlives
+// the builder; the guard's buffer is borrowed for `'c: 'b`, so the memory stays allocated.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b KernelRead<'c, T>> for LaunchArgs<'a> {
+    /// A read on the guard's stream, which must be the launch stream.
+    ///
+    /// # Panics
+    /// On host-backend memory.
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b KernelRead<'c, T>) -> &mut Self {
+        assert_device_memory(arg.buf.device());
+        self.arg(&arg.addr)
+    }
+}
+
+impl<T: Pod> DeviceVec<T> {
+    /// The vector as a kernel argument read on `stream` ([`KernelRead`]): `stream` waits for
+    /// the owner's work so far, and the owner's next write, hand-off or free waits for the
+    /// reads (forget-safe).
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] for a stream of another device; driver errors.
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Error, HostConfig, Stream};
+    /// let device = Device::host();
+    /// let other = Device::host_with(HostConfig::default());
+    /// let v = DeviceVec::<f32>::try_new(4, &Stream::new(&device)?, CudaResource::new(&device).unwrap())?;
+    /// assert!(matches!(v.on(&Stream::new(&other)?), Err(Error::DeviceMismatch { .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'_, T>> {
+        KernelRead::new(self.as_buffer(), 0, self.len(), stream)
+    }
+}
+
+impl<'a, T: Pod> VecView<'a, T> {
+    /// The view as a kernel argument read on `stream` ([`KernelRead`]), tracked as a read of
+    /// the whole vector.
+    ///
+    /// # Errors
+    /// As [`DeviceVec::on`].
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let v = DeviceVec::<u16>::try_new(10, &owner, CudaResource::new(&device).unwrap())?;
+    /// assert_eq!(v.slice(4..)?.on(&reader)?.len(), 6);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'a, T>> {
+        KernelRead::new(
+            self.as_buffer(),
+            self.start() * size_of::<T>(),
+            self.len(),
+            stream,
+        )
+    }
+}
+
+impl<T: Pod> VecViewMut<'_, T> {
+    /// The view as a kernel argument read on `stream` ([`KernelRead`]), tracked as a read of
+    /// the whole vector.
+    ///
+    /// # Errors
+    /// As [`DeviceVec::on`].
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let mut v = DeviceVec::<u16>::try_new(10, &owner, CudaResource::new(&device).unwrap())?;
+    /// assert_eq!(v.slice_mut(..3)?.on(&reader)?.len(), 3);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'_, T>> {
+        let view = self.as_view();
+        KernelRead::new(
+            view.as_buffer(),
+            view.start() * size_of::<T>(),
+            view.len(),
+            stream,
+        )
+    }
+}
+
+impl<T: Pod + Send> DeviceScalar<T> {
+    /// The scalar as a kernel argument read on `stream` ([`KernelRead`]; the kernel gets a
+    /// `const T*`).
+    ///
+    /// # Errors
+    /// As [`DeviceVec::on`].
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceScalar, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let alpha = DeviceScalar::new(2.0f32, &owner, CudaResource::new(&device).unwrap()).await?;
+    /// assert_eq!(alpha.on(&reader)?.len(), 1);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'_, T>> {
+        KernelRead::new(self.as_buffer(), 0, 1, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{CudaResource, Device, DeviceBuffer, DeviceVec, HostConfig, Stream};
+
+    /// `owner_ref` (the one `unsafe` lifetime extension here) sees the owner, and a hand-off.
+    #[test]
+    fn owner_ref_follows_the_owner() {
+        let device = Device::host_with(HostConfig::default());
+        let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+        let mut buf = DeviceBuffer::try_new(64, &a, CudaResource::new(&device).unwrap()).unwrap();
+        assert_eq!(buf.owner_ref(), &a);
+        buf.set_stream(&b).unwrap();
+        assert_eq!(buf.owner_ref(), &b);
+    }
+
+    /// A host-backend buffer has no cudarc stream: `DeviceSlice::stream` cannot return an
+    /// error, so it panics with a message that names the device.
+    #[test]
+    fn a_host_buffer_has_no_cudarc_owner() {
+        let device = Device::host_with(HostConfig::default());
+        let stream = Stream::new(&device).unwrap();
+        let buf = DeviceBuffer::try_new(64, &stream, CudaResource::new(&device).unwrap()).unwrap();
+        let id = device.id().to_string();
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = buf.cudarc_owner();
+        }))
+        .unwrap_err();
+        let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains(&id) && msg.contains("host-backend"), "{msg}");
+    }
+
+    /// A forgotten `KernelRead` of a view still orders the free after the reads enqueued on its
+    /// stream meanwhile (a 200 ms "kernel" on the reader stands in for the launch): the owner
+    /// reaches the free only after the reader has passed the read.
+    #[test]
+    fn a_forgotten_kernel_read_still_orders_the_free() {
+        let device = Device::host_with(HostConfig::default());
+        let (owner, reader) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+        let v =
+            DeviceVec::<u32>::try_new(1024, &owner, CudaResource::new(&device).unwrap()).unwrap();
+        let read = v.slice(10..20).unwrap().on(&reader).unwrap();
+        assert_eq!((read.len(), read.ptr()), (10, v.ptr().offset(40)));
+        reader.enqueue_delay(Duration::from_millis(200)).unwrap();
+        let read_done = reader.record().unwrap();
+        std::mem::forget(read);
+        drop(v);
+        owner.synchronize_blocking().unwrap(); // past the free
+        assert!(
+            read_done.is_complete().unwrap(),
+            "the free did not wait for the read"
+        );
+        assert!(device.take_deferred_error().is_none());
+    }
+
+    /// `on` checks the device: a typed error with both ids, nothing registered.
+    #[test]
+    fn a_kernel_read_on_another_device_is_refused() {
+        let device = Device::host_with(HostConfig::default());
+        let other = Device::host_with(HostConfig::default());
+        let v = DeviceVec::<u8>::try_new(
+            8,
+            &Stream::new(&device).unwrap(),
+            CudaResource::new(&device).unwrap(),
+        )
+        .unwrap();
+        let refused = v.on(&Stream::new(&other).unwrap()).map(drop);
+        match refused {
+            Err(crate::Error::DeviceMismatch {
+                expected, actual, ..
+            }) => {
+                assert_eq!((expected, actual), (device.id(), other.id()));
+            }
+            other => panic!("expected DeviceMismatch, got {other:?}"),
+        }
     }
 }

@@ -29,6 +29,8 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
+#[cfg(feature = "cuda-driver")]
+pub use self::cudarc::KernelRead;
 pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};

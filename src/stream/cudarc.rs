@@ -75,10 +75,10 @@ impl Stream {
     ///   [`try_clone_to`](crate::DeviceBuffer::try_clone_to), which order both devices.
     /// - Kernel arguments cannot see the launch stream (cudarc keeps it private): launch with
     ///   `&v` / `&mut v` on the owner's handle (`v.stream().cudarc_stream()?`); a `&mut v`
-    ///   argument first makes the owner wait for every reader. On another stream, pass a
-    ///   [`ReadGuard`](crate::ReadGuard) from `v.read_on(&stream)` for reads (registered as a
-    ///   reader when made: forget-safe), or hand the vector over with `set_stream` first for
-    ///   writes. A host-backend buffer as a kernel argument panics (a CUDA kernel cannot read
+    ///   argument first makes the owner wait for every reader. On another stream, pass
+    ///   `v.on(&stream)?` (a [`KernelRead`](crate::KernelRead); vectors, views and scalars) or
+    ///   a [`ReadGuard`](crate::ReadGuard) from `read_on` for reads (registered as a reader
+    ///   when made: forget-safe), or hand the vector over with `set_stream` first for writes. A host-backend buffer as a kernel argument panics (a CUDA kernel cannot read
     ///   it and the builder cannot return an error).
     ///
     /// # Errors

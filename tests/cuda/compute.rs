@@ -18,8 +18,12 @@ use streamalloc::*;
 
 use crate::kernels::launch_spin_then_fill;
 
+/// Device 0, with the deferred errors earlier tests left taken (the GPU suites share it and
+/// run one test at a time).
 fn gpu() -> Device {
-    Device::cuda(0).expect("these tests need CUDA device 0")
+    let device = Device::cuda(0).expect("these tests need CUDA device 0");
+    while device.take_deferred_error().is_some() {}
+    device
 }
 
 /// 200 ms: long enough that work not ordered after the spin certainly runs before it ends.
@@ -497,6 +501,54 @@ fn handoff_through_kernels() {
     assert_eq!(
         wrong, 0,
         "the free overtook B's read in {wrong} of {n} elements"
+    );
+    assert!(device.take_deferred_error().is_none());
+}
+
+/// A view read by a kernel on another stream through `on(&stream)` (a `KernelRead`) waits for
+/// the owner's write, like a whole vector's `ReadGuard`.
+#[cfg(feature = "nvrtc")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_view_is_read_on_another_stream_through_on() {
+    use streamalloc::cudarc::driver::PushKernelArg;
+    let device = gpu();
+    let k = kernels(&device);
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let bcs = b.cudarc_stream().unwrap();
+    let n = 1u32 << 20;
+    let v = block_on(DeviceVec::<u32>::zeroed(n as usize, &a, mr.clone())).unwrap();
+    let half = n / 2;
+    // The writer fills the first SPIN_BYTES of the view (leaving SMs free, see SPIN_BYTES).
+    launch_spin_then_fill(
+        &a,
+        v.ptr().addr() + 4 * u64::from(half),
+        SPIN_BYTES,
+        0xab,
+        SPIN_NS,
+    )
+    .unwrap();
+    let mut out = block_on(DeviceVec::<u32>::zeroed(half as usize, &b, mr)).unwrap();
+    {
+        let tail = v.slice(half as usize..).unwrap();
+        let read = tail.on(&b).unwrap();
+        // SAFETY: copy_u32(src, dst, n) of the view's `half` elements, on B (the read's stream).
+        unsafe {
+            bcs.launch_builder(&k.copy)
+                .arg(&read)
+                .arg(&mut out)
+                .arg(&half)
+                .launch(LaunchConfig::for_num_elems(half))
+        }
+        .unwrap();
+    }
+    drop(v); // freed on A after B's read
+    let seen = block_on(out.to_vec()).unwrap();
+    let stale = not_after_spin(&seen);
+    assert_eq!(
+        stale, 0,
+        "{stale} of {half} elements were read before A wrote them"
     );
     assert!(device.take_deferred_error().is_none());
 }
