@@ -507,7 +507,6 @@ impl<B: HostBuffer> CopyToHost<B> {
     /// # Safety
     /// As [`start`](CopyToHost::start), for `len * size_of::<B::Elem>()` bytes (which the
     /// caller's device data holds, so the product does not overflow).
-    #[allow(dead_code)] // for the typed containers
     pub(crate) unsafe fn start_elems(
         call: &'static str,
         stream: &Stream,
@@ -635,7 +634,6 @@ impl<B: HostBuffer> CopyFromHost<B> {
     /// # Safety
     /// As [`start`](CopyFromHost::start), for `capacity * size_of::<B::Elem>()` bytes (which
     /// the caller's device memory holds, so the product does not overflow).
-    #[allow(dead_code)] // for the typed containers
     pub(crate) unsafe fn start_elems(
         call: &'static str,
         stream: &Stream,

@@ -5,7 +5,6 @@
 //! everything else — allocation, hand-off, read tracking, stream-ordered drop — is the
 //! buffer's, so there is one copy of that code.
 
-mod host;
 mod view;
 
 use std::fmt;

@@ -90,7 +90,6 @@ impl<'a> CopyToSlice<'a> {
     /// # Safety
     /// As [`start`](CopyToSlice::start), for `len * size_of::<T>()` bytes (which the caller's
     /// device data holds, so the product does not overflow).
-    #[allow(dead_code)] // for the typed containers
     pub(crate) unsafe fn start_elems<T: Pod>(
         call: &'static str,
         stream: &Stream,
@@ -215,7 +214,6 @@ impl CopyFromSlice {
     /// # Safety
     /// As [`start`](CopyFromSlice::start), for `capacity * size_of::<T>()` bytes (which the
     /// caller's device memory holds, so the product does not overflow).
-    #[allow(dead_code)] // for the typed containers
     pub(crate) unsafe fn start_elems<T: Pod>(
         call: &'static str,
         stream: &Stream,

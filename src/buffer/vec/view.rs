@@ -8,7 +8,6 @@ use std::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
-use super::host;
 use crate::buffer::view::checked_range;
 use crate::buffer::{
     CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer,
@@ -235,7 +234,7 @@ impl<'a, T: Pod> VecView<'a, T> {
         // the owner that follows this copy (the free is on the owner or on a later owner that
         // waits for this one); the owner's own later writes are stream-ordered after it. The
         // lock keeps the owner fixed meanwhile.
-        unsafe { host::to_host(uses.owner(), self.ptr(), self.len, host) }
+        unsafe { CopyToHost::start_elems("copy_to_host", uses.owner(), self.ptr(), self.len, host) }
     }
 
     /// Copies the view's elements into the start of the borrowed `host`, staged through owned
@@ -267,7 +266,15 @@ impl<'a, T: Pod> VecView<'a, T> {
     pub fn copy_to_host_slice<'h>(&self, host: &'h mut [T]) -> CopyToSlice<'h> {
         let uses = self.buf.uses.lock();
         // SAFETY: as in `copy_to_host`.
-        unsafe { host::to_slice(uses.owner(), self.ptr(), self.len, host) }
+        unsafe {
+            CopyToSlice::start_elems(
+                "copy_to_host_slice",
+                uses.owner(),
+                self.ptr(),
+                self.len,
+                host,
+            )
+        }
     }
 
     /// The view's elements, copied into a new `Vec` on the owner.
@@ -594,7 +601,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
         // of the owner that follows this copy (the free is on the owner or a later owner that
         // waits for this one; other streams read it only after a `read_on` that waits for the
         // owner); every recorded read is ordered before it (just above).
-        unsafe { host::from_host(uses.owner(), dst, self.len, host) }
+        unsafe { CopyFromHost::start_elems("copy_from_host", uses.owner(), dst, self.len, host) }
     }
 
     /// Copies all of the borrowed `host` into the start of the view, staged through owned
@@ -629,7 +636,9 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
             return CopyFromSlice::failed(e);
         }
         // SAFETY: as in `copy_from_host`.
-        unsafe { host::from_slice(uses.owner(), dst, self.len, host) }
+        unsafe {
+            CopyFromSlice::start_elems("copy_from_host_slice", uses.owner(), dst, self.len, host)
+        }
     }
 }
 
