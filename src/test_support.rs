@@ -58,6 +58,28 @@ pub(crate) fn device() -> Device {
     Device::host_with(HostConfig::default())
 }
 
+/// `N` fresh streams of `device`.
+pub(crate) fn streams<const N: usize>(device: &Device) -> [Stream; N] {
+    std::array::from_fn(|_| Stream::new(device).unwrap())
+}
+
+/// The bytes `device` (a host device) has allocated now.
+pub(crate) fn allocated(device: &Device) -> usize {
+    device.host_controls().unwrap().allocated_bytes()
+}
+
+/// Blocks `stream` (a host function that waits) until the returned sender is dropped: a
+/// "kernel" whose end the test decides, which makes ordering tests deterministic.
+pub(crate) fn gate(stream: &Stream) -> std::sync::mpsc::Sender<()> {
+    let (open, wait) = std::sync::mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = wait.recv();
+        })
+        .unwrap();
+    open
+}
+
 /// A fresh host device and a stream on it.
 pub(crate) fn host() -> (Device, Stream) {
     let device = device();

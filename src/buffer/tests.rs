@@ -1,9 +1,9 @@
-use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
 use futures::FutureExt;
 
+use crate::test_support::{allocated, device, gate, streams};
 use crate::{
     CompletionStrategy, CudaAsyncResource, CudaResource, Device, DeviceBuffer, DevicePtr, Error,
     HostConfig, Stream,
@@ -12,33 +12,8 @@ use crate::{
 const STRATEGIES: [CompletionStrategy; 2] =
     [CompletionStrategy::HostFunction, CompletionStrategy::Poller];
 
-/// A fresh host device: its own memory accounting, so tests can check what is allocated.
-fn device() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
 fn device_with(strategy: CompletionStrategy) -> Device {
     Device::host_with(HostConfig::default().completion_strategy(strategy))
-}
-
-fn streams<const N: usize>(device: &Device) -> [Stream; N] {
-    std::array::from_fn(|_| Stream::new(device).unwrap())
-}
-
-fn allocated(device: &Device) -> usize {
-    device.host_controls().unwrap().allocated_bytes()
-}
-
-/// Blocks `stream` (a host function that waits) until the returned sender is dropped: a
-/// "kernel" whose end the test decides, which makes ordering tests deterministic.
-fn gate(stream: &Stream) -> mpsc::Sender<()> {
-    let (open, wait) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = wait.recv();
-        })
-        .unwrap();
-    open
 }
 
 /// Enqueues a read of `len` bytes at `src` on `stream` into `out`.

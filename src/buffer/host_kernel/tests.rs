@@ -5,34 +5,11 @@ use std::time::Duration;
 use futures::executor::block_on;
 
 use super::{HostRead, HostWrite};
-use crate::{CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, Stream};
-
-/// A fresh host device: its own memory accounting and deferred errors.
-fn device() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-fn streams<const N: usize>(device: &Device) -> [Stream; N] {
-    std::array::from_fn(|_| Stream::new(device).unwrap())
-}
-
-fn allocated(device: &Device) -> usize {
-    device.host_controls().unwrap().allocated_bytes()
-}
+use crate::test_support::{allocated, device, gate, streams};
+use crate::{CudaResource, DeviceBuffer, DeviceVec, Error, Stream};
 
 fn buffer(bytes: usize, stream: &Stream) -> DeviceBuffer {
     DeviceBuffer::try_new(bytes, stream, CudaResource::new(stream.device()).unwrap()).unwrap()
-}
-
-/// Blocks `stream` until the returned sender is dropped: a "kernel" whose end the test decides.
-fn gate(stream: &Stream) -> mpsc::Sender<()> {
-    let (open, wait) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = wait.recv();
-        })
-        .unwrap();
-    open
 }
 
 fn to_host(buf: &DeviceBuffer) -> Vec<u8> {

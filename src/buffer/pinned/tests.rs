@@ -5,18 +5,11 @@ use std::time::Duration;
 use futures::executor::block_on;
 use futures::FutureExt;
 
+use crate::test_support::{allocated, device};
 use crate::{
-    CallbackResource, CudaResource, Device, DeviceBuffer, DevicePtr, Error, HostConfig,
-    MemoryResource, PinnedHostResource, PinnedHostVec, PoolResource, Properties, Stream,
+    CallbackResource, CudaResource, DeviceBuffer, DevicePtr, Error, MemoryResource,
+    PinnedHostResource, PinnedHostVec, PoolResource, Properties, Stream,
 };
-
-fn device() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-fn allocated(device: &Device) -> usize {
-    device.host_controls().unwrap().allocated_bytes()
-}
 
 #[test]
 fn constructors_fill_as_named_and_deref_to_the_elements() {

@@ -1,24 +1,9 @@
-use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
 
-use crate::{CudaResource, Device, DeviceScalar, HostConfig, Stream};
-
-fn device() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-/// Blocks `stream` until the returned sender is dropped.
-fn gate(stream: &Stream) -> mpsc::Sender<()> {
-    let (open, wait) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = wait.recv();
-        })
-        .unwrap();
-    open
-}
+use crate::test_support::{device, gate};
+use crate::{CudaResource, DeviceScalar, Stream};
 
 #[test]
 fn set_value_is_stream_ordered_and_returns_without_waiting() {

@@ -1,32 +1,12 @@
-use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
 
+use crate::test_support::{allocated, device, gate};
 use crate::{
     CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, LimitingAdaptor,
     MemoryResource, Stream,
 };
-
-/// A fresh host device: its own memory accounting, so tests can check what is allocated.
-fn device() -> Device {
-    Device::host_with(HostConfig::default())
-}
-
-fn allocated(device: &Device) -> usize {
-    device.host_controls().unwrap().allocated_bytes()
-}
-
-/// Blocks `stream` until the returned sender is dropped.
-fn gate(stream: &Stream) -> mpsc::Sender<()> {
-    let (open, wait) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = wait.recv();
-        })
-        .unwrap();
-    open
-}
 
 fn invalid(e: &Error) -> String {
     match e {
