@@ -85,6 +85,16 @@ impl DeviceBuffer {
                 src.len, self.len
             )));
         }
+        self.enqueue_copy_from(src)
+    }
+
+    /// Enqueues the copy of `src`'s bytes into the start of `self` on `self`'s owner, ordered
+    /// both ways (`copy_from_device` and `copy_from_peer` after their checks): the owner waits
+    /// for `src`'s owner's work so far and for `self`'s readers, and `src`'s later writes and
+    /// free wait for the copy. A peer copy where the two live on different devices.
+    ///
+    /// The caller has checked that `self` holds at least `src.len` bytes.
+    pub(super) fn enqueue_copy_from(&mut self, src: &DeviceBuffer) -> Result<()> {
         if src.len == 0 {
             return Ok(());
         }
@@ -93,11 +103,21 @@ impl DeviceBuffer {
         let mut src_uses = src.uses.lock();
         src_uses.order_after_owner(&owner)?;
         uses.order_owner_after_readers()?;
-        // SAFETY: `self` holds at least `src.len` bytes (checked above) and `src` holds
+        let (dst_addr, src_addr) = (self.ptr.addr(), src.ptr.addr());
+        // SAFETY: `self` holds at least `src.len` bytes (the caller checked) and `src` holds
         // `src.len`; `self`'s recorded reads and `src`'s owner's writes so far are ordered before
-        // this point of `owner` (just above); `src`'s later writes and free wait for the read
-        // recorded below; the borrows keep both from being handed on or dropped meanwhile.
-        unsafe { owner.raw().copy(self.ptr.addr(), src.ptr.addr(), src.len)? };
+        // this point of `owner` (just above, across devices where they differ); `src`'s later
+        // writes and free wait for the read recorded below; the borrows keep both from being
+        // handed on or dropped meanwhile. `src` is memory of its owner's device.
+        unsafe {
+            if src.device == self.device {
+                owner.raw().copy(dst_addr, src_addr, src.len)?;
+            } else {
+                owner
+                    .raw()
+                    .copy_peer(dst_addr, src_addr, src_uses.owner().raw(), src.len)?;
+            }
+        }
         src_uses.add_read_now(&owner)
     }
 

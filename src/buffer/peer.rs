@@ -55,30 +55,7 @@ impl DeviceBuffer {
                 self.device.id()
             )));
         }
-        if src.len == 0 {
-            return Ok(());
-        }
-        let uses = self.uses.get_mut();
-        let owner = uses.owner().clone();
-        let mut src_uses = src.uses.lock();
-        src_uses.order_after_owner(&owner)?;
-        uses.order_owner_after_readers()?;
-        let (dst_addr, src_addr) = (self.ptr.addr(), src.ptr.addr());
-        // SAFETY: `self` holds at least `src.len` bytes (checked above) and `src` holds
-        // `src.len`; `self`'s recorded reads and `src`'s owner's writes so far are ordered before
-        // this point of `owner` (just above, across devices where they differ); `src`'s later
-        // writes and free wait for the read recorded below; the borrows keep both from being
-        // handed on or dropped meanwhile. `src` is memory of its owner's device.
-        unsafe {
-            if src.device == self.device {
-                owner.raw().copy(dst_addr, src_addr, src.len)?;
-            } else {
-                owner
-                    .raw()
-                    .copy_peer(dst_addr, src_addr, src_uses.owner().raw(), src.len)?;
-            }
-        }
-        src_uses.add_read_now(&owner)
+        self.enqueue_copy_from(src)
     }
 
     /// A deep copy of the bytes in use on another device (or this one): allocated from `mr`
