@@ -15,7 +15,8 @@ use super::DeviceBuffer;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{
-    check_resource, into_shared, DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+    check_resource, into_shared, try_without_waiting, DevicePtr, MemoryResource, SharedResource,
+    ALLOCATION_ALIGNMENT,
 };
 use crate::stream::Stream;
 
@@ -535,13 +536,10 @@ impl Future for NewBuffer<'_> {
                 // The fast path, unless others wait already (they go first: FIFO).
                 let queued = request.mr.availability().is_some_and(|a| a.has_waiters());
                 if !queued {
-                    match request.mr.try_allocate(allocated, this.stream) {
-                        Ok(base) => return Poll::Ready(this.finish(base, allocated, request)),
-                        Err(e) if !e.is_out_of_memory() || !can_wait(&*request.mr, allocated) => {
-                            // As `Allocate` says it: above the limit, waiting cannot help.
-                            return Poll::Ready(Err(e.never_fitting(request.mr.capacity_limit())));
-                        }
-                        Err(_) => {}
+                    if let Some(done) = try_without_waiting(&*request.mr, allocated, this.stream) {
+                        return Poll::Ready(
+                            done.and_then(|base| this.finish(base, allocated, request)),
+                        );
                     }
                 }
                 // Wait as `allocate` does (it tries once more first, in case memory came back
@@ -574,12 +572,6 @@ impl Future for NewBuffer<'_> {
             }
         }
     }
-}
-
-/// Whether a request of `bytes` may wait for memory on `mr`, as [`Allocate`](crate::Allocate)
-/// decides it: `mr` signals availability and the request is within its capacity limit.
-fn can_wait(mr: &dyn MemoryResource, bytes: usize) -> bool {
-    mr.availability().is_some() && mr.capacity_limit().is_none_or(|limit| bytes <= limit)
 }
 
 impl fmt::Debug for NewBuffer<'_> {

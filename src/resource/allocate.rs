@@ -102,11 +102,7 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
 
     /// Whether a request of this size may wait for memory on this resource.
     fn can_wait(&self) -> bool {
-        self.mr.availability().is_some()
-            && self
-                .mr
-                .capacity_limit()
-                .is_none_or(|limit| self.bytes <= limit)
+        can_wait(self.mr, self.bytes)
     }
 
     /// The queue head's attempt: `None` to go on waiting, or the outcome. Out of memory ends
@@ -133,10 +129,7 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     /// [`Error::TooLarge`] whatever the resource said: the caller should hear that waiting
     /// cannot help, not how much is free now.
     fn never_fitting(&self, done: Result<DevicePtr>) -> Result<DevicePtr> {
-        done.map_err(|e| match e {
-            Error::OutOfMemory { .. } => e.never_fitting(self.mr.capacity_limit()),
-            e => e,
-        })
+        never_fitting(self.mr, done)
     }
 
     fn timed_out(&self, since: Instant) -> Error {
@@ -155,6 +148,33 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     }
 }
 
+/// Whether a request of `bytes` may wait for memory on `mr`: `mr` signals availability and
+/// the request is within its capacity limit.
+fn can_wait<R: MemoryResource + ?Sized>(mr: &R, bytes: usize) -> bool {
+    mr.availability().is_some() && mr.capacity_limit().is_none_or(|limit| bytes <= limit)
+}
+
+/// An out-of-memory outcome for a request above the capacity limit, made
+/// [`Error::TooLarge`] whatever the resource said.
+fn never_fitting<R: MemoryResource + ?Sized>(mr: &R, done: Result<DevicePtr>) -> Result<DevicePtr> {
+    done.map_err(|e| e.never_fitting(mr.capacity_limit()))
+}
+
+/// The fast path of every allocation future (an [`Allocate`]'s first poll, a buffer's
+/// constructor): `Some(outcome)` when the request is decided without waiting, `None` when it is
+/// out of memory and may wait for more.
+#[inline]
+pub(crate) fn try_without_waiting<R: MemoryResource + ?Sized>(
+    mr: &R,
+    bytes: usize,
+    stream: &Stream,
+) -> Option<Result<DevicePtr>> {
+    match mr.try_allocate(bytes, stream) {
+        Err(e) if e.is_out_of_memory() && can_wait(mr, bytes) => None,
+        done => Some(never_fitting(mr, done)),
+    }
+}
+
 impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
     type Output = Result<DevicePtr>;
 
@@ -163,10 +183,8 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if this.wait.is_none() {
             let queued = this.mr.availability().is_some_and(|a| a.has_waiters());
             if !queued {
-                // The fast path.
-                match this.mr.try_allocate(this.bytes, this.stream) {
-                    Err(e) if e.is_out_of_memory() && this.can_wait() => {}
-                    done => return Poll::Ready(this.never_fitting(done)),
+                if let Some(done) = try_without_waiting(this.mr, this.bytes, this.stream) {
+                    return Poll::Ready(done);
                 }
             } else {
                 // Behind other waiters, but checked as the fast path would be first: a request

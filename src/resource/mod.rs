@@ -26,6 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+pub(crate) use allocate::try_without_waiting;
 pub use allocate::Allocate;
 pub use arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
 pub use availability::Availability;
