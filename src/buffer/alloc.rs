@@ -415,8 +415,9 @@ pub struct NewBuffer<'a> {
 enum NewState {
     /// Not polled yet.
     Start(Request),
-    /// Waiting for memory: the boxed allocation future, and the request it serves.
-    Waiting(BoxFuture<'static, Result<DevicePtr>>, Request),
+    /// Waiting for memory: the boxed allocation future, the request it serves and the bytes it
+    /// asks for (the request's size with its alignment padding).
+    Waiting(BoxFuture<'static, Result<DevicePtr>>, Request, usize),
     /// Failed before it started (the error), or finished (`None`).
     Done(Option<Error>),
 }
@@ -555,19 +556,17 @@ impl Future for NewBuffer<'_> {
                 });
                 match wait.as_mut().poll(cx) {
                     Poll::Pending => {
-                        this.state = NewState::Waiting(wait, request);
+                        this.state = NewState::Waiting(wait, request, allocated);
                         Poll::Pending
                     }
                     Poll::Ready(base) => Poll::Ready(this.finish(base?, allocated, request)),
                 }
             }
-            NewState::Waiting(mut wait, request) => {
+            NewState::Waiting(mut wait, request, allocated) => {
                 let Poll::Ready(base) = wait.as_mut().poll(cx) else {
-                    this.state = NewState::Waiting(wait, request);
+                    this.state = NewState::Waiting(wait, request, allocated);
                     return Poll::Pending;
                 };
-                let allocated =
-                    padded_size(request.bytes, request.alignment, this.stream.device())?;
                 Poll::Ready(this.finish(base?, allocated, request))
             }
         }
@@ -577,7 +576,7 @@ impl Future for NewBuffer<'_> {
 impl fmt::Debug for NewBuffer<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("NewBuffer");
-        if let NewState::Start(r) | NewState::Waiting(_, r) = &self.state {
+        if let NewState::Start(r) | NewState::Waiting(_, r, _) = &self.state {
             d.field("bytes", &r.bytes).field("alignment", &r.alignment);
         }
         d.field("stream", &self.stream.id())
