@@ -16,5 +16,6 @@ mod rng;
 pub mod stress;
 pub mod suite;
 pub mod sync_suite;
+pub mod teardown_suite;
 
 pub use rng::SplitMix64;

@@ -48,6 +48,7 @@ huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 deferred_suite!(cuda_async_resource_errors, gpu(), |d| Arc::new(CudaAsyncResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 deferred_suite!(pinned_host_resource_errors, gpu(), |d| Arc::new(PinnedHostResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
+teardown_suite!(teardown, gpu(), #[ignore = "needs a CUDA device"]);
 
 /// The handoff proof: a long-running kernel writes a buffer on stream A, the buffer moves to
 /// stream B, and B copies it to the host. The host must see what the kernel wrote. (Its

@@ -148,3 +148,5 @@ deferred_suite!(cuda_async_resource_errors, host(), |d| Arc::new(
 deferred_suite!(pinned_host_resource_errors, host(), |d| Arc::new(
     PinnedHostResource::new(d).unwrap()
 ));
+
+teardown_suite!(teardown, host());

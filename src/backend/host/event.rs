@@ -25,6 +25,7 @@ impl fmt::Debug for HostEvent {
 
 impl BackendEvent for HostEvent {
     fn query(&self) -> Result<bool> {
+        self.queue.memory.note_call();
         if self.queue.completed.load(Ordering::Acquire) < self.position {
             return Ok(false);
         }
@@ -32,6 +33,7 @@ impl BackendEvent for HostEvent {
     }
 
     fn synchronize_blocking(&self) -> Result<()> {
+        self.queue.memory.note_call();
         self.queue.wait_for(self.position);
         self.queue.fault_at(self.position)
     }

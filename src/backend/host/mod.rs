@@ -61,6 +61,12 @@ impl HostBackend {
     }
 }
 
+impl Drop for HostBackend {
+    fn drop(&mut self) {
+        self.memory.tear_down();
+    }
+}
+
 impl Backend for HostBackend {
     type Stream = HostStream;
     type Event = HostEvent;
@@ -124,6 +130,7 @@ impl Backend for HostBackend {
     }
 
     fn create_stream(&self) -> Result<Arc<HostStream>> {
+        self.memory().note_call();
         Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
     }
 

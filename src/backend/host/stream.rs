@@ -51,6 +51,7 @@ impl HostStream {
     }
 
     fn enqueue(&self, op: Op) -> Result<()> {
+        self.queue.memory.note_call();
         let mut state = self.queue.state.lock();
         state.ops.push_back(op);
         state.enqueued += 1;
@@ -89,6 +90,7 @@ impl BackendStream for HostStream {
     }
 
     fn record(&self) -> Result<Arc<HostEvent>> {
+        self.queue.memory.note_call();
         let position = self.queue.state.lock().enqueued;
         Ok(Arc::new(HostEvent {
             queue: self.queue.clone(),
@@ -127,6 +129,7 @@ impl BackendStream for HostStream {
     }
 
     fn synchronize_blocking(&self) -> Result<()> {
+        self.queue.memory.note_call();
         let position = self.queue.state.lock().enqueued;
         self.queue.wait_for(position);
         self.queue.fault_at(position)
