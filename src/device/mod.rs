@@ -49,8 +49,9 @@ pub struct Device {
 pub const DEFERRED_ERRORS_KEPT: usize = crate::backend::SINK_KEPT;
 
 struct DeviceInner {
-    backend: AnyBackend,
+    /// Dropped (stopped) before the backend: it queries the backend's events.
     driver: CompletionDriver,
+    backend: AnyBackend,
     /// Fault injection and accounting: host devices only.
     host_controls: Option<HostControls>,
     /// Total memory, asked of the backend once: it does not change while the device lives.

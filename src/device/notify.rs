@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::{self, Thread};
+use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -71,10 +71,15 @@ impl CompletionDriver {
 }
 
 impl Drop for CompletionDriver {
+    /// Stops the poller and waits for it, so that it queries no event after the device is
+    /// gone (unless the device's last handle drops on the poller itself, through a waker).
     fn drop(&mut self) {
-        if let Some(p) = self.poller.get() {
+        if let Some(p) = self.poller.take() {
             p.shared.shutdown.store(true, Ordering::Release);
-            p.thread.unpark();
+            p.thread.thread().unpark();
+            if p.thread.thread().id() != thread::current().id() {
+                let _ = p.thread.join();
+            }
         }
     }
 }
@@ -108,7 +113,7 @@ type Pending = (AnyEvent, Arc<Completion>);
 
 struct Poller {
     shared: Arc<PollerShared>,
-    thread: Thread,
+    thread: JoinHandle<()>,
 }
 
 struct PollerShared {
@@ -135,13 +140,13 @@ impl Poller {
             .expect("failed to spawn the completion poller thread");
         Poller {
             shared,
-            thread: handle.thread().clone(),
+            thread: handle,
         }
     }
 
     fn submit(&self, stream: StreamId, event: AnyEvent, completion: Arc<Completion>) {
         self.shared.inbox.lock().push((stream, (event, completion)));
-        self.thread.unpark();
+        self.thread.thread().unpark();
     }
 }
 

@@ -504,6 +504,35 @@ pub fn adaptor_chains_dropped_in_any_order(device: Device) {
     assert_torn_down(controls, false);
 }
 
+/// The device goes while its completion poller still watches events that no one awaits any
+/// more (their futures were dropped before the device passed them): the poller stops with the
+/// device and queries none of them after it. Repeated, since the poller spins between
+/// queries and a window between the two is hit only sometimes. On CUDA the device outlives
+/// the scenario (the process keeps it), so there it checks only that nothing hangs.
+pub fn device_dropped_while_the_poller_watches(make: fn() -> Device) {
+    for round in 0..200 {
+        let device = make();
+        device.set_completion_strategy(streamalloc::CompletionStrategy::Poller);
+        let controls = device.host_controls().cloned();
+        let s = Stream::new(&device).unwrap();
+        s.enqueue_delay(Duration::from_millis(10)).unwrap();
+        let mut event = s.record().unwrap();
+        let waker = futures::task::noop_waker();
+        // Pending arms the poller (on a loaded machine the delay may be over already).
+        let _ = std::pin::Pin::new(&mut event).poll(&mut std::task::Context::from_waker(&waker));
+        drop((event, s, device));
+        if let Some(controls) = controls {
+            assert!(eventually(|| controls.is_torn_down()));
+            assert!(
+                eventually(|| crate_threads().is_empty()),
+                "round {round}: {:?}",
+                crate_threads()
+            );
+            assert_eq!(controls.calls_after_teardown(), 0, "round {round}");
+        }
+    }
+}
+
 /// Every order of `0..n`.
 fn permutations(n: usize) -> Vec<Vec<usize>> {
     if n == 0 {
@@ -667,6 +696,10 @@ macro_rules! teardown_suite {
             isolated!(runtime_shut_down_while_tasks_wait);
             isolated!(panic_inside_a_waiting_task);
             isolated!(adaptor_chains_dropped_in_any_order);
+            $(#[$attr])* #[test] fn device_dropped_while_the_poller_watches() {
+                let name = suite::test_name(module_path!(), "device_dropped_while_the_poller_watches");
+                suite::isolated(&name, || suite::device_dropped_while_the_poller_watches(device))
+            }
             owns_its_child!(process_exit_with_live_buffers_and_pending_frees);
             owns_its_child!(process_exit_from_a_passing_test_with_live_state);
             owns_its_child!(panic_unwinding_through_live_state);
