@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::{self, JoinHandle};
+use std::thread::{self, Thread};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -76,9 +76,9 @@ impl Drop for CompletionDriver {
     fn drop(&mut self) {
         if let Some(p) = self.poller.take() {
             p.shared.shutdown.store(true, Ordering::Release);
-            p.thread.thread().unpark();
-            if p.thread.thread().id() != thread::current().id() {
-                let _ = p.thread.join();
+            p.thread.unpark();
+            if p.thread.id() != thread::current().id() {
+                let _ = p.handle.join();
             }
         }
     }
@@ -113,7 +113,9 @@ type Pending = (AnyEvent, Arc<Completion>);
 
 struct Poller {
     shared: Arc<PollerShared>,
-    thread: JoinHandle<()>,
+    thread: Thread,
+    /// Joined when the device goes.
+    handle: std::thread::JoinHandle<()>,
 }
 
 struct PollerShared {
@@ -140,13 +142,14 @@ impl Poller {
             .expect("failed to spawn the completion poller thread");
         Poller {
             shared,
-            thread: handle,
+            thread: handle.thread().clone(),
+            handle,
         }
     }
 
     fn submit(&self, stream: StreamId, event: AnyEvent, completion: Arc<Completion>) {
         self.shared.inbox.lock().push((stream, (event, completion)));
-        self.thread.thread().unpark();
+        self.thread.unpark();
     }
 }
 

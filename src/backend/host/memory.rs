@@ -13,6 +13,10 @@ use crate::ids::DeviceId;
 /// Emulated device memory: zeroed, 256-byte-aligned host allocations counted against a capacity.
 pub(crate) struct HostMemory {
     device: DeviceId,
+    /// Set when the device (its backend) is dropped; driver calls made after it are counted
+    /// in `calls_after_teardown`, so teardown tests can prove there are none.
+    torn_down: AtomicBool,
+    calls_after_teardown: AtomicUsize,
     capacity: usize,
     /// Live allocations. Frees are checked against it when they are enqueued, so a bad free
     /// (a double free included) is an error returned at once instead of undefined behaviour.
@@ -27,10 +31,6 @@ pub(crate) struct HostMemory {
     prefetches: AtomicUsize,
     /// Prefetches still to fail on purpose.
     fail_prefetches: AtomicUsize,
-    /// Set when the device (its backend) is dropped; driver calls made after it are counted
-    /// in `calls_after_teardown`, so teardown tests can prove there are none.
-    torn_down: AtomicBool,
-    calls_after_teardown: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -55,6 +55,8 @@ impl HostMemory {
     pub(crate) fn new(device: DeviceId, capacity: usize) -> Self {
         HostMemory {
             device,
+            torn_down: AtomicBool::new(false),
+            calls_after_teardown: AtomicUsize::new(0),
             capacity,
             live: Mutex::default(),
             errors: ErrorSink::default(),
@@ -62,21 +64,6 @@ impl HostMemory {
             fail_copies: AtomicUsize::new(0),
             prefetches: AtomicUsize::new(0),
             fail_prefetches: AtomicUsize::new(0),
-            torn_down: AtomicBool::new(false),
-            calls_after_teardown: AtomicUsize::new(0),
-        }
-    }
-
-    /// Marks the device gone: its backend has been dropped.
-    pub(crate) fn tear_down(&self) {
-        self.torn_down.store(true, Ordering::Release);
-    }
-
-    /// Counts a driver call (made by the host side, not a stream's worker) if the device is
-    /// gone already.
-    pub(crate) fn note_call(&self) {
-        if self.torn_down.load(Ordering::Acquire) {
-            self.calls_after_teardown.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -127,6 +114,19 @@ impl HostMemory {
         self.device
     }
 
+    /// Marks the device gone: its backend has been dropped.
+    pub(crate) fn tear_down(&self) {
+        self.torn_down.store(true, Ordering::Release);
+    }
+
+    /// Counts a driver call (made by the host side, not a stream's worker) if the device is
+    /// gone already.
+    pub(crate) fn note_call(&self) {
+        if self.torn_down.load(Ordering::Acquire) {
+            self.calls_after_teardown.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
     /// Where errors met on this device's stream workers go.
     pub(crate) fn errors(&self) -> &ErrorSink {
         &self.errors
@@ -140,8 +140,8 @@ impl HostMemory {
     /// [`Error::InvalidArgument`] naming the pointer for a double free, a pointer this device
     /// did not allocate, or a free of the wrong size or kind.
     pub(crate) fn begin_free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
-        self.note_call();
         let mut live = self.live.lock();
+        self.note_call();
         let block = self.check(&mut live, kind, ptr, bytes.max(1))?;
         if block.free_pending {
             return Err(Error::invalid(format!(
@@ -369,35 +369,6 @@ impl HostControls {
     pub fn fail_next_prefetches(&self, n: usize) {
         self.memory.fail_prefetches.store(n, Ordering::Release);
     }
-
-    /// Whether the device is gone: its last handle (those held by its streams, events,
-    /// resources and buffers included) has been dropped. The controls outlive it.
-    pub fn is_torn_down(&self) -> bool {
-        self.memory.torn_down.load(Ordering::Acquire)
-    }
-
-    /// Driver calls (allocations, frees, stream and event calls, enqueues) made on this
-    /// device after it was [torn down](HostControls::is_torn_down): 0 unless something
-    /// outlives the device that should not. Work its streams had queued still runs; that is
-    /// the device executing, not a call.
-    ///
-    /// ```
-    /// use streamalloc::{CudaResource, Device, DeviceBuffer, HostConfig, Stream};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let device = Device::host_with(HostConfig::default());
-    /// let controls = device.host_controls().unwrap().clone();
-    /// let stream = Stream::new(&device)?;
-    /// let buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device)?).await?;
-    /// drop((device, stream, buf));
-    /// assert!(controls.is_torn_down());
-    /// assert_eq!(controls.calls_after_teardown(), 0);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn calls_after_teardown(&self) -> usize {
-        self.memory.calls_after_teardown.load(Ordering::Acquire)
-    }
 }
 
 impl fmt::Debug for HostMemory {
@@ -416,5 +387,38 @@ impl fmt::Debug for HostControls {
             .field("live_allocations", &self.live_allocations())
             .field("prefetches", &self.prefetches())
             .finish()
+    }
+}
+
+/// Teardown: whether the device is gone, and whether anything called it afterwards.
+impl HostControls {
+    /// Whether the device is gone: its last handle (those held by its streams, events,
+    /// resources and buffers included) has been dropped. The controls outlive it.
+    pub fn is_torn_down(&self) -> bool {
+        self.memory.torn_down.load(Ordering::Acquire)
+    }
+
+    /// Driver calls (allocations, frees, stream creation, enqueues, event records, queries
+    /// and synchronizes) made on this device after it was
+    /// [torn down](HostControls::is_torn_down): 0 unless something that should not outlives
+    /// the device. Work its streams had queued still runs; that is the device executing, not
+    /// a call.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, HostConfig, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host_with(HostConfig::default());
+    /// let controls = device.host_controls().unwrap().clone();
+    /// let stream = Stream::new(&device)?;
+    /// let buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device)?).await?;
+    /// drop((device, stream, buf));
+    /// assert!(controls.is_torn_down());
+    /// assert_eq!(controls.calls_after_teardown(), 0);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn calls_after_teardown(&self) -> usize {
+        self.memory.calls_after_teardown.load(Ordering::Acquire)
     }
 }

@@ -130,7 +130,6 @@ impl Backend for HostBackend {
     }
 
     fn create_stream(&self) -> Result<Arc<HostStream>> {
-        self.memory().note_call();
         Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
     }
 

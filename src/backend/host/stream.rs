@@ -24,6 +24,7 @@ pub(crate) struct HostStream {
 
 impl HostStream {
     pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Self {
+        memory.note_call();
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let queue = Arc::new(Queue {
             state: Mutex::new(QueueState {
@@ -90,8 +91,8 @@ impl BackendStream for HostStream {
     }
 
     fn record(&self) -> Result<Arc<HostEvent>> {
-        self.queue.memory.note_call();
         let position = self.queue.state.lock().enqueued;
+        self.queue.memory.note_call();
         Ok(Arc::new(HostEvent {
             queue: self.queue.clone(),
             position,
