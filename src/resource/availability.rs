@@ -1,5 +1,33 @@
 //! The wait queue of a resource: how an awaited allocation that found no memory waits for some,
 //! highest priority first, first come, first served within a priority.
+//!
+//! # Why not `event-listener`
+//!
+//! The design names `event-listener` (smol's `Event`) for this queue: it wakes listeners in
+//! arrival order and, when a notified listener is dropped, passes the notification on. It was
+//! read against what this queue must do, and cannot serve:
+//!
+//! - **A waiter keeps its place across failed retries.** Only the head retries, and a retry
+//!   may fail (the memory that came back is too small for it). An `EventListener` completes
+//!   once notified; to wait again the waiter must call `Event::listen` anew, which puts it at
+//!   the *back* of the list. A large request would lose its place to every newer waiter on
+//!   every free too small for it: exactly the starvation the queue exists to prevent.
+//!   (`Event::notify(1)` not re-notifying an already-notified listener does not help: the
+//!   head must stay the head after its notification is spent.)
+//! - **Priorities.** Listeners are kept in one list in arrival order; there is no insertion by
+//!   priority. One `Event` per priority level would need a protocol on top to say which level
+//!   holds the turn, its own hand-on when a level empties, and a map of levels: the queue
+//!   again, written around the crate.
+//! - **Head-only retry and its identity.** The queue tells a waiter whether it is the head
+//!   (`is_head`), and deadlock detection walks the waiters to see which tasks wait. An
+//!   `Event` exposes neither its order nor its listeners.
+//! - **The followers chain and the cheap empty check.** A free must cost a fence and a few
+//!   loads when nobody waits here *or at any resource stacked on this one* (the `Waiting`
+//!   counts below); `Event::notify` on an empty event is cheap, but the count of waiters at
+//!   followers is ours either way.
+//!
+//! What `event-listener` does give — a notification passed on by a dropped listener — is
+//! [`WaitQueue::remove`] waking the new head, checked by the loom models in `loom_tests`.
 
 use std::collections::VecDeque;
 use std::fmt;
