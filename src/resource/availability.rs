@@ -27,7 +27,7 @@
 //!   followers is ours either way.
 //!
 //! What `event-listener` does give — a notification passed on by a dropped listener — is
-//! [`WaitQueue::remove`] waking the new head, checked by the loom models in `loom_tests`.
+//! `WaitQueue::remove` waking the new head, checked by the loom models in `loom_tests`.
 
 use std::collections::VecDeque;
 use std::fmt;
