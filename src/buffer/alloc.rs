@@ -374,7 +374,7 @@ pub(super) fn misaligned(base: DevicePtr, mr: &dyn MemoryResource) -> Error {
 ///
 /// Its first poll is the synchronous fast path ([`MemoryResource::try_allocate`]), with no
 /// allocation of its own. When the resource is out of memory, or other requests already wait on
-/// it, it waits as [`MemoryResource::allocate`] does ([`Allocate`](crate::Allocate): FIFO, only
+/// it, it waits as [`MemoryResource::allocate`] does ([`Allocate`](crate::Allocate): by priority, FIFO within one, only
 /// while memory may come back), in a future it boxes then.
 ///
 /// # Errors
@@ -410,6 +410,7 @@ pub struct NewBuffer<'a> {
     stream: &'a Stream,
     state: NewState,
     deadline: Option<Instant>,
+    priority: i32,
 }
 
 enum NewState {
@@ -447,6 +448,7 @@ impl<'a> NewBuffer<'a> {
                 alignment,
             }),
             deadline: None,
+            priority: 0,
         }
     }
 
@@ -456,7 +458,32 @@ impl<'a> NewBuffer<'a> {
             stream,
             state: NewState::Done(Some(error)),
             deadline: None,
+            priority: 0,
         }
+    }
+
+    /// Serves this request before waiting requests of lower priority (higher first, default
+    /// 0, arrival order within a priority), as [`Allocate::priority`](crate::Allocate::priority)
+    /// does, whose policy it follows.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let buf = DeviceBuffer::new(64, &stream, CudaResource::new(&device)?)
+    ///     .priority(10)
+    ///     .timeout(Duration::from_secs(1))
+    ///     .await?;
+    /// assert_eq!(buf.len(), 64);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
     }
 
     /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
@@ -534,7 +561,8 @@ impl Future for NewBuffer<'_> {
                         Ok(n) => n,
                         Err(e) => return Poll::Ready(Err(e)),
                     };
-                // The fast path, unless others wait already (they go first: FIFO).
+                // The fast path, unless others wait already (those of equal or higher priority
+                // go first; `allocate` passes the others).
                 let queued = request.mr.availability().is_some_and(|a| a.has_waiters());
                 if !queued {
                     if let Some(done) = try_without_waiting(&*request.mr, allocated, this.stream) {
@@ -545,10 +573,14 @@ impl Future for NewBuffer<'_> {
                 }
                 // Wait as `allocate` does (it tries once more first, in case memory came back
                 // meanwhile).
-                let (mr, stream, deadline) =
-                    (request.mr.clone(), this.stream.clone(), this.deadline);
+                let (mr, stream, deadline, priority) = (
+                    request.mr.clone(),
+                    this.stream.clone(),
+                    this.deadline,
+                    this.priority,
+                );
                 let mut wait: BoxFuture<'static, Result<DevicePtr>> = Box::pin(async move {
-                    let allocate = mr.allocate(allocated, &stream);
+                    let allocate = mr.allocate(allocated, &stream).priority(priority);
                     match deadline {
                         Some(d) => allocate.deadline(d).await,
                         None => allocate.await,
@@ -582,6 +614,7 @@ impl fmt::Debug for NewBuffer<'_> {
         d.field("stream", &self.stream.id())
             .field("waiting", &matches!(self.state, NewState::Waiting(..)))
             .field("deadline", &self.deadline)
+            .field("priority", &self.priority)
             .finish()
     }
 }

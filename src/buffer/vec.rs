@@ -1016,6 +1016,24 @@ impl<'a, T: Pod> NewVec<'a, T> {
         self.inner = self.inner.timeout(timeout);
         self
     }
+
+    /// Serves this request before waiting requests of lower priority, as
+    /// [`NewBuffer::priority`] does.
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let v = DeviceVec::<u8>::new(8, &stream, CudaResource::new(&device)?).priority(-1).await?;
+    /// assert_eq!(v.len(), 8);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.inner = self.inner.priority(priority);
+        self
+    }
 }
 
 impl<T: Pod> Future for NewVec<'_, T> {

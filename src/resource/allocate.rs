@@ -18,7 +18,7 @@ use crate::sync::Arc;
 /// is there it resolves at once, with no allocation or lock of its own. When the resource is
 /// out of memory, the request could ever fit
 /// ([`capacity_limit`](MemoryResource::capacity_limit)) and the resource signals
-/// [`availability`](MemoryResource::availability), the future joins the resource's FIFO wait
+/// [`availability`](MemoryResource::availability), the future joins the resource's wait
 /// queue and resolves when memory comes back (see [`Availability`](crate::Availability) for the
 /// fairness policy). It waits only while memory may come back for it
 /// ([`may_regain_memory`](MemoryResource::may_regain_memory): an allocation is outstanding, a
@@ -46,6 +46,7 @@ pub struct Allocate<'a, R: MemoryResource + ?Sized> {
     bytes: usize,
     stream: &'a Stream,
     deadline: Option<Instant>,
+    priority: i32,
     wait: Option<Wait>,
 }
 
@@ -63,6 +64,7 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
             bytes,
             stream,
             deadline: None,
+            priority: 0,
             wait: None,
         }
     }
@@ -98,6 +100,54 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     /// from this call.
     pub fn timeout(self, timeout: Duration) -> Self {
         self.deadline(Instant::now() + timeout)
+    }
+
+    /// Serves this request before waiting requests of lower priority: higher is first, the
+    /// default is 0, and requests of one priority are served in arrival order.
+    ///
+    /// A request that finds waiters of equal or higher priority queues behind them (it does
+    /// not take the fast path past them); one that finds only waiters of lower priority
+    /// passes them and tries at once. Priority is strict, with no ageing: a request waits for
+    /// as long as requests of higher priority keep arriving and waiting before it, so a large
+    /// low-priority request under a steady stream of high-priority ones may wait until the
+    /// stream stops (or its [`deadline`](Allocate::deadline) passes). While a large request of
+    /// high priority waits at the head, requests of lower priority behind it wait too, even
+    /// those that would fit. Set before the first poll; a request already queued keeps its
+    /// place.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
+    ///
+    /// # let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    /// # rt.block_on(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
+    /// let held = mr.allocate(1024, &stream).await?;
+    /// let (m, s) = (mr.clone(), stream.clone());
+    /// let waiting = |n| async move {
+    ///     while mr.availability().unwrap().stats().waiting < n {
+    ///         tokio::time::sleep(Duration::from_millis(1)).await;
+    ///     }
+    /// };
+    /// let low = tokio::spawn(async move { m.allocate(1024, &s).await });
+    /// waiting(1).await;                                    // `low` waits first...
+    /// let (m, s) = (mr.clone(), stream.clone());
+    /// let high = tokio::spawn(async move { m.allocate(1024, &s).priority(1).await });
+    /// waiting(2).await;
+    /// unsafe { mr.deallocate(held, 1024, &stream) };
+    /// let p = high.await.unwrap()?;                        // ...but `high` is served first
+    /// assert!(!low.is_finished());
+    /// unsafe { mr.deallocate(p, 1024, &stream) };
+    /// let p = low.await.unwrap()?;
+    /// unsafe { mr.deallocate(p, 1024, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
     }
 
     /// Whether a request of this size may wait for memory on this resource.
@@ -181,6 +231,8 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<DevicePtr>> {
         let this = &mut *self;
         if this.wait.is_none() {
+            // Waiters go first, unless all are of lower priority: then this request becomes
+            // the head when it queues, and tries at once below.
             let queued = this.mr.availability().is_some_and(|a| a.has_waiters());
             if !queued {
                 if let Some(done) = try_without_waiting(this.mr, this.bytes, this.stream) {
@@ -204,7 +256,7 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
                 .deadline
                 .map(|d| Delay::new(d.saturating_duration_since(Instant::now())));
             this.wait = Some(Wait {
-                waiter: availability.push(cx.waker()),
+                waiter: availability.push(cx.waker(), this.priority),
                 since: Instant::now(),
                 timer,
             });
@@ -242,6 +294,7 @@ impl<R: MemoryResource + ?Sized> fmt::Debug for Allocate<'_, R> {
         f.debug_struct("Allocate")
             .field("bytes", &self.bytes)
             .field("stream", &self.stream.id())
+            .field("priority", &self.priority)
             .field("waiting", &self.wait.is_some())
             .finish()
     }

@@ -1,5 +1,33 @@
 //! The wait queue of a resource: how an awaited allocation that found no memory waits for some,
-//! first come, first served.
+//! highest priority first, first come, first served within a priority.
+//!
+//! # Why not `event-listener`
+//!
+//! The design names `event-listener` (smol's `Event`) for this queue: it wakes listeners in
+//! arrival order and, when a notified listener is dropped, passes the notification on. It was
+//! read against what this queue must do, and cannot serve:
+//!
+//! - **A waiter keeps its place across failed retries.** Only the head retries, and a retry
+//!   may fail (the memory that came back is too small for it). An `EventListener` completes
+//!   once notified; to wait again the waiter must call `Event::listen` anew, which puts it at
+//!   the *back* of the list. A large request would lose its place to every newer waiter on
+//!   every free too small for it: exactly the starvation the queue exists to prevent.
+//!   (`Event::notify(1)` not re-notifying an already-notified listener does not help: the
+//!   head must stay the head after its notification is spent.)
+//! - **Priorities.** Listeners are kept in one list in arrival order; there is no insertion by
+//!   priority. One `Event` per priority level would need a protocol on top to say which level
+//!   holds the turn, its own hand-on when a level empties, and a map of levels: the queue
+//!   again, written around the crate.
+//! - **Head-only retry and its identity.** The queue tells a waiter whether it is the head
+//!   (`is_head`), and deadlock detection walks the waiters to see which tasks wait. An
+//!   `Event` exposes neither its order nor its listeners.
+//! - **The followers chain and the cheap empty check.** A free must cost a fence and a few
+//!   loads when nobody waits here *or at any resource stacked on this one* (the `Waiting`
+//!   counts below); `Event::notify` on an empty event is cheap, but the count of waiters at
+//!   followers is ours either way.
+//!
+//! What `event-listener` does give — a notification passed on by a dropped listener — is
+//! `WaitQueue::remove` waking the new head, checked by the loom models in `loom_tests`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -15,10 +43,15 @@ use crate::sync::{fence, Arc, AtomicUsize, Mutex};
 /// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.
 ///
 /// # Fairness
-/// Waiting allocations retry strictly in arrival order: only the oldest waiter retries when
+/// Waiting allocations are ordered by [priority](crate::Allocate::priority) (higher first,
+/// default 0), and in arrival order within a priority: only the head of the queue retries when
 /// memory comes back; when it succeeds (or gives up) the next one retries at once. A new
-/// [`allocate`](crate::MemoryResource::allocate) that finds waiters queues behind them instead
-/// of taking the fast path, so a large request is never starved by a stream of small ones.
+/// [`allocate`](crate::MemoryResource::allocate) that finds waiters queues behind every waiter
+/// of equal or higher priority instead of taking the fast path, so a large request is never
+/// starved by a stream of small ones of its own priority. It passes waiters of lower priority:
+/// a request of lower priority waits for as long as requests of higher priority keep arriving
+/// and wait before it (strict priority, no ageing); a [deadline](crate::Allocate::deadline)
+/// bounds that wait.
 /// ([`try_allocate`](crate::MemoryResource::try_allocate) never waits and does not queue.)
 ///
 /// A resource that makes allocations wait implements
@@ -190,10 +223,10 @@ impl Availability {
         }
     }
 
-    /// Queues a new waiter at the back.
-    pub(crate) fn push(&self, waker: &Waker) -> Arc<Waiter> {
+    /// Queues a new waiter of `priority` behind every waiter of equal or higher priority.
+    pub(crate) fn push(&self, waker: &Waker, priority: i32) -> Arc<Waiter> {
         self.counts.waits.fetch_add(1, Ordering::Relaxed);
-        self.queue.push(waker, || self.waiting.up())
+        self.queue.push(waker, priority, || self.waiting.up())
     }
 
     /// Takes `waiter` out of the queue as [`remove`](Availability::remove) does, and counts
@@ -214,7 +247,8 @@ impl Availability {
         c.waited_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// Whether `waiter` is the oldest in the queue (the one allowed to retry).
+    /// Whether `waiter` is the head of the queue (the one allowed to retry): the oldest of
+    /// the highest priority.
     pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
         self.queue.is_head(waiter)
     }
@@ -238,6 +272,8 @@ impl fmt::Debug for Availability {
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
     waker: Mutex<Option<Waker>>,
+    /// Its place in the queue: behind every waiter of equal or higher priority.
+    priority: i32,
 }
 
 impl Waiter {
@@ -257,8 +293,10 @@ impl Waiter {
     }
 }
 
-/// FIFO queue of waiters. Only the head retries; it is woken by `notify` and whenever the waiter
-/// before it leaves.
+/// Queue of waiters by priority (higher first), FIFO within a priority. Only the head retries;
+/// it is woken by `notify` and whenever the waiter before it leaves. A waiter of higher
+/// priority than the head becomes the head when it is pushed; it retries on its own right after
+/// (as every new waiter does), so the old head needs no wake-up.
 ///
 /// No lost wake-up: a waiter is pushed (with its waker) *before* its retry, so a free that lands
 /// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it. The
@@ -270,6 +308,7 @@ impl Waiter {
 pub(crate) struct WaitQueue {
     /// Number of queued waiters; read without the lock on every fast path.
     len: AtomicUsize,
+    /// Sorted by priority, highest first; in arrival order within a priority.
     waiters: Mutex<VecDeque<Arc<Waiter>>>,
 }
 
@@ -282,13 +321,21 @@ impl WaitQueue {
         self.len.load(Ordering::Acquire)
     }
 
-    /// Queues a new waiter at the back; calls `first` (before the fence) if the queue was
-    /// empty.
-    pub(crate) fn push(&self, waker: &Waker, first: impl FnOnce()) -> Arc<Waiter> {
-        let waiter = Arc::new(Waiter::default());
+    /// Queues a new waiter behind every waiter of equal or higher `priority`; calls `first`
+    /// (before the fence) if the queue was empty.
+    pub(crate) fn push(&self, waker: &Waker, priority: i32, first: impl FnOnce()) -> Arc<Waiter> {
+        let waiter = Arc::new(Waiter {
+            priority,
+            ..Waiter::default()
+        });
         waiter.set_waker(waker);
         let mut waiters = self.waiters.lock();
-        waiters.push_back(waiter.clone());
+        // Usually every waiter has the default priority: a push at the back, found at once.
+        let at = waiters
+            .iter()
+            .rposition(|w| w.priority >= priority)
+            .map_or(0, |i| i + 1);
+        waiters.insert(at, waiter.clone());
         self.len.store(waiters.len(), Ordering::Release);
         let was_empty = waiters.len() == 1;
         drop(waiters);
@@ -300,7 +347,7 @@ impl WaitQueue {
         waiter
     }
 
-    /// Whether `waiter` is the oldest in the queue (the one allowed to retry).
+    /// Whether `waiter` is the head (the one allowed to retry).
     pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
         self.waiters
             .lock()

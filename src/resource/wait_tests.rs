@@ -331,3 +331,149 @@ fn allocate_blocking_on_a_current_thread_runtime_does_not_deadlock() {
     assert_eq!(mr.allocated_bytes(), KIB);
     free(&mr, held, KIB, &s);
 }
+
+/// Polls `f` once with a no-op waker: `Some` when it is ready.
+fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    f.now_or_never()
+}
+
+#[test]
+fn a_higher_priority_waiter_is_served_before_an_older_lower_one() {
+    let (mr, s) = limited(KIB);
+    let held = mr.allocate_blocking(KIB, &s).unwrap();
+    let mut low = Box::pin(mr.allocate(KIB, &s));
+    assert!(poll_once(&mut low).is_none());
+    let mut high = Box::pin(mr.allocate(KIB, &s).priority(1));
+    assert!(poll_once(&mut high).is_none());
+    free(&mr, held, KIB, &s);
+    // Under FIFO the older `low` would be the head and take the memory.
+    assert!(
+        poll_once(&mut low).is_none(),
+        "the lower priority went first"
+    );
+    let p = poll_once(&mut high)
+        .expect("the higher priority is the head")
+        .unwrap();
+    free(&mr, p, KIB, &s);
+    let p = poll_once(&mut low).expect("then the lower one").unwrap();
+    free(&mr, p, KIB, &s);
+    assert!(!mr.availability().unwrap().has_waiters());
+}
+
+#[test]
+fn within_a_priority_waiters_are_served_in_arrival_order() {
+    let (mr, s) = limited(KIB);
+    let held = mr.allocate_blocking(KIB, &s).unwrap();
+    let mut a = Box::pin(mr.allocate(KIB, &s).priority(1));
+    let mut b = Box::pin(mr.allocate(KIB, &s));
+    let mut c = Box::pin(mr.allocate(KIB, &s).priority(1));
+    let mut d = Box::pin(mr.allocate(KIB, &s).priority(-1));
+    let mut e = Box::pin(mr.allocate(KIB, &s));
+    for f in [&mut a, &mut b, &mut c, &mut d, &mut e] {
+        assert!(poll_once(f).is_none());
+    }
+    let mut p = held;
+    // Expected order: a, c (priority 1, in arrival order), b, e (0), d (-1).
+    let mut order = Vec::new();
+    let mut pending: Vec<(&str, _)> = vec![("a", a), ("b", b), ("c", c), ("d", d), ("e", e)];
+    while !pending.is_empty() {
+        free(&mr, p, KIB, &s);
+        let mut served = None;
+        for (i, (name, f)) in pending.iter_mut().enumerate() {
+            if let Some(r) = poll_once(f) {
+                assert!(served.is_none(), "two served by one free");
+                served = Some((i, *name, r.unwrap()));
+            }
+        }
+        let (i, name, q) = served.expect("a free serves a waiter");
+        order.push(name);
+        drop(pending.remove(i));
+        p = q;
+    }
+    free(&mr, p, KIB, &s);
+    assert_eq!(order, ["a", "c", "b", "e", "d"]);
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
+fn a_new_request_queues_behind_equal_priority_but_passes_lower() {
+    let (mr, s) = limited(2 * KIB);
+    let half = mr.allocate_blocking(KIB, &s).unwrap();
+    let other_half = mr.allocate_blocking(KIB, &s).unwrap();
+    // A large low-priority request waits for both halves...
+    let mut large = Box::pin(mr.allocate(2 * KIB, &s));
+    assert!(poll_once(&mut large).is_none());
+    free(&mr, half, KIB, &s);
+    assert!(poll_once(&mut large).is_none());
+    // ...a small one of its priority queues behind it although 1 KiB is free...
+    let mut same = Box::pin(mr.allocate(KIB, &s));
+    assert!(
+        poll_once(&mut same).is_none(),
+        "passed a waiter of its priority"
+    );
+    // ...and one of higher priority passes both.
+    let mut urgent = Box::pin(mr.allocate(KIB, &s).priority(5));
+    let p = poll_once(&mut urgent)
+        .expect("a higher priority passes lower waiters")
+        .unwrap();
+    assert_eq!(mr.availability().unwrap().stats().waiting, 2);
+    free(&mr, p, KIB, &s);
+    free(&mr, other_half, KIB, &s);
+    let p = poll_once(&mut large)
+        .expect("the large one is next")
+        .unwrap();
+    assert!(poll_once(&mut same).is_none());
+    free(&mr, p, 2 * KIB, &s);
+    let p = poll_once(&mut same).unwrap().unwrap();
+    free(&mr, p, KIB, &s);
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
+fn a_cancelled_high_priority_head_passes_the_turn_to_a_lower_waiter() {
+    let (mr, s) = limited(KIB);
+    let held = mr.allocate_blocking(KIB, &s).unwrap();
+    let mut low = Box::pin(mr.allocate(KIB, &s));
+    assert!(poll_once(&mut low).is_none());
+    let mut high = Box::pin(mr.allocate(KIB, &s).priority(1));
+    assert!(poll_once(&mut high).is_none());
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let waker = futures::task::waker(Arc::new(CountingWaker(wakes.clone())));
+    assert!(low
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&waker))
+        .is_pending());
+    free(&mr, held, KIB, &s); // wakes the head, `high`
+    assert_eq!(wakes.load(Ordering::SeqCst), 0);
+    drop(high);
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        1,
+        "the turn was not passed on"
+    );
+    let p = poll_once(&mut low)
+        .expect("served after the head left")
+        .unwrap();
+    free(&mr, p, KIB, &s);
+    assert_eq!(mr.availability().unwrap().stats().cancellations, 1);
+}
+
+#[test]
+fn buffer_builders_forward_their_priority() {
+    let (mr, s) = limited(KIB);
+    let held = crate::DeviceBuffer::try_new(KIB, &s, mr.clone()).unwrap();
+    let mut low = Box::pin(crate::DeviceBuffer::new(KIB, &s, mr.clone()));
+    assert!(poll_once(&mut low).is_none());
+    let mut high = Box::pin(crate::DeviceVec::<u32>::new(KIB / 4, &s, mr.clone()).priority(2));
+    assert!(poll_once(&mut high).is_none());
+    drop(held);
+    assert!(
+        poll_once(&mut low).is_none(),
+        "the vector's priority was lost"
+    );
+    let v = poll_once(&mut high).unwrap().unwrap();
+    drop(v);
+    let b = poll_once(&mut low).unwrap().unwrap();
+    drop(b);
+    assert_eq!(mr.allocated_bytes(), 0);
+}

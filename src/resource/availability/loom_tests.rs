@@ -34,7 +34,7 @@ fn no_lost_wake_up_between_a_failed_try_and_queueing() {
             q.notify();
         });
         let (woken, waker) = flag();
-        let waiter = queue.push(&waker, || {});
+        let waiter = queue.push(&waker, 0, || {});
         let served = queue.is_head(&waiter) && memory.load(SeqCst);
         freer.join().unwrap();
         assert!(served || woken.0.load(SeqCst), "lost wake-up");
@@ -57,7 +57,7 @@ fn no_lost_wake_up_through_a_follower() {
             l.notify();
         });
         let (woken, waker) = flag();
-        let waiter = follower.push(&waker);
+        let waiter = follower.push(&waker, 0);
         let served = follower.is_head(&waiter) && memory.load(SeqCst);
         freer.join().unwrap();
         assert!(
@@ -74,8 +74,8 @@ fn a_cancelled_head_hands_its_wake_up_on() {
         let queue = Arc::new(WaitQueue::default());
         let (_, waker1) = flag();
         let (woken2, waker2) = flag();
-        let first = queue.push(&waker1, || {});
-        let _second = queue.push(&waker2, || {});
+        let first = queue.push(&waker1, 0, || {});
+        let _second = queue.push(&waker2, 0, || {});
         let q = queue.clone();
         let freer = loom::thread::spawn(move || q.notify());
         queue.remove(&first, || {});
@@ -85,5 +85,55 @@ fn a_cancelled_head_hands_its_wake_up_on() {
             "the next waiter was never told to retry"
         );
         assert_eq!(queue.len(), 1);
+    });
+}
+
+/// A higher-priority waiter queues while the low-priority head is notified: the high one
+/// becomes the head whatever the interleaving, and is either served by its own retry after
+/// queueing or woken by the free. Never neither; the low one never holds the turn after.
+#[test]
+fn a_higher_priority_arrival_takes_the_turn_without_a_lost_wake_up() {
+    loom::model(|| {
+        let queue = Arc::new(WaitQueue::default());
+        let memory = Arc::new(AtomicBool::new(false));
+        let (_, waker_low) = flag();
+        let low = queue.push(&waker_low, 0, || {});
+        let (q, m) = (queue.clone(), memory.clone());
+        let freer = loom::thread::spawn(move || {
+            m.store(true, SeqCst);
+            q.notify();
+        });
+        let (woken_high, waker_high) = flag();
+        let high = queue.push(&waker_high, 1, || {});
+        let head = queue.is_head(&high);
+        let served = head && memory.load(SeqCst);
+        freer.join().unwrap();
+        assert!(head, "a higher priority queued behind a lower one");
+        assert!(!queue.is_head(&low));
+        assert!(served || woken_high.0.load(SeqCst), "lost wake-up");
+    });
+}
+
+/// Two waiters of one priority behind a higher-priority head that is cancelled while memory
+/// comes back: the older of the two gets the turn (and a wake-up), the younger neither.
+#[test]
+fn a_cancelled_priority_head_hands_on_in_arrival_order() {
+    loom::model(|| {
+        let queue = Arc::new(WaitQueue::default());
+        let (_, waker_a) = flag();
+        let (woken_b, waker_b) = flag();
+        let (woken_c, waker_c) = flag();
+        let b = queue.push(&waker_b, 0, || {});
+        let c = queue.push(&waker_c, 0, || {});
+        let a = queue.push(&waker_a, 7, || {});
+        assert!(queue.is_head(&a));
+        let q = queue.clone();
+        let freer = loom::thread::spawn(move || q.notify());
+        queue.remove(&a, || {});
+        freer.join().unwrap();
+        assert!(queue.is_head(&b) && !queue.is_head(&c));
+        assert!(woken_b.0.load(SeqCst), "the turn was not handed on");
+        assert!(!woken_c.0.load(SeqCst), "the younger waiter was woken");
+        assert_eq!(queue.len(), 2);
     });
 }
