@@ -26,8 +26,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use streamalloc::{
-    CudaResource, Device, DeviceBuffer, Error, HostControls, LoggingAdaptor, MemoryResource,
-    PoolResource, StatisticsAdaptor, Stream, TrackingAdaptor,
+    ArenaResource, CudaAsyncResource, CudaResource, Device, DeviceBuffer, Error, FixedSizeResource,
+    HostControls, LoggingAdaptor, MemoryResource, PoolResource, SharedResource, StatisticsAdaptor,
+    Stream, TrackingAdaptor,
 };
 
 /// The environment variable that tells a test it runs as the child of itself: its value is the
@@ -298,6 +299,37 @@ pub fn pool_dropped_with_allocations_out_reports_them(device: Device) {
     assert_torn_down(controls, true);
 }
 
+/// The other sub-allocators that promise it report raw allocations still out when dropped the
+/// same way: one [`Error::Leaked`] each, naming the resource and the number of allocations.
+pub fn sub_allocators_dropped_with_allocations_out_report_them(device: Device) {
+    let controls = device.host_controls().cloned();
+    let s = Stream::new(&device).unwrap();
+    let fixed = FixedSizeResource::new(CudaResource::new(&device).unwrap(), 1 << 16, 4).unwrap();
+    let arena = ArenaResource::new(CudaResource::new(&device).unwrap(), Some(16 << 20)).unwrap();
+    let resources: [(&str, SharedResource); 2] = [
+        ("FixedSizeResource", Arc::new(fixed)),
+        ("ArenaResource", Arc::new(arena)),
+    ];
+    for (name, mr) in resources {
+        let _a = mr.try_allocate(4096, &s).unwrap();
+        let _b = mr.try_allocate(8192, &s).unwrap();
+        let c = mr.try_allocate(4096, &s).unwrap();
+        // SAFETY: `c` came from `mr` with this size and is freed once.
+        unsafe { mr.deallocate(c, 4096, &s) };
+        drop(mr);
+        let errors = deferred_errors(&device);
+        assert!(
+            matches!(
+                errors.as_slice(),
+                [Error::Leaked { what, allocations: 2, .. }] if *what == name
+            ),
+            "expected one Leaked error of {name} for 2 allocations, got {errors:?}"
+        );
+    }
+    drop((s, device));
+    assert_torn_down(controls, true);
+}
+
 /// The user's device handle goes first: streams, resources and buffers keep the device, keep
 /// working, and the device goes when the last of them does.
 pub fn device_dropped_before_streams(device: Device) {
@@ -333,11 +365,15 @@ pub fn streams_dropped_with_work_and_pending_frees(device: Device) {
     // Direct device memory, freed behind a delay on a stream nobody holds any more.
     let mut raw = DeviceBuffer::try_new(1 << 20, &s, CudaResource::new(&device).unwrap()).unwrap();
     raw.fill(1).unwrap();
+    // And driver-pool memory (`cuMemFreeAsync` on a stream that is then destroyed).
+    let mut driver_pooled =
+        DeviceBuffer::try_new(1 << 20, &s, CudaAsyncResource::new(&device).unwrap()).unwrap();
+    driver_pooled.fill(2).unwrap();
     // Pool memory, written late on `s` and freed there.
     let mut pooled = DeviceBuffer::try_new(2 << 20, &s, pool.clone()).unwrap();
     s.enqueue_delay(Duration::from_millis(50)).unwrap();
     pooled.fill(0xaa).unwrap();
-    drop((raw, pooled));
+    drop((raw, driver_pooled, pooled));
     drop(s);
     // The whole pool is pending on the dropped stream: another stream gets it, ordered after
     // the fill, and sees the fill's bytes before its own.
@@ -691,6 +727,7 @@ macro_rules! teardown_suite {
 
             isolated!(resource_dropped_before_its_buffers);
             isolated!(pool_dropped_with_allocations_out_reports_them);
+            isolated!(sub_allocators_dropped_with_allocations_out_report_them);
             isolated!(device_dropped_before_streams);
             isolated!(streams_dropped_with_work_and_pending_frees);
             isolated!(runtime_shut_down_while_tasks_wait);
