@@ -54,7 +54,10 @@ fn arm(event: &mut Event, waker: &Waker) {
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
-        assert!(start.elapsed() < HANG_GUARD, "{what}: not within {HANG_GUARD:?}");
+        assert!(
+            start.elapsed() < HANG_GUARD,
+            "{what}: not within {HANG_GUARD:?}"
+        );
         std::thread::sleep(Duration::from_micros(200));
     }
 }
@@ -89,17 +92,26 @@ pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionS
     let open_a = gate(&a);
     let mut long = a.record().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let waker = |id| Waker::from(Arc::new(LogWaker { id, log: log.clone() }));
+    let waker = |id| {
+        Waker::from(Arc::new(LogWaker {
+            id,
+            log: log.clone(),
+        }))
+    };
     arm(&mut long, &waker(1));
     let open_b = gate(&b);
     let mut short = b.record().unwrap();
     arm(&mut short, &waker(2));
     drop(open_b);
-    wait_until("the short event's wake-up", || !log.lock().unwrap().is_empty());
+    wait_until("the short event's wake-up", || {
+        !log.lock().unwrap().is_empty()
+    });
     assert_eq!(*log.lock().unwrap(), [2], "{strategy:?}");
     assert!(!long.is_complete().unwrap());
     drop(open_a);
-    wait_until("the long event's wake-up", || log.lock().unwrap().len() == 2);
+    wait_until("the long event's wake-up", || {
+        log.lock().unwrap().len() == 2
+    });
     assert_eq!(*log.lock().unwrap(), [2, 1], "{strategy:?}");
 }
 
