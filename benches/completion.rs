@@ -27,8 +27,9 @@
 //!    (b) and (c) also run with the free 200 µs after the task queued, so that the worker is
 //!    surely parked.
 //!
-//! Wake latency also runs with a 10 ms event kept pending (armed) on another stream: a short
-//! event must not wait for the poller's back-off over the long one.
+//! Wake latency also runs with a 10 ms event kept pending (armed) on another stream and a 2 ms
+//! pause before each iteration, so that the poller has backed off over the long event when the
+//! short one is armed: the short event must not wait for that back-off.
 //!
 //! Run: `cargo bench --bench completion` (or the built binary with `--bench`; other arguments
 //! are ignored). Set `STREAMALLOC_BENCH_OUT=path.md` to also get the report as Markdown, and
@@ -65,6 +66,8 @@ const WAKE_KERNEL: Duration = Duration::from_micros(20);
 const WAKE_SERIES_BUDGET: Duration = Duration::from_secs(3);
 /// The long event kept pending on another stream in the "beside a long event" cases.
 const LONG_EVENT: Duration = Duration::from_millis(10);
+/// The pause before each iteration of those cases.
+const BESIDE_LONG_GAP: Duration = Duration::from_millis(2);
 
 /// Stream stall: operations per run.
 const STALL_OPS: usize = 1_000;
@@ -371,6 +374,9 @@ async fn await_beside_long(
     stream: &Stream,
     long: &RefCell<LongPending>,
 ) -> Result<Option<(Duration, bool)>, BoxError> {
+    // Untimed: long enough for the poller to back off into its longest parks (sleeps, before
+    // this change) over the long event, so the short event is armed during one.
+    std::thread::sleep(BESIDE_LONG_GAP);
     long.borrow_mut().refresh()?;
     let sample = await_once(stream).await?;
     let pending = long.borrow().pending()?;
