@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{AnyBackend, AnyEvent, AnyStream, Completion};
 use crate::device::config::CompletionStrategy;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::StreamId;
 
 /// Per-device state of the completion driver.
@@ -161,6 +161,7 @@ impl ShadowStream {
         trigger.register(&Waker::from(Arc::new(CompleteThrough {
             armed: self.armed.clone(),
             seq,
+            trigger: Arc::downgrade(&trigger),
         })));
         let enqueued = shadow
             .wait_event(event)
@@ -192,6 +193,14 @@ impl ArmedInOrder {
         self.pending.lock().remove(&seq);
     }
 
+    /// Fails the completion of `seq`, if still armed, with `error`.
+    fn fail(&self, seq: u64, error: Error) {
+        let completion = self.pending.lock().remove(&seq);
+        if let Some(c) = completion {
+            c.fail(error);
+        }
+    }
+
     /// Runs inside a host function: no allocation, no driver call, nothing that panics. Each
     /// completion is completed (its tasks woken) outside the lock.
     fn complete_through(&self, seq: u64) {
@@ -211,19 +220,34 @@ impl ArmedInOrder {
     }
 }
 
-/// The waker a host function wakes: it completes the stream's armed completions up to `seq`.
+/// The waker a host function wakes: it completes the stream's armed completions up to `seq`,
+/// or, when the backend failed `trigger` (the stream reported an error at this point), fails
+/// the completion of `seq` alone with that error (the earlier ones get their own outcome from
+/// their own host functions).
 struct CompleteThrough {
     armed: Arc<ArmedInOrder>,
     seq: u64,
+    /// Weak: the trigger holds this waker until it completes. It is alive while it wakes us.
+    trigger: Weak<Completion>,
+}
+
+impl CompleteThrough {
+    fn run(&self) {
+        let error = self.trigger.upgrade().and_then(|t| t.error().cloned());
+        match error {
+            None => self.armed.complete_through(self.seq),
+            Some(e) => self.armed.fail(self.seq, e),
+        }
+    }
 }
 
 impl Wake for CompleteThrough {
     fn wake(self: Arc<Self>) {
-        self.armed.complete_through(self.seq);
+        self.run();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.armed.complete_through(self.seq);
+        self.run();
     }
 }
 
