@@ -145,7 +145,8 @@ impl ShadowStream {
     }
 
     /// The host-function strategy: the shadow stream waits for `event`, then a host function
-    /// completes `completion` together with every earlier-recorded event armed before it.
+    /// completes `completion` together with every earlier-recorded event of this stream armed
+    /// by the time it runs, oldest first.
     fn arm(
         &self,
         backend: &AnyBackend,
