@@ -18,19 +18,37 @@
 //! 3. CPU cost: process CPU time per wall second while the main thread sleeps for 1 s, with no
 //!    event pending and with one armed event pending behind a longer delay.
 //!
+//! 4. Free → waiting task: a full pool of 1 MiB, a task awaits all of it, the main thread frees
+//!    the held block. (a) The crate's own part: free → the waiting future's waker called, the
+//!    future polled by hand (no executor). (b) End to end on a 1-worker multi-thread tokio
+//!    runtime: free → waker called → task resumed (`wake_latency` of benches/workloads.rs,
+//!    with the waker stamped). (c) The executor's floor, measured the same way in the same run,
+//!    interleaved with (b): a task awaiting a `tokio::sync::Notify`, woken by `notify_one`.
+//!    (b) and (c) also run with the free 200 µs after the task queued, so that the worker is
+//!    surely parked.
+//!
+//! Wake latency also runs with a 10 ms event kept pending (armed) on another stream and a 2 ms
+//! pause before each iteration, so that the poller has backed off over the long event when the
+//! short one is armed: the short event must not wait for that back-off.
+//!
 //! Run: `cargo bench --bench completion` (or the built binary with `--bench`; other arguments
-//! are ignored). Set `STREAMALLOC_BENCH_OUT=path.md` to also get the report as Markdown.
+//! are ignored). Set `STREAMALLOC_BENCH_OUT=path.md` to also get the report as Markdown, and
+//! `STREAMALLOC_BENCH_ONLY=wake` or `=free` (or `wake,free`) to run only those sections (no
+//! stall, CPU or summary tables).
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use futures::task::noop_waker_ref;
 use futures::FutureExt;
-use streamalloc::{CompletionStrategy, Device, Event, Stream};
+use streamalloc::{
+    CompletionStrategy, CudaResource, Device, Event, MemoryResource, PoolResource, Stream,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,6 +64,10 @@ const WAKE_WARMUP: usize = 50;
 const WAKE_KERNEL: Duration = Duration::from_micros(20);
 /// A series stops early past this (its `n` says so), so a slow backend stays within a minute.
 const WAKE_SERIES_BUDGET: Duration = Duration::from_secs(3);
+/// The long event kept pending on another stream in the "beside a long event" cases.
+const LONG_EVENT: Duration = Duration::from_millis(10);
+/// The pause before each iteration of those cases.
+const BESIDE_LONG_GAP: Duration = Duration::from_millis(2);
 
 /// Stream stall: operations per run.
 const STALL_OPS: usize = 1_000;
@@ -89,49 +111,70 @@ fn run() -> Result<(), BoxError> {
             "release"
         },
     ));
-    report.line(format!(
-        "wake latency: {WAKE_ITERS} iterations per series (fewer past {}s) of a {}µs delay; \
-         timed from just after record() to the code after .await (spin: to is_complete() first \
-         true); overhead = await p50 - spin p50",
-        WAKE_SERIES_BUDGET.as_secs(),
-        WAKE_KERNEL.as_micros(),
-    ));
-    report.line(format!(
-        "stream stall: {STALL_OPS} ops, median of {STALL_REPS} runs; (b) records an event after \
-         each op and awaits all of them in tokio tasks. gated: delays of {}µs, device time from \
-         a {}ms gate opening to the stream's end (valid only where the gate held). ungated: \
-         delays of {}µs, time from the first enqueue to the stream's end",
-        STALL_OP.as_micros(),
-        STALL_GATE.as_millis(),
-        STALL_OP_UNGATED.as_micros(),
-    ));
-    report.line(format!(
-        "CPU: process CPU time over a {}s window while the main thread sleeps; busy = one armed \
-         event pending behind a {}ms delay",
-        CPU_WINDOW.as_secs(),
-        CPU_BUSY_DELAY.as_millis(),
-    ));
     eprintln!("completion bench on {} ({})", device.id(), device.name());
 
     let stream = Stream::new(&device)?;
     let gate_stream = Stream::new(&device)?;
+    let only = std::env::var("STREAMALLOC_BENCH_ONLY").unwrap_or_default();
+    let runs = |section: &str| only.is_empty() || only.split(',').any(|s| s.trim() == section);
     let mut summaries = Vec::new();
-    for (strategy, name) in STRATEGIES {
-        device.set_completion_strategy(strategy);
-        eprintln!("[{name}] wake latency ...");
-        let wake = WakeResults::measure(&stream)?;
-        eprintln!("[{name}] stream stall ...");
-        let stall = StallResults::measure(&stream, &gate_stream)?;
-        eprintln!("[{name}] CPU cost ...");
-        let cpu = CpuResults::measure(&stream)?;
-        report.table(wake.table(name));
-        report.table(stall.table(name));
-        report.table(cpu.table(name));
-        summaries.push((name, wake, stall, cpu));
+    if runs("wake") {
+        report.line(format!(
+            "wake latency: {WAKE_ITERS} iterations per series (fewer past {}s) of a {}µs delay; \
+             timed from just after record() to the code after .await (spin: to is_complete() first \
+             true); overhead = await p50 - spin p50",
+            WAKE_SERIES_BUDGET.as_secs(),
+            WAKE_KERNEL.as_micros(),
+        ));
+        report.line(format!(
+            "stream stall: {STALL_OPS} ops, median of {STALL_REPS} runs; (b) records an event after \
+             each op and awaits all of them in tokio tasks. gated: delays of {}µs, device time from \
+             a {}ms gate opening to the stream's end (valid only where the gate held). ungated: \
+             delays of {}µs, time from the first enqueue to the stream's end",
+            STALL_OP.as_micros(),
+            STALL_GATE.as_millis(),
+            STALL_OP_UNGATED.as_micros(),
+        ));
+        report.line(format!(
+            "CPU: process CPU time over a {}s window while the main thread sleeps; busy = one armed \
+             event pending behind a {}ms delay",
+            CPU_WINDOW.as_secs(),
+            CPU_BUSY_DELAY.as_millis(),
+        ));
+        for (strategy, name) in STRATEGIES {
+            device.set_completion_strategy(strategy);
+            eprintln!("[{name}] wake latency ...");
+            let wake = WakeResults::measure(&stream, &gate_stream)?;
+            report.table(wake.table(name));
+            if only.is_empty() {
+                eprintln!("[{name}] stream stall ...");
+                let stall = StallResults::measure(&stream, &gate_stream)?;
+                eprintln!("[{name}] CPU cost ...");
+                let cpu = CpuResults::measure(&stream)?;
+                report.table(stall.table(name));
+                report.table(cpu.table(name));
+                summaries.push((name, wake, stall, cpu));
+            }
+        }
+        device.set_completion_strategy(CompletionStrategy::default());
     }
-    device.set_completion_strategy(CompletionStrategy::default());
+    if !summaries.is_empty() {
+        report.table(summary_table(&summaries));
+    }
+    if runs("free") {
+        eprintln!("free → waiting task ...");
+        let free = FreeResults::measure(&stream)?;
+        report.table(free.table());
+        let (p50, p99) = free.ratios(Duration::ZERO);
+        let (p50_parked, p99_parked) = free.ratios(FREE_SETTLE);
+        report.line(format!(
+            "free → task resumed / Notify floor (goal ≤ 1.10): p50 {p50:.2}, p99 {p99:.2} \
+             (at once); p50 {p50_parked:.2}, p99 {p99_parked:.2} (worker parked); crate's \
+             part (a) p99 {} µs (goal ≤ 1)",
+            fmt_us(pct(&free.crate_part, 99)),
+        ));
+    }
 
-    report.table(summary_table(&summaries));
     report.line(format!(
         "total bench time: {:.1}s",
         started.elapsed().as_secs_f64()
@@ -214,6 +257,40 @@ impl Series {
         Ok(series)
     }
 
+    /// As [`collect`](Series::collect), for iterations that may be invalid (`None`: not
+    /// counted); gives up after `WAKE_ITERS` invalid ones in a row.
+    async fn collect_some<F>(mut one: impl FnMut() -> F) -> Result<Series, BoxError>
+    where
+        F: Future<Output = Result<Option<(Duration, bool)>, BoxError>>,
+    {
+        for _ in 0..WAKE_WARMUP {
+            one().await?;
+        }
+        let mut series = Series {
+            samples: Vec::with_capacity(WAKE_ITERS),
+            ready_at_first_poll: 0,
+        };
+        let (start, mut invalid_in_a_row) = (Instant::now(), 0);
+        while series.samples.len() < WAKE_ITERS
+            && start.elapsed() < WAKE_SERIES_BUDGET
+            && invalid_in_a_row < WAKE_ITERS
+        {
+            match one().await? {
+                Some((latency, at_once)) => {
+                    invalid_in_a_row = 0;
+                    series.samples.push(latency);
+                    series.ready_at_first_poll += usize::from(at_once);
+                }
+                None => invalid_in_a_row += 1,
+            }
+        }
+        if series.samples.is_empty() {
+            return Err("no valid sample".into());
+        }
+        series.samples.sort_unstable();
+        Ok(series)
+    }
+
     /// Nearest-rank percentile, `p` in 1..=100.
     fn percentile(&self, p: usize) -> Duration {
         let n = self.samples.len();
@@ -252,25 +329,93 @@ fn spin_once(stream: &Stream) -> Result<(Duration, bool), BoxError> {
     Ok((t0.elapsed(), queries == 0))
 }
 
+/// An event kept pending on another stream behind a `LONG_EVENT` delay, armed (polled once),
+/// and replaced by a new one when it completes: the "long event pending" case.
+struct LongPending {
+    stream: Stream,
+    event: Option<Event>,
+}
+
+impl LongPending {
+    fn new(stream: &Stream) -> LongPending {
+        LongPending {
+            stream: stream.clone(),
+            event: None,
+        }
+    }
+
+    /// Makes sure an armed long event is pending.
+    fn refresh(&mut self) -> Result<(), BoxError> {
+        if let Some(e) = &self.event {
+            if !e.is_complete()? {
+                return Ok(());
+            }
+        }
+        self.stream.enqueue_delay(LONG_EVENT)?;
+        let event = self.stream.record()?;
+        let mut cx = Context::from_waker(noop_waker_ref());
+        // The future is dropped after its first poll; the driver keeps watching the event.
+        let _ = event.clone().poll_unpin(&mut cx);
+        self.event = Some(event);
+        Ok(())
+    }
+
+    fn pending(&self) -> Result<bool, BoxError> {
+        Ok(match &self.event {
+            Some(e) => !e.is_complete()?,
+            None => false,
+        })
+    }
+}
+
+/// `await_once` with the long event pending on another stream throughout; `None` when it was
+/// not (the sample is dropped).
+async fn await_beside_long(
+    stream: &Stream,
+    long: &RefCell<LongPending>,
+) -> Result<Option<(Duration, bool)>, BoxError> {
+    // Untimed: long enough for the poller to back off into its longest parks (sleeps, before
+    // this change) over the long event, so the short event is armed during one.
+    std::thread::sleep(BESIDE_LONG_GAP);
+    long.borrow_mut().refresh()?;
+    let sample = await_once(stream).await?;
+    let pending = long.borrow().pending()?;
+    Ok(pending.then_some(sample))
+}
+
 struct WakeResults {
     tokio: Series,
+    /// tokio current-thread, with a 10 ms event pending on another stream.
+    tokio_beside_long: Series,
     block_on: Series,
     spin: Series,
 }
 
 impl WakeResults {
-    fn measure(stream: &Stream) -> Result<WakeResults, BoxError> {
+    fn measure(stream: &Stream, other: &Stream) -> Result<WakeResults, BoxError> {
         let rt = tokio::runtime::Builder::new_current_thread().build()?;
         let tokio = rt.block_on(Series::collect(|| await_once(stream)))?;
+        let long = &RefCell::new(LongPending::new(other));
+        let tokio_beside_long =
+            rt.block_on(Series::collect_some(|| await_beside_long(stream, long)))?;
+        other.synchronize_blocking()?;
         let block_on = futures::executor::block_on(Series::collect(|| await_once(stream)))?;
         // Nothing in this series awaits; `block_on` only drives the shared loop.
         let spin =
             futures::executor::block_on(Series::collect(|| std::future::ready(spin_once(stream))))?;
         Ok(WakeResults {
             tokio,
+            tokio_beside_long,
             block_on,
             spin,
         })
+    }
+
+    /// `awaited`'s latency at percentile `p` beyond the spin-query's median: the wake path's
+    /// own cost at that percentile, counting the delay's own jitter as overhead (an upper
+    /// bound; a difference of equal percentiles goes negative when the spin series is noisier).
+    fn overhead_at(&self, awaited: &Series, p: usize) -> f64 {
+        us(awaited.percentile(p)) - us(self.spin.median())
     }
 
     /// Median latency of `awaited` beyond the spin-query median: the wake path's own cost.
@@ -297,6 +442,11 @@ impl WakeResults {
                 "tokio current-thread",
                 &self.tokio,
                 Some(self.overhead(&self.tokio)),
+            ),
+            (
+                "tokio, 10 ms event pending on another stream",
+                &self.tokio_beside_long,
+                Some(self.overhead(&self.tokio_beside_long)),
             ),
             (
                 "futures block_on",
@@ -606,6 +756,358 @@ impl CpuResults {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 4. Free → waiting task
+
+/// The free → waiting task cases: a pool of `FREE_SIZE` bytes, full; a task awaits an
+/// allocation of all of it; the main thread frees the held block (as `wake_latency` in
+/// benches/workloads.rs).
+const FREE_SIZE: usize = 1 << 20;
+const FREE_ITERS: usize = 2_000;
+const FREE_WARMUP: usize = 50;
+/// The "parked" variants wait this long after the task queued before freeing, so the runtime's
+/// worker is surely parked (the OS must wake it).
+const FREE_SETTLE: Duration = Duration::from_micros(200);
+
+/// A waker that notes when it was woken (nanoseconds after `base`), then wakes `inner`, if any.
+struct Stamp {
+    base: Instant,
+    woken_at: AtomicU64,
+    inner: Option<Waker>,
+}
+
+impl Stamp {
+    fn new(base: Instant, inner: Option<Waker>) -> Arc<Stamp> {
+        Arc::new(Stamp {
+            base,
+            woken_at: AtomicU64::new(0),
+            inner,
+        })
+    }
+
+    fn woken_at(&self) -> Option<Instant> {
+        match self.woken_at.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(self.base + Duration::from_nanos(n)),
+        }
+    }
+}
+
+impl Wake for Stamp {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let n = self.base.elapsed().as_nanos().max(1) as u64;
+        // The first wake-up counts.
+        let _ = self
+            .woken_at
+            .compare_exchange(0, n, Ordering::AcqRel, Ordering::Acquire);
+        if let Some(w) = &self.inner {
+            w.wake_by_ref();
+        }
+    }
+}
+
+/// Polls `inner` with a waker that stamps the time of the first wake-up (into `stamp`) and
+/// passes it on to the task's own waker.
+struct Stamped<F> {
+    inner: Pin<Box<F>>,
+    base: Instant,
+    stamp: Arc<Mutex<Option<Arc<Stamp>>>>,
+    /// Raised once `inner` has returned `Pending`: the task waits.
+    pending: Arc<AtomicBool>,
+}
+
+impl<F: Future> Future for Stamped<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let stamp = Stamp::new(self.base, Some(cx.waker().clone()));
+        {
+            let mut slot = self.stamp.lock().expect("stamp lock");
+            // Keep the first stamp that fired; a later poll's waker replaces an unfired one.
+            if slot.as_ref().is_none_or(|s| s.woken_at().is_none()) {
+                *slot = Some(stamp.clone());
+            }
+        }
+        let waker = Waker::from(stamp);
+        let out = self.inner.as_mut().poll(&mut Context::from_waker(&waker));
+        if out.is_pending() {
+            self.pending.store(true, Ordering::Release);
+        }
+        out
+    }
+}
+
+/// One sample of an end-to-end case: from the free (or notify) to the waker called, and to
+/// the task resumed.
+#[derive(Clone, Copy)]
+struct FreeSample {
+    to_waker: Duration,
+    to_resumed: Duration,
+}
+
+/// The four end-to-end cases, measured interleaved on one runtime.
+#[derive(Clone, Copy, PartialEq)]
+enum EndToEnd {
+    /// The crate: a pool allocation woken by a free.
+    Free,
+    /// The executor's floor: a `tokio::sync::Notify` woken by `notify_one`, the same pattern.
+    Notify,
+}
+
+/// One end-to-end iteration on `rt` (a 1-worker multi-thread runtime).
+fn end_to_end_once(
+    rt: &tokio::runtime::Runtime,
+    mr: &PoolResource<CudaResource>,
+    stream: &Stream,
+    case: EndToEnd,
+    settle: Duration,
+) -> Result<FreeSample, BoxError> {
+    let base = Instant::now();
+    let stamp = Arc::new(Mutex::new(None::<Arc<Stamp>>));
+    let pending = Arc::new(AtomicBool::new(false));
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let held = mr.try_allocate(FREE_SIZE, stream)?;
+    let task = {
+        let (mr, stream, stamp, pending, notify) = (
+            mr.clone(),
+            stream.clone(),
+            stamp.clone(),
+            pending.clone(),
+            notify.clone(),
+        );
+        rt.spawn(async move {
+            let got = match case {
+                EndToEnd::Free => {
+                    let alloc = async { mr.allocate(FREE_SIZE, &stream).await };
+                    Some(
+                        Stamped {
+                            inner: Box::pin(alloc),
+                            base,
+                            stamp,
+                            pending,
+                        }
+                        .await?,
+                    )
+                }
+                EndToEnd::Notify => {
+                    Stamped {
+                        inner: Box::pin(notify.notified()),
+                        base,
+                        stamp,
+                        pending,
+                    }
+                    .await;
+                    None
+                }
+            };
+            Ok::<_, streamalloc::Error>((Instant::now(), got))
+        })
+    };
+    // Wait until the task waits (its future returned `Pending`: queued for the pool, or
+    // registered with the Notify).
+    while !pending.load(Ordering::Acquire) {
+        std::hint::spin_loop();
+    }
+    if !settle.is_zero() {
+        let until = Instant::now() + settle;
+        while Instant::now() < until {
+            std::thread::sleep(until - Instant::now());
+        }
+    }
+    let t0 = Instant::now();
+    match case {
+        // SAFETY: `held` was allocated above with FREE_SIZE bytes and is used by nothing.
+        EndToEnd::Free => unsafe { mr.deallocate(held, FREE_SIZE, stream) },
+        EndToEnd::Notify => notify.notify_one(),
+    }
+    let (resumed, got) = rt.block_on(task)??;
+    if let Some(p) = got {
+        // SAFETY: the task allocated `p` with FREE_SIZE bytes; nothing uses it.
+        unsafe { mr.deallocate(p, FREE_SIZE, stream) };
+    } else {
+        // SAFETY: as above; the Notify case did not free it.
+        unsafe { mr.deallocate(held, FREE_SIZE, stream) };
+    }
+    let woken = stamp
+        .lock()
+        .expect("stamp lock")
+        .as_ref()
+        .and_then(|s| s.woken_at())
+        .ok_or("the task resumed without a wake-up")?;
+    Ok(FreeSample {
+        to_waker: woken.saturating_duration_since(t0),
+        to_resumed: resumed.saturating_duration_since(t0),
+    })
+}
+
+/// The crate's own part: free → the waiting future's waker called, with no executor (the
+/// future polled by hand with a stamping waker).
+fn free_to_waker_once(
+    mr: &PoolResource<CudaResource>,
+    stream: &Stream,
+    settle: Duration,
+) -> Result<Duration, BoxError> {
+    let base = Instant::now();
+    let held = mr.try_allocate(FREE_SIZE, stream)?;
+    let stamp = Stamp::new(base, None);
+    let waker = Waker::from(stamp.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut alloc = mr.allocate(FREE_SIZE, stream);
+    if Pin::new(&mut alloc).poll(&mut cx).is_ready() {
+        return Err("the pool was not full".into());
+    }
+    if !settle.is_zero() {
+        std::thread::sleep(settle);
+    }
+    let t0 = Instant::now();
+    // SAFETY: `held` was allocated above with FREE_SIZE bytes and is used by nothing.
+    unsafe { mr.deallocate(held, FREE_SIZE, stream) };
+    let woken = stamp.woken_at().ok_or("the free woke nobody")?;
+    let Poll::Ready(p) = Pin::new(&mut alloc).poll(&mut cx) else {
+        return Err("woken, but the memory was not there".into());
+    };
+    // SAFETY: allocated with FREE_SIZE bytes just above; nothing uses it.
+    unsafe { mr.deallocate(p?, FREE_SIZE, stream) };
+    Ok(woken.saturating_duration_since(t0))
+}
+
+fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
+    v.sort_unstable();
+    v
+}
+
+/// Nearest-rank percentile of a sorted, non-empty slice, `p` in 1..=100.
+fn pct(sorted: &[Duration], p: usize) -> Duration {
+    let rank = (p * sorted.len()).div_ceil(100).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+struct FreeResults {
+    /// (a) free → waker called, no executor.
+    crate_part: Vec<Duration>,
+    /// The same, the free `FREE_SETTLE` after the future queued (this thread slept meanwhile).
+    crate_part_after_sleep: Vec<Duration>,
+    /// (b)/(c) and their "parked" variants: (case, settle) → samples.
+    end_to_end: Vec<((EndToEnd, Duration), Vec<FreeSample>)>,
+}
+
+impl FreeResults {
+    fn measure(stream: &Stream) -> Result<FreeResults, BoxError> {
+        let device = stream.device();
+        let mr = PoolResource::new(CudaResource::new(device)?, FREE_SIZE, Some(FREE_SIZE))?;
+        let (mut crate_part, mut crate_part_after_sleep) = (Vec::new(), Vec::new());
+        for i in 0..FREE_WARMUP + FREE_ITERS {
+            let d = free_to_waker_once(&mr, stream, Duration::ZERO)?;
+            let slept = free_to_waker_once(&mr, stream, FREE_SETTLE)?;
+            if i >= FREE_WARMUP {
+                crate_part.push(d);
+                crate_part_after_sleep.push(slept);
+            }
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let cases = [
+            (EndToEnd::Free, Duration::ZERO),
+            (EndToEnd::Notify, Duration::ZERO),
+            (EndToEnd::Free, FREE_SETTLE),
+            (EndToEnd::Notify, FREE_SETTLE),
+        ];
+        let mut end_to_end: Vec<_> = cases.iter().map(|&c| (c, Vec::new())).collect();
+        // Interleaved, so that the crate and the floor see the same machine state.
+        for i in 0..FREE_WARMUP + FREE_ITERS {
+            for ((case, settle), samples) in end_to_end.iter_mut() {
+                let s = end_to_end_once(&rt, &mr, stream, *case, *settle)?;
+                if i >= FREE_WARMUP {
+                    samples.push(s);
+                }
+            }
+        }
+        Ok(FreeResults {
+            crate_part: sorted(crate_part),
+            crate_part_after_sleep: sorted(crate_part_after_sleep),
+            end_to_end,
+        })
+    }
+
+    fn series(&self, case: EndToEnd, settle: Duration) -> (Vec<Duration>, Vec<Duration>) {
+        let samples = &self
+            .end_to_end
+            .iter()
+            .find(|(c, _)| *c == (case, settle))
+            .expect("measured")
+            .1;
+        (
+            sorted(samples.iter().map(|s| s.to_waker).collect()),
+            sorted(samples.iter().map(|s| s.to_resumed).collect()),
+        )
+    }
+
+    /// (b)/(c) at p50 and p99 for one settle time.
+    fn ratios(&self, settle: Duration) -> (f64, f64) {
+        let (_, b) = self.series(EndToEnd::Free, settle);
+        let (_, c) = self.series(EndToEnd::Notify, settle);
+        let r = |p| us(pct(&b, p)) / us(pct(&c, p));
+        (r(50), r(99))
+    }
+
+    fn table(&self) -> Table {
+        let mut t = Table::new(
+            format!(
+                "free → waiting task (µs; {FREE_ITERS} iterations each; pool of {} KiB, full; \
+                 end to end on a 1-worker multi-thread tokio runtime, cases interleaved)",
+                FREE_SIZE >> 10
+            ),
+            &["case", "to", "n", "p50", "p90", "p99", "max"],
+        );
+        let mut row = |case: String, to: &str, s: &[Duration]| {
+            t.row(vec![
+                case,
+                to.into(),
+                s.len().to_string(),
+                fmt_us(pct(s, 50)),
+                fmt_us(pct(s, 90)),
+                fmt_us(pct(s, 99)),
+                fmt_us(pct(s, 100)),
+            ]);
+        };
+        row(
+            "(a) crate: free, no executor (goal p99 ≤ 1)".into(),
+            "waker called",
+            &self.crate_part,
+        );
+        row(
+            format!(
+                "(a) crate: free {} µs after queueing (thread slept), no executor",
+                FREE_SETTLE.as_micros()
+            ),
+            "waker called",
+            &self.crate_part_after_sleep,
+        );
+        for settle in [Duration::ZERO, FREE_SETTLE] {
+            let when = if settle.is_zero() {
+                "at once".to_string()
+            } else {
+                format!("{} µs after queueing (worker parked)", settle.as_micros())
+            };
+            for (case, name) in [
+                (EndToEnd::Free, "(b) free → task"),
+                (EndToEnd::Notify, "(c) floor: Notify → task"),
+            ] {
+                let (to_waker, to_resumed) = self.series(case, settle);
+                row(format!("{name}, {when}"), "waker called", &to_waker);
+                row(format!("{name}, {when}"), "task resumed", &to_resumed);
+            }
+        }
+        t
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Report
 
 fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Table {
@@ -614,6 +1116,9 @@ fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Tabl
         &[
             "strategy",
             "tokio p50/p99 µs",
+            "tokio, 10 ms pending elsewhere p50/p99 µs",
+            "completion → tokio task p50/p99 µs, beyond spin p50 (goal ≤ 5 / ≤ 20)",
+            "same, 10 ms pending elsewhere",
             "block_on p50/p99 µs",
             "spin p50 µs",
             "overhead tokio/block_on µs",
@@ -635,6 +1140,21 @@ fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Tabl
                 "{} / {}",
                 fmt_us(wake.tokio.median()),
                 fmt_us(wake.tokio.percentile(99))
+            ),
+            format!(
+                "{} / {}",
+                fmt_us(wake.tokio_beside_long.median()),
+                fmt_us(wake.tokio_beside_long.percentile(99))
+            ),
+            format!(
+                "{:.1} / {:.1}",
+                wake.overhead_at(&wake.tokio, 50),
+                wake.overhead_at(&wake.tokio, 99)
+            ),
+            format!(
+                "{:.1} / {:.1}",
+                wake.overhead_at(&wake.tokio_beside_long, 50),
+                wake.overhead_at(&wake.tokio_beside_long, 99)
             ),
             format!(
                 "{} / {}",

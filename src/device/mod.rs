@@ -413,19 +413,20 @@ impl Device {
     }
 
     /// Arranges for `completion` to be completed once `event`, recorded on the stream
-    /// `stream`, is: through the device's completion driver, with `shadow` the stream's private
+    /// `stream` as its `seq`-th event, is: through the device's completion driver, with `shadow` the stream's private
     /// notification stream.
     pub(crate) fn arm_completion(
         &self,
         stream: StreamId,
         shadow: &ShadowStream,
         event: &AnyEvent,
+        seq: u64,
         completion: &Arc<Completion>,
     ) -> Result<()> {
         let backend = &self.inner.backend;
         self.inner
             .driver
-            .arm(backend, stream, shadow, event, completion)
+            .arm(backend, stream, shadow, event, seq, completion)
     }
 }
 

@@ -6,26 +6,35 @@
 //!   stream never runs the host function itself, so it never stalls behind it.
 //! - [`CompletionStrategy::Poller`]: one thread per device queries the oldest pending event of
 //!   each stream (events on a stream complete in order), spins briefly, then backs off and
-//!   parks when nothing is pending.
+//!   parks when nothing is pending. A new arm cuts any back-off short: the poller parks (never
+//!   sleeps), and arming unparks it and starts the spin again.
+//!
+//! Wake-ups follow record order per stream, whatever order the events were armed in: recording
+//! numbers each event of a stream ([`ShadowStream::record`]); the poller keeps each stream's
+//! pending events sorted by that number, and under the host-function strategy each host
+//! function completes every event of its stream armed up to its own, oldest first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::task::{Wake, Waker};
 use std::thread::{self, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::backend::{AnyBackend, AnyEvent, AnyStream, Completion};
 use crate::device::config::CompletionStrategy;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::StreamId;
 
 /// Per-device state of the completion driver.
 pub(crate) struct CompletionDriver {
     strategy: AtomicU8,
     poller: OnceLock<Poller>,
+    /// The poller's back-off, read when the poller starts (tests shorten or lengthen it).
+    backoff: Mutex<Backoff>,
 }
 
 impl CompletionDriver {
@@ -33,6 +42,7 @@ impl CompletionDriver {
         CompletionDriver {
             strategy: AtomicU8::new(strategy.to_u8()),
             poller: OnceLock::new(),
+            backoff: Mutex::new(Backoff::DEFAULT),
         }
     }
 
@@ -45,28 +55,41 @@ impl CompletionDriver {
     }
 
     /// Arranges for `completion` to be completed once `event` is: `event` was recorded on the
-    /// stream `stream`, whose shadow stream (created on `backend` when first needed) runs the
-    /// host function.
+    /// stream `stream` as its `seq`-th event ([`ShadowStream::record`]); `shadow` is that
+    /// stream's shadow, whose stream (created on `backend` when first needed) runs the host
+    /// function.
     pub(crate) fn arm(
         &self,
         backend: &AnyBackend,
         stream: StreamId,
         shadow: &ShadowStream,
         event: &AnyEvent,
+        seq: u64,
         completion: &Arc<Completion>,
     ) -> Result<()> {
         match self.strategy() {
-            CompletionStrategy::HostFunction => {
-                let shadow = shadow.get_or_create(backend)?;
-                shadow.wait_event(event)?;
-                shadow.notify(completion.clone())
-            }
+            CompletionStrategy::HostFunction => shadow.arm(backend, event, seq, completion),
             CompletionStrategy::Poller => {
-                let poller = self.poller.get_or_init(Poller::start);
-                poller.submit(stream, event.clone(), completion.clone());
+                let poller = self
+                    .poller
+                    .get_or_init(|| Poller::start(*self.backoff.lock()));
+                poller.submit(stream, seq, event.clone(), completion.clone());
                 Ok(())
             }
         }
+    }
+
+    /// Replaces the poller's back-off; only before the poller's first arm.
+    #[cfg(test)]
+    pub(crate) fn set_backoff(&self, backoff: Backoff) {
+        assert!(self.poller.get().is_none(), "the poller is running");
+        *self.backoff.lock() = backoff;
+    }
+
+    /// What the poller has done so far, if it runs.
+    #[cfg(test)]
+    pub(crate) fn poller_counters(&self) -> Option<&PollerCounters> {
+        self.poller.get().map(|p| &p.shared.counters)
     }
 }
 
@@ -92,23 +115,149 @@ impl fmt::Debug for CompletionDriver {
     }
 }
 
-/// The private stream on which the host-function notifications of one user stream run, so a
-/// user stream never stalls behind a host callback. Created on first use; the user stream's
-/// handle owns it, so it lives exactly as long.
+/// The completion driver's side of one user stream: the private stream on which its
+/// host-function notifications run (so a user stream never stalls behind a host callback),
+/// created on first use, and the numbering of its events that keeps wake-ups in record order.
+/// The user stream's handle owns it, so it lives exactly as long.
 #[derive(Debug, Default)]
-pub(crate) struct ShadowStream(OnceLock<AnyStream>);
+pub(crate) struct ShadowStream {
+    stream: OnceLock<AnyStream>,
+    /// The number the next event recorded on the user stream gets. Its lock is held across
+    /// the record itself, so numbers follow the stream's order even when threads race.
+    next_seq: Mutex<u64>,
+    /// Completions armed under the host-function strategy, not completed yet.
+    armed: Arc<ArmedInOrder>,
+}
 
 impl ShadowStream {
+    /// Records an event on `stream` (the user stream this shadow belongs to) and numbers it:
+    /// an event recorded later gets a larger number.
+    pub(crate) fn record(&self, stream: &AnyStream) -> Result<(AnyEvent, u64)> {
+        let mut next = self.next_seq.lock();
+        let event = stream.record()?;
+        let seq = *next;
+        *next += 1;
+        Ok((event, seq))
+    }
+
     fn get_or_create(&self, backend: &AnyBackend) -> Result<&AnyStream> {
-        if let Some(s) = self.0.get() {
+        if let Some(s) = self.stream.get() {
             return Ok(s);
         }
         let created = backend.create_stream()?;
         // A racing thread may have set it first; keep theirs and drop ours.
-        Ok(self.0.get_or_init(|| created))
+        Ok(self.stream.get_or_init(|| created))
+    }
+
+    /// The host-function strategy: the shadow stream waits for `event`, then a host function
+    /// completes `completion` together with every earlier-recorded event of this stream armed
+    /// by the time it runs, oldest first.
+    fn arm(
+        &self,
+        backend: &AnyBackend,
+        event: &AnyEvent,
+        seq: u64,
+        completion: &Arc<Completion>,
+    ) -> Result<()> {
+        let shadow = self.get_or_create(backend)?;
+        self.armed.insert(seq, completion.clone());
+        // The host function completes `trigger`, whose only waker completes this stream's
+        // armed completions up to `seq`.
+        let trigger = Arc::new(Completion::default());
+        trigger.register(&Waker::from(Arc::new(CompleteThrough {
+            armed: self.armed.clone(),
+            seq,
+            trigger: Arc::downgrade(&trigger),
+        })));
+        let enqueued = shadow
+            .wait_event(event)
+            .and_then(|()| shadow.notify(trigger));
+        if enqueued.is_err() {
+            self.armed.remove(seq);
+        }
+        enqueued
     }
 }
 
+/// Completions of one stream armed under the host-function strategy, by record number.
+///
+/// A host function that runs after the stream passed event `seq` has also passed every event
+/// recorded before it, so it completes all of them, oldest first: wake-ups come in record
+/// order even when a later event was armed first (its host function runs first). The host
+/// function of an event completed that way finds nothing left to do.
+#[derive(Debug, Default)]
+struct ArmedInOrder {
+    pending: Mutex<BTreeMap<u64, Arc<Completion>>>,
+}
+
+impl ArmedInOrder {
+    fn insert(&self, seq: u64, completion: Arc<Completion>) {
+        self.pending.lock().insert(seq, completion);
+    }
+
+    fn remove(&self, seq: u64) {
+        self.pending.lock().remove(&seq);
+    }
+
+    /// Fails the completion of `seq`, if still armed, with `error`.
+    fn fail(&self, seq: u64, error: Error) {
+        let completion = self.pending.lock().remove(&seq);
+        if let Some(c) = completion {
+            c.fail(error);
+        }
+    }
+
+    /// Runs inside a host function: no allocation, no driver call, nothing that panics. Each
+    /// completion is completed (its tasks woken) outside the lock.
+    fn complete_through(&self, seq: u64) {
+        loop {
+            let next = {
+                let mut pending = self.pending.lock();
+                match pending.first_key_value() {
+                    Some((&first, _)) if first <= seq => pending.pop_first().map(|(_, c)| c),
+                    _ => None,
+                }
+            };
+            match next {
+                Some(completion) => completion.complete(),
+                None => return,
+            }
+        }
+    }
+}
+
+/// The waker a host function wakes: it completes the stream's armed completions up to `seq`,
+/// or, when the backend failed `trigger` (the stream reported an error at this point), fails
+/// the completion of `seq` alone with that error (the earlier ones get their own outcome from
+/// their own host functions).
+struct CompleteThrough {
+    armed: Arc<ArmedInOrder>,
+    seq: u64,
+    /// Weak: the trigger holds this waker until it completes. It is alive while it wakes us.
+    trigger: Weak<Completion>,
+}
+
+impl CompleteThrough {
+    fn run(&self) {
+        let error = self.trigger.upgrade().and_then(|t| t.error().cloned());
+        match error {
+            None => self.armed.complete_through(self.seq),
+            Some(e) => self.armed.fail(self.seq, e),
+        }
+    }
+}
+
+impl Wake for CompleteThrough {
+    fn wake(self: Arc<Self>) {
+        self.run();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.run();
+    }
+}
+
+/// An armed event: the event and what completes when it does.
 type Pending = (AnyEvent, Arc<Completion>);
 
 struct Poller {
@@ -119,26 +268,59 @@ struct Poller {
 }
 
 struct PollerShared {
-    inbox: Mutex<Vec<(StreamId, Pending)>>,
+    inbox: Mutex<Vec<(StreamId, u64, Pending)>>,
     shutdown: AtomicBool,
+    counters: PollerCounters,
 }
 
-/// Rounds without progress spent spinning, then yielding, before the poller sleeps.
-const SPIN_ROUNDS: u32 = 200;
-const YIELD_ROUNDS: u32 = 400;
-/// The longest sleep between two polls while events are pending.
-const MAX_SLEEP: Duration = Duration::from_micros(500);
+/// What the poller has done, for tests that check how it was woken.
+#[derive(Debug, Default)]
+pub(crate) struct PollerCounters {
+    /// Timed parks begun (back-off while events are pending).
+    pub(crate) timed_parks: AtomicU64,
+    /// The timeout of the timed park in progress, in nanoseconds; 0 when not in one.
+    pub(crate) parked_for_nanos: AtomicU64,
+    /// Timed parks that an arm ended before their timeout.
+    pub(crate) cut_short_by_arm: AtomicU64,
+}
+
+/// How the poller waits while events are pending and none completes: it spins, then yields,
+/// then parks with a timeout that doubles from `first_park` up to `max_park`. Every arm
+/// unparks it and starts over with the spin.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backoff {
+    /// Spin for this long after the last progress or arm.
+    pub(crate) spin: Duration,
+    /// Then yield the thread until this long after it.
+    pub(crate) yield_until: Duration,
+    /// Then park, first for this long.
+    pub(crate) first_park: Duration,
+    /// And never longer than this.
+    pub(crate) max_park: Duration,
+}
+
+impl Backoff {
+    /// A short kernel's completion is seen while spinning; a long one costs at most one
+    /// `max_park` of lateness and little CPU.
+    const DEFAULT: Backoff = Backoff {
+        spin: Duration::from_micros(100),
+        yield_until: Duration::from_micros(400),
+        first_park: Duration::from_micros(1),
+        max_park: Duration::from_micros(500),
+    };
+}
 
 impl Poller {
-    fn start() -> Poller {
+    fn start(backoff: Backoff) -> Poller {
         let shared = Arc::new(PollerShared {
             inbox: Mutex::new(Vec::new()),
             shutdown: AtomicBool::new(false),
+            counters: PollerCounters::default(),
         });
         let for_thread = shared.clone();
         let handle = thread::Builder::new()
             .name("streamalloc-poller".into())
-            .spawn(move || poll_loop(&for_thread))
+            .spawn(move || poll_loop(&for_thread, backoff))
             .expect("failed to spawn the completion poller thread");
         Poller {
             shared,
@@ -147,55 +329,99 @@ impl Poller {
         }
     }
 
-    fn submit(&self, stream: StreamId, event: AnyEvent, completion: Arc<Completion>) {
-        self.shared.inbox.lock().push((stream, (event, completion)));
+    fn submit(&self, stream: StreamId, seq: u64, event: AnyEvent, completion: Arc<Completion>) {
+        self.shared
+            .inbox
+            .lock()
+            .push((stream, seq, (event, completion)));
+        // Ends a park at once (a park begun after this returns at once too).
         self.thread.unpark();
     }
 }
 
-fn poll_loop(shared: &PollerShared) {
-    let mut queues: HashMap<StreamId, VecDeque<Pending>> = HashMap::new();
-    let mut idle_rounds = 0u32;
+/// The pending events of each stream, by record number: only the first of each is queried.
+type Queues = HashMap<StreamId, BTreeMap<u64, Pending>>;
+
+fn poll_loop(shared: &PollerShared, backoff: Backoff) {
+    let mut queues = Queues::new();
+    // When the poller last completed an event or took a new arm: the back-off counts from it.
+    let mut active_at = Instant::now();
+    let mut park = backoff.first_park;
     loop {
-        for (stream, pending) in shared.inbox.lock().drain(..) {
-            queues.entry(stream).or_default().push_back(pending);
+        if take_inbox(shared, &mut queues) {
+            active_at = Instant::now();
+            park = backoff.first_park;
         }
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
-        let mut progressed = false;
-        for queue in queues.values_mut() {
-            // Events on one stream complete in order: query only the oldest.
-            while let Some((event, completion)) = queue.front() {
-                match event.query() {
-                    Ok(false) => break,
-                    Ok(true) => completion.complete(),
-                    Err(e) => completion.fail(e),
-                }
-                queue.pop_front();
-                progressed = true;
-            }
+        if complete_oldest(&mut queues) {
+            active_at = Instant::now();
+            park = backoff.first_park;
         }
-        queues.retain(|_, q| !q.is_empty());
         if queues.is_empty() {
-            idle_rounds = 0;
+            // Nothing pending: sleep until the next arm, with no timeout and no spinning.
             if shared.inbox.lock().is_empty() {
                 thread::park();
             }
             continue;
         }
-        idle_rounds = if progressed {
-            0
-        } else {
-            idle_rounds.saturating_add(1)
-        };
-        if idle_rounds < SPIN_ROUNDS {
+        let idle = active_at.elapsed();
+        if idle < backoff.spin {
             std::hint::spin_loop();
-        } else if idle_rounds < YIELD_ROUNDS {
+        } else if idle < backoff.yield_until {
             thread::yield_now();
         } else {
-            let exp = (idle_rounds - YIELD_ROUNDS).min(9);
-            thread::sleep(Duration::from_micros(1 << exp).min(MAX_SLEEP));
+            park_for(shared, park);
+            park = (park * 2).min(backoff.max_park);
         }
     }
 }
+
+/// Moves newly armed events into their streams' queues; returns whether there were any.
+fn take_inbox(shared: &PollerShared, queues: &mut Queues) -> bool {
+    let armed = std::mem::take(&mut *shared.inbox.lock());
+    let any = !armed.is_empty();
+    for (stream, seq, pending) in armed {
+        queues.entry(stream).or_default().insert(seq, pending);
+    }
+    any
+}
+
+/// Completes, stream by stream and in record order, every event the device has passed;
+/// queries only the oldest pending event of each stream (events on a stream complete in
+/// order). Returns whether any completed.
+fn complete_oldest(queues: &mut Queues) -> bool {
+    let mut progressed = false;
+    queues.retain(|_, queue| {
+        while let Some(entry) = queue.first_entry() {
+            let (event, completion) = entry.get();
+            match event.query() {
+                Ok(false) => break,
+                Ok(true) => completion.complete(),
+                Err(e) => completion.fail(e),
+            }
+            entry.remove();
+            progressed = true;
+        }
+        !queue.is_empty()
+    });
+    progressed
+}
+
+/// Parks for `timeout` or until the next arm, whichever comes first.
+fn park_for(shared: &PollerShared, timeout: Duration) {
+    let counters = &shared.counters;
+    counters.timed_parks.fetch_add(1, Ordering::Relaxed);
+    let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    counters.parked_for_nanos.store(nanos, Ordering::Release);
+    let parked = Instant::now();
+    thread::park_timeout(timeout);
+    counters.parked_for_nanos.store(0, Ordering::Release);
+    if parked.elapsed() < timeout && !shared.inbox.lock().is_empty() {
+        counters.cut_short_by_arm.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -365,13 +365,17 @@ impl WaitQueue {
         };
         waiters.remove(i);
         self.len.store(waiters.len(), Ordering::Release);
-        if i == 0 {
-            if let Some(head) = waiters.front() {
-                head.wake();
-            }
-        }
+        let next = if i == 0 {
+            waiters.front().cloned()
+        } else {
+            None
+        };
         let is_empty = waiters.is_empty();
         drop(waiters);
+        // Woken outside the lock: the woken task's first step takes it (`is_head`).
+        if let Some(head) = next {
+            head.wake();
+        }
         if is_empty {
             emptied();
         }
@@ -384,7 +388,10 @@ impl WaitQueue {
         if self.is_empty() {
             return;
         }
-        if let Some(head) = self.waiters.lock().front() {
+        // Woken outside the lock: waking a parked worker is a system call, and the woken task's
+        // first step takes this lock (`is_head`).
+        let head = self.waiters.lock().front().cloned();
+        if let Some(head) = head {
             head.wake();
         }
     }

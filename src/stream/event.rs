@@ -42,17 +42,21 @@ pub struct Event {
 struct EventInner {
     stream: Stream,
     raw: AnyEvent,
+    /// Its place among the events recorded on `stream`: the completion driver wakes in this
+    /// order.
+    seq: u64,
     completion: Arc<Completion>,
     /// Set once the completion driver has been asked to complete `completion`.
     armed: AtomicBool,
 }
 
 impl Event {
-    pub(crate) fn new(stream: Stream, raw: AnyEvent) -> Event {
+    pub(crate) fn new(stream: Stream, raw: AnyEvent, seq: u64) -> Event {
         Event {
             inner: Arc::new(EventInner {
                 stream,
                 raw,
+                seq,
                 completion: Arc::new(Completion::default()),
                 armed: AtomicBool::new(false),
             }),
@@ -119,6 +123,7 @@ impl Future for Event {
                 stream.id(),
                 stream.shadow(),
                 &inner.raw,
+                inner.seq,
                 &inner.completion,
             );
             if let Err(e) = armed {

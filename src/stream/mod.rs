@@ -185,8 +185,8 @@ impl Stream {
     /// # Errors
     /// A driver error when the event cannot be created or recorded.
     pub fn record(&self) -> Result<Event> {
-        let raw = self.inner.raw.record()?;
-        Ok(Event::new(self.clone(), raw))
+        let (raw, seq) = self.inner.shadow.record(&self.inner.raw)?;
+        Ok(Event::new(self.clone(), raw, seq))
     }
 
     /// Makes work enqueued on this stream from now on wait until `event` completes, without

@@ -5,6 +5,7 @@
 
 pub mod arena_suite;
 pub mod buffer_suite;
+pub mod completion_suite;
 pub mod container_suite;
 pub mod deferred_suite;
 pub mod host_data_suite;

@@ -43,6 +43,7 @@ container_suite!(containers, gpu(), #[ignore = "needs a CUDA device"]);
 // Devices 0 and 1; with one GPU these skip, or fail when asked for by name (`multi_gpu`).
 multi_device_suite!(multi_gpu, common::multi_device_suite::two_cuda_devices(), #[ignore = "needs two CUDA devices"]);
 sync_suite!(synchronization, gpu(), #[ignore = "needs a CUDA device"]);
+completion_suite!(completion_driver, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
 
 deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);

@@ -47,6 +47,7 @@ host_data_suite!(host_data, host());
 container_suite!(containers, host());
 multi_device_suite!(multi_device, Some((host(), host())));
 sync_suite!(synchronization, host());
+completion_suite!(completion_driver, host());
 huge_sizes_suite!(huge_sizes, host());
 
 /// With no capacity to refuse them first, huge requests reach the host backend's own size
