@@ -66,7 +66,7 @@ pub struct ArenaStatistics {
 impl<R: MemoryResource> Inner<R> {
     pub(super) fn statistics(&self) -> ArenaStatistics {
         let mut stats = ArenaStatistics {
-            arena_size: self.size,
+            arena_size: self.extents.held(),
             free_bytes: 0,
             global_free_bytes: 0,
             largest_free_block: 0,
@@ -150,9 +150,9 @@ impl<R: MemoryResource> Inner<R> {
         );
         let _ = writeln!(
             out,
-            "  arena size: {} bytes at {:#x}; free {} (global {}), pending {}, live {} in {} allocations",
+            "  arena size: {} bytes in {} extents; free {} (global {}), pending {}, live {} in {} allocations",
             stats.arena_size,
-            self.base,
+            self.extents.list().len(),
             stats.free_bytes,
             stats.global_free_bytes,
             stats.pending_bytes,
