@@ -501,6 +501,23 @@ fn footprint_wanted(name: &str) -> bool {
     filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
 }
 
+/// The device memory in use once what dropped resources gave back has arrived: on the host
+/// backend a resource's last frees run on its own stream's worker after the resource is gone,
+/// so the reading is repeated until it holds still for 20 ms (at most 2 s).
+fn settled_device_used(device: &Device) -> Result<usize, BoxError> {
+    device.synchronize_blocking()?;
+    let mut used = device_used(device)?;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = device_used(device)?;
+        if now == used {
+            break;
+        }
+        used = now;
+    }
+    Ok(used)
+}
+
 /// W4 on the set-up `make` builds: a timed pass on one fresh resource, then, with that one
 /// dropped and the device synchronized, the device memory in use as the base, and a sampled
 /// pass on another fresh resource (RMM's anchor does the same). `None` when the arguments
@@ -526,8 +543,7 @@ where
         stream.synchronize_blocking()?;
         run
     };
-    device.synchronize_blocking()?;
-    let base = device_used(device)?;
+    let base = settled_device_used(device)?;
     let sampled = {
         let mr = make().map_err(Into::into)?;
         let read = || device_used(device).expect("reading the device's memory");

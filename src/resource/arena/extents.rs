@@ -8,6 +8,11 @@
 //! lock. Each extent's pages follow the previous extent's with one page between that is never
 //! held, so that free ranges of two extents — whose addresses need not touch — never merge.
 //!
+//! A growing arena numbers its extents in two areas: extents taken for superblocks (small
+//! requests) below [`LARGE_AREA`], extents taken for large requests from it on. Superblocks are
+//! taken only from the first area, so small long-lived blocks never pin an extent that a large
+//! short-lived block brought, which can then go back to the upstream whole.
+//!
 //! [`ArenaConfig::growth_step`]: super::ArenaConfig::growth_step
 
 use std::collections::BTreeMap;
@@ -18,6 +23,9 @@ use parking_lot::RwLock;
 
 use super::core::PAGE_SIZE;
 use super::levels::GLOBAL;
+
+/// The first page of a growing arena's large-request area.
+pub(super) const LARGE_AREA: u64 = 1 << 40;
 
 /// One upstream allocation of the arena.
 pub(super) struct Extent {
@@ -78,6 +86,8 @@ pub(super) struct Grown {
     by_page: BTreeMap<u64, Arc<Extent>>,
     /// The bytes of every extent.
     held: usize,
+    /// The first page of the next extent in the superblock area and in the large area.
+    next: [u64; 2],
 }
 
 /// What an arena holds: one extent for life, or extents that come and go.
@@ -132,19 +142,26 @@ impl Extents {
         }
     }
 
-    /// Adds an extent to a growing arena.
+    /// Adds the upstream allocation `[base, base + bytes)` to a growing arena, in the large
+    /// area when `large`; returns its first page.
     ///
     /// # Panics
     /// On an arena of a fixed size.
-    pub(super) fn add(&self, extent: Extent) {
+    pub(super) fn add(&self, base: u64, bytes: usize, large: bool) -> u64 {
         let Extents::Growing(g) = self else {
             unreachable!("an arena of a fixed size does not grow")
         };
-        let e = Arc::new(extent);
         let mut g = g.write();
+        let area = usize::from(large);
+        let first = g.next[area].max(area as u64 * LARGE_AREA);
+        let e = Arc::new(Extent::new(base, bytes, first));
+        // One page between extents that is never held.
+        g.next[area] = first + e.pages() + 1;
+        debug_assert!(large || g.next[area] < LARGE_AREA);
         g.held += e.bytes;
         g.by_addr.insert(e.base, e.clone());
         g.by_page.insert(e.first_page, e);
+        first
     }
 
     /// Removes the extent whose first page is `first_page` from a growing arena.

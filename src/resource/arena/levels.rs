@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::config::ArenaDump;
 use super::core::{align_to_size_class, align_up, GlobalArena, Use, PAGE_SIZE, SUPERBLOCK_PAGES};
-use super::extents::{Extent, Extents};
+use super::extents::{Extents, LARGE_AREA};
 use super::slots::{cache_forget, Registry, SlotState, Slots};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -101,11 +101,12 @@ impl<R: MemoryResource> Inner<R> {
 
     /// Grows the arena for a request of `pages` pages that found no fit: gives back every
     /// wholly free extent first (none can serve it, or the request would have found it), then
-    /// takes an extent of at least one growth step from the upstream on `stream`, so that it is
-    /// ready for `stream` at once and other streams wait for `stream` before they use it.
+    /// takes an extent from the upstream on `stream`, so that it is ready for `stream` at once
+    /// and other streams wait for `stream` before they use it: one growth step for superblocks,
+    /// exactly `pages` for a large request (`large`), in the large area.
     /// Returns whether it grew: not for an arena of a fixed size, nor when the maximum or the
     /// upstream's out-of-memory stops it.
-    pub(super) fn grow(&self, pages: u64, stream: &Stream) -> Result<bool> {
+    pub(super) fn grow(&self, pages: u64, large: bool, stream: &Stream) -> Result<bool> {
         let Some(growth) = self.growth else {
             return Ok(false);
         };
@@ -116,7 +117,11 @@ impl<R: MemoryResource> Inner<R> {
         if need > room {
             return Ok(false);
         }
-        let bytes = need.max(growth.step).min(room / PAGE_SIZE * PAGE_SIZE);
+        let bytes = if large {
+            need
+        } else {
+            need.max(growth.step).min(room / PAGE_SIZE * PAGE_SIZE)
+        };
         let base = match self.upstream.try_allocate(bytes, stream) {
             Ok(p) => p.addr(),
             Err(e) if e.is_out_of_memory() => return Ok(false),
@@ -126,12 +131,7 @@ impl<R: MemoryResource> Inner<R> {
         // Whoever takes these pages on another stream waits for the allocation on `stream`.
         record.note_free();
         let mut global = self.global.lock();
-        let first = if global.end() == 0 {
-            0
-        } else {
-            global.end() + 1
-        };
-        self.extents.add(Extent::new(base, bytes, first));
+        let first = self.extents.add(base, bytes, large);
         global.add_range(first, (bytes / PAGE_SIZE) as u64, vec![Fence(record)]);
         Ok(true)
     }
@@ -203,7 +203,7 @@ impl<R: MemoryResource> Inner<R> {
                 // Exhausted: gather every wholly free superblock and retry once, after growing
                 // when that did not free a superblock.
                 if self.defragment() == 0 {
-                    self.grow(SUPERBLOCK_PAGES, stream)?;
+                    self.grow(SUPERBLOCK_PAGES, false, stream)?;
                 }
             }
         }
@@ -225,7 +225,13 @@ impl<R: MemoryResource> Inner<R> {
         }
         {
             let mut global = self.global.lock();
-            if let Some(c) = global.find(Use::Superblock, 0) {
+            // A growing arena lends superblocks from its superblock area only.
+            let limit = if self.growth.is_some() {
+                LARGE_AREA
+            } else {
+                u64::MAX
+            };
+            if let Some(c) = global.find_below(Use::Superblock, 0, limit) {
                 let me = state.record.as_ref().expect("a live arena has a stream");
                 self.counters.wait_fences(me, global.fences(&c))?;
                 global.take(c);
@@ -302,7 +308,7 @@ impl<R: MemoryResource> Inner<R> {
             }
             if attempt == 0 {
                 self.defragment();
-                self.grow(pages, stream)?;
+                self.grow(pages, true, stream)?;
             }
         }
         Err(self.out_of_memory(bytes, size as usize, stream))

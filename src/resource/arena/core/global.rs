@@ -95,24 +95,31 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
     }
 
     /// Adds the free pages `[start, start + pages)`, to be waited on with `fences` before
-    /// first use. They must lie above every page held so far, with at least one page between
-    /// (so they never merge with another range's pages).
+    /// first use. They must not touch any page held (at least one page between), so that they
+    /// never merge with another range's pages.
     ///
     /// # Panics
-    /// When the range is empty or does not lie past [`end`](Self::end) + 1.
+    /// When the range is empty or touches held pages.
     pub(crate) fn add_range(&mut self, start: u64, pages: u64, fences: Vec<F>) {
         assert!(pages > 0, "an empty range");
+        let near = self.free.near(start);
+        let apart_below = near.below.is_none_or(|b| {
+            let (k, n) = self.free.entry(b);
+            k + n < start
+        });
+        let apart_above = near
+            .above
+            .is_none_or(|a| self.free.entry(a).0 > start + pages);
         assert!(
-            self.end == 0 || start > self.end,
-            "pages {start}+{pages} not past the arena's end {} plus a gap",
-            self.end
+            apart_below && apart_above,
+            "pages {start}+{pages} touch the arena's free pages"
         );
         let mut own = Vec::new();
         merge_fences(&mut own, fences);
-        self.free.insert(start, pages, own);
+        self.free.insert_at(near.at, start, pages, own);
         self.pages += pages;
         self.free_pages += pages;
-        self.end = start + pages;
+        self.end = self.end.max(start + pages);
     }
 
     /// Removes the free range `[start, start + pages)` if it is free as a whole (and not part
@@ -129,15 +136,15 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         Some(fences)
     }
 
-    /// One past the highest page ever held.
-    pub(crate) fn end(&self) -> u64 {
-        self.end
-    }
-
     /// The lowest free pages that serve `what`: a superblock of [`SUPERBLOCK_PAGES`] (the
     /// whole range when the rest would be smaller than a superblock, as RMM does), or a large
     /// block of exactly `pages`.
     pub(crate) fn find(&self, what: Use, pages: u64) -> Option<Candidate> {
+        self.find_below(what, pages, u64::MAX)
+    }
+
+    /// [`find`](Self::find) among the free ranges that start below page `limit` only.
+    pub(crate) fn find_below(&self, what: Use, pages: u64, limit: u64) -> Option<Candidate> {
         let want = match what {
             Use::Superblock => SUPERBLOCK_PAGES,
             Use::Large => pages,
@@ -145,6 +152,9 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         debug_assert!(want > 0);
         let pos = self.free.first_fit(want)?;
         let (start, size) = self.free.entry(pos);
+        if start >= limit {
+            return None;
+        }
         let pages = if what == Use::Superblock && size < want + SUPERBLOCK_PAGES {
             size
         } else {
