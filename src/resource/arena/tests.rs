@@ -346,15 +346,11 @@ fn out_of_memory_reports_the_free_bytes() {
     let mr = arena(&d, 4 * MIB);
     let held = mr.try_allocate(3 * MIB, &s).unwrap();
     let err = mr.try_allocate(2 * MIB, &s).unwrap_err();
-    assert_eq!(
-        err,
-        Error::OutOfMemory {
-            details: None,
-            requested: 2 * MIB,
-            available: Some(MIB),
-            device: d.id()
-        }
-    );
+    let mut details = crate::error::OutOfMemoryDetails::default();
+    details.largest_free_block = Some(MIB);
+    details.free_bytes = Some(MIB);
+    details.reserved_bytes = Some(4 * MIB);
+    assert_eq!(err, Error::out_of_memory_with(2 * MIB, d.id(), details));
     let err = mr.try_allocate(1 << 50, &s).unwrap_err();
     assert!(err.is_out_of_memory());
     free(&mr, held, 3 * MIB, &s);
@@ -728,4 +724,35 @@ mod ordering {
         free(&mr, e.unwrap(), 512 * KIB, &y);
         free(&mr, pin, 256, &x);
     }
+}
+
+/// Failed before: the error had no details.
+#[test]
+fn out_of_memory_details_name_the_largest_block_what_is_held_and_the_pending_frees() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, 4 * MIB);
+    let large = mr.try_allocate(3 * MIB, &a).unwrap(); // from the global arena
+    let q1 = mr.try_allocate(1000, &a).unwrap(); // a's arena takes the last superblock
+    let q2 = mr.try_allocate(1000, &a).unwrap();
+    b.wait(&a.record().unwrap()).unwrap();
+    free(&mr, q2, 1000, &b); // pending in a's arena until a waits for b
+    let err = mr.try_allocate(2 * MIB, &a).unwrap_err();
+    let Error::OutOfMemory {
+        requested,
+        details: Some(details),
+        ..
+    } = &err
+    else {
+        panic!("no details: {err:?}");
+    };
+    assert_eq!(*requested, 2 * MIB);
+    assert_eq!(details.reserved_bytes, Some(4 * MIB));
+    assert_eq!(details.largest_free_block, Some(MIB - 2048));
+    assert_eq!(details.free_bytes, Some(MIB - 2048 + 1024));
+    assert_eq!(details.pending_frees, vec![(b.id(), 1024)]);
+    let text = err.to_string();
+    assert!(text.contains("1024 bytes pending on"), "{text}");
+    free(&mr, q1, 1000, &a);
+    free(&mr, large, 3 * MIB, &a);
 }
