@@ -12,8 +12,9 @@
 //! W4 (`footprint`) runs every set-up twice, each time on a freshly built resource: a timed
 //! pass (ns per step) and a sampled pass that reads the device's used memory
 //! ([`Device::memory_info`]: `cuMemGetInfo` on CUDA; on the host backend the bytes of the
-//! emulated device's live raw allocations) after every allocation. The figure is the peak of
-//! that, minus what was in use before the resource was built, over the peak of live bytes.
+//! emulated device's live raw allocations, read after waiting for every stream, since its raw
+//! frees run late on stream workers) after every allocation. The figure is the peak of that,
+//! minus what was in use before the resource was built, over the peak of live bytes.
 //!
 //! Besides the table it measures, on the pool: the allocation future's ready path against
 //! `try_allocate` (W1 with `allocate().await` in one `block_on`), and the wake latency from a
@@ -546,12 +547,43 @@ where
     let base = settled_device_used(device)?;
     let sampled = {
         let mr = make().map_err(Into::into)?;
-        let read = || device_used(device).expect("reading the device's memory");
+        // On the host backend, frees of raw memory run on a stream's worker thread, which on a
+        // busy machine lags far behind (on CUDA `cuMemFree` returns the memory at once): the
+        // reading there waits for every stream first, so that it shows what the resource holds,
+        // not how far the emulation's workers are behind.
+        let host = device.host_controls().is_some();
+        let read = || {
+            if host {
+                device
+                    .synchronize_blocking()
+                    .expect("synchronizing the device");
+            }
+            device_used(device).expect("reading the device's memory")
+        };
         let run = workloads::footprint(&mr, &stream, FOOTPRINT_STEPS, Some(&read));
         stream.synchronize_blocking()?;
         run
     };
     device.synchronize_blocking()?;
+    let (timed, sampled) = match (timed, sampled) {
+        (Ok(t), Ok(s)) => (t, s),
+        (Err(e), _) => {
+            return Ok(Some(footprint_skipped(
+                name,
+                format!("failed (timed pass): {e}"),
+            )))
+        }
+        (_, Err(e)) => {
+            return Ok(Some(footprint_skipped(
+                name,
+                format!("failed (sampled pass): {e}"),
+            )))
+        }
+    };
+    eprintln!(
+        "[{name}] W4 base {base} B, peak in use {} B, peak live {} B, {} allocations",
+        sampled.peak_used, sampled.peak_live, sampled.allocations
+    );
     Ok(Some(FootRow {
         name: name.into(),
         figures: Ok(Foot {
@@ -562,10 +594,10 @@ where
     }))
 }
 
-/// A row for a set-up that cannot run W4, with the reason.
+/// A row for a set-up that cannot run W4 or failed in it, with the reason.
 fn footprint_skipped(name: &str, why: impl Into<String>) -> FootRow {
     let why = why.into();
-    eprintln!("[{name}] W4 skipped: {why}");
+    eprintln!("[{name}] W4: {why}");
     FootRow {
         name: name.into(),
         figures: Err(why),
@@ -606,7 +638,7 @@ fn footprint_rows(device: &Device) -> Result<Vec<FootRow>, BoxError> {
         rows.push(footprint_skipped(
             "streamalloc FixedSizeResource",
             format!(
-                "serves blocks of at most {} bytes; W4's large blocks are up to 64 MiB",
+                "skipped: serves blocks of at most {} bytes; W4's large blocks are up to 64 MiB",
                 fixed.block_size()
             ),
         ));
@@ -700,7 +732,7 @@ fn report_footprint(
                 f.peak_dev / MIB as f64,
                 f.ratio()
             )?,
-            Err(why) => writeln!(out, "{:<width$} skipped: {why}", r.name)?,
+            Err(why) => writeln!(out, "{:<width$} {why}", r.name)?,
         }
     }
     let pairs: Vec<(&FootRow, &Foot, &FootRow, &Foot)> = ours

@@ -220,13 +220,15 @@ pub struct FootprintRun {
 /// runs it: the draw of [`footprint_draw`], then the frees of every block expiring at this step,
 /// in allocation order (a scan of the live list, as the anchor's), then everything left is freed.
 /// With `device_used`, reads it after every allocation and keeps the peak (the sampled pass);
-/// without, times the steps (the timed pass). Panics on an allocation failure: W4 has no cap.
+/// without, times the steps (the timed pass). An allocation that fails ends the run: every
+/// live block is freed and the error returned with the step (W4 has no cap, so a failure is a
+/// finding about the resource).
 pub fn footprint<R: MemoryResource + ?Sized>(
     mr: &R,
     stream: &Stream,
     steps: usize,
     device_used: Option<&dyn Fn() -> usize>,
-) -> FootprintRun {
+) -> Result<FootprintRun, String> {
     struct Live {
         p: DevicePtr,
         bytes: usize,
@@ -238,8 +240,19 @@ pub fn footprint<R: MemoryResource + ?Sized>(
     let t = Instant::now();
     for i in 0..steps {
         if let Some((bytes, life)) = footprint_draw(&mut rng) {
+            let p = match mr.try_allocate(bytes, stream) {
+                Ok(p) => p,
+                Err(e) => {
+                    for b in live {
+                        free(mr, b.p, b.bytes, stream);
+                    }
+                    return Err(format!(
+                        "step {i}: allocating {bytes} bytes with {used} live: {e}"
+                    ));
+                }
+            };
             live.push(Live {
-                p: alloc(mr, bytes, stream),
+                p,
                 bytes,
                 expiry: i + life,
             });
@@ -263,10 +276,10 @@ pub fn footprint<R: MemoryResource + ?Sized>(
     for b in live {
         free(mr, b.p, b.bytes, stream);
     }
-    FootprintRun {
+    Ok(FootprintRun {
         ns_per_step: t.elapsed().as_nanos() as f64 / steps as f64,
         peak_live,
         peak_used,
         allocations,
-    }
+    })
 }
