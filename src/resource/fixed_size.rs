@@ -250,11 +250,13 @@ impl<R: MemoryResource> Forward for Inner<R> {
                         Err(e) if e.is_out_of_memory() => {
                             // No stream has a free block (`take` found none) and the upstream
                             // has no chunk: nothing is free, nothing pending.
-                            let mut details = OutOfMemoryDetails::default();
-                            details.largest_free_block = Some(0);
-                            details.free_bytes = Some(0);
-                            details.reserved_bytes =
-                                Some(state.chunk_count() * self.blocks_per_chunk * self.block_size);
+                            let held = state.chunk_count() * self.blocks_per_chunk;
+                            let details = OutOfMemoryDetails {
+                                largest_free_block: Some(0),
+                                free_bytes: Some(0),
+                                reserved_bytes: Some(held * self.block_size),
+                                ..OutOfMemoryDetails::default()
+                            };
                             return Err(Error::out_of_memory_with(
                                 bytes,
                                 self.device.id(),

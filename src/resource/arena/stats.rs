@@ -120,11 +120,12 @@ impl<R: MemoryResource> Inner<R> {
                 }
             }
         });
-        let mut details = OutOfMemoryDetails::default();
-        details.largest_free_block = Some(stats.largest_free_block);
-        details.free_bytes = Some(stats.free_bytes + stats.pending_bytes);
-        details.reserved_bytes = Some(stats.arena_size);
-        details.pending_frees = pending;
+        let details = OutOfMemoryDetails {
+            largest_free_block: Some(stats.largest_free_block),
+            free_bytes: Some(stats.free_bytes + stats.pending_bytes),
+            reserved_bytes: Some(stats.arena_size),
+            pending_frees: pending,
+        };
         Error::out_of_memory_with(bytes, self.device.id(), details)
             .never_fitting(Some(self.capacity))
     }

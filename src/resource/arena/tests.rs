@@ -346,10 +346,12 @@ fn out_of_memory_reports_the_free_bytes() {
     let mr = arena(&d, 4 * MIB);
     let held = mr.try_allocate(3 * MIB, &s).unwrap();
     let err = mr.try_allocate(2 * MIB, &s).unwrap_err();
-    let mut details = crate::error::OutOfMemoryDetails::default();
-    details.largest_free_block = Some(MIB);
-    details.free_bytes = Some(MIB);
-    details.reserved_bytes = Some(4 * MIB);
+    let details = crate::error::OutOfMemoryDetails {
+        largest_free_block: Some(MIB),
+        free_bytes: Some(MIB),
+        reserved_bytes: Some(4 * MIB),
+        ..Default::default()
+    };
     assert_eq!(err, Error::out_of_memory_with(2 * MIB, d.id(), details));
     let err = mr.try_allocate(1 << 50, &s).unwrap_err();
     assert!(err.is_out_of_memory());
