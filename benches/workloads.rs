@@ -1,11 +1,20 @@
-//! The side-by-side table: workloads W1–W3 (`../shared/bench/WORKLOADS.md`) on this crate's
+//! The side-by-side table: workloads W1–W4 (`../shared/bench/WORKLOADS.md`) on this crate's
 //! resources, on raw `cuMemAllocFromPoolAsync` and, when the RMM anchor is bundled
 //! (`ANCHORS=1 ../shared/gpu/bundle.sh`), on RMM's resources in the same run, with the ratios.
 //!
 //! Run: `cargo bench --bench workloads` (the host backend here), or on the GPU machine the
 //! bundled binary with `--bench` from the checkout's root (`bash .gpu/run.sh` does). Set
 //! `STREAMALLOC_RMM=0` to skip RMM (its run builds it with nvcc first), and
-//! `STREAMALLOC_WORKLOADS_OUT=path.md` to also get the report as Markdown.
+//! `STREAMALLOC_WORKLOADS_OUT=path.md` to also get the report as Markdown. The argument
+//! `footprint` (`cargo bench --bench workloads -- footprint`) runs W4 alone; further arguments
+//! keep only the W4 set-ups whose names contain one of them (`-- footprint Arena Pool`).
+//!
+//! W4 (`footprint`) runs every set-up twice, each time on a freshly built resource: a timed
+//! pass (ns per step) and a sampled pass that reads the device's used memory
+//! ([`Device::memory_info`]: `cuMemGetInfo` on CUDA; on the host backend the bytes of the
+//! emulated device's live raw allocations, read after waiting for every stream, since its raw
+//! frees run late on stream workers) after every allocation. The figure is the peak of that,
+//! minus what was in use before the resource was built, over the peak of live bytes.
 //!
 //! Besides the table it measures, on the pool: the allocation future's ready path against
 //! `try_allocate` (W1 with `allocate().await` in one `block_on`), and the wake latency from a
@@ -26,7 +35,9 @@ use streamalloc::{
     TracingAdaptor, TrackingAdaptor,
 };
 
-use workloads::{pair, pair_awaited, random_ns, threaded, RAND_1MIB, RAND_64MIB};
+use workloads::{
+    pair, pair_awaited, random_ns, threaded, FOOTPRINT_STEPS, MIB, RAND_1MIB, RAND_64MIB,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -122,10 +133,12 @@ fn main() {
 
 fn run() -> Result<(), BoxError> {
     let device = Device::default();
+    let only_footprint = std::env::args().skip(1).any(|a| a == "footprint");
     let mut out = String::new();
     writeln!(
         out,
-        "streamalloc allocation workloads (W1-W3 of WORKLOADS.md) on {} ({}, {} backend); {} host CPUs",
+        "streamalloc allocation workloads ({} of WORKLOADS.md) on {} ({}, {} backend); {} host CPUs",
+        if only_footprint { "W4" } else { "W1-W4" },
         device.id(),
         device.name(),
         device.backend(),
@@ -137,6 +150,35 @@ fn run() -> Result<(), BoxError> {
          ours: median of {TRIALS} runs on one resource, RMM's: one run"
     )?;
 
+    let w1_to_w3 = if only_footprint {
+        None
+    } else {
+        Some(measure_w1_to_w3(&device)?)
+    };
+    let footprints = footprint_rows(&device)?;
+    let rmm_text = rmm_output(&mut out);
+    if let Some(measured) = w1_to_w3 {
+        report_w1_to_w3(&mut out, measured, rmm_text.as_deref())?;
+    }
+    report_footprint(&mut out, &footprints, rmm_text.as_deref())?;
+    print!("{out}");
+    if let Some(path) = std::env::var_os("STREAMALLOC_WORKLOADS_OUT") {
+        std::fs::write(&path, format!("```text\n{out}```\n"))?;
+        println!("report written to {}", path.to_string_lossy());
+    }
+    Ok(())
+}
+
+/// What W1–W3 measured on this crate's side.
+struct W1ToW3 {
+    rows: Vec<Row>,
+    awaited: (f64, f64),
+    wake: Vec<Duration>,
+    adaptors: Vec<(String, f64)>,
+}
+
+fn measure_w1_to_w3(device: &Device) -> Result<W1ToW3, BoxError> {
+    let device = device.clone();
     // Made first: on the host backend, memory the big pools free reaches the device only when
     // their streams get there.
     let wake_pool = PoolResource::new(CudaResource::new(&device)?, WAKE_SIZE, Some(WAKE_SIZE))?;
@@ -190,11 +232,26 @@ fn run() -> Result<(), BoxError> {
     eprintln!("[adaptors] W1 over the pool ...");
     let adaptors = adaptor_overhead(&device)?;
 
-    let rmm = rmm_rows(&mut out);
+    Ok(W1ToW3 {
+        rows,
+        awaited,
+        wake,
+        adaptors,
+    })
+}
+
+fn report_w1_to_w3(out: &mut String, m: W1ToW3, rmm_text: Option<&str>) -> Result<(), BoxError> {
+    let W1ToW3 {
+        mut rows,
+        awaited,
+        wake,
+        adaptors,
+    } = m;
+    let rmm = rmm_text.map(|t| rmm_rows(out, t)).unwrap_or_default();
     rows.extend(rmm.iter().cloned());
 
     writeln!(out)?;
-    table(&mut out, &rows, |_, v| {
+    table(out, &rows, |_, v| {
         v.map_or("-".into(), |v| format!("{v:.1}"))
     })?;
 
@@ -218,7 +275,7 @@ fn run() -> Result<(), BoxError> {
             "\nratio to raw cuMemAllocFromPoolAsync in this run (< 1: faster)"
         )?;
         let ratios: Vec<Row> = ours.iter().map(|r| ratio_row(r, &raw)).collect();
-        table(&mut out, &ratios, |_, v| {
+        table(out, &ratios, |_, v| {
             v.map_or("-".into(), |v| format!("{v:.3}"))
         })?;
     }
@@ -238,7 +295,7 @@ fn run() -> Result<(), BoxError> {
                 Some(row)
             })
             .collect();
-        table(&mut out, &ratios, |_, v| {
+        table(out, &ratios, |_, v| {
             v.map_or("-".into(), |v| format!("{v:.3}"))
         })?;
     }
@@ -268,11 +325,6 @@ fn run() -> Result<(), BoxError> {
         us(percentile(&wake, 99)),
         us(percentile(&wake, 100)),
     )?;
-    print!("{out}");
-    if let Some(path) = std::env::var_os("STREAMALLOC_WORKLOADS_OUT") {
-        std::fs::write(&path, format!("```text\n{out}```\n"))?;
-        println!("report written to {}", path.to_string_lossy());
-    }
     Ok(())
 }
 
@@ -311,15 +363,15 @@ fn table(
     Ok(())
 }
 
-/// RMM's rows, from running the bundled anchor (`.gpu/rmm/run.sh`) now, when it is there, or
-/// from a saved output of it named by `STREAMALLOC_RMM_OUTPUT`.
-fn rmm_rows(out: &mut String) -> Vec<Row> {
+/// The RMM anchor's output, from running the bundled anchor (`.gpu/rmm/run.sh`) now, when it
+/// is there, or from a saved output of it named by `STREAMALLOC_RMM_OUTPUT`.
+fn rmm_output(out: &mut String) -> Option<String> {
     let text = if let Some(saved) = std::env::var_os("STREAMALLOC_RMM_OUTPUT") {
         match std::fs::read_to_string(&saved) {
             Ok(t) => t,
             Err(e) => {
                 let _ = writeln!(out, "RMM: cannot read {}: {e}", saved.to_string_lossy());
-                return Vec::new();
+                return None;
             }
         }
     } else {
@@ -329,7 +381,7 @@ fn rmm_rows(out: &mut String) -> Vec<Row> {
                 out,
                 "RMM: not run (no .gpu/rmm/run.sh, or STREAMALLOC_RMM=0)"
             );
-            return Vec::new();
+            return None;
         }
         eprintln!("[rmm] building and running the RMM anchor ...");
         match Command::new("bash").arg(script).output() {
@@ -339,12 +391,17 @@ fn rmm_rows(out: &mut String) -> Vec<Row> {
             }
             Err(e) => {
                 let _ = writeln!(out, "RMM: could not run {}: {e}", script.display());
-                return Vec::new();
+                return None;
             }
         }
     };
     eprintln!("{text}");
-    let rows = parse_rmm(&text);
+    Some(text)
+}
+
+/// RMM's W1–W3 rows from the anchor's output `text`, with a note in `out` on what is missing.
+fn rmm_rows(out: &mut String, text: &str) -> Vec<Row> {
+    let rows = parse_rmm(text);
     if rows.is_empty() {
         let _ = writeln!(out, "RMM: the anchor printed no figures");
     } else if let Some(l) = text.lines().find(|l| l.starts_with("device free=")) {
@@ -363,10 +420,11 @@ fn rmm_rows(out: &mut String) -> Vec<Row> {
 /// Parses the anchor's output. It prints progress lines (`  rmm.pool pair 544.6`, for pair, r1,
 /// r64, mt1 and mt4) and then a summary row per resource (a name and seven figures: pair,
 /// rand1MiB, rand64MiB, rand10k_1MiB, mt1, mt4, mt16). Progress lines fill in a resource whose
-/// summary row never came (the anchor aborted in its mt16 run).
+/// summary row never came (the anchor aborted in its mt16 run). It stops at W4's `footprint`
+/// header ([`parse_rmm_footprint`] reads what follows).
 fn parse_rmm(text: &str) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
-    for line in text.lines() {
+    for line in text.lines().take_while(|l| !is_footprint_header(l)) {
         let parts: Vec<&str> = line.split_whitespace().collect();
         let Some(&name) = parts.first().filter(|n| n.starts_with("rmm.")) else {
             continue;
@@ -396,6 +454,331 @@ fn parse_rmm(text: &str) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// One W4 row: a set-up's figures, or why it has none.
+#[derive(Clone, Debug)]
+struct FootRow {
+    name: String,
+    figures: Result<Foot, String>,
+}
+
+/// W4's figures: ns per step (timed pass); peak live bytes and peak device memory in use above
+/// the base, in bytes (sampled pass).
+#[derive(Clone, Copy, Debug)]
+struct Foot {
+    step_ns: f64,
+    peak_live: f64,
+    peak_dev: f64,
+}
+
+impl Foot {
+    fn ratio(&self) -> f64 {
+        self.peak_dev / self.peak_live
+    }
+}
+
+/// The goals of issue 14 on W4's ratio (peak device / peak live), by row name.
+const FOOTPRINT_GOALS: &[(&str, f64)] = &[
+    ("streamalloc PoolResource", 1.10),
+    ("streamalloc MappedPoolResource", 1.05),
+];
+
+/// The device memory in use now: total − free.
+fn device_used(device: &Device) -> Result<usize, BoxError> {
+    let info = device.memory_info()?;
+    Ok(info.total - info.free)
+}
+
+/// Whether the W4 set-up `name` runs: the arguments after `footprint` name the set-ups to
+/// keep (a part of the name each); none keeps all.
+fn footprint_wanted(name: &str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .skip_while(|a| a != "footprint")
+        .skip(1)
+        .collect();
+    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
+}
+
+/// The device memory in use once what dropped resources gave back has arrived: on the host
+/// backend a resource's last frees run on its own stream's worker after the resource is gone,
+/// so the reading is repeated until it holds still for 20 ms (at most 2 s).
+fn settled_device_used(device: &Device) -> Result<usize, BoxError> {
+    device.synchronize_blocking()?;
+    let mut used = device_used(device)?;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = device_used(device)?;
+        if now == used {
+            break;
+        }
+        used = now;
+    }
+    Ok(used)
+}
+
+/// W4 on the set-up `make` builds: a timed pass on one fresh resource, then, with that one
+/// dropped and the device synchronized, the device memory in use as the base, and a sampled
+/// pass on another fresh resource (RMM's anchor does the same). `None` when the arguments
+/// leave the set-up out ([`footprint_wanted`]). A set-up is one line in [`footprint_rows`]:
+/// `rows.extend(footprint("streamalloc X", device, || X::new(..))?);`.
+fn footprint<R, E>(
+    name: &str,
+    device: &Device,
+    make: impl Fn() -> Result<R, E>,
+) -> Result<Option<FootRow>, BoxError>
+where
+    R: MemoryResource,
+    E: Into<BoxError>,
+{
+    if !footprint_wanted(name) {
+        return Ok(None);
+    }
+    eprintln!("[{name}] W4 ...");
+    let stream = Stream::new(device)?;
+    let timed = {
+        let mr = make().map_err(Into::into)?;
+        let run = workloads::footprint(&mr, &stream, FOOTPRINT_STEPS, None);
+        stream.synchronize_blocking()?;
+        run
+    };
+    let base = settled_device_used(device)?;
+    let sampled = {
+        let mr = make().map_err(Into::into)?;
+        // On the host backend, frees of raw memory run on a stream's worker thread, which on a
+        // busy machine lags far behind (on CUDA `cuMemFree` returns the memory at once): the
+        // reading there waits for every stream first, so that it shows what the resource holds,
+        // not how far the emulation's workers are behind.
+        let host = device.host_controls().is_some();
+        let read = || {
+            if host {
+                device
+                    .synchronize_blocking()
+                    .expect("synchronizing the device");
+            }
+            device_used(device).expect("reading the device's memory")
+        };
+        let run = workloads::footprint(&mr, &stream, FOOTPRINT_STEPS, Some(&read));
+        stream.synchronize_blocking()?;
+        run
+    };
+    device.synchronize_blocking()?;
+    let (timed, sampled) = match (timed, sampled) {
+        (Ok(t), Ok(s)) => (t, s),
+        (Err(e), _) => {
+            return Ok(Some(footprint_skipped(
+                name,
+                format!("failed (timed pass): {e}"),
+            )))
+        }
+        (_, Err(e)) => {
+            return Ok(Some(footprint_skipped(
+                name,
+                format!("failed (sampled pass): {e}"),
+            )))
+        }
+    };
+    eprintln!(
+        "[{name}] W4 base {base} B, peak in use {} B, peak live {} B, {} allocations",
+        sampled.peak_used, sampled.peak_live, sampled.allocations
+    );
+    Ok(Some(FootRow {
+        name: name.into(),
+        figures: Ok(Foot {
+            step_ns: timed.ns_per_step,
+            peak_live: sampled.peak_live as f64,
+            peak_dev: sampled.peak_used.saturating_sub(base) as f64,
+        }),
+    }))
+}
+
+/// A row for a set-up that cannot run W4 or failed in it, with the reason.
+fn footprint_skipped(name: &str, why: impl Into<String>) -> FootRow {
+    let why = why.into();
+    eprintln!("[{name}] W4: {why}");
+    FootRow {
+        name: name.into(),
+        figures: Err(why),
+    }
+}
+
+/// W4 on every set-up of WORKLOADS.md (each starts with nothing reserved and grows), the
+/// crate's resources with their defaults, and the crate's modes made to cut the footprint.
+fn footprint_rows(device: &Device) -> Result<Vec<FootRow>, BoxError> {
+    let pool = || PoolResource::new(CudaResource::new(device)?, 0, None);
+    let mut rows = Vec::new();
+    rows.extend(footprint("streamalloc CudaResource", device, || {
+        CudaResource::new(device)
+    })?);
+    // The builder's default release threshold is u64::MAX, RMM's cuda_async setting.
+    rows.extend(footprint("streamalloc CudaAsyncResource", device, || {
+        CudaAsyncResource::new(device)
+    })?);
+    rows.extend(footprint("streamalloc PoolResource", device, pool)?);
+    rows.extend(footprint("streamalloc BinningResource", device, || {
+        BinningResource::with_range(pool()?, 18, 22)
+    })?);
+    // The default: an arena that starts empty and grows on demand.
+    rows.extend(footprint("streamalloc ArenaResource", device, || {
+        ArenaResource::new(CudaResource::new(device)?, None)
+    })?);
+    // RMM's arena (and this crate's before it grew): half of the free memory at construction.
+    rows.extend(footprint(
+        "streamalloc ArenaResource (50 % of free)",
+        device,
+        || {
+            let size = percent_of_free_device_memory(device, 50)?;
+            ArenaResource::new(CudaResource::new(device)?, Some(size))
+        },
+    )?);
+    if footprint_wanted("streamalloc FixedSizeResource") {
+        let fixed = FixedSizeResource::with_defaults(CudaResource::new(device)?)?;
+        rows.push(footprint_skipped(
+            "streamalloc FixedSizeResource",
+            format!(
+                "skipped: serves blocks of at most {} bytes; W4's large blocks are up to 64 MiB",
+                fixed.block_size()
+            ),
+        ));
+    }
+    // Modes made to cut the footprint.
+    rows.extend(footprint(
+        "streamalloc CudaAsyncResource (release threshold 0)",
+        device,
+        || {
+            CudaAsyncResource::builder(device)
+                .release_threshold(0)
+                .build()
+        },
+    )?);
+    Ok(rows)
+}
+
+fn is_footprint_header(line: &str) -> bool {
+    line.split_whitespace().next() == Some("footprint")
+}
+
+/// RMM's W4 rows from the anchor's output: after the `footprint` header, a name and four
+/// figures per line (step_ns, peak_live_MiB, peak_dev_MiB, ratio).
+fn parse_rmm_footprint(text: &str) -> Vec<FootRow> {
+    text.lines()
+        .skip_while(|l| !is_footprint_header(l))
+        .skip(1)
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let (&name, rest) = parts.split_first()?;
+            let figures: Vec<f64> = rest.iter().filter_map(|x| x.parse().ok()).collect();
+            (name.starts_with("rmm.") && figures.len() == 4).then(|| FootRow {
+                name: name.into(),
+                figures: Ok(Foot {
+                    step_ns: figures[0],
+                    peak_live: figures[1] * MIB as f64,
+                    peak_dev: figures[2] * MIB as f64,
+                }),
+            })
+        })
+        .collect()
+}
+
+/// RMM's W4 counterpart of one of our rows.
+fn footprint_counterpart(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "streamalloc CudaResource" => "rmm.cuda",
+        "streamalloc CudaAsyncResource" => "rmm.cuda_async",
+        "streamalloc PoolResource" => "rmm.pool",
+        "streamalloc BinningResource" => "rmm.binning",
+        _ => return None,
+    })
+}
+
+/// The W4 table (ours, then RMM's), the ratios to RMM's counterparts, and the goals.
+fn report_footprint(
+    out: &mut String,
+    ours: &[FootRow],
+    rmm_text: Option<&str>,
+) -> Result<(), BoxError> {
+    let rmm = rmm_text.map(parse_rmm_footprint).unwrap_or_default();
+    if rmm_text.is_some() && rmm.is_empty() {
+        writeln!(out, "RMM: the anchor printed no W4 (footprint) rows")?;
+    }
+    writeln!(
+        out,
+        "\nW4 footprint ({FOOTPRINT_STEPS} steps, seed 9): step_ns from the timed pass; peak live \
+         and peak device memory in use above the base from the sampled pass (one run each); \
+         ratio = peak_dev / peak_live (1.0 is the limit)"
+    )?;
+    let width = ours
+        .iter()
+        .chain(&rmm)
+        .map(|r| r.name.len())
+        .max()
+        .unwrap_or(8)
+        .max(9);
+    writeln!(
+        out,
+        "{:<width$} {:>12} {:>14} {:>14} {:>8}",
+        "footprint", "step_ns", "peak_live_MiB", "peak_dev_MiB", "ratio"
+    )?;
+    for r in ours.iter().chain(&rmm) {
+        match &r.figures {
+            Ok(f) => writeln!(
+                out,
+                "{:<width$} {:>12.1} {:>14.1} {:>14.1} {:>8.3}",
+                r.name,
+                f.step_ns,
+                f.peak_live / MIB as f64,
+                f.peak_dev / MIB as f64,
+                f.ratio()
+            )?,
+            Err(why) => writeln!(out, "{:<width$} {why}", r.name)?,
+        }
+    }
+    let pairs: Vec<(&FootRow, &Foot, &FootRow, &Foot)> = ours
+        .iter()
+        .filter_map(|r| {
+            let theirs = rmm
+                .iter()
+                .find(|x| Some(x.name.as_str()) == footprint_counterpart(&r.name))?;
+            Some((
+                r,
+                r.figures.as_ref().ok()?,
+                theirs,
+                theirs.figures.as_ref().ok()?,
+            ))
+        })
+        .collect();
+    if !pairs.is_empty() {
+        writeln!(
+            out,
+            "\nW4 ratio to RMM's counterpart in this run (< 1: faster / smaller)"
+        )?;
+        for (r, f, theirs, t) in pairs {
+            writeln!(
+                out,
+                "  {:<width$} step_ns {:>7.3}  footprint ratio {:>7.3}",
+                format!("{} / {}", r.name, theirs.name),
+                f.step_ns / t.step_ns,
+                f.ratio() / t.ratio(),
+            )?;
+        }
+    }
+    for (name, goal) in FOOTPRINT_GOALS {
+        if let Some(f) = ours
+            .iter()
+            .find(|r| r.name == *name)
+            .and_then(|r| r.figures.as_ref().ok())
+        {
+            writeln!(
+                out,
+                "W4 goal: {name} peak device / peak live {:.3} (goal <= {goal:.2}): {}",
+                f.ratio(),
+                if f.ratio() <= *goal { "met" } else { "NOT met" }
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// W1 on the workload pool bare and under adaptors, each on its own fresh pool.

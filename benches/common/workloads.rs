@@ -1,4 +1,4 @@
-//! The allocation workloads W1–W3 of `../shared/bench/WORKLOADS.md`, shared by the criterion
+//! The allocation workloads W1–W4 of `../shared/bench/WORKLOADS.md`, shared by the criterion
 //! bench (`benches/pool.rs`) and the side-by-side table (`benches/workloads.rs`). They must stay
 //! identical to `../shared/anchors/rmm/rmm_bench.cpp`, which RMM runs in the same GPU run.
 
@@ -181,4 +181,105 @@ pub fn threaded<R: MemoryResource + ?Sized>(mr: &R, streams: &[Stream]) -> f64 {
         t.elapsed()
     });
     wall.as_nanos() as f64 / (2 * N * threads) as f64
+}
+
+/// W4's seed and length.
+pub const FOOTPRINT_SEED: u64 = 9;
+pub const FOOTPRINT_STEPS: usize = 20_000;
+
+/// W4's draw for one step: `Some((bytes, lifetime in steps))`, or `None` (no allocation).
+/// Small blocks: `1 + next() % 65,536` bytes for `1 + next() % 1,000` steps (k < 50); large:
+/// `1 MiB + next() % 63 MiB` bytes for `1 + next() % 50` steps (50 <= k < 55).
+pub fn footprint_draw(rng: &mut SplitMix64) -> Option<(usize, usize)> {
+    let k = rng.next() % 100;
+    if k < 50 {
+        let bytes = 1 + (rng.next() % 65_536) as usize;
+        Some((bytes, 1 + (rng.next() % 1_000) as usize))
+    } else if k < 55 {
+        let bytes = MIB + (rng.next() % (63 << 20)) as usize;
+        Some((bytes, 1 + (rng.next() % 50) as usize))
+    } else {
+        None
+    }
+}
+
+/// What one W4 pass measured.
+#[derive(Clone, Copy, Debug)]
+pub struct FootprintRun {
+    /// Wall time over the steps (sampling included when sampled).
+    pub ns_per_step: f64,
+    /// The peak of the bytes live at once (as requested, not as rounded by the resource).
+    pub peak_live: usize,
+    /// The peak of `device_used()` read after every allocation; 0 when not sampled.
+    pub peak_used: usize,
+    /// Allocations made.
+    pub allocations: usize,
+}
+
+/// W4 `footprint` on `mr` for `steps` steps (`FOOTPRINT_STEPS` in the figures), as RMM's anchor
+/// runs it: the draw of [`footprint_draw`], then the frees of every block expiring at this step,
+/// in allocation order (a scan of the live list, as the anchor's), then everything left is freed.
+/// With `device_used`, reads it after every allocation and keeps the peak (the sampled pass);
+/// without, times the steps (the timed pass). An allocation that fails ends the run: every
+/// live block is freed and the error returned with the step (W4 has no cap, so a failure is a
+/// finding about the resource).
+pub fn footprint<R: MemoryResource + ?Sized>(
+    mr: &R,
+    stream: &Stream,
+    steps: usize,
+    device_used: Option<&dyn Fn() -> usize>,
+) -> Result<FootprintRun, String> {
+    struct Live {
+        p: DevicePtr,
+        bytes: usize,
+        expiry: usize,
+    }
+    let mut rng = SplitMix64(FOOTPRINT_SEED);
+    let mut live: Vec<Live> = Vec::new();
+    let (mut used, mut peak_live, mut peak_used, mut allocations) = (0usize, 0usize, 0usize, 0);
+    let t = Instant::now();
+    for i in 0..steps {
+        if let Some((bytes, life)) = footprint_draw(&mut rng) {
+            let p = match mr.try_allocate(bytes, stream) {
+                Ok(p) => p,
+                Err(e) => {
+                    for b in live {
+                        free(mr, b.p, b.bytes, stream);
+                    }
+                    return Err(format!(
+                        "step {i}: allocating {bytes} bytes with {used} live: {e}"
+                    ));
+                }
+            };
+            live.push(Live {
+                p,
+                bytes,
+                expiry: i + life,
+            });
+            allocations += 1;
+            used += bytes;
+            peak_live = peak_live.max(used);
+            if let Some(read) = device_used {
+                peak_used = peak_used.max(read());
+            }
+        }
+        live.retain(|b| {
+            if b.expiry == i {
+                free(mr, b.p, b.bytes, stream);
+                used -= b.bytes;
+                false
+            } else {
+                true
+            }
+        });
+    }
+    for b in live {
+        free(mr, b.p, b.bytes, stream);
+    }
+    Ok(FootprintRun {
+        ns_per_step: t.elapsed().as_nanos() as f64 / steps as f64,
+        peak_live,
+        peak_used,
+        allocations,
+    })
 }

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use self::core::FixedSizeCore;
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
@@ -248,11 +248,20 @@ impl<R: MemoryResource> Forward for Inner<R> {
                     match self.grow(&mut state, stream) {
                         Ok(()) => {}
                         Err(e) if e.is_out_of_memory() => {
-                            return Err(Error::OutOfMemory {
-                                requested: bytes,
-                                available: Some(0),
-                                device: self.device.id(),
-                            })
+                            // No stream has a free block (`take` found none) and the upstream
+                            // has no chunk: nothing is free, nothing pending.
+                            let held = state.chunk_count() * self.blocks_per_chunk;
+                            let details = OutOfMemoryDetails {
+                                largest_free_block: Some(0),
+                                free_bytes: Some(0),
+                                reserved_bytes: Some(held * self.block_size),
+                                ..OutOfMemoryDetails::default()
+                            };
+                            return Err(Error::out_of_memory_with(
+                                bytes,
+                                self.device.id(),
+                                details,
+                            ));
                         }
                         Err(e) => return Err(e),
                     }

@@ -142,6 +142,11 @@ impl SharedFreeOrder {
         })
     }
 
+    /// The stream whose frees this orders (for out-of-memory details).
+    pub(crate) fn stream_id(&self) -> crate::stream::StreamId {
+        self.stream.id()
+    }
+
     /// Notes a free on the stream, before the freed block becomes visible to anyone else.
     pub(crate) fn note_free(&self) {
         self.dirty.store(true, Ordering::Release);

@@ -40,7 +40,29 @@ pub fn ninety_percent_arena(device: Device) {
     free(&mr, p, size / 2, &s);
 }
 
-/// RMM `ArenaTest.SmallMediumLarge`, with the default arena (half of the free memory).
+/// The default arena takes nothing from the device at construction (RMM's takes half of the
+/// free memory) and gives what it grew back on `trim`.
+pub fn default_arena_takes_nothing_at_construction(device: Device) {
+    let used = || {
+        device.synchronize_blocking().unwrap();
+        let info = device.memory_info().unwrap();
+        info.total - info.free
+    };
+    let before = used();
+    let mr = ArenaResource::new(CudaResource::new(&device).unwrap(), None).unwrap();
+    assert_eq!(mr.arena_size(), 0);
+    // Nothing allocated (a little slack for the driver's own bookkeeping on a GPU).
+    assert!(used() < before + 64 * MIB, "{} -> {}", before, used());
+    let s = Stream::new(&device).unwrap();
+    let p = mr.try_allocate(100 * MIB, &s).unwrap();
+    assert_eq!(mr.arena_size(), 100 * MIB);
+    free(&mr, p, 100 * MIB, &s);
+    assert_eq!(mr.trim(), 100 * MIB);
+    assert!(used() < before + 64 * MIB, "{} -> {}", before, used());
+}
+
+/// RMM `ArenaTest.SmallMediumLarge`, with the default arena (RMM's takes half of the free
+/// memory; ours grows to a third of it here).
 pub fn small_medium_large(device: Device) {
     let free_now = device.memory_info().unwrap().free;
     let mr = ArenaResource::new(CudaResource::new(&device).unwrap(), None).unwrap();
@@ -380,6 +402,7 @@ macro_rules! arena_suite {
             $(#[$attr])* #[test] fn smaller_than_a_superblock_is_rejected() { suite::smaller_than_a_superblock_is_rejected($device) }
             $(#[$attr])* #[test] fn ninety_percent_arena() { suite::ninety_percent_arena($device) }
             $(#[$attr])* #[test] fn small_medium_large() { suite::small_medium_large($device) }
+            $(#[$attr])* #[test] fn default_arena_takes_nothing_at_construction() { suite::default_arena_takes_nothing_at_construction($device) }
             $(#[$attr])* #[test] fn superblocks_come_in_address_order() { suite::superblocks_come_in_address_order($device) }
             $(#[$attr])* #[test] fn defragment_gathers_free_superblocks() { suite::defragment_gathers_free_superblocks($device) }
             $(#[$attr])* #[test] fn defragment_after_four_threads_free() { suite::defragment_after_four_threads_free($device) }

@@ -54,19 +54,57 @@ pub struct ArenaConfig {
     pub(super) dump_on_failure: Option<ArenaDump>,
     pub(super) size_classes: Option<bool>,
     pub(super) per_thread_arenas: Option<bool>,
+    pub(super) growth_step: Option<usize>,
+    pub(super) maximum_size: Option<usize>,
 }
 
+/// The default [`ArenaConfig::growth_step`]: 2 MiB (two superblocks).
+pub(crate) const ARENA_GROWTH_STEP: usize = 2 << 20;
+
 impl ArenaConfig {
-    /// The bytes taken from the upstream, rounded down to a multiple of 64 KiB; at least 1 MiB.
+    /// Makes an arena of a fixed size, as RMM's: `bytes` taken from the upstream at
+    /// construction, rounded down to a multiple of 64 KiB (at least 1 MiB), for the arena's
+    /// whole life. Without it the arena grows on demand ([`growth_step`](Self::growth_step)).
     pub fn arena_size(mut self, bytes: usize) -> Self {
         self.arena_size = Some(bytes);
         self
     }
 
-    /// The arena size if set; `None` means half of the device's free memory at construction
-    /// (RMM's default).
+    /// The arena size if set; `None` (the default) means an arena that starts empty and grows
+    /// on demand up to [`get_maximum_size`](Self::get_maximum_size).
+    ///
+    /// RMM's default, half of the device's free memory taken at construction, held 154 times
+    /// the peak of live bytes on the footprint workload W4 (`benches/workloads.rs`) and leaves
+    /// other users of the device half of it; pass
+    /// `arena_size(percent_of_free_device_memory(&device, 50)?)` for it.
     pub fn get_arena_size(&self) -> Option<usize> {
         self.arena_size
+    }
+
+    /// For a growing arena (no [`arena_size`](Self::arena_size)): the least bytes it takes
+    /// from the upstream when it must grow, a multiple of 64 KiB of at least 1 MiB. A request
+    /// larger than the step takes an extent of its own size. Before growing, the arena gives
+    /// its wholly free extents back to the upstream (none of them could serve the request).
+    pub fn growth_step(mut self, bytes: usize) -> Self {
+        self.growth_step = Some(bytes);
+        self
+    }
+
+    /// The growth step; default 2 MiB (two superblocks).
+    pub fn get_growth_step(&self) -> usize {
+        self.growth_step.unwrap_or(ARENA_GROWTH_STEP)
+    }
+
+    /// For a growing arena: the most bytes it holds from the upstream at once (rounded down to
+    /// 64 KiB); larger requests fail at once.
+    pub fn maximum_size(mut self, bytes: usize) -> Self {
+        self.maximum_size = Some(bytes);
+        self
+    }
+
+    /// The maximum size if set; `None` (the default) means the device's total memory.
+    pub fn get_maximum_size(&self) -> Option<usize> {
+        self.maximum_size
     }
 
     /// Describes the arena's state in `dump` whenever a request fails with out-of-memory.

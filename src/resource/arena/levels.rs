@@ -4,13 +4,14 @@
 //! may borrow from another stream's arena. Each move across streams waits on the fences of the
 //! streams that freed the memory ([`OrderCounters::wait_fences`]).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
 use super::config::ArenaDump;
-use super::core::{align_to_size_class, align_up, GlobalArena, Use, PAGE_SIZE};
+use super::core::{align_to_size_class, align_up, GlobalArena, Use, PAGE_SIZE, SUPERBLOCK_PAGES};
+use super::extents::{Extents, LARGE_AREA};
 use super::slots::{cache_forget, Registry, SlotState, Slots};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -27,24 +28,32 @@ pub(super) struct Inner<R: MemoryResource> {
     pub(super) uid: u64,
     pub(super) upstream: R,
     pub(super) device: Device,
-    /// The arena's memory: one upstream allocation of `size` bytes.
-    pub(super) base: u64,
-    pub(super) size: usize,
+    /// The arena's memory: upstream allocations mapped to the global arena's pages.
+    pub(super) extents: Extents,
+    /// How a growing arena grows; `None` for an arena of a fixed size.
+    pub(super) growth: Option<Growth>,
     /// The largest request that can ever succeed.
     pub(super) capacity: usize,
     pub(super) size_classes: bool,
     pub(super) per_thread: bool,
     pub(super) dump: Option<ArenaDump>,
-    /// Page → the slot of the stream arena it is lent to, or [`GLOBAL`].
-    pub(super) owners: Box<[AtomicU32]>,
     pub(super) global: Mutex<GlobalArena<Fence>>,
     pub(super) slots: Slots,
     pub(super) registry: RwLock<Registry>,
-    /// The stream the arena was allocated on; it gives the arena back.
+    /// The stream a fixed arena was allocated on; it gives the arena's extents back.
     pub(super) home: Stream,
     pub(super) availability: Arc<Availability>,
     /// The events and waits inserted to order streams after each other's frees.
     pub(super) counters: OrderCounters,
+}
+
+/// How a growing arena grows.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Growth {
+    /// The least bytes taken from the upstream at a time (a multiple of [`PAGE_SIZE`]).
+    pub(super) step: usize,
+    /// The most bytes held from the upstream at once.
+    pub(super) maximum: usize,
 }
 
 impl<R: MemoryResource> Inner<R> {
@@ -58,8 +67,14 @@ impl<R: MemoryResource> Inner<R> {
         }
     }
 
+    /// The address of global page `page`.
+    ///
+    /// # Panics
+    /// When the arena does not hold `page`.
     pub(super) fn page_addr(&self, page: u64) -> u64 {
-        self.base + page * PAGE_SIZE as u64
+        self.extents
+            .by_page(page, |e| e.page_addr(page))
+            .unwrap_or_else(|| panic!("page {page} is not held by this arena"))
     }
 
     /// The page of `addr`.
@@ -67,20 +82,95 @@ impl<R: MemoryResource> Inner<R> {
     /// # Panics
     /// When `addr` lies outside the arena.
     pub(super) fn page_of(&self, addr: u64) -> u64 {
-        let offset = addr.wrapping_sub(self.base);
-        assert!(
-            offset < self.size as u64,
-            "{addr:#x} is not allocated from this arena"
-        );
-        offset / PAGE_SIZE as u64
+        self.extents
+            .by_addr(addr, |e| e.page_of(addr))
+            .unwrap_or_else(|| panic!("{addr:#x} is not allocated from this arena"))
     }
 
+    /// Marks the pages of `[base, base + bytes)`, which lie in one extent, as lent to `owner`.
     pub(super) fn set_owner(&self, base: u64, bytes: u64, owner: u32) {
-        let first = self.page_of(base) as usize;
-        let pages = (bytes / PAGE_SIZE as u64) as usize;
-        for page in &self.owners[first..first + pages] {
-            page.store(owner, Ordering::Release);
+        self.extents
+            .by_addr(base, |e| {
+                let first = e.page_of(base);
+                for page in first..first + bytes / PAGE_SIZE as u64 {
+                    e.owner(page).store(owner, Ordering::Release);
+                }
+            })
+            .unwrap_or_else(|| panic!("{base:#x} is not allocated from this arena"));
+    }
+
+    /// Grows the arena for a request of `pages` pages that found no fit: gives back every
+    /// wholly free extent first (none can serve it, or the request would have found it), then
+    /// takes an extent from the upstream on `stream`, so that it is ready for `stream` at once
+    /// and other streams wait for `stream` before they use it: one growth step for superblocks,
+    /// exactly `pages` for a large request (`large`), in the large area.
+    /// Returns whether it grew: not for an arena of a fixed size, nor when the maximum or the
+    /// upstream's out-of-memory stops it.
+    pub(super) fn grow(&self, pages: u64, large: bool, stream: &Stream) -> Result<bool> {
+        let Some(growth) = self.growth else {
+            return Ok(false);
+        };
+        self.release_free_extents();
+        let need = pages as usize * PAGE_SIZE;
+        let held = self.extents.held();
+        let room = growth.maximum.saturating_sub(held);
+        if need > room {
+            return Ok(false);
         }
+        let bytes = if large {
+            need
+        } else {
+            need.max(growth.step).min(room / PAGE_SIZE * PAGE_SIZE)
+        };
+        let base = match self.upstream.try_allocate(bytes, stream) {
+            Ok(p) => p.addr(),
+            Err(e) if e.is_out_of_memory() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let record = self.record_of(stream);
+        // Whoever takes these pages on another stream waits for the allocation on `stream`.
+        record.note_free();
+        let mut global = self.global.lock();
+        let first = self.extents.add(base, bytes, large);
+        global.add_range(first, (bytes / PAGE_SIZE) as u64, vec![Fence(record)]);
+        Ok(true)
+    }
+
+    /// Gives every wholly free extent of a growing arena back to the upstream, on the home
+    /// stream after it waits for every stream that freed memory into it. Returns the bytes given
+    /// back. The caller has moved wholly free superblocks to the global arena first.
+    pub(super) fn release_free_extents(&self) -> usize {
+        if self.growth.is_none() {
+            return 0;
+        }
+        let mut released = Vec::new();
+        {
+            let mut global = self.global.lock();
+            for (base, bytes, first, pages) in self.extents.list() {
+                if let Some(fences) = global.remove_free_range(first, pages) {
+                    self.extents.remove(first);
+                    released.push((base, bytes, fences));
+                }
+            }
+        }
+        let home = self.record_of(&self.home);
+        let mut total = 0;
+        for (base, bytes, fences) in released {
+            if let Err(e) = self.counters.wait_fences(&home, &fences) {
+                tracing::error!(error = %e, "cannot order an arena extent's release after its frees; leaking it");
+                self.device.defer_error(e);
+                continue;
+            }
+            // SAFETY: the extent came from `upstream.try_allocate(bytes, ..)` (`grow`), nothing
+            // in it is live (it was one free range), it is no longer in the arena, and `home`
+            // now waits for every stream that freed memory into it.
+            unsafe {
+                self.upstream
+                    .deallocate(DevicePtr::from_raw(base), bytes, &self.home)
+            };
+            total += bytes;
+        }
+        total
     }
 
     /// Serves a request of at most one superblock from `stream`'s arena.
@@ -110,8 +200,11 @@ impl<R: MemoryResource> Inner<R> {
                 break;
             }
             if attempt == 0 {
-                // Exhausted: gather every wholly free superblock and retry once.
-                self.defragment();
+                // Exhausted: gather every wholly free superblock and retry once, after growing
+                // when that did not free a superblock.
+                if self.defragment() == 0 {
+                    self.grow(SUPERBLOCK_PAGES, false, stream)?;
+                }
             }
         }
         if let Some(p) = self.borrow(size, stream)? {
@@ -132,7 +225,13 @@ impl<R: MemoryResource> Inner<R> {
         }
         {
             let mut global = self.global.lock();
-            if let Some(c) = global.find(Use::Superblock, 0) {
+            // A growing arena lends superblocks from its superblock area only.
+            let limit = if self.growth.is_some() {
+                LARGE_AREA
+            } else {
+                u64::MAX
+            };
+            if let Some(c) = global.find_below(Use::Superblock, 0, limit) {
                 let me = state.record.as_ref().expect("a live arena has a stream");
                 self.counters.wait_fences(me, global.fences(&c))?;
                 global.take(c);
@@ -209,6 +308,7 @@ impl<R: MemoryResource> Inner<R> {
             }
             if attempt == 0 {
                 self.defragment();
+                self.grow(pages, true, stream)?;
             }
         }
         Err(self.out_of_memory(bytes, size as usize, stream))
@@ -278,12 +378,14 @@ impl<R: MemoryResource> Drop for Inner<R> {
             self.device.defer_error(e);
             return;
         }
-        // SAFETY: the block came from `upstream.try_allocate(size, home)` (construction),
-        // nothing in it is live, and `home` now waits for every stream that freed memory in it,
-        // so all work that used it is ordered before this point of `home`.
-        unsafe {
-            self.upstream
-                .deallocate(DevicePtr::from_raw(self.base), self.size, &self.home)
-        };
+        for (base, bytes, _, _) in self.extents.list() {
+            // SAFETY: each extent came from `upstream.try_allocate(bytes, ..)` (construction or
+            // `grow`), nothing in it is live, and `home` now waits for every stream that freed
+            // memory in it, so all work that used it is ordered before this point of `home`.
+            unsafe {
+                self.upstream
+                    .deallocate(DevicePtr::from_raw(base), bytes, &self.home)
+            };
+        }
     }
 }

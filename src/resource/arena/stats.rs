@@ -7,9 +7,11 @@ use std::io::Write as _;
 use super::config::ArenaDump;
 use super::core::PAGE_SIZE;
 use super::levels::Inner;
-use crate::error::Error;
+use crate::error::{Error, OutOfMemoryDetails};
+use crate::resource::stream_order::Fence;
 use crate::resource::MemoryResource;
 use crate::stream::Stream;
+use crate::stream::StreamId;
 
 /// A snapshot of an arena's accounting
 /// ([`ArenaResource::statistics`](super::ArenaResource::statistics)).
@@ -66,7 +68,7 @@ pub struct ArenaStatistics {
 impl<R: MemoryResource> Inner<R> {
     pub(super) fn statistics(&self) -> ArenaStatistics {
         let mut stats = ArenaStatistics {
-            arena_size: self.size,
+            arena_size: self.extents.held(),
             free_bytes: 0,
             global_free_bytes: 0,
             largest_free_block: 0,
@@ -100,18 +102,32 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// The out-of-memory error for a request of `bytes` (`rounded` as a block), after the
-    /// configured dump.
+    /// configured dump, with the arena's [`OutOfMemoryDetails`]: the largest free block (any
+    /// arena's, since a small request may borrow one), free bytes (pending included), the bytes
+    /// held from the upstream, and the pending frees by freeing stream.
     pub(super) fn out_of_memory(&self, bytes: usize, rounded: usize, stream: &Stream) -> Error {
-        let free = self.statistics().free_bytes;
+        let stats = self.statistics();
         if let Some(dump) = &self.dump {
             self.write_dump(dump, bytes, rounded, stream);
         }
-        Error::OutOfMemory {
-            requested: bytes,
-            available: Some(free),
-            device: self.device.id(),
-        }
-        .never_fitting(Some(self.capacity))
+        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        self.for_each_arena(|_, core| {
+            for (Fence(order), n) in core.pending_by_fence() {
+                let id = order.stream_id();
+                match pending.iter_mut().find(|(s, _)| *s == id) {
+                    Some((_, total)) => *total += n as usize,
+                    None => pending.push((id, n as usize)),
+                }
+            }
+        });
+        let details = OutOfMemoryDetails {
+            largest_free_block: Some(stats.largest_free_block),
+            free_bytes: Some(stats.free_bytes + stats.pending_bytes),
+            reserved_bytes: Some(stats.arena_size),
+            pending_frees: pending,
+        };
+        Error::out_of_memory_with(bytes, self.device.id(), details)
+            .never_fitting(Some(self.capacity))
     }
 
     fn write_dump(&self, dump: &ArenaDump, bytes: usize, rounded: usize, stream: &Stream) {
@@ -150,9 +166,9 @@ impl<R: MemoryResource> Inner<R> {
         );
         let _ = writeln!(
             out,
-            "  arena size: {} bytes at {:#x}; free {} (global {}), pending {}, live {} in {} allocations",
+            "  arena size: {} bytes in {} extents; free {} (global {}), pending {}, live {} in {} allocations",
             stats.arena_size,
-            self.base,
+            self.extents.list().len(),
             stats.free_bytes,
             stats.global_free_bytes,
             stats.pending_bytes,

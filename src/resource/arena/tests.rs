@@ -45,10 +45,122 @@ fn the_arena_size_is_rounded_down_to_pages_and_at_least_a_superblock() {
     assert_eq!(arena(&d, MIB + 65 * KIB).arena_size(), MIB + 64 * KIB);
     let err = ArenaResource::new(CudaResource::new(&d).unwrap(), Some(MIB - 1)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    // The default: half of the free memory (16 GiB emulated).
-    let default = ArenaResource::new(CudaResource::new(&device()).unwrap(), None).unwrap();
-    assert_eq!(default.arena_size(), 8 << 30);
-    assert_eq!(default.capacity_limit(), Some(8 << 30));
+}
+
+/// Failed before growth: the default took half of the free memory (8 GiB of the 16 GiB
+/// emulated) at construction.
+#[test]
+fn the_default_arena_takes_nothing_at_construction_and_grows_on_demand() {
+    let d = device();
+    let controls = d.host_controls().unwrap();
+    let s = Stream::new(&d).unwrap();
+    let mr = ArenaResource::new(CudaResource::new(&d).unwrap(), None).unwrap();
+    assert_eq!((mr.arena_size(), controls.allocated_bytes()), (0, 0));
+    // It may grow up to the device's memory.
+    assert_eq!(mr.maximum_size(), Some(16 << 30));
+    assert_eq!(mr.capacity_limit(), Some(16 << 30));
+    let small = mr.try_allocate(1000, &s).unwrap();
+    // One growth step (two superblocks).
+    assert_eq!(mr.arena_size(), 2 * MIB);
+    assert_eq!(controls.allocated_bytes(), 2 * MIB);
+    let large = mr.try_allocate(8 * MIB + 1, &s).unwrap();
+    // A request above the step takes an extent of its own size, in whole pages.
+    assert_eq!(mr.arena_size(), 2 * MIB + 8 * MIB + 64 * KIB);
+    assert_accounted(&mr);
+    free(&mr, small, 1000, &s);
+    free(&mr, large, 8 * MIB + 1, &s);
+    assert_eq!(mr.trim(), 10 * MIB + 64 * KIB);
+    assert_eq!(mr.arena_size(), 0);
+    s.synchronize_blocking().unwrap();
+    d.synchronize_blocking().unwrap();
+    assert_eq!(controls.allocated_bytes(), 0);
+    assert!(d.take_deferred_error().is_none());
+}
+
+#[test]
+fn a_growing_arena_gives_free_extents_back_before_it_grows() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let mr = ArenaResource::new(CudaResource::new(&d).unwrap(), None).unwrap();
+    let p = mr.try_allocate(8 * MIB, &s).unwrap();
+    free(&mr, p, 8 * MIB, &s);
+    // The free 8 MiB extent cannot hold 16 MiB: it goes back before the arena grows.
+    let q = mr.try_allocate(16 * MIB, &s).unwrap();
+    assert_eq!(mr.arena_size(), 16 * MIB);
+    free(&mr, q, 16 * MIB, &s);
+    // A smaller request reuses the free extent without growing.
+    let r = mr.try_allocate(4 * MIB, &s).unwrap();
+    assert_eq!((r, mr.arena_size()), (q, 16 * MIB));
+    free(&mr, r, 4 * MIB, &s);
+    assert_accounted(&mr);
+}
+
+#[test]
+fn a_growing_arena_stops_at_its_maximum() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let config = ArenaConfig::default().maximum_size(8 * MIB);
+    let mr = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap();
+    assert_eq!(mr.capacity_limit(), Some(8 * MIB));
+    let err = mr.try_allocate(8 * MIB + 1, &s).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    let p = mr.try_allocate(7 * MIB, &s).unwrap();
+    let q = mr.try_allocate(MIB, &s).unwrap();
+    assert_eq!(mr.arena_size(), 8 * MIB);
+    let err = mr.try_allocate(1000, &s).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    free(&mr, p, 7 * MIB, &s);
+    free(&mr, q, MIB, &s);
+    assert_accounted(&mr);
+}
+
+#[test]
+fn a_growth_step_below_a_superblock_is_refused() {
+    let d = device();
+    for step in [0, MIB / 2, MIB + 1] {
+        let config = ArenaConfig::default().growth_step(step);
+        let err = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{step}: {err}");
+    }
+}
+
+/// An extent grown on one stream and freed there reaches another stream only after that one
+/// waits for the first: growth happens on the requesting stream.
+#[test]
+fn memory_grown_on_one_stream_is_ordered_before_another_stream_uses_it() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = ArenaResource::new(CudaResource::new(&d).unwrap(), None).unwrap();
+    a.enqueue_delay(std::time::Duration::from_millis(200))
+        .unwrap();
+    let p = mr.try_allocate(4 * MIB, &a).unwrap();
+    free(&mr, p, 4 * MIB, &a);
+    let q = mr.try_allocate(4 * MIB, &b).unwrap();
+    assert_eq!(q, p);
+    let stats = mr.statistics();
+    assert_eq!((stats.events_recorded, stats.stream_waits), (1, 1));
+    free(&mr, q, 4 * MIB, &b);
+}
+
+/// Dropping a growing arena gives every extent back, ordered after the frees.
+#[test]
+fn dropping_a_growing_arena_gives_every_extent_back() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    {
+        let mr = ArenaResource::new(CudaResource::new(&d).unwrap(), None).unwrap();
+        let ptrs: Vec<(DevicePtr, usize)> = [100, 3 * MIB, 70 * KIB, 20 * MIB]
+            .into_iter()
+            .map(|n| (mr.try_allocate(n, &s).unwrap(), n))
+            .collect();
+        assert!(mr.arena_size() >= 23 * MIB);
+        for (p, n) in ptrs {
+            free(&mr, p, n, &s);
+        }
+    }
+    d.synchronize_blocking().unwrap();
+    assert_eq!(d.host_controls().unwrap().allocated_bytes(), 0);
+    assert!(d.take_deferred_error().is_none());
 }
 
 #[test]
@@ -234,14 +346,13 @@ fn out_of_memory_reports_the_free_bytes() {
     let mr = arena(&d, 4 * MIB);
     let held = mr.try_allocate(3 * MIB, &s).unwrap();
     let err = mr.try_allocate(2 * MIB, &s).unwrap_err();
-    assert_eq!(
-        err,
-        Error::OutOfMemory {
-            requested: 2 * MIB,
-            available: Some(MIB),
-            device: d.id()
-        }
-    );
+    let details = crate::error::OutOfMemoryDetails {
+        largest_free_block: Some(MIB),
+        free_bytes: Some(MIB),
+        reserved_bytes: Some(4 * MIB),
+        ..Default::default()
+    };
+    assert_eq!(err, Error::out_of_memory_with(2 * MIB, d.id(), details));
     let err = mr.try_allocate(1 << 50, &s).unwrap_err();
     assert!(err.is_out_of_memory());
     free(&mr, held, 3 * MIB, &s);
@@ -439,7 +550,7 @@ fn run_resource_ops(ops: Vec<Op>) {
     let d = device();
     let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&d).unwrap()).collect();
     let mr = arena(&d, SIZE);
-    let base = mr.inner.base;
+    let base = mr.inner.extents.list()[0].0;
     // Live blocks: start → (bytes requested, charged size).
     let mut live: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
     for op in ops {
@@ -615,4 +726,35 @@ mod ordering {
         free(&mr, e.unwrap(), 512 * KIB, &y);
         free(&mr, pin, 256, &x);
     }
+}
+
+/// Failed before: the error had no details.
+#[test]
+fn out_of_memory_details_name_the_largest_block_what_is_held_and_the_pending_frees() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, 4 * MIB);
+    let large = mr.try_allocate(3 * MIB, &a).unwrap(); // from the global arena
+    let q1 = mr.try_allocate(1000, &a).unwrap(); // a's arena takes the last superblock
+    let q2 = mr.try_allocate(1000, &a).unwrap();
+    b.wait(&a.record().unwrap()).unwrap();
+    free(&mr, q2, 1000, &b); // pending in a's arena until a waits for b
+    let err = mr.try_allocate(2 * MIB, &a).unwrap_err();
+    let Error::OutOfMemory {
+        requested,
+        details: Some(details),
+        ..
+    } = &err
+    else {
+        panic!("no details: {err:?}");
+    };
+    assert_eq!(*requested, 2 * MIB);
+    assert_eq!(details.reserved_bytes, Some(4 * MIB));
+    assert_eq!(details.largest_free_block, Some(MIB - 2048));
+    assert_eq!(details.free_bytes, Some(MIB - 2048 + 1024));
+    assert_eq!(details.pending_frees, vec![(b.id(), 1024)]);
+    let text = err.to_string();
+    assert!(text.contains("1024 bytes pending on"), "{text}");
+    free(&mr, q1, 1000, &a);
+    free(&mr, large, 3 * MIB, &a);
 }

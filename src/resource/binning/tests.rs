@@ -274,3 +274,27 @@ fn over_device_memory_upstream_requests_fail_and_bin_requests_wait() {
     }
     s.synchronize_blocking().unwrap();
 }
+
+/// A bin's out-of-memory error reaches the caller with the bin's details.
+#[test]
+fn a_bins_out_of_memory_keeps_its_details() {
+    let device = Device::host_with(crate::HostConfig::default().capacity(40 * MIB));
+    let s = Stream::new(&device).unwrap();
+    // One bin of 256 KiB blocks, 128 per chunk: one 32 MiB chunk fits, a second does not.
+    let mr = BinningResource::with_range(CudaResource::new(&device).unwrap(), 18, 18).unwrap();
+    let held: Vec<DevicePtr> = (0..128)
+        .map(|_| mr.try_allocate(256 * KIB, &s).unwrap())
+        .collect();
+    let err = mr.try_allocate(200 * KIB, &s).unwrap_err();
+    let Error::OutOfMemory {
+        details: Some(d), ..
+    } = &err
+    else {
+        panic!("no details: {err:?}");
+    };
+    assert_eq!(d.reserved_bytes, Some(32 * MIB));
+    assert_eq!(d.free_bytes, Some(0));
+    for p in held {
+        free(&mr, p, 256 * KIB, &s);
+    }
+}

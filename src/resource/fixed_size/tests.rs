@@ -282,3 +282,34 @@ proptest! {
         prop_assert_eq!(mr.free_blocks(), mr.total_blocks());
     }
 }
+
+/// Failed before: the error had no details.
+#[test]
+fn out_of_memory_says_nothing_is_free_and_what_is_held() {
+    let device = crate::Device::host_with(crate::HostConfig::default().capacity(64 * KIB));
+    let s = Stream::new(&device).unwrap();
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), 4 * KIB, 4).unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        match mr.try_allocate(4 * KIB, &s) {
+            Ok(p) => held.push(p),
+            Err(e) => break e,
+        }
+    };
+    let Error::OutOfMemory {
+        requested,
+        available,
+        details: Some(d),
+        ..
+    } = &err
+    else {
+        panic!("no details: {err:?}");
+    };
+    assert_eq!((*requested, *available), (4 * KIB, Some(0)));
+    assert_eq!(d.largest_free_block, Some(0));
+    assert_eq!(d.reserved_bytes, Some(held.len() * 4 * KIB));
+    assert!(d.pending_frees.is_empty());
+    for p in held {
+        free(&mr, p, 4 * KIB, &s);
+    }
+}

@@ -266,6 +266,22 @@ impl PoolCore {
         Some(addr)
     }
 
+    /// [`allocate`](Self::allocate), but only from a block of at most `max_block` bytes: a
+    /// large block carved from a much larger free one would pin the rest of its chunk.
+    pub(crate) fn allocate_close(
+        &mut self,
+        size: usize,
+        max_block: usize,
+        stream: StreamKey,
+    ) -> Option<u64> {
+        let slot = self.slot_of(stream)?;
+        let idx = self.find_block(slot, align_up(size)? as u64)?;
+        if self.blocks[idx as usize].size > max_block as u64 {
+            return None;
+        }
+        self.allocate(size, stream)
+    }
+
     /// Returns the block at `addr`, allocated with `size` bytes, to the pool, owned by
     /// `stream` from now on, and coalesces it at once with the free neighbours of the same
     /// stream in its chunk. Returns `stream`'s slot (see [`stream_slot`](Self::stream_slot)).

@@ -117,6 +117,15 @@ struct Inner<R: MemoryResource> {
     maximum: Option<usize>,
     /// The level whose chunks come from the upstream.
     global: Mutex<Level>,
+    /// Unbounded pools: the level of large blocks (above [`LARGE_BLOCK`]) that the global
+    /// level's free memory could not serve, each in a chunk of its own size taken from the
+    /// upstream, so that when it is freed its chunk is wholly free and can go back (short-lived
+    /// large blocks never strand in chunks that small blocks pin). Locked after the global
+    /// level, never before. Empty in bounded pools.
+    large: Mutex<Level>,
+    /// Bytes held from the upstream: both levels' chunks. Changed under the lock of the level
+    /// that takes or gives back a chunk.
+    held: AtomicUsize,
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
     /// its id modulo their number.
     shards: Box<[Mutex<Shard>]>,
@@ -128,6 +137,11 @@ struct Inner<R: MemoryResource> {
     /// The most bytes held from the upstream at once since the pool was made or its peak
     /// reset. Written only when the pool grows (under the global lock), never on the fast path.
     peak_reserved: AtomicUsize,
+    /// Unbounded pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
+    /// sub-chunk counts as one request), which the next such growth matches up to
+    /// [`MAX_SHARD_CHUNK`]: small blocks get geometrically larger chunks, large ones chunks
+    /// of their own size. Written under the global lock.
+    small_grown: AtomicUsize,
 }
 
 struct Shard {
@@ -169,6 +183,16 @@ fn check_size(what: &str, bytes: usize) -> Result<()> {
 const SHARDED_CAPACITY: usize = 256 << 20;
 /// The largest power of two a shard's sub-chunk starts from.
 const MAX_SHARD_CHUNK: usize = 64 << 20;
+/// What an unbounded pool's chunks are multiples of: the device's large page, so a chunk
+/// takes from the device what it says it takes (`cuMemAlloc` maps whole 2 MiB pages).
+const GRANULE: usize = 2 << 20;
+/// Requests above this go to the global level in an unbounded pool, never a shard: W1's and
+/// W3's requests (up to 1 MiB) stay on the sharded fast path, while larger, often
+/// short-lived blocks do not strand in sub-chunks that long-lived small blocks pin.
+const UNBOUNDED_SHARD_LIMIT: usize = 1 << 20;
+/// Requests above this in an unbounded pool that the global level's free memory cannot serve
+/// get chunks of their own (the `large` level).
+const LARGE_BLOCK: usize = 1 << 20;
 
 /// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes,
 /// `bounded` when that is its own maximum.
@@ -189,7 +213,12 @@ fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
     // no relinking of the sub-chunk's free block on the fast path, at the price of a scrap
     // per sub-chunk that no request of its limit's size can use when the upstream runs out.
     let chunk = if bounded { base } else { base + base / 64 };
-    (shards, chunk, base / 4)
+    let limit = if bounded {
+        base / 4
+    } else {
+        (base / 4).min(UNBOUNDED_SHARD_LIMIT)
+    };
+    (shards, chunk, limit)
 }
 
 impl<R: MemoryResource> PoolResource<R> {
@@ -229,6 +258,8 @@ impl<R: MemoryResource> PoolResource<R> {
                 device,
                 maximum: maximum_size,
                 global: Mutex::new(Level::new()),
+                large: Mutex::new(Level::new()),
+                held: AtomicUsize::new(0),
                 shards: (0..shards)
                     .map(|_| {
                         Mutex::new(Shard {
@@ -241,6 +272,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 shard_limit,
                 availability,
                 peak_reserved: AtomicUsize::new(0),
+                small_grown: AtomicUsize::new(0),
             }),
         };
         if initial_size > 0 {
@@ -254,7 +286,7 @@ impl<R: MemoryResource> PoolResource<R> {
 
     /// Bytes held from the upstream: every chunk, allocated or free (RMM's `pool_size`).
     pub fn pool_size(&self) -> usize {
-        self.inner.global.lock().chunk_bytes
+        self.inner.held.load(Ordering::Relaxed)
     }
 
     /// The maximum pool size, if any.
@@ -309,15 +341,22 @@ impl<R: MemoryResource> Inner<R> {
         // only ever locked after a shard, so this cannot deadlock.)
         let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let global = self.global.lock();
+        let large = self.large.lock();
         let core = &global.core;
         let mut stats = PoolStatistics {
-            pool_size: global.chunk_bytes,
+            pool_size: global.chunk_bytes + large.chunk_bytes,
             free_bytes: core.free_bytes(),
             largest_free_block: core.largest_free_block(),
             free_blocks: core.free_block_count(),
             live_allocations: core.allocation_count(),
             upstream_chunks: core.chunk_count(),
         };
+        let core = &large.core;
+        stats.free_bytes += core.free_bytes();
+        stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
+        stats.free_blocks += core.free_block_count();
+        stats.live_allocations += core.allocation_count();
+        stats.upstream_chunks += core.chunk_count();
         for shard in &shards {
             let core = &shard.level.core;
             stats.free_bytes += core.free_bytes();
@@ -334,7 +373,7 @@ impl<R: MemoryResource> Inner<R> {
     /// halving on failure (RMM's `try_to_expand`); the chunk is owned by `stream`.
     fn expand(
         &self,
-        global: &mut Level,
+        level: &mut Level,
         mut try_size: usize,
         min_size: usize,
         stream: &Stream,
@@ -342,9 +381,9 @@ impl<R: MemoryResource> Inner<R> {
         loop {
             match self.upstream.try_allocate(try_size, stream) {
                 Ok(p) => {
-                    global.add_chunk(p.addr(), try_size, stream);
-                    self.peak_reserved
-                        .fetch_max(global.chunk_bytes, Ordering::Relaxed);
+                    level.add_chunk(p.addr(), try_size, stream);
+                    let held = self.held.fetch_add(try_size, Ordering::Relaxed) + try_size;
+                    self.peak_reserved.fetch_max(held, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && try_size > min_size => {
@@ -355,8 +394,12 @@ impl<R: MemoryResource> Inner<R> {
         }
     }
 
-    /// RMM's growth rule: how much to ask the upstream for to serve `size` more bytes; 0 when
-    /// the maximum leaves no room.
+    /// How much to ask the upstream for to serve `size` more bytes; 0 when the maximum leaves
+    /// no room. With a maximum, RMM's rule (half the remaining room, at least the request).
+    /// Without one, not RMM's doubling, which holds up to twice the memory in use: a request
+    /// of [`GRANULE`] or more gets a chunk of its own, rounded up to the granule; smaller ones
+    /// (and shards' sub-chunks) a chunk as large as all such growth so far, from one granule
+    /// up to [`MAX_SHARD_CHUNK`], so that a run of small requests still grows geometrically.
     fn size_to_grow(&self, size: usize, pool_size: usize) -> usize {
         match self.maximum {
             Some(max) => {
@@ -367,7 +410,14 @@ impl<R: MemoryResource> Inner<R> {
                     0
                 }
             }
-            None => size.max(pool_size),
+            None if size >= GRANULE => size.checked_next_multiple_of(GRANULE).unwrap_or(size),
+            None => {
+                let grown = self.small_grown.load(Ordering::Relaxed);
+                let grow = grown.clamp(GRANULE, MAX_SHARD_CHUNK);
+                self.small_grown
+                    .store(grown.saturating_add(grow), Ordering::Relaxed);
+                grow
+            }
         }
     }
 
@@ -406,12 +456,48 @@ impl<R: MemoryResource> Inner<R> {
         if grow == 0 {
             return Ok(None);
         }
+        if self.maximum.is_none() {
+            // Chunks never merge: a wholly free chunk that could not serve this request (else
+            // `serve` would have found it) goes back before the pool takes more, so that the
+            // memory held tracks the memory in use instead of the history of request sizes.
+            self.give_back(global.release_empty_chunks(false));
+        }
         match self.expand(global, grow, size, stream) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e),
         }
         let p = global
+            .core
+            .allocate(size, level::key(stream))
+            .expect("a fresh chunk serves the request");
+        Ok(Some(p))
+    }
+
+    /// Unbounded pools: serves `size` (aligned, above [`LARGE_BLOCK`]) for `stream` from the
+    /// large level, giving its wholly free chunks back and growing it by a chunk of the
+    /// request's size (rounded up to [`GRANULE`]) when its free memory cannot; `None` when the
+    /// upstream has no such chunk.
+    fn large_allocate(&self, size: usize, stream: &Stream) -> Result<Option<u64>> {
+        let mut large = self.large.lock();
+        // Only a close fit: the rest of a larger block would pin its chunk. (Other streams'
+        // free chunks are not taken: they go back upstream below, on their streams, where
+        // this stream's new chunk may come from.)
+        let close = size
+            .saturating_add(size / 16)
+            .checked_next_multiple_of(GRANULE)
+            .unwrap_or(usize::MAX);
+        if let Some(p) = large.core.allocate_close(size, close, level::key(stream)) {
+            return Ok(Some(p));
+        }
+        self.give_back(large.release_empty_chunks(false));
+        let grow = size.checked_next_multiple_of(GRANULE).unwrap_or(size);
+        match self.expand(&mut large, grow, size, stream) {
+            Ok(()) => {}
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let p = large
             .core
             .allocate(size, level::key(stream))
             .expect("a fresh chunk serves the request");
@@ -429,8 +515,16 @@ impl<R: MemoryResource> Inner<R> {
         }
         self.return_heads(&mut shard, stream)?;
         // The lock order is a shard, then the global level; never the other way round.
+        // Unbounded pools size sub-chunks like the shard's holdings so far (a granule at
+        // first, doubling up to `shard_chunk`), so that a stream with a few small blocks does
+        // not hold a whole `shard_chunk` of the device.
+        let first_want = if self.maximum.is_none() {
+            shard.level.chunk_bytes.clamp(GRANULE, self.shard_chunk)
+        } else {
+            self.shard_chunk
+        };
         for may_grow in [false, true] {
-            let mut want = self.shard_chunk.max(size);
+            let mut want = first_want.max(size);
             loop {
                 if let Some(base) = self.global_allocate(want, stream, may_grow, true)? {
                     shard.level.add_chunk(base, want, stream);
@@ -502,6 +596,11 @@ impl<R: MemoryResource> Inner<R> {
         false
     }
 
+    /// Frees `addr` on `stream` into the large level if it holds it.
+    fn large_free(&self, addr: u64, bytes: usize, stream: &Stream) -> bool {
+        self.maximum.is_none() && self.large.lock().try_free(addr, bytes, stream)
+    }
+
     /// Gives sub-chunks a shard released back to the global level, and wakes a waiting
     /// allocation: one that retried while they were on their way found them in neither level.
     fn return_to_global(&self, released: Vec<Released>) {
@@ -539,6 +638,18 @@ impl<R: MemoryResource> Inner<R> {
     /// more); returns the bytes released.
     fn release_empty_chunks(&self) -> usize {
         let released = self.global.lock().release_empty_chunks(true);
+        let mut bytes = self.give_back(released);
+        let released = self.large.lock().release_empty_chunks(true);
+        bytes += self.give_back(released);
+        if bytes > 0 {
+            self.availability.notify();
+        }
+        bytes
+    }
+
+    /// Gives chunks the global level released back to the upstream, each on the stream that
+    /// owns its free memory; returns their bytes.
+    fn give_back(&self, released: Vec<Released>) -> usize {
         let mut bytes = 0;
         for (base, size, stream) in released {
             // SAFETY: the chunk came from `upstream.try_allocate(size, ..)` (`expand`), the core
@@ -550,9 +661,7 @@ impl<R: MemoryResource> Inner<R> {
             };
             bytes += size;
         }
-        if bytes > 0 {
-            self.availability.notify();
-        }
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
         bytes
     }
 
@@ -563,9 +672,12 @@ impl<R: MemoryResource> Inner<R> {
             .iter()
             .map(|s| s.lock().level.core.free_bytes())
             .sum();
+        let global = self.global.lock().core.free_bytes();
+        let large = self.large.lock().core.free_bytes();
         Error::OutOfMemory {
+            details: None,
             requested,
-            available: Some(self.global.lock().core.free_bytes() + in_shards),
+            available: Some(global + large + in_shards),
             device: self.device.id(),
         }
         .never_fitting(self.capacity_limit())
@@ -581,6 +693,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
         }
         let Some(size) = align_up(bytes) else {
             return Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: None,
                 device: self.device.id(),
@@ -595,7 +708,13 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 // that this block is carved next to it rather than strand it.
                 self.return_heads(&mut self.shard_of(stream).lock(), stream)?;
             }
-            self.global_allocate(size, stream, true, false)?
+            let large = self.maximum.is_none() && size > LARGE_BLOCK;
+            // A large block goes to the global level only if its free memory (an initial
+            // chunk, say) serves it without growing.
+            match self.global_allocate(size, stream, !large, false)? {
+                None if large => self.large_allocate(size, stream)?,
+                p => p,
+            }
         };
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
@@ -641,6 +760,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 || self.global.lock().try_free_user(ptr.addr(), bytes, stream)
         } else {
             self.global.lock().try_free_user(ptr.addr(), bytes, stream)
+                || self.large_free(ptr.addr(), bytes, stream)
                 || (!self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream))
         };
         if !freed {
@@ -684,7 +804,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
     fn reset_peak(&self) {
         let global = self.global.lock();
         self.peak_reserved
-            .store(global.chunk_bytes, Ordering::Relaxed);
+            .store(self.held.load(Ordering::Relaxed), Ordering::Relaxed);
         drop(global);
         self.upstream.reset_peak();
     }
@@ -726,6 +846,9 @@ impl<R: MemoryResource> Drop for Inner<R> {
                 core.chunk_bytes() - core.free_bytes(),
             )
         };
+        let core = &self.large.get_mut().core;
+        allocations += core.allocation_count();
+        bytes += core.chunk_bytes() - core.free_bytes();
         for shard in self.shards.iter_mut() {
             let core = &shard.get_mut().level.core;
             allocations = allocations + core.allocation_count() - core.chunk_count();
@@ -744,3 +867,6 @@ impl<R: MemoryResource> Drop for Inner<R> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod footprint_tests;

@@ -29,7 +29,11 @@ pub(crate) struct Candidate {
 /// The global arena: the arena's pages, free ones in address-ordered ranges that carry the
 /// fences of the streams that freed them. See the [core's documentation](super).
 pub(crate) struct GlobalArena<F> {
+    /// Pages held: free, lent or large.
     pages: u64,
+    /// One past the highest page ever held. A growing arena's extents are separated by a page
+    /// that is never held, so free ranges of two extents never merge.
+    end: u64,
     /// Free page ranges, coalesced: no two are adjacent.
     free: FitTree<Vec<F>>,
     /// First page → pages, of every large block handed out.
@@ -68,6 +72,7 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         free.insert(0, pages, initial);
         GlobalArena {
             pages,
+            end: pages,
             free,
             large: FxHashMap::default(),
             free_pages: pages,
@@ -76,10 +81,70 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         }
     }
 
+    /// An arena that holds no pages yet and grows with [`add_range`](Self::add_range).
+    pub(crate) fn empty() -> Self {
+        GlobalArena {
+            pages: 0,
+            end: 0,
+            free: FitTree::new(),
+            large: FxHashMap::default(),
+            free_pages: 0,
+            large_pages: 0,
+            lent_pages: 0,
+        }
+    }
+
+    /// Adds the free pages `[start, start + pages)`, to be waited on with `fences` before
+    /// first use. They must not touch any page held (at least one page between), so that they
+    /// never merge with another range's pages.
+    ///
+    /// # Panics
+    /// When the range is empty or touches held pages.
+    pub(crate) fn add_range(&mut self, start: u64, pages: u64, fences: Vec<F>) {
+        assert!(pages > 0, "an empty range");
+        let near = self.free.near(start);
+        let apart_below = near.below.is_none_or(|b| {
+            let (k, n) = self.free.entry(b);
+            k + n < start
+        });
+        let apart_above = near
+            .above
+            .is_none_or(|a| self.free.entry(a).0 > start + pages);
+        assert!(
+            apart_below && apart_above,
+            "pages {start}+{pages} touch the arena's free pages"
+        );
+        let mut own = Vec::new();
+        merge_fences(&mut own, fences);
+        self.free.insert_at(near.at, start, pages, own);
+        self.pages += pages;
+        self.free_pages += pages;
+        self.end = self.end.max(start + pages);
+    }
+
+    /// Removes the free range `[start, start + pages)` if it is free as a whole (and not part
+    /// of a larger free range); returns its fences, which the caller waits on before giving the
+    /// memory away.
+    pub(crate) fn remove_free_range(&mut self, start: u64, pages: u64) -> Option<Vec<F>> {
+        let pos = self.free.lower_bound(start)?;
+        if self.free.entry(pos) != (start, pages) {
+            return None;
+        }
+        let fences = self.free.remove(pos);
+        self.pages -= pages;
+        self.free_pages -= pages;
+        Some(fences)
+    }
+
     /// The lowest free pages that serve `what`: a superblock of [`SUPERBLOCK_PAGES`] (the
     /// whole range when the rest would be smaller than a superblock, as RMM does), or a large
     /// block of exactly `pages`.
     pub(crate) fn find(&self, what: Use, pages: u64) -> Option<Candidate> {
+        self.find_below(what, pages, u64::MAX)
+    }
+
+    /// [`find`](Self::find) among the free ranges that start below page `limit` only.
+    pub(crate) fn find_below(&self, what: Use, pages: u64, limit: u64) -> Option<Candidate> {
         let want = match what {
             Use::Superblock => SUPERBLOCK_PAGES,
             Use::Large => pages,
@@ -87,6 +152,9 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         debug_assert!(want > 0);
         let pos = self.free.first_fit(want)?;
         let (start, size) = self.free.entry(pos);
+        if start >= limit {
+            return None;
+        }
         let pages = if what == Use::Superblock && size < want + SUPERBLOCK_PAGES {
             size
         } else {
@@ -149,7 +217,7 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
     /// Takes back a superblock from a stream arena, freed behind `fences`.
     pub(crate) fn return_superblock(&mut self, start: u64, pages: u64, fences: Vec<F>) {
         assert!(
-            start + pages <= self.pages,
+            start + pages <= self.end,
             "superblock pages {start}+{pages} outside the arena"
         );
         self.lent_pages -= pages;
@@ -271,7 +339,7 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
             assert!(end <= start, "page {start} both free and in a large block");
             end = start + pages;
         }
-        assert!(end <= self.pages, "pages past the arena");
+        assert!(end <= self.end, "pages past the arena");
         assert_eq!(
             self.free_pages + self.large_pages + self.lent_pages,
             self.pages,

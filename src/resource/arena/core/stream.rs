@@ -136,6 +136,18 @@ impl<F: Clone + PartialEq> StreamArena<F> {
         fences
     }
 
+    /// The pending bytes behind each distinct fence.
+    pub(crate) fn pending_by_fence(&self) -> Vec<(F, u64)> {
+        let mut by: Vec<(F, u64)> = Vec::new();
+        for p in &self.pending {
+            match by.iter_mut().find(|(f, _)| *f == p.fence) {
+                Some((_, bytes)) => *bytes += p.size,
+                None => by.push((p.fence.clone(), p.size)),
+            }
+        }
+        by
+    }
+
     /// Makes every pending block free (the caller has waited on their fences).
     pub(crate) fn reclaim_pending(&mut self) {
         for p in std::mem::take(&mut self.pending) {
