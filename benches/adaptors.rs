@@ -26,6 +26,20 @@ use workloads::{pair, pair_sizes, pair_step};
 const PAIR_ITERS: usize = 200_000;
 const TRIALS: usize = 5;
 
+/// Pairs per run: `PAIR_ITERS`, or `ADAPTORS_ITERS` (for counting instructions under
+/// callgrind: the difference between two counts over the difference of pairs).
+fn pair_iters() -> usize {
+    std::env::var("ADAPTORS_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(PAIR_ITERS)
+}
+
+/// Whether to run the case `name`: all, or those whose name starts with `ADAPTORS_CASE`.
+fn selected(name: &str) -> bool {
+    std::env::var("ADAPTORS_CASE").map_or(true, |c| name.starts_with(&c))
+}
+
 /// The pool of WORKLOADS.md: over plain device memory, initial size 50 % of free memory, no
 /// maximum.
 fn pool(device: &Device) -> PoolResource<CudaResource> {
@@ -89,14 +103,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn table(device: &Device, dir: &TempDir) {
     println!(
         "W1 over a PoolResource, {} backend, {} host CPUs: ns per pair (median of {TRIALS} x \
-         {PAIR_ITERS}), ratio to the bare pool",
+         {}), ratio to the bare pool",
         device.backend(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        pair_iters(),
     );
     let mut bare = None;
+    let iters = pair_iters();
     for (name, mr) in cases(device, dir) {
+        if !selected(name) {
+            continue;
+        }
         let stream = Stream::new(device).expect("stream");
-        let ns = median((0..TRIALS).map(|_| pair(&*mr, &stream, PAIR_ITERS)).collect());
+        let ns = median((0..TRIALS).map(|_| pair(&*mr, &stream, iters)).collect());
         let base = *bare.get_or_insert(ns);
         println!("  {name:<42} {ns:>8.1} ns  {:>5.2}x", ns / base);
     }
