@@ -1,5 +1,5 @@
 use std::fmt;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Weak};
@@ -208,6 +208,8 @@ struct Claim {
 
 impl Drop for Claims {
     fn drop(&mut self) {
+        // Calls from later thread-local destructors must not write the shards given back.
+        LAST.with(|last| last.set(NO_CLAIM));
         for claim in &self.0 {
             if let (Some(live), Some(i)) = (claim.live.upgrade(), claim.shard) {
                 // Release: the next thread to claim it sees this one's last counts.
@@ -219,7 +221,13 @@ impl Drop for Claims {
 
 thread_local! {
     static CLAIMS: RefCell<Claims> = const { RefCell::new(Claims(Vec::new())) };
+    /// The adaptor id and shard index of this thread's last own shard: the hot path's one
+    /// look-up (a plain thread-local load; no destructor, so usable to the thread's end).
+    static LAST: Cell<(u64, usize)> = const { Cell::new(NO_CLAIM) };
 }
+
+/// `LAST` when it names no shard: no adaptor has this id.
+const NO_CLAIM: (u64, usize) = (u64::MAX, 0);
 
 impl Live {
     fn new() -> Self {
@@ -238,6 +246,16 @@ impl Live {
     /// the shared one).
     #[inline]
     fn with_shard<T>(self: &Arc<Self>, f: impl FnOnce(&Shard, bool) -> T) -> T {
+        let (id, i) = LAST.with(Cell::get);
+        if id == self.id {
+            return f(&self.shards[i], true);
+        }
+        self.with_shard_slow(f)
+    }
+
+    /// `with_shard` when the thread's last shard is another adaptor's (or none).
+    #[cold]
+    fn with_shard_slow<T>(self: &Arc<Self>, f: impl FnOnce(&Shard, bool) -> T) -> T {
         let found = CLAIMS
             .try_with(|claims| {
                 let claims = claims.try_borrow().ok()?;
@@ -250,7 +268,13 @@ impl Live {
             None => self.claim(),
         };
         match shard {
-            Some(i) => f(&self.shards[i], true),
+            Some(i) => {
+                // Unless the thread is ending (its claims gone: then it never comes here).
+                if CLAIMS.try_with(|_| ()).is_ok() {
+                    LAST.with(|last| last.set((self.id, i)));
+                }
+                f(&self.shards[i], true)
+            }
             None => f(&self.shared, false),
         }
     }
@@ -328,12 +352,16 @@ impl Live {
     /// The summed values (bytes, allocations).
     #[inline]
     fn values(&self) -> (i64, i64) {
-        self.in_use().fold((0i64, 0i64), |(b, a), s| {
-            (
-                b.wrapping_add(s.bytes.load(Relaxed)),
-                a.wrapping_add(s.allocations.load(Relaxed)),
-            )
-        })
+        let used = self.used.load(Acquire);
+        let (mut bytes, mut allocations) = (
+            self.shared.bytes.load(Relaxed),
+            self.shared.allocations.load(Relaxed),
+        );
+        for shard in &self.shards[..used] {
+            bytes = bytes.wrapping_add(shard.bytes.load(Relaxed));
+            allocations = allocations.wrapping_add(shard.allocations.load(Relaxed));
+        }
+        (bytes, allocations)
     }
 
     fn sums(&self) -> Sums {
