@@ -197,8 +197,9 @@ struct Sink {
     /// `None` once a write has failed (logging stopped).
     out: Option<BufWriter<Box<dyn Write + Send>>>,
     status: Arc<Status>,
-    /// The line being formatted, kept to reuse its allocation.
-    line: Vec<u8>,
+    format: LineFormatter,
+    /// The text of a batch, kept to reuse its allocation.
+    text: Vec<u8>,
 }
 
 impl Sink {
@@ -206,16 +207,12 @@ impl Sink {
         let Some(out) = self.out.as_mut() else {
             return;
         };
-        let mut result = Ok(());
+        self.text.clear();
+        self.text.reserve(records.len() * MAX_LINE);
         for record in records {
-            self.line.clear();
-            format_line(&mut self.line, record);
-            result = out.write_all(&self.line);
-            if result.is_err() {
-                break;
-            }
+            self.format.line(&mut self.text, record);
         }
-        if let Err(e) = result {
+        if let Err(e) = out.write_all(&self.text) {
             self.fail(&e);
         }
     }
@@ -443,7 +440,8 @@ impl LoggingAdaptorBuilder {
         let sink = Sink {
             out: Some(out),
             status: Arc::clone(&status),
-            line: Vec::with_capacity(MAX_LINE),
+            format: LineFormatter::default(),
+            text: Vec::new(),
         };
         let output = if auto_flush {
             Output::Direct(sink)
@@ -622,78 +620,135 @@ impl<R> Inner<R> {
     }
 }
 
-/// Appends `record` as one line of RMM's log: the bytes the `Display` types below print
+/// Formats records as lines of RMM's log: the bytes the `Display` types below print
 /// (`TimeOfDay`, `CPointer`, `StreamHandle`), written by hand because `write!` costs several
-/// times as much and the writer thread must keep up with the callers.
-fn format_line(line: &mut Vec<u8>, record: &Record) {
-    decimal(line, record.thread);
-    line.push(b',');
-    let since = record.time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs() % 86_400;
-    two_digits(line, secs / 3600);
-    line.push(b':');
-    two_digits(line, secs / 60 % 60);
-    line.push(b':');
-    two_digits(line, secs % 60);
-    line.push(b'.');
-    let micros = u64::from(since.subsec_micros());
-    for divisor in [100_000, 10_000, 1_000, 100, 10, 1] {
-        line.push(b'0' + (micros / divisor % 10) as u8);
-    }
-    line.push(b',');
-    line.extend_from_slice(record.action.as_bytes());
-    line.push(b',');
-    match record.ptr {
-        0 => line.extend_from_slice(b"(nil)"),
-        p => hex(line, p),
-    }
-    line.push(b',');
-    decimal(line, record.bytes as u64);
-    line.push(b',');
-    match record.stream {
-        0 => line.push(b'0'),
-        h => hex(line, h),
-    }
-    line.push(b'\n');
+/// times as much and the writer thread must keep up with the callers. The thread, the stream
+/// and the second of the day repeat from line to line, so the last of each is kept formatted.
+#[derive(Default)]
+struct LineFormatter {
+    thread: Cached,
+    stream: Cached,
+    /// The last second of the day and its `HH:MM:SS.`.
+    second: Option<(u64, [u8; 9])>,
 }
 
-fn two_digits(line: &mut Vec<u8>, n: u64) {
-    line.push(b'0' + (n / 10) as u8);
-    line.push(b'0' + (n % 10) as u8);
+/// A number and its text, kept for the next line.
+#[derive(Default)]
+struct Cached {
+    key: Option<u64>,
+    text: Digits,
 }
 
-fn decimal(line: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
+impl Cached {
+    fn get(&mut self, key: u64, format: impl FnOnce(u64) -> Digits) -> &[u8] {
+        if self.key != Some(key) {
+            self.key = Some(key);
+            self.text = format(key);
+        }
+        self.text.as_bytes()
+    }
+}
+
+/// Up to 20 ASCII digits (a `u64` in decimal, or `0x` and 16 hex digits), right-aligned.
+#[derive(Clone, Copy)]
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Default for Digits {
+    fn default() -> Self {
+        Digits {
+            buf: [0; 20],
+            start: 20,
+        }
+    }
+}
+
+impl Digits {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn decimal(mut n: u64) -> Self {
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                    2021222324252627282930313233343536373839\
+                                    4041424344454647484950515253545556575859\
+                                    6061626364656667686970717273747576777879\
+                                    8081828384858687888990919293949596979899";
+        let mut d = Digits::default();
+        while n >= 100 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            d.start -= 2;
+            d.buf[d.start..d.start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            d.start -= 2;
+            d.buf[d.start..d.start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            d.start -= 1;
+            d.buf[d.start] = b'0' + n as u8;
+        }
+        d
+    }
+
+    /// `0x` and lowercase hex without leading zeros, or `zero` for 0.
+    fn hex_or(n: u64, zero: &[u8]) -> Self {
+        let mut d = Digits::default();
         if n == 0 {
-            break;
+            d.start -= zero.len();
+            d.buf[d.start..].copy_from_slice(zero);
+            return d;
         }
+        let mut rest = n;
+        while rest != 0 {
+            d.start -= 1;
+            d.buf[d.start] = b"0123456789abcdef"[(rest & 0xf) as usize];
+            rest >>= 4;
+        }
+        d.start -= 2;
+        d.buf[d.start..d.start + 2].copy_from_slice(b"0x");
+        d
     }
-    line.extend_from_slice(&digits[at..]);
 }
 
-/// `0x` and lowercase hex without leading zeros.
-fn hex(line: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 16];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b"0123456789abcdef"[(rest & 0xf) as usize];
-        rest >>= 4;
-        if rest == 0 {
-            break;
-        }
+impl LineFormatter {
+    /// Appends `record`'s line to `out`.
+    fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
+        out.extend_from_slice(self.thread.get(record.thread, Digits::decimal));
+        out.push(b',');
+        let since = record.time.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = since.as_secs() % 86_400;
+        let hms = match self.second {
+            Some((second, text)) if second == secs => text,
+            _ => {
+                let mut text = *b"00:00:00.";
+                for (at, n) in [(0, secs / 3600), (3, secs / 60 % 60), (6, secs % 60)] {
+                    text[at] = b'0' + (n / 10) as u8;
+                    text[at + 1] = b'0' + (n % 10) as u8;
+                }
+                self.second = Some((secs, text));
+                text
+            }
+        };
+        out.extend_from_slice(&hms);
+        // Six digits: 1,000,000 + micros, without its leading 1.
+        let micros = Digits::decimal(1_000_000 + u64::from(since.subsec_micros()));
+        out.extend_from_slice(&micros.as_bytes()[1..]);
+        out.push(b',');
+        out.extend_from_slice(record.action.as_bytes());
+        out.push(b',');
+        out.extend_from_slice(Digits::hex_or(record.ptr, b"(nil)").as_bytes());
+        out.push(b',');
+        out.extend_from_slice(Digits::decimal(record.bytes as u64).as_bytes());
+        out.push(b',');
+        out.extend_from_slice(self.stream.get(record.stream, |h| Digits::hex_or(h, b"0")));
+        out.push(b'\n');
     }
-    line.extend_from_slice(b"0x");
-    line.extend_from_slice(&digits[at..]);
 }
 
-#[cfg(test)]
 /// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`).
 pub(crate) struct TimeOfDay(pub(crate) SystemTime);
 

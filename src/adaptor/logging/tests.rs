@@ -472,6 +472,8 @@ fn the_byte_formatter_prints_what_the_display_types_print() {
     ];
     let numbers = [0, 1, 9, 10, 0xf, 0x10, 255, 1 << 40, 0x7f3a_5c00_0000, u64::MAX - 1, u64::MAX];
     let mut line = Vec::new();
+    // One formatter throughout: its kept thread, stream and second are hit and missed.
+    let mut formatter = LineFormatter::default();
     for time in times {
         for &n in &numbers {
             for action in [ALLOCATE, ALLOCATE_FAILURE, FREE] {
@@ -484,7 +486,7 @@ fn the_byte_formatter_prints_what_the_display_types_print() {
                     action,
                 };
                 line.clear();
-                format_line(&mut line, &record);
+                formatter.line(&mut line, &record);
                 let expected = format!(
                     "{n},{},{action},{},{},{}\n",
                     TimeOfDay(time),
