@@ -640,56 +640,55 @@ struct Cached {
 }
 
 impl Cached {
-    fn get(&mut self, key: u64, format: impl FnOnce(u64) -> Digits) -> &[u8] {
+    #[inline(always)]
+    fn get(&mut self, key: u64, format: impl FnOnce(u64) -> Digits) -> &Digits {
         if self.key != Some(key) {
             self.key = Some(key);
             self.text = format(key);
         }
-        self.text.as_bytes()
+        &self.text
     }
 }
 
-/// Up to 20 ASCII digits (a `u64` in decimal, or `0x` and 16 hex digits), right-aligned.
+/// Up to 20 ASCII bytes (a `u64` in decimal, or `0x` and 16 hex digits), left-aligned, so
+/// that a line copies all 20 (a fixed-size move) and advances by `len`.
 #[derive(Clone, Copy)]
 struct Digits {
     buf: [u8; 20],
-    start: usize,
+    len: usize,
 }
 
 impl Default for Digits {
     fn default() -> Self {
-        Digits {
-            buf: [0; 20],
-            start: 20,
-        }
+        Digits { buf: [0; 20], len: 0 }
     }
 }
 
-impl Digits {
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
+/// "00" to "99".
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                            2021222324252627282930313233343536373839\
+                            4041424344454647484950515253545556575859\
+                            6061626364656667686970717273747576777879\
+                            8081828384858687888990919293949596979899";
 
+impl Digits {
     fn decimal(mut n: u64) -> Self {
-        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-                                    2021222324252627282930313233343536373839\
-                                    4041424344454647484950515253545556575859\
-                                    6061626364656667686970717273747576777879\
-                                    8081828384858687888990919293949596979899";
-        let mut d = Digits::default();
+        let mut d = Digits {
+            buf: [0; 20],
+            len: n.checked_ilog10().unwrap_or(0) as usize + 1,
+        };
+        let mut end = d.len;
         while n >= 100 {
             let pair = (n % 100) as usize * 2;
             n /= 100;
-            d.start -= 2;
-            d.buf[d.start..d.start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+            end -= 2;
+            d.buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
         }
         if n >= 10 {
             let pair = n as usize * 2;
-            d.start -= 2;
-            d.buf[d.start..d.start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+            d.buf[..2].copy_from_slice(&PAIRS[pair..pair + 2]);
         } else {
-            d.start -= 1;
-            d.buf[d.start] = b'0' + n as u8;
+            d.buf[0] = b'0' + n as u8;
         }
         d
     }
@@ -698,27 +697,56 @@ impl Digits {
     fn hex_or(n: u64, zero: &[u8]) -> Self {
         let mut d = Digits::default();
         if n == 0 {
-            d.start -= zero.len();
-            d.buf[d.start..].copy_from_slice(zero);
+            d.len = zero.len();
+            d.buf[..d.len].copy_from_slice(zero);
             return d;
         }
+        d.len = 2 + (67 - n.leading_zeros() as usize) / 4;
+        d.buf[..2].copy_from_slice(b"0x");
         let mut rest = n;
-        while rest != 0 {
-            d.start -= 1;
-            d.buf[d.start] = b"0123456789abcdef"[(rest & 0xf) as usize];
+        for at in (2..d.len).rev() {
+            d.buf[at] = b"0123456789abcdef"[(rest & 0xf) as usize];
             rest >>= 4;
         }
-        d.start -= 2;
-        d.buf[d.start..d.start + 2].copy_from_slice(b"0x");
         d
+    }
+}
+
+/// A line under construction: `MAX_LINE` plus room for one whole `Digits` copied past its end.
+struct Line {
+    buf: [u8; MAX_LINE + 20],
+    len: usize,
+}
+
+impl Line {
+    #[inline(always)]
+    fn digits(&mut self, d: &Digits) {
+        self.buf[self.len..self.len + 20].copy_from_slice(&d.buf);
+        self.len += d.len;
+    }
+
+    #[inline(always)]
+    fn byte(&mut self, b: u8) {
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn bytes<const N: usize>(&mut self, b: &[u8; N]) {
+        self.buf[self.len..self.len + N].copy_from_slice(b);
+        self.len += N;
     }
 }
 
 impl LineFormatter {
     /// Appends `record`'s line to `out`.
     fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
-        out.extend_from_slice(self.thread.get(record.thread, Digits::decimal));
-        out.push(b',');
+        let mut line = Line {
+            buf: [0; MAX_LINE + 20],
+            len: 0,
+        };
+        line.digits(self.thread.get(record.thread, Digits::decimal));
+        line.byte(b',');
         let since = record.time.duration_since(UNIX_EPOCH).unwrap_or_default();
         let secs = since.as_secs() % 86_400;
         let hms = match self.second {
@@ -733,19 +761,24 @@ impl LineFormatter {
                 text
             }
         };
-        out.extend_from_slice(&hms);
-        // Six digits: 1,000,000 + micros, without its leading 1.
-        let micros = Digits::decimal(1_000_000 + u64::from(since.subsec_micros()));
-        out.extend_from_slice(&micros.as_bytes()[1..]);
-        out.push(b',');
-        out.extend_from_slice(record.action.as_bytes());
-        out.push(b',');
-        out.extend_from_slice(Digits::hex_or(record.ptr, b"(nil)").as_bytes());
-        out.push(b',');
-        out.extend_from_slice(Digits::decimal(record.bytes as u64).as_bytes());
-        out.push(b',');
-        out.extend_from_slice(self.stream.get(record.stream, |h| Digits::hex_or(h, b"0")));
-        out.push(b'\n');
+        line.bytes(&hms);
+        let micros = since.subsec_micros() as usize;
+        for pair in [micros / 10_000, micros / 100 % 100, micros % 100] {
+            line.bytes(&[PAIRS[pair * 2], PAIRS[pair * 2 + 1]]);
+        }
+        line.byte(b',');
+        // The action: one of three, at most 16 bytes.
+        let action = record.action.as_bytes();
+        line.buf[line.len..line.len + action.len()].copy_from_slice(action);
+        line.len += action.len();
+        line.byte(b',');
+        line.digits(&Digits::hex_or(record.ptr, b"(nil)"));
+        line.byte(b',');
+        line.digits(&Digits::decimal(record.bytes as u64));
+        line.byte(b',');
+        line.digits(self.stream.get(record.stream, |h| Digits::hex_or(h, b"0")));
+        line.byte(b'\n');
+        out.extend_from_slice(&line.buf[..line.len]);
     }
 }
 
