@@ -652,16 +652,10 @@ impl Cached {
 
 /// Up to 20 ASCII bytes (a `u64` in decimal, or `0x` and 16 hex digits), left-aligned, so
 /// that a line copies all 20 (a fixed-size move) and advances by `len`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Digits {
     buf: [u8; 20],
     len: usize,
-}
-
-impl Default for Digits {
-    fn default() -> Self {
-        Digits { buf: [0; 20], len: 0 }
-    }
 }
 
 /// "00" to "99".
@@ -782,7 +776,9 @@ impl LineFormatter {
     }
 }
 
-/// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`).
+/// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`): the reference the formatter
+/// is tested against.
+#[cfg(test)]
 pub(crate) struct TimeOfDay(pub(crate) SystemTime);
 
 #[cfg(test)]

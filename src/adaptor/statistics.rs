@@ -1,5 +1,5 @@
-use std::fmt;
 use std::cell::{Cell, RefCell};
+use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Weak};

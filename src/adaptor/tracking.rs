@@ -369,7 +369,11 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
 
     /// How many allocations are outstanding.
     pub fn outstanding_count(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.0.lock().live.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.0.lock().live.len())
+            .sum()
     }
 
     /// A snapshot of the outstanding allocations, in address order: RMM's

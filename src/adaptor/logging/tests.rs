@@ -467,10 +467,24 @@ fn the_byte_formatter_prints_what_the_display_types_print() {
         UNIX_EPOCH,
         UNIX_EPOCH - Duration::from_secs(5),
         UNIX_EPOCH + Duration::from_secs(86_399) + Duration::from_micros(999_999),
-        UNIX_EPOCH + Duration::from_secs(86_400 * 20_000 + 13 * 3600 + 7) + Duration::from_nanos(42_999),
+        UNIX_EPOCH
+            + Duration::from_secs(86_400 * 20_000 + 13 * 3600 + 7)
+            + Duration::from_nanos(42_999),
         SystemTime::now(),
     ];
-    let numbers = [0, 1, 9, 10, 0xf, 0x10, 255, 1 << 40, 0x7f3a_5c00_0000, u64::MAX - 1, u64::MAX];
+    let numbers = [
+        0,
+        1,
+        9,
+        10,
+        0xf,
+        0x10,
+        255,
+        1 << 40,
+        0x7f3a_5c00_0000,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
     let mut line = Vec::new();
     // One formatter throughout: its kept thread, stream and second are hit and missed.
     let mut formatter = LineFormatter::default();

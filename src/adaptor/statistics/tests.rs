@@ -395,7 +395,8 @@ fn counts_are_exact_across_many_threads_and_cross_thread_frees() {
                 start.wait(); // all alive at once: some find no shard of their own
                 for i in 0..rounds {
                     let bytes = 256 * (t % 5 + 1) + i;
-                    tx.send((mr.try_allocate(bytes, s).unwrap(), bytes)).unwrap();
+                    tx.send((mr.try_allocate(bytes, s).unwrap(), bytes))
+                        .unwrap();
                 }
             });
         }
@@ -409,8 +410,18 @@ fn counts_are_exact_across_many_threads_and_cross_thread_frees() {
     let bytes_total: i64 = (0..threads)
         .flat_map(|t| (0..rounds).map(move |i| (256 * (t % 5 + 1) + i) as i64))
         .sum();
-    assert_eq!(mr.allocations_counter(), Counter { value: 0, peak: mr.allocations_counter().peak, total: n });
-    assert_eq!((mr.bytes_counter().value, mr.bytes_counter().total), (0, bytes_total));
+    assert_eq!(
+        mr.allocations_counter(),
+        Counter {
+            value: 0,
+            peak: mr.allocations_counter().peak,
+            total: n
+        }
+    );
+    assert_eq!(
+        (mr.bytes_counter().value, mr.bytes_counter().total),
+        (0, bytes_total)
+    );
     assert!(mr.allocations_counter().peak >= 1);
 
     // Threads one after another, each leaving its allocation outstanding: ordered calls, so the
@@ -418,14 +429,41 @@ fn counts_are_exact_across_many_threads_and_cross_thread_frees() {
     // gave back).
     mr.reset_peak();
     let kept: Vec<DevicePtr> = (0..100)
-        .map(|_| thread::scope(|scope| scope.spawn(|| mr.try_allocate(KIB, &s).unwrap()).join().unwrap()))
+        .map(|_| {
+            thread::scope(|scope| {
+                scope
+                    .spawn(|| mr.try_allocate(KIB, &s).unwrap())
+                    .join()
+                    .unwrap()
+            })
+        })
         .collect();
-    assert_eq!(mr.bytes_counter(), Counter { value: 100 * KIB as i64, peak: 100 * KIB as i64, total: bytes_total + 100 * KIB as i64 });
-    assert_eq!((mr.allocations_counter().value, mr.allocations_counter().peak), (100, 100));
+    assert_eq!(
+        mr.bytes_counter(),
+        Counter {
+            value: 100 * KIB as i64,
+            peak: 100 * KIB as i64,
+            total: bytes_total + 100 * KIB as i64
+        }
+    );
+    assert_eq!(
+        (
+            mr.allocations_counter().value,
+            mr.allocations_counter().peak
+        ),
+        (100, 100)
+    );
     for p in kept {
         free(&mr, p, KIB, &s);
     }
     let stats = mr.memory_stats();
-    assert_eq!((stats.allocated_bytes, stats.peak_allocated_bytes, stats.allocations), (Some(0), Some(100 * KIB), Some(0)));
+    assert_eq!(
+        (
+            stats.allocated_bytes,
+            stats.peak_allocated_bytes,
+            stats.allocations
+        ),
+        (Some(0), Some(100 * KIB), Some(0))
+    );
     s.synchronize_blocking().unwrap();
 }

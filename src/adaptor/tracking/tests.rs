@@ -416,7 +416,8 @@ fn records_over_all_shards_stay_exact_with_cross_thread_frees() {
             scope.spawn(move || {
                 for i in 0..200 {
                     let bytes = 256 * (t + 1) + i;
-                    tx.send((mr.try_allocate(bytes, s).unwrap(), bytes)).unwrap();
+                    tx.send((mr.try_allocate(bytes, s).unwrap(), bytes))
+                        .unwrap();
                 }
             });
         }
@@ -427,7 +428,10 @@ fn records_over_all_shards_stay_exact_with_cross_thread_frees() {
     assert_eq!(mr.outstanding_count(), 800);
     assert_eq!(mr.allocated_bytes(), total);
     let snapshot = mr.outstanding_allocations();
-    assert!(snapshot.windows(2).all(|w| w[0].ptr < w[1].ptr), "address order");
+    assert!(
+        snapshot.windows(2).all(|w| w[0].ptr < w[1].ptr),
+        "address order"
+    );
     let mut expected = all.clone();
     expected.sort_unstable();
     let got: Vec<(DevicePtr, usize)> = snapshot.iter().map(|a| (a.ptr, a.bytes)).collect();
