@@ -2,7 +2,10 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -59,7 +62,7 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 ///
 /// As in RMM, an allocation is logged after the upstream returns and a free before it reaches
 /// the upstream, so in the file a free of an address always comes before its next allocation,
-/// whichever threads made them. Lines are written under one lock, and the time is read under
+/// whichever threads made them. Lines are recorded under one lock, and the time is read under
 /// it, so times never go backwards down the file. Where a platform has no OS thread id to read
 /// (outside Linux), `Thread` is a number unique to the thread within the process.
 ///
@@ -68,9 +71,22 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// shifted by your UTC offset for local times. RMM's parser ignores the column.
 ///
 /// # Flushing
-/// Lines are buffered. They reach the file or writer when the buffer fills, on
-/// [`flush`](Self::flush), when the last clone of the adaptor is dropped, and after every line
-/// with [`LoggingAdaptorBuilder::auto_flush`] (RMM's `auto_flush`).
+/// Buffered by default, off the hot path: a call records the raw fields of its line (a few
+/// words, under the lock that orders the lines) and a writer thread of the adaptor formats
+/// them and writes them, a batch of 1,024 at a time. Lines reach the file or writer on
+/// [`flush`](Self::flush) (which returns once every line logged before it is written and the
+/// writer flushed), when the last clone of the adaptor is dropped (which waits for the writer
+/// thread to write the rest and flush), and otherwise as batches fill. If the writer falls
+/// 64 batches behind, callers wait for it, so memory stays bounded. With
+/// [`LoggingAdaptorBuilder::auto_flush`] (RMM's `auto_flush`) there is no writer thread: each
+/// call formats, writes and flushes its own line before it returns.
+///
+/// What a panic or an exit loses: a panic that unwinds drops the adaptor like any value, and
+/// the drop writes everything. Lines still buffered are lost when the process ends without
+/// dropping the adaptor (`std::process::exit`, an abort, a panic with `panic = "abort"`, an
+/// adaptor leaked or kept in a `static`), as a `BufWriter`'s are; call
+/// [`flush`](Self::flush) before such an exit, or use `auto_flush` when every line must
+/// survive a crash.
 ///
 /// # Awaiting memory
 /// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and
@@ -87,7 +103,9 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// line that cannot be written cannot fail the allocation or free it describes: the first such
 /// error is kept ([`write_error`](Self::write_error), returned by [`flush`](Self::flush)) and
 /// logged through `tracing` at `ERROR`, and the adaptor stops logging, since the file may end
-/// in a partial line. Allocations and frees go on as before.
+/// in a partial line. Allocations and frees go on as before. Buffered, a write fails on the
+/// writer thread, so the error shows once that batch is written (at the latest at the next
+/// [`flush`](Self::flush)).
 ///
 /// # Examples
 ///
@@ -118,29 +136,83 @@ pub struct LoggingAdaptor<R: MemoryResource = SharedResource> {
 
 struct Inner<R> {
     upstream: R,
-    sink: Mutex<Sink>,
+    /// Where the lines go; its lock orders them (and the clock reads).
+    output: Mutex<Output>,
+    /// What the caller and the writer thread share: the first error, and whether logging
+    /// stopped.
+    status: Arc<Status>,
     auto_flush: bool,
     streams_as_default: bool,
     clock: Option<Clock>,
     path: Option<PathBuf>,
 }
 
+/// How many records the hot path gathers before it hands them to the writer thread, and how
+/// many such batches may wait for it before a caller blocks (bounded memory: 64 Ki records,
+/// 3 MiB, when the writer falls behind).
+const BATCH: usize = 1024;
+const BATCHES_IN_FLIGHT: usize = 64;
+
+/// The raw fields of one line, formatted later by the writer thread.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    time: SystemTime,
+    thread: u64,
+    ptr: u64,
+    bytes: usize,
+    stream: u64,
+    action: &'static str,
+}
+
+enum Output {
+    /// `auto_flush`: each line is formatted, written and flushed by the caller, under the
+    /// lock, so it is in the file when the call returns.
+    Direct(Sink),
+    /// Buffered: records gather here and go to the writer thread in batches, sent under the
+    /// lock so that batches keep the order of the lines.
+    Batched {
+        records: Vec<Record>,
+        to_writer: SyncSender<Message>,
+        /// Emptied batches coming back from the writer, to be filled again.
+        recycled: Receiver<Vec<Record>>,
+        writer: Option<JoinHandle<()>>,
+    },
+}
+
+enum Message {
+    Records(Vec<Record>),
+    /// Write these, then flush, then answer.
+    Flush(Vec<Record>, SyncSender<()>),
+}
+
+#[derive(Default)]
+struct Status {
+    /// Set once a write has failed: the hot path then records nothing.
+    stopped: AtomicBool,
+    /// The first write error.
+    error: Mutex<Option<Error>>,
+}
+
 struct Sink {
     /// `None` once a write has failed (logging stopped).
     out: Option<BufWriter<Box<dyn Write + Send>>>,
-    /// The first write error.
-    error: Option<Error>,
+    status: Arc<Status>,
+    format: LineFormatter,
+    /// The text of a batch, kept to reuse its allocation.
+    text: Vec<u8>,
 }
 
 impl Sink {
-    fn write_line(&mut self, line: &[u8], flush: bool) {
+    fn write_records(&mut self, records: &[Record]) {
         let Some(out) = self.out.as_mut() else {
             return;
         };
-        let result = out
-            .write_all(line)
-            .and_then(|()| if flush { out.flush() } else { Ok(()) });
-        if let Err(e) = result {
+        self.text.clear();
+        self.text.reserve(records.len() * MAX_LINE);
+        for record in records {
+            self.format.line(&mut self.text, record);
+        }
+        if let Err(e) = out.write_all(&self.text) {
             self.fail(&e);
         }
     }
@@ -151,7 +223,7 @@ impl Sink {
                 self.fail(&e);
             }
         }
-        self.error.clone().map_or(Ok(()), Err)
+        self.status.error.lock().clone().map_or(Ok(()), Err)
     }
 
     /// Records the error and stops logging; the buffered rest is discarded, not flushed.
@@ -161,14 +233,80 @@ impl Sink {
         if let Some(out) = self.out.take() {
             drop(out.into_parts());
         }
-        self.error.get_or_insert(error);
+        self.status.stopped.store(true, Relaxed);
+        self.status.error.lock().get_or_insert(error);
+    }
+
+    /// The writer thread: formats and writes the batches in the order they were sent, flushes
+    /// when asked and when every sender is gone (the adaptor's last drop).
+    fn run(mut self, from_callers: Receiver<Message>, recycle: SyncSender<Vec<Record>>) {
+        for message in from_callers {
+            match message {
+                Message::Records(mut records) => {
+                    self.write_records(&records);
+                    records.clear();
+                    // The hot path may have enough batches already: then this one goes.
+                    let _ = recycle.try_send(records);
+                }
+                Message::Flush(records, done) => {
+                    self.write_records(&records);
+                    let _ = self.flush();
+                    let _ = done.send(());
+                }
+            }
+        }
+        // Errors were logged where they happened.
+        let _ = self.flush();
+    }
+}
+
+impl Output {
+    /// Hands the records gathered so far to the writer thread and waits until they and all
+    /// before them are written and flushed. Called with the lock held; returns what to wait on.
+    fn start_flush(&mut self) -> Option<Receiver<()>> {
+        match self {
+            Output::Direct(sink) => {
+                let _ = sink.flush();
+                None
+            }
+            Output::Batched {
+                records, to_writer, ..
+            } => {
+                let (done_tx, done_rx) = mpsc::sync_channel(1);
+                let batch = std::mem::take(records);
+                // Fails only when the writer thread is gone (it panicked in the user's writer).
+                to_writer.send(Message::Flush(batch, done_tx)).ok()?;
+                Some(done_rx)
+            }
+        }
     }
 }
 
 impl<R> Drop for Inner<R> {
     fn drop(&mut self) {
-        // Errors were logged where they happened.
-        let _ = self.sink.get_mut().flush();
+        match self.output.get_mut() {
+            Output::Direct(sink) => {
+                // Errors were logged where they happened.
+                let _ = sink.flush();
+            }
+            Output::Batched {
+                records,
+                to_writer,
+                writer,
+                ..
+            } => {
+                if !records.is_empty() {
+                    let _ = to_writer.send(Message::Records(std::mem::take(records)));
+                }
+                // Closing the channel (replacing the only sender) ends the writer's loop
+                // after it has written everything sent; it flushes then.
+                let (closed, _) = mpsc::sync_channel(0);
+                drop(std::mem::replace(to_writer, closed));
+                if let Some(writer) = writer.take() {
+                    let _ = writer.join();
+                }
+            }
+        }
     }
 }
 
@@ -298,13 +436,34 @@ impl LoggingAdaptorBuilder {
             );
             return Err(Error::io(what, &e));
         }
+        let status = Arc::new(Status::default());
+        let sink = Sink {
+            out: Some(out),
+            status: Arc::clone(&status),
+            format: LineFormatter::default(),
+            text: Vec::new(),
+        };
+        let output = if auto_flush {
+            Output::Direct(sink)
+        } else {
+            let (to_writer, from_callers) = mpsc::sync_channel(BATCHES_IN_FLIGHT);
+            let (recycle, recycled) = mpsc::sync_channel(2);
+            let writer = std::thread::Builder::new()
+                .name("streamalloc-log".into())
+                .spawn(move || sink.run(from_callers, recycle))
+                .map_err(|e| Error::io("starting the allocation log's writer thread", &e))?;
+            Output::Batched {
+                records: Vec::with_capacity(BATCH),
+                to_writer,
+                recycled,
+                writer: Some(writer),
+            }
+        };
         Ok(LoggingAdaptor {
             inner: Arc::new(Inner {
                 upstream,
-                sink: Mutex::new(Sink {
-                    out: Some(out),
-                    error: None,
-                }),
+                output: Mutex::new(output),
+                status,
                 auto_flush,
                 streams_as_default: self.streams_as_default.unwrap_or(false),
                 clock: self.clock,
@@ -386,49 +545,243 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
     /// # Errors
     /// [`Error::Io`] when flushing fails now or a write failed before (logging stopped then).
     pub fn flush(&self) -> Result<()> {
-        self.inner.sink.lock().flush()
+        let done = self.inner.output.lock().start_flush();
+        // Waited for outside the lock: other threads go on logging meanwhile.
+        if let Some(done) = done {
+            if done.recv().is_err() {
+                return Err(self.inner.writer_gone());
+            }
+        }
+        self.write_error().map_or(Ok(()), Err)
     }
 
     /// The first error writing the log, after which logging stopped; `None` while all is well.
     pub fn write_error(&self) -> Option<Error> {
-        self.inner.sink.lock().error.clone()
+        self.inner.status.error.lock().clone()
     }
 }
 
 impl<R> Inner<R> {
-    fn log(&self, action: &str, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+    fn log(&self, action: &'static str, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        if self.status.stopped.load(Relaxed) {
+            return;
+        }
         let thread = os_thread_id();
         let handle = if self.streams_as_default {
             0
         } else {
             stream.raw_handle()
         };
-        let mut sink = self.sink.lock();
-        if sink.out.is_none() {
-            return;
-        }
+        let mut output = self.output.lock();
         // Read under the lock, so times never go backwards down the file.
-        let now = self.clock.as_ref().map_or_else(SystemTime::now, |c| c());
-        let mut line = [0u8; MAX_LINE];
-        let len = {
-            let mut cursor = io::Cursor::new(&mut line[..]);
-            writeln!(
-                cursor,
-                "{thread},{},{action},{},{bytes},{}",
-                TimeOfDay(now),
-                CPointer(ptr.addr()),
-                StreamHandle(handle)
-            )
-            .expect("MAX_LINE holds the longest line");
-            usize::try_from(cursor.position()).expect("at most MAX_LINE")
+        let time = self.clock.as_ref().map_or_else(SystemTime::now, |c| c());
+        let record = Record {
+            time,
+            thread,
+            ptr: ptr.addr(),
+            bytes,
+            stream: handle,
+            action,
         };
-        sink.write_line(&line[..len], self.auto_flush);
+        match &mut *output {
+            Output::Direct(sink) => {
+                sink.write_records(&[record]);
+                let _ = sink.flush();
+            }
+            Output::Batched {
+                records,
+                to_writer,
+                recycled,
+                ..
+            } => {
+                records.push(record);
+                if records.len() >= BATCH {
+                    let empty = recycled
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                    let full = std::mem::replace(records, empty);
+                    // Blocks while BATCHES_IN_FLIGHT batches wait for the writer; fails only
+                    // when the writer thread is gone (it panicked in the user's writer).
+                    if to_writer.send(Message::Records(full)).is_err() {
+                        self.status.stopped.store(true, Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    fn writer_gone(&self) -> Error {
+        let error = Error::io(
+            "writing the allocation log",
+            &io::Error::other("the log's writer thread panicked in the writer"),
+        );
+        self.status.stopped.store(true, Relaxed);
+        self.status.error.lock().get_or_insert(error).clone()
     }
 }
 
-/// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`).
+/// Formats records as lines of RMM's log: the bytes the `Display` types below print
+/// (`TimeOfDay`, `CPointer`, `StreamHandle`), written by hand because `write!` costs several
+/// times as much and the writer thread must keep up with the callers. The thread, the stream
+/// and the second of the day repeat from line to line, so the last of each is kept formatted.
+#[derive(Default)]
+struct LineFormatter {
+    thread: Cached,
+    stream: Cached,
+    /// The last second of the day and its `HH:MM:SS.`.
+    second: Option<(u64, [u8; 9])>,
+}
+
+/// A number and its text, kept for the next line.
+#[derive(Default)]
+struct Cached {
+    key: Option<u64>,
+    text: Digits,
+}
+
+impl Cached {
+    #[inline(always)]
+    fn get(&mut self, key: u64, format: impl FnOnce(u64) -> Digits) -> &Digits {
+        if self.key != Some(key) {
+            self.key = Some(key);
+            self.text = format(key);
+        }
+        &self.text
+    }
+}
+
+/// Up to 20 ASCII bytes (a `u64` in decimal, or `0x` and 16 hex digits), left-aligned, so
+/// that a line copies all 20 (a fixed-size move) and advances by `len`.
+#[derive(Clone, Copy, Default)]
+struct Digits {
+    buf: [u8; 20],
+    len: usize,
+}
+
+/// "00" to "99".
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                            2021222324252627282930313233343536373839\
+                            4041424344454647484950515253545556575859\
+                            6061626364656667686970717273747576777879\
+                            8081828384858687888990919293949596979899";
+
+impl Digits {
+    fn decimal(mut n: u64) -> Self {
+        let mut d = Digits {
+            buf: [0; 20],
+            len: n.checked_ilog10().unwrap_or(0) as usize + 1,
+        };
+        let mut end = d.len;
+        while n >= 100 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            end -= 2;
+            d.buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            d.buf[..2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            d.buf[0] = b'0' + n as u8;
+        }
+        d
+    }
+
+    /// `0x` and lowercase hex without leading zeros, or `zero` for 0.
+    fn hex_or(n: u64, zero: &[u8]) -> Self {
+        let mut d = Digits::default();
+        if n == 0 {
+            d.len = zero.len();
+            d.buf[..d.len].copy_from_slice(zero);
+            return d;
+        }
+        d.len = 2 + (67 - n.leading_zeros() as usize) / 4;
+        d.buf[..2].copy_from_slice(b"0x");
+        let mut rest = n;
+        for at in (2..d.len).rev() {
+            d.buf[at] = b"0123456789abcdef"[(rest & 0xf) as usize];
+            rest >>= 4;
+        }
+        d
+    }
+}
+
+/// A line under construction: `MAX_LINE` plus room for one whole `Digits` copied past its end.
+struct Line {
+    buf: [u8; MAX_LINE + 20],
+    len: usize,
+}
+
+impl Line {
+    #[inline(always)]
+    fn digits(&mut self, d: &Digits) {
+        self.buf[self.len..self.len + 20].copy_from_slice(&d.buf);
+        self.len += d.len;
+    }
+
+    #[inline(always)]
+    fn byte(&mut self, b: u8) {
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn bytes<const N: usize>(&mut self, b: &[u8; N]) {
+        self.buf[self.len..self.len + N].copy_from_slice(b);
+        self.len += N;
+    }
+}
+
+impl LineFormatter {
+    /// Appends `record`'s line to `out`.
+    fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
+        let mut line = Line {
+            buf: [0; MAX_LINE + 20],
+            len: 0,
+        };
+        line.digits(self.thread.get(record.thread, Digits::decimal));
+        line.byte(b',');
+        let since = record.time.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = since.as_secs() % 86_400;
+        let hms = match self.second {
+            Some((second, text)) if second == secs => text,
+            _ => {
+                let mut text = *b"00:00:00.";
+                for (at, n) in [(0, secs / 3600), (3, secs / 60 % 60), (6, secs % 60)] {
+                    text[at] = b'0' + (n / 10) as u8;
+                    text[at + 1] = b'0' + (n % 10) as u8;
+                }
+                self.second = Some((secs, text));
+                text
+            }
+        };
+        line.bytes(&hms);
+        let micros = since.subsec_micros() as usize;
+        for pair in [micros / 10_000, micros / 100 % 100, micros % 100] {
+            line.bytes(&[PAIRS[pair * 2], PAIRS[pair * 2 + 1]]);
+        }
+        line.byte(b',');
+        // The action: one of three, at most 16 bytes.
+        let action = record.action.as_bytes();
+        line.buf[line.len..line.len + action.len()].copy_from_slice(action);
+        line.len += action.len();
+        line.byte(b',');
+        line.digits(&Digits::hex_or(record.ptr, b"(nil)"));
+        line.byte(b',');
+        line.digits(&Digits::decimal(record.bytes as u64));
+        line.byte(b',');
+        line.digits(self.stream.get(record.stream, |h| Digits::hex_or(h, b"0")));
+        line.byte(b'\n');
+        out.extend_from_slice(&line.buf[..line.len]);
+    }
+}
+
+/// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`): the reference the formatter
+/// is tested against.
+#[cfg(test)]
 pub(crate) struct TimeOfDay(pub(crate) SystemTime);
 
+#[cfg(test)]
 impl fmt::Display for TimeOfDay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let since = self.0.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -444,15 +797,18 @@ impl fmt::Display for TimeOfDay {
     }
 }
 
+#[cfg(test)]
 /// A pointer as glibc's `printf("%p")` prints it: `(nil)` or `0x` and lowercase hex.
 pub(crate) struct CPointer(pub(crate) u64);
 
+#[cfg(test)]
 impl fmt::Display for CPointer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         hex_or(f, self.0, "(nil)")
     }
 }
 
+#[cfg(test)]
 /// `0x` and lowercase hex, or `zero` for 0: how C and C++ print a null pointer differs.
 fn hex_or(f: &mut fmt::Formatter<'_>, value: u64, zero: &str) -> fmt::Result {
     match value {
@@ -461,10 +817,12 @@ fn hex_or(f: &mut fmt::Formatter<'_>, value: u64, zero: &str) -> fmt::Result {
     }
 }
 
+#[cfg(test)]
 /// A stream handle as libstdc++'s `ostream << std::hex << (void*)` prints it (RMM's
 /// `format_stream`): `0` for the null handle (no `0x` for zero), else `0x` and lowercase hex.
 pub(crate) struct StreamHandle(pub(crate) u64);
 
+#[cfg(test)]
 impl fmt::Display for StreamHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         hex_or(f, self.0, "0")

@@ -1,6 +1,8 @@
+use std::cell::{Cell, RefCell};
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -79,12 +81,26 @@ pub struct Counters {
 /// 64-bit numbers, so this never wraps; totals and peaks are never lowered by a free.
 ///
 /// # Cost
-/// Lock-free: an allocation is four relaxed atomic additions and two loads (plus a
-/// `fetch_max` when it sets a new peak), a free two atomic subtractions. Only
+/// No read-modify-write on the hot path. Each thread that uses the adaptor gets a shard of its
+/// own (one cache line, up to 64 threads at a time; a thread gives its shard back when
+/// it ends), which only it writes, with plain loads and stores; the figures are the sums over
+/// the shards. An allocation then adds up the shards' values (one word per thread that holds a
+/// shard) to see whether it sets a new peak, and only a new peak writes a shared word. Threads
+/// beyond 64 share one more shard, with atomic additions. Only
 /// [`push_counters`](Self::push_counters), [`pop_counters`](Self::pop_counters) and reading the
-/// counters take a lock. The figures are exact whenever no push or pop runs at the same time
-/// as allocations; an allocation that races a push or pop may have its value counted in one
-/// scope and its total in the other, and a peak it reaches may be credited to both.
+/// counters take a lock.
+///
+/// # Exactness
+/// Values and totals are exact whenever they are read after the calls they count (every update
+/// lands in its thread's shard). Peaks are exact whenever the allocations and frees are ordered
+/// one after another (one thread, or threads that hand the work over through a lock, a channel,
+/// an executor), wherever they run: each allocation then sees every earlier update. Under
+/// truly concurrent calls from several threads, an allocation reads the other shards one by
+/// one while they change, so the peak is the highest sum an allocation saw: every term of it a
+/// value its shard really held during that allocation, but not necessarily all at one instant
+/// (RMM takes a lock on every call to make it exact). An allocation that races a push or pop
+/// may have its value counted in one scope and its total in the other, and a peak it reaches
+/// may be credited to both.
 ///
 /// # Awaiting memory
 /// The adaptor forwards the upstream's [`availability`](MemoryResource::availability) and
@@ -124,26 +140,240 @@ pub struct StatisticsAdaptor<R: MemoryResource = SharedResource> {
 
 struct Inner<R> {
     upstream: R,
-    live: Live,
+    live: Arc<Live>,
     /// The scopes outside the innermost one, innermost last. Its lock serialises pushes, pops
     /// and reads; the hot path never takes it.
     outer: Mutex<Vec<Saved>>,
 }
 
-/// The running counters, in absolute terms since the adaptor was made: scopes are bases
-/// subtracted from them, so opening or closing a scope never loses a concurrent update.
+/// How many threads at a time get a shard of their own; later ones share one more.
+const SHARDS: usize = 64;
+
+/// The running counters, in absolute terms since the adaptor was made, as per-thread shards
+/// (their sums are the figures): scopes are bases subtracted from them, so opening or closing
+/// a scope never loses a concurrent update.
 ///
-/// Invariants: `*_total` only grow; `*_peak` is at least the value at the innermost scope's
-/// push and at least every value an allocation produced since.
-#[repr(align(64))] // one cache line of its own: the counters are written together
-#[derive(Default)]
+/// Invariants: the shards' totals only grow; each peak is at least the value at the innermost
+/// scope's push and at least every sum an allocation saw since.
 struct Live {
+    /// Unique in the process: the key of this adaptor's entry in a thread's claims.
+    id: u64,
+    shards: Box<[Shard]>,
+    /// One past the highest shard ever claimed: the sums read `shards[..used]`.
+    used: AtomicUsize,
+    /// The shard of the threads that found none free (or whose claims are gone, at thread
+    /// exit): updated with atomic additions.
+    shared: Shard,
+    bytes_peak: AtomicI64,
+    allocations_peak: AtomicI64,
+}
+
+/// One thread's counters. Only the thread that claimed it writes it (plain load + store), so
+/// its updates cost no more than ordinary memory writes.
+#[repr(align(128))] // a line (and its adjacent-line prefetch pair) of its own
+#[derive(Default)]
+struct Shard {
+    claimed: AtomicBool,
     bytes: AtomicI64,
     bytes_total: AtomicI64,
-    bytes_peak: AtomicI64,
     allocations: AtomicI64,
     allocations_total: AtomicI64,
-    allocations_peak: AtomicI64,
+}
+
+/// The four sums over the shards.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sums {
+    bytes: i64,
+    bytes_total: i64,
+    allocations: i64,
+    allocations_total: i64,
+}
+
+/// Adds `n` to a counter only this thread writes: no read-modify-write instruction. Wrapping,
+/// as `fetch_add` would.
+#[inline]
+fn bump(counter: &AtomicI64, n: i64) {
+    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+/// A thread's claimed shards, one per adaptor it used; given back when the thread ends.
+struct Claims(Vec<Claim>);
+
+struct Claim {
+    live: Weak<Live>,
+    id: u64,
+    /// The index of the shard, or `None`: the shared one.
+    shard: Option<usize>,
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        // Calls from later thread-local destructors must not write the shards given back.
+        LAST.with(|last| last.set(NO_CLAIM));
+        for claim in &self.0 {
+            if let (Some(live), Some(i)) = (claim.live.upgrade(), claim.shard) {
+                // Release: the next thread to claim it sees this one's last counts.
+                live.shards[i].claimed.store(false, Release);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static CLAIMS: RefCell<Claims> = const { RefCell::new(Claims(Vec::new())) };
+    /// The adaptor id and shard index of this thread's last own shard: the hot path's one
+    /// look-up (a plain thread-local load; no destructor, so usable to the thread's end).
+    static LAST: Cell<(u64, usize)> = const { Cell::new(NO_CLAIM) };
+}
+
+/// `LAST` when it names no shard: no adaptor has this id.
+const NO_CLAIM: (u64, usize) = (u64::MAX, 0);
+
+impl Live {
+    fn new() -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        Live {
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            used: AtomicUsize::new(0),
+            shared: Shard::default(),
+            bytes_peak: AtomicI64::new(0),
+            allocations_peak: AtomicI64::new(0),
+        }
+    }
+
+    /// Runs `f` on this thread's shard (`true`: its own, written with plain stores; `false`:
+    /// the shared one).
+    #[inline]
+    fn with_shard<T>(self: &Arc<Self>, f: impl FnOnce(&Shard, bool) -> T) -> T {
+        let (id, i) = LAST.with(Cell::get);
+        if id == self.id {
+            return f(&self.shards[i], true);
+        }
+        self.with_shard_slow(f)
+    }
+
+    /// `with_shard` when the thread's last shard is another adaptor's (or none).
+    #[cold]
+    fn with_shard_slow<T>(self: &Arc<Self>, f: impl FnOnce(&Shard, bool) -> T) -> T {
+        let found = CLAIMS
+            .try_with(|claims| {
+                let claims = claims.try_borrow().ok()?;
+                claims.0.iter().find(|c| c.id == self.id).map(|c| c.shard)
+            })
+            .ok()
+            .flatten();
+        let shard = match found {
+            Some(shard) => shard,
+            None => self.claim(),
+        };
+        match shard {
+            Some(i) => {
+                // Unless the thread is ending (its claims gone: then it never comes here).
+                if CLAIMS.try_with(|_| ()).is_ok() {
+                    LAST.with(|last| last.set((self.id, i)));
+                }
+                f(&self.shards[i], true)
+            }
+            None => f(&self.shared, false),
+        }
+    }
+
+    /// This thread's first call: claims a free shard (or settles for the shared one) and
+    /// remembers it; claims of adaptors dropped since are forgotten.
+    #[cold]
+    fn claim(self: &Arc<Self>) -> Option<usize> {
+        let Ok(Some(shard)) = CLAIMS.try_with(|claims| {
+            let mut claims = claims.try_borrow_mut().ok()?;
+            let free = self.shards.iter().position(|s| {
+                s.claimed
+                    .compare_exchange(false, true, Acquire, Relaxed)
+                    .is_ok()
+            });
+            if let Some(i) = free {
+                self.used.fetch_max(i + 1, Release);
+            }
+            claims.0.retain(|c| c.live.strong_count() > 0);
+            claims.0.push(Claim {
+                live: Arc::downgrade(self),
+                id: self.id,
+                shard: free,
+            });
+            Some(free)
+        }) else {
+            // The thread is ending (its claims are gone): the shared shard.
+            return None;
+        };
+        shard
+    }
+
+    fn add(self: &Arc<Self>, bytes: i64) {
+        self.with_shard(|shard, own| {
+            if own {
+                bump(&shard.bytes_total, bytes);
+                bump(&shard.bytes, bytes);
+                bump(&shard.allocations_total, 1);
+                bump(&shard.allocations, 1);
+            } else {
+                shard.bytes_total.fetch_add(bytes, Relaxed);
+                shard.bytes.fetch_add(bytes, Relaxed);
+                shard.allocations_total.fetch_add(1, Relaxed);
+                shard.allocations.fetch_add(1, Relaxed);
+            }
+        });
+        // A new peak? Most allocations do not set one: read before writing.
+        let (bytes_now, allocations_now) = self.values();
+        if bytes_now > self.bytes_peak.load(Relaxed) {
+            self.bytes_peak.fetch_max(bytes_now, Relaxed);
+        }
+        if allocations_now > self.allocations_peak.load(Relaxed) {
+            self.allocations_peak.fetch_max(allocations_now, Relaxed);
+        }
+    }
+
+    fn sub(self: &Arc<Self>, bytes: i64) {
+        self.with_shard(|shard, own| {
+            if own {
+                bump(&shard.bytes, bytes.wrapping_neg());
+                bump(&shard.allocations, -1);
+            } else {
+                shard.bytes.fetch_sub(bytes, Relaxed);
+                shard.allocations.fetch_sub(1, Relaxed);
+            }
+        });
+    }
+
+    /// The shards in use, the shared one included.
+    fn in_use(&self) -> impl Iterator<Item = &Shard> {
+        let used = self.used.load(Acquire);
+        self.shards[..used].iter().chain([&self.shared])
+    }
+
+    /// The summed values (bytes, allocations).
+    #[inline]
+    fn values(&self) -> (i64, i64) {
+        let used = self.used.load(Acquire);
+        let (mut bytes, mut allocations) = (
+            self.shared.bytes.load(Relaxed),
+            self.shared.allocations.load(Relaxed),
+        );
+        for shard in &self.shards[..used] {
+            bytes = bytes.wrapping_add(shard.bytes.load(Relaxed));
+            allocations = allocations.wrapping_add(shard.allocations.load(Relaxed));
+        }
+        (bytes, allocations)
+    }
+
+    fn sums(&self) -> Sums {
+        self.in_use().fold(Sums::default(), |sum, s| Sums {
+            bytes: sum.bytes.wrapping_add(s.bytes.load(Relaxed)),
+            bytes_total: sum.bytes_total.wrapping_add(s.bytes_total.load(Relaxed)),
+            allocations: sum.allocations.wrapping_add(s.allocations.load(Relaxed)),
+            allocations_total: sum
+                .allocations_total
+                .wrapping_add(s.allocations_total.load(Relaxed)),
+        })
+    }
 }
 
 /// A scope's bases: the absolute figures when it was pushed (or zero for the outermost).
@@ -168,22 +398,13 @@ fn bytes_i64(bytes: usize) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
-fn add(value: &AtomicI64, total: &AtomicI64, peak: &AtomicI64, n: i64) {
-    total.fetch_add(n, Relaxed);
-    let now = value.fetch_add(n, Relaxed).saturating_add(n);
-    // Most allocations do not set a new peak: read before writing.
-    if now > peak.load(Relaxed) {
-        peak.fetch_max(now, Relaxed);
-    }
-}
-
 impl<R: MemoryResource> StatisticsAdaptor<R> {
     /// Counts what passes through to `upstream`, from zero.
     pub fn new(upstream: R) -> Self {
         StatisticsAdaptor {
             inner: Arc::new(Inner {
                 upstream,
-                live: Live::default(),
+                live: Arc::new(Live::new()),
                 outer: Mutex::new(Vec::new()),
             }),
         }
@@ -241,19 +462,18 @@ impl<R: MemoryResource> StatisticsAdaptor<R> {
         let covered = self.top(outer.last());
         // The new scope starts at the current values; its peak starts there too, and the
         // covered scope's peak so far is set aside until the pop.
-        let bytes = live.bytes.load(Relaxed);
-        let allocations = live.allocations.load(Relaxed);
+        let now = live.sums();
         outer.push(Saved {
             bytes: Base {
-                value: bytes,
-                total: live.bytes_total.load(Relaxed),
+                value: now.bytes,
+                total: now.bytes_total,
             },
-            bytes_peak: live.bytes_peak.swap(bytes, Relaxed),
+            bytes_peak: live.bytes_peak.swap(now.bytes, Relaxed),
             allocations: Base {
-                value: allocations,
-                total: live.allocations_total.load(Relaxed),
+                value: now.allocations,
+                total: now.allocations_total,
             },
-            allocations_peak: live.allocations_peak.swap(allocations, Relaxed),
+            allocations_peak: live.allocations_peak.swap(now.allocations, Relaxed),
         });
         covered
     }
@@ -298,21 +518,22 @@ fn top(live: &Live, saved: Option<&Saved>) -> Counters {
     let (bytes, allocations) = saved.map_or((Base::default(), Base::default()), |s| {
         (s.bytes, s.allocations)
     });
-    let counter = |value: &AtomicI64, total: &AtomicI64, peak: &AtomicI64, base: Base| {
-        let value = value.load(Relaxed) - base.value;
+    let now = live.sums();
+    let counter = |value: i64, total: i64, peak: &AtomicI64, base: Base| {
+        let value = value - base.value;
         Counter {
             value,
             // A concurrent allocation may have raised the value before the peak: a peak is
             // never below the value it covers.
             peak: (peak.load(Relaxed) - base.value).max(value),
-            total: total.load(Relaxed) - base.total,
+            total: total - base.total,
         }
     };
     Counters {
-        bytes: counter(&live.bytes, &live.bytes_total, &live.bytes_peak, bytes),
+        bytes: counter(now.bytes, now.bytes_total, &live.bytes_peak, bytes),
         allocations: counter(
-            &live.allocations,
-            &live.allocations_total,
+            now.allocations,
+            now.allocations_total,
             &live.allocations_peak,
             allocations,
         ),
@@ -325,28 +546,14 @@ impl<R: MemoryResource> Forward for Inner<R> {
     #[inline]
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.upstream.try_allocate(bytes, stream)?;
-        let live = &self.live;
-        add(
-            &live.bytes,
-            &live.bytes_total,
-            &live.bytes_peak,
-            bytes_i64(bytes),
-        );
-        add(
-            &live.allocations,
-            &live.allocations_total,
-            &live.allocations_peak,
-            1,
-        );
+        self.live.add(bytes_i64(bytes));
         Ok(ptr)
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // Counted first: once the upstream has the memory back it may hand it out again.
-        let live = &self.live;
-        live.bytes.fetch_sub(bytes_i64(bytes), Relaxed);
-        live.allocations.fetch_sub(1, Relaxed);
+        self.live.sub(bytes_i64(bytes));
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
     }
@@ -372,9 +579,9 @@ impl<R: MemoryResource> Forward for Inner<R> {
             // Under the scope lock, so that no push or pop moves the peaks meanwhile.
             let _outer = self.outer.lock();
             let live = &self.live;
-            live.bytes_peak.store(live.bytes.load(Relaxed), Relaxed);
-            live.allocations_peak
-                .store(live.allocations.load(Relaxed), Relaxed);
+            let (bytes, allocations) = live.values();
+            live.bytes_peak.store(bytes, Relaxed);
+            live.allocations_peak.store(allocations, Relaxed);
         }
         self.upstream.reset_peak();
     }

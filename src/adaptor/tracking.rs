@@ -212,9 +212,16 @@ impl fmt::Display for LeakReport {
 /// Records every outstanding allocation, optionally with the backtrace of its allocation, and
 /// reports leaks and bad frees (RMM's `tracking_resource_adaptor`).
 ///
-/// A debugging aid: each allocation and free takes a lock over a hash map, and capturing
-/// backtraces ([`with_backtraces`](Self::with_backtraces)) costs microseconds per allocation.
-/// A clone shares the records.
+/// A debugging aid. The records are a hash map split in 16 shards by address, each under its
+/// own lock, so threads that allocate at once rarely wait for each other: an allocation or a
+/// free takes one shard's lock (two atomic read-modify-writes) and does one hash-map operation.
+/// Capturing backtraces ([`with_backtraces`](Self::with_backtraces)) costs microseconds per
+/// allocation, so it is only done when asked for. A clone shares the records.
+///
+/// The figures ([`allocated_bytes`](Self::allocated_bytes),
+/// [`outstanding_allocations`](Self::outstanding_allocations), …) visit the shards one after
+/// another: exact whenever they are read after the calls they cover; under concurrent calls,
+/// each shard is seen at its own moment.
 ///
 /// Allocations that return the null pointer (0 bytes) are not recorded, and freeing the null
 /// pointer with 0 bytes is no issue. A record is removed before the free reaches the upstream,
@@ -275,18 +282,31 @@ pub struct TrackingAdaptor<R: MemoryResource = SharedResource> {
 struct Inner<R> {
     upstream: R,
     backtraces: bool,
-    state: Mutex<State>,
+    shards: Box<[Shard]>,
+    issues: Mutex<Issues>,
 }
 
+/// How many shards the records are split in (a power of two).
+const SHARDS: usize = 16;
+
+/// The records of the addresses that hash here, and their bytes.
+#[repr(align(128))] // a line (and its adjacent-line prefetch pair) of its own
 #[derive(Default)]
-struct State {
+struct Shard(Mutex<Records>);
+
+#[derive(Default)]
+struct Records {
     live: FxHashMap<DevicePtr, Record>,
     /// The sum of `live`'s sizes.
     bytes: usize,
+}
+
+#[derive(Default)]
+struct Issues {
     /// The first [`MAX_TRACKING_ISSUES`] issues.
-    issues: Vec<TrackingIssue>,
+    kept: Vec<TrackingIssue>,
     /// All issues, kept or not.
-    issue_count: u64,
+    count: u64,
 }
 
 struct Record {
@@ -295,12 +315,21 @@ struct Record {
     backtrace: Option<Arc<Backtrace>>,
 }
 
-impl State {
-    fn report(&mut self, issue: TrackingIssue) {
+impl<R> Inner<R> {
+    /// The shard of `ptr`'s record: the address's high bits after a multiplicative hash (the
+    /// low 8 bits of a device pointer are zero).
+    #[inline]
+    fn shard(&self, ptr: DevicePtr) -> &Mutex<Records> {
+        let hash = ptr.addr().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.shards[(hash >> (64 - SHARDS.trailing_zeros())) as usize].0
+    }
+
+    fn report(&self, issue: TrackingIssue) {
         tracing::error!(target: "streamalloc::tracking", %issue, "memory-resource misuse");
-        self.issue_count += 1;
-        if self.issues.len() < MAX_TRACKING_ISSUES {
-            self.issues.push(issue);
+        let mut issues = self.issues.lock();
+        issues.count += 1;
+        if issues.kept.len() < MAX_TRACKING_ISSUES {
+            issues.kept.push(issue);
         }
     }
 }
@@ -322,7 +351,8 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
             inner: Arc::new(Inner {
                 upstream,
                 backtraces,
-                state: Mutex::new(State::default()),
+                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                issues: Mutex::new(Issues::default()),
             }),
         }
     }
@@ -334,30 +364,31 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
 
     /// Requested bytes outstanding: RMM's `get_allocated_bytes`.
     pub fn allocated_bytes(&self) -> usize {
-        self.inner.state.lock().bytes
+        self.inner.shards.iter().map(|s| s.0.lock().bytes).sum()
     }
 
     /// How many allocations are outstanding.
     pub fn outstanding_count(&self) -> usize {
-        self.inner.state.lock().live.len()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.0.lock().live.len())
+            .sum()
     }
 
     /// A snapshot of the outstanding allocations, in address order: RMM's
     /// `get_outstanding_allocations`, as a copy that is safe to hold while others allocate.
     pub fn outstanding_allocations(&self) -> Vec<Allocation> {
-        let mut all: Vec<_> = {
-            let state = self.inner.state.lock();
-            state
-                .live
-                .iter()
-                .map(|(&ptr, r)| Allocation {
-                    ptr,
-                    bytes: r.bytes,
-                    stream: r.stream,
-                    backtrace: r.backtrace.clone(),
-                })
-                .collect()
-        };
+        let mut all = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let records = shard.0.lock();
+            all.extend(records.live.iter().map(|(&ptr, r)| Allocation {
+                ptr,
+                bytes: r.bytes,
+                stream: r.stream,
+                backtrace: r.backtrace.clone(),
+            }));
+        }
         all.sort_unstable_by_key(|a| a.ptr);
         all
     }
@@ -381,12 +412,12 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
     /// The bad frees and reused pointers seen so far, oldest first (at most
     /// [`MAX_TRACKING_ISSUES`]).
     pub fn issues(&self) -> Vec<TrackingIssue> {
-        self.inner.state.lock().issues.clone()
+        self.inner.issues.lock().kept.clone()
     }
 
     /// How many issues were seen, including those beyond [`MAX_TRACKING_ISSUES`].
     pub fn issue_count(&self) -> u64 {
-        self.inner.state.lock().issue_count
+        self.inner.issues.lock().count
     }
 }
 
@@ -407,11 +438,18 @@ impl<R: MemoryResource> Forward for Inner<R> {
             stream: stream.id(),
             backtrace,
         };
-        let mut state = self.state.lock();
-        state.bytes += bytes;
-        if let Some(previous) = state.live.insert(ptr, record) {
-            state.bytes -= previous.bytes;
-            state.report(TrackingIssue::PointerReused {
+        let previous = {
+            let mut records = self.shard(ptr).lock();
+            records.bytes += bytes;
+            let previous = records.live.insert(ptr, record);
+            if let Some(previous) = &previous {
+                records.bytes -= previous.bytes;
+            }
+            previous
+        };
+        // Reported outside the shard's lock: it logs.
+        if let Some(previous) = previous {
+            self.report(TrackingIssue::PointerReused {
                 ptr,
                 bytes,
                 previous: previous.bytes,
@@ -424,12 +462,18 @@ impl<R: MemoryResource> Forward for Inner<R> {
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if !(ptr.is_null() && bytes == 0) {
             // Untracked first: once the upstream has the memory back it may hand it out again.
-            let mut state = self.state.lock();
-            match state.live.remove(&ptr) {
+            let removed = {
+                let mut records = self.shard(ptr).lock();
+                let removed = records.live.remove(&ptr);
+                if let Some(record) = &removed {
+                    records.bytes -= record.bytes;
+                }
+                removed
+            };
+            match removed {
                 Some(record) => {
-                    state.bytes -= record.bytes;
                     if record.bytes != bytes {
-                        state.report(TrackingIssue::WrongSize {
+                        self.report(TrackingIssue::WrongSize {
                             ptr,
                             bytes,
                             allocated: record.bytes,
@@ -437,7 +481,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                         });
                     }
                 }
-                None => state.report(TrackingIssue::UnknownPointer {
+                None => self.report(TrackingIssue::UnknownPointer {
                     ptr,
                     bytes,
                     stream: stream.id(),
@@ -451,10 +495,11 @@ impl<R: MemoryResource> Forward for Inner<R> {
 
 impl<R: MemoryResource> fmt::Debug for TrackingAdaptor<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (outstanding, bytes, issues) = {
-            let state = self.inner.state.lock();
-            (state.live.len(), state.bytes, state.issue_count)
-        };
+        let (outstanding, bytes, issues) = (
+            self.outstanding_count(),
+            self.allocated_bytes(),
+            self.issue_count(),
+        );
         f.debug_struct("TrackingAdaptor")
             .field("outstanding", &outstanding)
             .field("allocated_bytes", &bytes)

@@ -459,3 +459,100 @@ fn a_waiting_allocation_resumes_after_a_free() {
     assert_eq!(last_two, ["allocate", "free"]);
     assert!(text.contains(",allocate failure,(nil),4097,"), "{text}");
 }
+
+/// The writer thread's byte formatter prints what the `Display` types (RMM's formats) print,
+/// on the edges of every column.
+#[test]
+fn the_byte_formatter_prints_what_the_display_types_print() {
+    let times = [
+        UNIX_EPOCH,
+        UNIX_EPOCH - Duration::from_secs(5),
+        UNIX_EPOCH + Duration::from_secs(86_399) + Duration::from_micros(999_999),
+        UNIX_EPOCH
+            + Duration::from_secs(86_400 * 20_000 + 13 * 3600 + 7)
+            + Duration::from_nanos(42_999),
+        SystemTime::now(),
+    ];
+    let numbers = [
+        0,
+        1,
+        9,
+        10,
+        0xf,
+        0x10,
+        255,
+        1 << 40,
+        0x7f3a_5c00_0000,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    let mut line = Vec::new();
+    // One formatter throughout: its kept thread, stream and second are hit and missed.
+    let mut formatter = LineFormatter::default();
+    for time in times {
+        for &n in &numbers {
+            for action in [ALLOCATE, ALLOCATE_FAILURE, FREE] {
+                let record = Record {
+                    time,
+                    thread: n,
+                    ptr: n,
+                    bytes: n as usize,
+                    stream: n.rotate_left(7),
+                    action,
+                };
+                line.clear();
+                formatter.line(&mut line, &record);
+                let expected = format!(
+                    "{n},{},{action},{},{},{}\n",
+                    TimeOfDay(time),
+                    CPointer(n),
+                    n as usize,
+                    StreamHandle(n.rotate_left(7))
+                );
+                assert_eq!(String::from_utf8(line.clone()).unwrap(), expected);
+                assert!(line.len() <= MAX_LINE);
+            }
+        }
+    }
+}
+
+/// Many batches from several threads: `flush` returns with every line written, whole and in
+/// time order, and the last drop writes the partial batch after it.
+#[test]
+fn every_line_of_many_batches_is_written_by_flush_and_by_the_last_drop() {
+    let (device, s) = host();
+    let out = Shared::default();
+    let mr = LoggingAdaptor::builder()
+        .clock(fixed_clock())
+        .build_to_writer(CudaResource::new(&device).unwrap(), out.clone())
+        .unwrap();
+    const THREADS: usize = 3;
+    const PAIRS: usize = BATCH + 300; // each thread: more than two batches of lines
+    thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                for i in 0..PAIRS {
+                    let bytes = 256 * (i % 7 + 1);
+                    let p = mr.try_allocate(bytes, &s).unwrap();
+                    free(&mr, p, bytes, &s);
+                }
+            });
+        }
+    });
+    mr.flush().unwrap();
+    let lines = |text: &str| text.lines().count();
+    assert_eq!(lines(&out.text()), 1 + 2 * THREADS * PAIRS);
+
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    free(&mr, p, KIB, &s);
+    drop(mr); // unflushed: the last drop writes these two lines
+    let text = out.text();
+    assert_eq!(lines(&text), 3 + 2 * THREADS * PAIRS);
+    let mut last = String::new();
+    for line in text.lines().skip(1) {
+        let time = line.split(',').nth(1).unwrap();
+        assert!(time > last.as_str(), "time did not go up at {line}");
+        last = time.to_owned();
+    }
+    s.synchronize_blocking().unwrap();
+}

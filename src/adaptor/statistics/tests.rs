@@ -376,3 +376,94 @@ fn a_waiting_allocation_resumes_after_a_free() {
     assert_eq!(mr.allocations_counter(), counter(0, 1, 2));
     assert_eq!(mr.bytes_counter(), counter(0, 4096, 5120));
 }
+
+/// Per-thread shards: allocations on many threads, freed on other threads (the value moves
+/// between shards), more threads at once than there are shards (the rest share one), and
+/// threads that end and give their shard to the next: every value and total is exact.
+#[test]
+fn counts_are_exact_across_many_threads_and_cross_thread_frees() {
+    let (device, s) = host();
+    let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
+    let threads = SHARDS + 6;
+    let rounds = 50;
+    let (tx, rx) = std::sync::mpsc::channel::<(DevicePtr, usize)>();
+    let start = std::sync::Barrier::new(threads);
+    thread::scope(|scope| {
+        for t in 0..threads {
+            let (tx, mr, s, start) = (tx.clone(), &mr, &s, &start);
+            scope.spawn(move || {
+                start.wait(); // all alive at once: some find no shard of their own
+                for i in 0..rounds {
+                    let bytes = 256 * (t % 5 + 1) + i;
+                    tx.send((mr.try_allocate(bytes, s).unwrap(), bytes))
+                        .unwrap();
+                }
+            });
+        }
+        drop(tx);
+        // Freed here, on another thread than the one that allocated.
+        for (p, bytes) in rx {
+            free(&mr, p, bytes, &s);
+        }
+    });
+    let n = (threads * rounds) as i64;
+    let bytes_total: i64 = (0..threads)
+        .flat_map(|t| (0..rounds).map(move |i| (256 * (t % 5 + 1) + i) as i64))
+        .sum();
+    assert_eq!(
+        mr.allocations_counter(),
+        Counter {
+            value: 0,
+            peak: mr.allocations_counter().peak,
+            total: n
+        }
+    );
+    assert_eq!(
+        (mr.bytes_counter().value, mr.bytes_counter().total),
+        (0, bytes_total)
+    );
+    assert!(mr.allocations_counter().peak >= 1);
+
+    // Threads one after another, each leaving its allocation outstanding: ordered calls, so the
+    // peaks are exact although each thread counts in its own shard (or one a finished thread
+    // gave back).
+    mr.reset_peak();
+    let kept: Vec<DevicePtr> = (0..100)
+        .map(|_| {
+            thread::scope(|scope| {
+                scope
+                    .spawn(|| mr.try_allocate(KIB, &s).unwrap())
+                    .join()
+                    .unwrap()
+            })
+        })
+        .collect();
+    assert_eq!(
+        mr.bytes_counter(),
+        Counter {
+            value: 100 * KIB as i64,
+            peak: 100 * KIB as i64,
+            total: bytes_total + 100 * KIB as i64
+        }
+    );
+    assert_eq!(
+        (
+            mr.allocations_counter().value,
+            mr.allocations_counter().peak
+        ),
+        (100, 100)
+    );
+    for p in kept {
+        free(&mr, p, KIB, &s);
+    }
+    let stats = mr.memory_stats();
+    assert_eq!(
+        (
+            stats.allocated_bytes,
+            stats.peak_allocated_bytes,
+            stats.allocations
+        ),
+        (Some(0), Some(100 * KIB), Some(0))
+    );
+    s.synchronize_blocking().unwrap();
+}

@@ -401,3 +401,56 @@ fn a_waiting_allocation_resumes_after_a_free() {
     assert_eq!(mr.outstanding_count(), 0);
     assert_eq!(mr.issue_count(), 0);
 }
+
+/// Records spread over every shard, allocated on several threads and freed on another: the
+/// snapshot, the counts and the bytes are exact, and a double free from another thread is
+/// still an issue.
+#[test]
+fn records_over_all_shards_stay_exact_with_cross_thread_frees() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<(DevicePtr, usize)>();
+    thread::scope(|scope| {
+        for t in 0..4 {
+            let (tx, mr, s) = (tx.clone(), &mr, &s);
+            scope.spawn(move || {
+                for i in 0..200 {
+                    let bytes = 256 * (t + 1) + i;
+                    tx.send((mr.try_allocate(bytes, s).unwrap(), bytes))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    drop(tx);
+    let all: Vec<(DevicePtr, usize)> = rx.into_iter().collect();
+    let total: usize = all.iter().map(|&(_, b)| b).sum();
+    assert_eq!(mr.outstanding_count(), 800);
+    assert_eq!(mr.allocated_bytes(), total);
+    let snapshot = mr.outstanding_allocations();
+    assert!(
+        snapshot.windows(2).all(|w| w[0].ptr < w[1].ptr),
+        "address order"
+    );
+    let mut expected = all.clone();
+    expected.sort_unstable();
+    let got: Vec<(DevicePtr, usize)> = snapshot.iter().map(|a| (a.ptr, a.bytes)).collect();
+    assert_eq!(got, expected);
+    // 800 addresses land in more than one shard.
+    let used: std::collections::HashSet<usize> = all
+        .iter()
+        .map(|&(p, _)| mr.inner.shard(p) as *const _ as usize)
+        .collect();
+    assert!(used.len() > SHARDS / 2, "{} shards used", used.len());
+
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            for &(p, b) in &all {
+                free(&mr, p, b, &s);
+            }
+        });
+    });
+    assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
+    assert_eq!(mr.issue_count(), 0);
+    s.synchronize_blocking().unwrap();
+}
