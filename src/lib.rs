@@ -121,6 +121,10 @@ pub use resource::{
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{Event, Stream, StreamPool};
+/// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use resource::fuzzing;
 
 /// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
 /// of the same names. Use it rather than a cudarc dependency of your own, so that both are the

@@ -11,6 +11,9 @@ mod cuda_async_managed;
 mod cuda_async_view;
 mod fixed_size;
 pub(crate) mod forward;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod managed;
 mod pageable;
 mod pinned_host;
