@@ -91,7 +91,7 @@ pub use adaptor::{
     LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,
     StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
-pub use backend::host::HostControls;
+pub use backend::host::{FaultPoint, HostControls};
 pub use backend::{MemoryInfo, PrefetchTarget};
 #[cfg(feature = "cuda-driver")]
 pub use buffer::KernelRead;
@@ -105,6 +105,10 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use ids::{BackendKind, DeviceId, StreamId};
+/// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use resource::fuzzing;
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
@@ -121,10 +125,6 @@ pub use resource::{
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
 pub use stream::{Event, Stream, StreamPool};
-/// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub use resource::fuzzing;
 
 /// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
 /// of the same names. Use it rather than a cudarc dependency of your own, so that both are the

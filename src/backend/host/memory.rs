@@ -10,6 +10,8 @@ use crate::backend::{ErrorSink, MemoryInfo, MemoryKind};
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 
+use super::fault::{FaultPoint, Faults};
+
 /// Emulated device memory: zeroed, 256-byte-aligned host allocations counted against a capacity.
 pub(crate) struct HostMemory {
     device: DeviceId,
@@ -19,14 +21,10 @@ pub(crate) struct HostMemory {
     live: Mutex<Live>,
     /// Errors met on stream workers, for the device to take.
     errors: ErrorSink,
-    /// Allocations still to fail on purpose.
-    fail_next: AtomicUsize,
-    /// Copies still to fail on purpose (when they are enqueued).
-    fail_copies: AtomicUsize,
+    /// Driver calls still to fail on purpose, per kind.
+    faults: Faults,
     /// Prefetches of managed memory requested so far.
     prefetches: AtomicUsize,
-    /// Prefetches still to fail on purpose.
-    fail_prefetches: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -54,10 +52,8 @@ impl HostMemory {
             capacity,
             live: Mutex::default(),
             errors: ErrorSink::default(),
-            fail_next: AtomicUsize::new(0),
-            fail_copies: AtomicUsize::new(0),
+            faults: Faults::default(),
             prefetches: AtomicUsize::new(0),
-            fail_prefetches: AtomicUsize::new(0),
         }
     }
 
@@ -79,10 +75,7 @@ impl HostMemory {
 
     pub(crate) fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
         let bytes = bytes.max(1);
-        let injected = self
-            .fail_next
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok();
+        let injected = self.faults.fires(FaultPoint::Allocation);
         let mut live = self.live.lock();
         let available = self.capacity.saturating_sub(live.bytes);
         if injected || bytes > available {
@@ -120,6 +113,7 @@ impl HostMemory {
     /// [`Error::InvalidArgument`] naming the pointer for a double free, a pointer this device
     /// did not allocate, or a free of the wrong size or kind.
     pub(crate) fn begin_free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
+        self.fail_if(FaultPoint::Free)?;
         let mut live = self.live.lock();
         let block = self.check(&mut live, kind, ptr, bytes.max(1))?;
         if block.free_pending {
@@ -162,35 +156,22 @@ impl HostMemory {
         }
     }
 
-    /// Whether to fail the copy being enqueued now, and the error it fails with.
-    pub(crate) fn injected_copy_failure(&self) -> Option<Error> {
-        self.fail_copies
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .ok()?;
-        Some(Error::Driver {
-            call: "cuMemcpyAsync",
-            code: 999,
-            name: "CUDA_ERROR_UNKNOWN (injected)".into(),
-            device: self.device,
-        })
+    /// The injected error of this call of `point`, if one is armed (the call then does
+    /// nothing, or, for work enqueued on a stream, fails when the stream reaches it).
+    pub(crate) fn injected(&self, point: FaultPoint) -> Option<Error> {
+        self.faults.check(point, self.device)
+    }
+
+    /// Fails this call of `point` when a failure is armed for it.
+    pub(crate) fn fail_if(&self, point: FaultPoint) -> Result<()> {
+        self.injected(point).map_or(Ok(()), Err)
     }
 
     /// A prefetch of `ptr..ptr + bytes`: counted, and `true`, when the range lies inside one
     /// live block of managed memory; `false` (a no-op, as CUDA's prefetch of other memory is)
     /// otherwise; an error when one was injected.
     pub(crate) fn prefetch(&self, ptr: u64, bytes: usize) -> Result<bool> {
-        let injected = self
-            .fail_prefetches
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok();
-        if injected {
-            return Err(Error::Driver {
-                call: "cuMemPrefetchAsync",
-                code: 999,
-                name: "CUDA_ERROR_UNKNOWN (injected)".into(),
-                device: self.device,
-            });
-        }
+        self.fail_if(FaultPoint::Prefetch)?;
         if bytes == 0 {
             return Ok(false);
         }
@@ -286,7 +267,39 @@ impl HostControls {
 
     /// Makes the next `n` raw allocations of this device fail with out-of-memory.
     pub fn fail_next_allocations(&self, n: usize) {
-        self.memory.fail_next.store(n, Ordering::Release);
+        self.fail_next(FaultPoint::Allocation, n);
+    }
+
+    /// Makes the next `n` calls of the kind `point` on this device fail as the driver call
+    /// would (see [`FaultPoint`] for which fail at once and which when the stream reaches
+    /// them). Replaces what was armed for `point` before; 0 disarms it.
+    ///
+    /// ```
+    /// use streamalloc::{Device, Error, FaultPoint, HostConfig, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let controls = device.host_controls().unwrap();
+    /// controls.fail_next(FaultPoint::EventRecord, 1);
+    /// assert!(matches!(stream.record(), Err(Error::Driver { call: "cuEventRecord", .. })));
+    /// assert!(stream.record().is_ok());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn fail_next(&self, point: FaultPoint, n: usize) {
+        self.memory.faults.arm(point, n);
+    }
+
+    /// How many calls of the kind `point` failed on purpose on this device so far (so that a
+    /// test can tell that the failure it armed was met).
+    ///
+    /// ```
+    /// use streamalloc::{Device, FaultPoint, HostConfig};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// assert_eq!(device.host_controls().unwrap().faults_injected(FaultPoint::Copy), 0);
+    /// ```
+    pub fn faults_injected(&self, point: FaultPoint) -> usize {
+        self.memory.faults.injected(point)
     }
 
     /// Makes the next `n` copies enqueued on this device's streams fail when the stream
@@ -312,7 +325,7 @@ impl HostControls {
     ///
     /// [`Error::Driver`]: crate::Error::Driver
     pub fn fail_next_copies(&self, n: usize) {
-        self.memory.fail_copies.store(n, Ordering::Release);
+        self.fail_next(FaultPoint::Copy, n);
     }
 
     /// Bytes of emulated device memory now allocated.
@@ -346,7 +359,7 @@ impl HostControls {
 
     /// Makes the next `n` prefetches of this device fail with a driver error.
     pub fn fail_next_prefetches(&self, n: usize) {
-        self.memory.fail_prefetches.store(n, Ordering::Release);
+        self.fail_next(FaultPoint::Prefetch, n);
     }
 }
 

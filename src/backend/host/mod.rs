@@ -7,6 +7,7 @@
 //! fault tests deterministic.
 
 mod event;
+mod fault;
 mod memory;
 mod mempool;
 mod queue;
@@ -15,6 +16,7 @@ mod stream;
 use std::sync::{Arc, OnceLock};
 
 pub(crate) use event::HostEvent;
+pub use fault::FaultPoint;
 pub use memory::HostControls;
 pub(crate) use mempool::HostMemPool;
 pub(crate) use stream::HostStream;
@@ -124,11 +126,13 @@ impl Backend for HostBackend {
     }
 
     fn create_stream(&self) -> Result<Arc<HostStream>> {
+        self.memory().fail_if(FaultPoint::StreamCreate)?;
         Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
     }
 
     fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<HostMemPool>> {
         let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
+        self.memory().fail_if(FaultPoint::PoolCreate)?;
         Ok(Arc::new(HostMemPool::new(self.memory().clone())))
     }
 
