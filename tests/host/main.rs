@@ -47,6 +47,11 @@ host_data_suite!(host_data, host());
 container_suite!(containers, host());
 multi_device_suite!(multi_device, Some((host(), host())));
 sync_suite!(synchronization, host());
+fault_suite!(faults, host());
+fault_suite!(
+    faults_with_host_function_completion,
+    Device::host_with(HostConfig::default().completion_strategy(CompletionStrategy::HostFunction))
+);
 huge_sizes_suite!(huge_sizes, host());
 
 /// With no capacity to refuse them first, huge requests reach the host backend's own size
