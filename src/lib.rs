@@ -167,6 +167,7 @@ mod book {
         Backends => "backends.md",
         Completion => "completion.md",
         Performance => "performance.md",
+        Faults => "faults.md",
     }
 
     /// The README's examples, exactly as a user copies them.
