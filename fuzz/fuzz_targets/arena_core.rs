@@ -19,16 +19,38 @@ const PAGE: u64 = ARENA_PAGE_SIZE as u64;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Grow { stream: u8 },
-    Alloc { stream: u8, size: u32 },
-    Free { pick: u16 },
-    FreeReuse { pick: u16 },
+    Grow {
+        stream: u8,
+    },
+    Alloc {
+        stream: u8,
+        size: u32,
+    },
+    Free {
+        pick: u16,
+    },
+    FreeReuse {
+        pick: u16,
+    },
     /// Freed on another stream (fence = that stream): pending until reclaimed.
-    FreePending { pick: u16, fence: u8 },
-    Reclaim { stream: u8 },
-    Release { stream: u8 },
-    AllocLarge { pages: u8, fence_check: bool },
-    FreeLarge { pick: u16, fence: u8 },
+    FreePending {
+        pick: u16,
+        fence: u8,
+    },
+    Reclaim {
+        stream: u8,
+    },
+    Release {
+        stream: u8,
+    },
+    AllocLarge {
+        pages: u8,
+        fence_check: bool,
+    },
+    FreeLarge {
+        pick: u16,
+        fence: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -62,8 +84,14 @@ impl Model {
 
     fn allocated(&mut self, addr: u64, size: u64, s: usize) {
         assert_eq!(addr % ALIGN as u64, 0);
-        let (&b, &bs) = self.superblocks[s].range(..=addr).next_back().expect("in a superblock");
-        assert!(addr + size <= b + bs, "{addr:#x}+{size} outside superblock {b:#x}+{bs}");
+        let (&b, &bs) = self.superblocks[s]
+            .range(..=addr)
+            .next_back()
+            .expect("in a superblock");
+        assert!(
+            addr + size <= b + bs,
+            "{addr:#x}+{size} outside superblock {b:#x}+{bs}"
+        );
         if let Some((&o, &(os, _))) = self.live.range(..addr + size).next_back() {
             assert!(o + os <= addr, "{addr:#x}+{size} overlaps {o:#x}+{os}");
         }
@@ -102,12 +130,21 @@ impl Model {
             at += pages;
         }
         assert_eq!(at, global.pages(), "pages not tiled");
-        let lent: u64 = self.superblocks.iter().flat_map(|m| m.values()).sum::<u64>() / PAGE;
+        let lent: u64 = self
+            .superblocks
+            .iter()
+            .flat_map(|m| m.values())
+            .sum::<u64>()
+            / PAGE;
         let large: u64 = self.large.values().sum();
         assert_eq!(global.lent_pages(), lent, "lent pages");
         assert_eq!(global.large_pages(), large, "large pages");
         assert_eq!(global.large_count(), self.large.len());
-        assert_eq!(global.free_pages(), global.pages() - lent - large, "free pages");
+        assert_eq!(
+            global.free_pages(),
+            global.pages() - lent - large,
+            "free pages"
+        );
         let longest = free.iter().map(|r| r.1).max().unwrap_or(0);
         assert_eq!(global.largest_free_pages(), longest);
         // Stream arenas.
@@ -120,7 +157,11 @@ impl Model {
             assert_eq!(a.live_bytes(), live, "live bytes of {s}");
             assert_eq!(a.live_count(), count);
             assert_eq!(a.pending_bytes(), self.pending[s], "pending bytes of {s}");
-            assert_eq!(a.free_bytes() + live + self.pending[s], sb, "bytes lost in {s}");
+            assert_eq!(
+                a.free_bytes() + live + self.pending[s],
+                sb,
+                "bytes lost in {s}"
+            );
             assert!(a.largest_free() <= a.free_bytes());
             assert_eq!(a.free_block_count() == 0, a.free_bytes() == 0);
             let fences: BTreeSet<u64> = self.pending_at[s].values().map(|v| v.1).collect();
@@ -133,11 +174,21 @@ impl Model {
 
     fn release(&mut self, global: &mut GlobalArena, arena: &mut StreamArena, s: usize) {
         for (base, size, fences) in arena.release_free_superblocks(s as u64) {
-            assert_eq!(self.superblocks[s].remove(&base), Some(size), "released {base:#x}");
-            assert!(self.live.range(base..base + size).next().is_none(), "live block released");
+            assert_eq!(
+                self.superblocks[s].remove(&base),
+                Some(size),
+                "released {base:#x}"
+            );
+            assert!(
+                self.live.range(base..base + size).next().is_none(),
+                "live block released"
+            );
             assert!(fences.contains(&(s as u64)), "home fence missing");
             // Pending blocks of the superblock leave with it, their fences attached.
-            let inside: Vec<u64> = self.pending_at[s].range(base..base + size).map(|(&a, _)| a).collect();
+            let inside: Vec<u64> = self.pending_at[s]
+                .range(base..base + size)
+                .map(|(&a, _)| a)
+                .collect();
             for addr in inside {
                 let (bytes, f) = self.pending_at[s].remove(&addr).unwrap();
                 assert!(fences.contains(&f), "fence {f} of a pending block lost");
@@ -150,7 +201,8 @@ impl Model {
 }
 
 fuzz_target!(|input: Input| {
-    let pages = (input.superblocks as u64 % 8 + 1) * SUPERBLOCK_PAGES + input.superblocks as u64 / 8 % 16;
+    let pages =
+        (input.superblocks as u64 % 8 + 1) * SUPERBLOCK_PAGES + input.superblocks as u64 / 8 % 16;
     let mut global = GlobalArena::new(pages, vec![99]);
     let mut arenas: Vec<StreamArena> = (0..STREAMS).map(|_| StreamArena::new()).collect();
     let mut m = Model::default();
@@ -158,7 +210,9 @@ fuzz_target!(|input: Input| {
         match op {
             Op::Grow { stream } => {
                 let s = stream as usize % STREAMS;
-                let Some(t) = global.take(false, 0) else { continue };
+                let Some(t) = global.take(false, 0) else {
+                    continue;
+                };
                 assert!(t.pages >= SUPERBLOCK_PAGES);
                 let (base, size) = (t.start * PAGE, t.pages * PAGE);
                 arenas[s].add_superblock(base, size);
@@ -175,7 +229,9 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::Free { pick } | Op::FreeReuse { pick } => {
-                let Some((addr, size, s)) = m.pick(pick) else { continue };
+                let Some((addr, size, s)) = m.pick(pick) else {
+                    continue;
+                };
                 assert!(arenas[s].is_live_with(addr, size));
                 arenas[s].free(addr, size);
                 m.live.remove(&addr);
@@ -185,7 +241,9 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::FreePending { pick, fence } => {
-                let Some((addr, size, s)) = m.pick(pick) else { continue };
+                let Some((addr, size, s)) = m.pick(pick) else {
+                    continue;
+                };
                 let f = fence as u64 % STREAMS as u64;
                 arenas[s].free_pending(addr, size, f);
                 m.live.remove(&addr);
@@ -235,12 +293,12 @@ fuzz_target!(|input: Input| {
         for (addr, (size, s)) in std::mem::take(&mut m.live) {
             arenas[s].free(addr, size);
         }
-        for s in 0..STREAMS {
-            arenas[s].reclaim_pending();
+        for (s, arena) in arenas.iter_mut().enumerate() {
+            arena.reclaim_pending();
             m.pending[s] = 0;
             m.pending_at[s].clear();
-            m.release(&mut global, &mut arenas[s], s);
-            assert_eq!(arenas[s].superblock_count(), 0, "a free superblock kept");
+            m.release(&mut global, arena, s);
+            assert_eq!(arena.superblock_count(), 0, "a free superblock kept");
         }
         for (start, pages) in std::mem::take(&mut m.large) {
             global.free_large(start, pages, 0);

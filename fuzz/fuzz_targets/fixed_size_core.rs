@@ -16,15 +16,33 @@ const STREAMS: u64 = 4;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    AddChunk { stream: u8, gap: u8 },
-    Alloc { stream: u8 },
-    Free { pick: u16, stream: u8 },
-    FreeReuse { pick: u16, stream: u8 },
+    AddChunk {
+        stream: u8,
+        gap: u8,
+    },
+    Alloc {
+        stream: u8,
+    },
+    Free {
+        pick: u16,
+        stream: u8,
+    },
+    FreeReuse {
+        pick: u16,
+        stream: u8,
+    },
     /// A double free or an address that is not a block start: refused, nothing changes.
-    BadFree { pick: u16, offset: u16 },
+    BadFree {
+        pick: u16,
+        offset: u16,
+    },
     /// What the wrapper does when a stream's list is empty: take half of another's.
-    Steal { stream: u8 },
-    ForgetIdle { keep: u8 },
+    Steal {
+        stream: u8,
+    },
+    ForgetIdle {
+        keep: u8,
+    },
     TakeChunks,
 }
 
@@ -60,13 +78,26 @@ impl Model {
     }
 
     fn pick(&self, pick: u16) -> Option<u64> {
-        (!self.live.is_empty()).then(|| *self.live.iter().nth(pick as usize % self.live.len()).unwrap())
+        (!self.live.is_empty()).then(|| {
+            *self
+                .live
+                .iter()
+                .nth(pick as usize % self.live.len())
+                .unwrap()
+        })
     }
 
     fn allocated(&mut self, addr: u64, s: u64) {
-        let base = *self.chunks.range(..=addr).next_back().expect("below every chunk");
+        let base = *self
+            .chunks
+            .range(..=addr)
+            .next_back()
+            .expect("below every chunk");
         let off = addr - base;
-        assert!(off < self.block * self.per_chunk && off % self.block == 0, "{addr:#x} not a block");
+        assert!(
+            off < self.block * self.per_chunk && off.is_multiple_of(self.block),
+            "{addr:#x} not a block"
+        );
         assert!(self.live.insert(addr), "{addr:#x} handed out twice");
         self.freed.remove(&addr);
         self.free_of[s as usize] -= 1;
@@ -80,7 +111,11 @@ impl Model {
 
     fn check(&self, core: &FixedSizeCore) {
         assert_eq!(core.live(), self.live.len(), "live");
-        assert_eq!(core.free_blocks(), self.free_of.iter().sum::<usize>(), "free blocks");
+        assert_eq!(
+            core.free_blocks(),
+            self.free_of.iter().sum::<usize>(),
+            "free blocks"
+        );
         assert_eq!(core.chunk_count(), self.chunks.len(), "chunks");
         assert_eq!(
             core.live() + core.free_blocks(),
@@ -136,10 +171,17 @@ fuzz_target!(|input: Input| {
             }
             Op::BadFree { pick, offset } => {
                 let before = (core.live(), core.free_blocks());
-                let addr = match (m.freed.iter().nth(pick as usize % m.freed.len().max(1)), offset % 2) {
+                let addr = match (
+                    m.freed.iter().nth(pick as usize % m.freed.len().max(1)),
+                    offset % 2,
+                ) {
                     (Some(&addr), 0) => addr,
                     _ => match m.pick(pick) {
-                        Some(addr) => addr + (offset as u64 % (block / ALIGN as u64).max(2)).max(1) * ALIGN as u64 % block.max(1),
+                        Some(addr) => {
+                            addr + (offset as u64 % (block / ALIGN as u64).max(2)).max(1)
+                                * ALIGN as u64
+                                % block.max(1)
+                        }
                         None => m.next_base + offset as u64,
                     },
                 };
@@ -158,7 +200,9 @@ fuzz_target!(|input: Input| {
                         assert_ne!(v, s);
                         assert!(m.free_of[v as usize] > 0, "victim {v} has no blocks");
                         // The highest payload (= stream) among the lists with blocks.
-                        let best = (0..STREAMS).filter(|&o| o != s && m.free_of[o as usize] > 0).max();
+                        let best = (0..STREAMS)
+                            .filter(|&o| o != s && m.free_of[o as usize] > 0)
+                            .max();
                         assert_eq!(best, Some(v));
                         core.move_half(victim, slot);
                         let n = m.free_of[v as usize];
@@ -176,7 +220,8 @@ fuzz_target!(|input: Input| {
                 let slot = m.slot(&mut core, k);
                 core.forget_idle(slot);
                 let free_of = m.free_of;
-                m.slots.retain(|&sl, s| sl == slot || free_of[*s as usize] > 0);
+                m.slots
+                    .retain(|&sl, s| sl == slot || free_of[*s as usize] > 0);
             }
             Op::TakeChunks => {
                 if !m.live.is_empty() {

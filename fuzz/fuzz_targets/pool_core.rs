@@ -16,19 +16,49 @@ const STREAMS: u64 = 4;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    AddChunk { units: u16, gap: u8, stream: u8 },
-    Alloc { size: u32, stream: u8 },
-    Free { pick: u16, stream: u8 },
+    AddChunk {
+        units: u16,
+        gap: u8,
+        stream: u8,
+    },
+    Alloc {
+        size: u32,
+        stream: u8,
+    },
+    Free {
+        pick: u16,
+        stream: u8,
+    },
     /// Free, then allocate the same size on the same stream: must succeed.
-    FreeReuse { pick: u16, stream: u8 },
+    FreeReuse {
+        pick: u16,
+        stream: u8,
+    },
     /// A free the core must refuse without a change: a wrong size or an address not handed out.
-    BadFree { pick: u16, delta: u8 },
-    FreeFront { pick: u16, head_units: u16, stream: u8 },
+    BadFree {
+        pick: u16,
+        delta: u8,
+    },
+    FreeFront {
+        pick: u16,
+        head_units: u16,
+        stream: u8,
+    },
     /// What the wrapper does when the requester's own blocks fail: take from another stream.
-    Take { size: u32, stream: u8 },
-    Merge { from: u8, into: u8 },
-    AdoptBelow { pick: u16 },
-    RemoveIdle { keep: Option<u8> },
+    Take {
+        size: u32,
+        stream: u8,
+    },
+    Merge {
+        from: u8,
+        into: u8,
+    },
+    AdoptBelow {
+        pick: u16,
+    },
+    RemoveIdle {
+        keep: Option<u8>,
+    },
     ReleaseEmpty,
     CutFreeHeads,
 }
@@ -84,7 +114,10 @@ impl Model {
         if let Some((&b, &(bs, _))) = self.live.range(..addr + r as u64).next_back() {
             assert!(b + bs as u64 <= addr, "{addr:#x}+{r} overlaps {b:#x}+{bs}");
         }
-        assert!(self.free_of[stream as usize] >= r, "stream {stream} had no {r} bytes");
+        assert!(
+            self.free_of[stream as usize] >= r,
+            "stream {stream} had no {r} bytes"
+        );
         self.free_of[stream as usize] -= r;
         self.live.insert(addr, (r, size));
     }
@@ -99,10 +132,17 @@ impl Model {
         assert_eq!(core.chunk_bytes(), chunk_bytes, "chunk bytes");
         assert_eq!(free + live, chunk_bytes, "bytes lost");
         for s in 0..STREAMS {
-            assert_eq!(core.free_bytes_of(s), self.free_of[s as usize], "stream {s}");
+            assert_eq!(
+                core.free_bytes_of(s),
+                self.free_of[s as usize],
+                "stream {s}"
+            );
         }
         let largest = core.largest_free_block();
-        assert!(largest <= free && (free == 0) == (largest == 0), "largest {largest}");
+        assert!(
+            largest <= free && (free == 0) == (largest == 0),
+            "largest {largest}"
+        );
         assert!(core.free_block_count() <= free / ALIGN);
         assert_eq!(core.free_block_count() == 0, free == 0);
     }
@@ -133,7 +173,9 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::Free { pick, stream } | Op::FreeReuse { pick, stream } => {
-                let Some((addr, r, size)) = m.pick(pick) else { continue };
+                let Some((addr, r, size)) = m.pick(pick) else {
+                    continue;
+                };
                 let s = stream as u64 % STREAMS;
                 assert!(core.try_free(addr, size, s), "free of live {addr:#x}");
                 m.live.remove(&addr);
@@ -166,12 +208,22 @@ fuzz_target!(|input: Input| {
                 }
                 assert_eq!((core.free_bytes(), core.allocation_count()), before);
             }
-            Op::FreeFront { pick, head_units, stream } => {
-                let Some((addr, r, _)) = m.pick(pick) else { continue };
+            Op::FreeFront {
+                pick,
+                head_units,
+                stream,
+            } => {
+                let Some((addr, r, _)) = m.pick(pick) else {
+                    continue;
+                };
                 let head = head_units as usize * ALIGN;
                 let s = stream as u64 % STREAMS;
                 let ok = core.free_front(addr, head, s);
-                assert_eq!(ok, head > 0 && head < r, "free_front {addr:#x} {head} of {r}");
+                assert_eq!(
+                    ok,
+                    head > 0 && head < r,
+                    "free_front {addr:#x} {head} of {r}"
+                );
                 if ok {
                     m.live.remove(&addr);
                     m.live.insert(addr + head as u64, (r - head, r - head));
@@ -200,16 +252,25 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::AdoptBelow { pick } => {
-                let Some((addr, _, _)) = m.pick(pick) else { continue };
-                let Some(giver) = core.other_owner_below(addr) else { continue };
+                let Some((addr, _, _)) = m.pick(pick) else {
+                    continue;
+                };
+                let Some(giver) = core.other_owner_below(addr) else {
+                    continue;
+                };
                 let before: Vec<usize> = (0..STREAMS).map(|s| core.free_bytes_of(s)).collect();
                 core.adopt_below(addr);
                 let after: Vec<usize> = (0..STREAMS).map(|s| core.free_bytes_of(s)).collect();
                 let given = before[giver as usize] - after[giver as usize];
-                assert!(given > 0 && given % ALIGN == 0, "adopted {given}");
-                let gained: Vec<u64> = (0..STREAMS).filter(|&s| after[s as usize] > before[s as usize]).collect();
+                assert!(given > 0 && given.is_multiple_of(ALIGN), "adopted {given}");
+                let gained: Vec<u64> = (0..STREAMS)
+                    .filter(|&s| after[s as usize] > before[s as usize])
+                    .collect();
                 assert_eq!(gained.len(), 1, "{before:?} → {after:?}");
-                assert_eq!(after[gained[0] as usize] - before[gained[0] as usize], given);
+                assert_eq!(
+                    after[gained[0] as usize] - before[gained[0] as usize],
+                    given
+                );
                 m.free_of[giver as usize] -= given;
                 m.free_of[gained[0] as usize] += given;
             }

@@ -36,7 +36,10 @@ fuzz_target!(|data: &[u8]| {
     // `parse_log` is the reader collected: the first error, else every event.
     match parse_log(data) {
         Ok(all) => {
-            assert!(first_error.is_none(), "{first_error:?} but parse_log succeeded");
+            assert!(
+                first_error.is_none(),
+                "{first_error:?} but parse_log succeeded"
+            );
             assert_eq!(all, events);
         }
         Err(e) => assert_eq!(Some(e), first_error),
@@ -50,7 +53,10 @@ fuzz_target!(|data: &[u8]| {
             } else {
                 format!("{:#x}", e.ptr.addr())
             };
-            text += &format!("{},{},{ptr},{},{:#x}\n", e.thread, e.action, e.bytes, e.stream);
+            text += &format!(
+                "{},{},{ptr},{},{:#x}\n",
+                e.thread, e.action, e.bytes, e.stream
+            );
         }
         let again = parse_log_str(&text).expect("a canonical log parses");
         assert_eq!(again.len(), events.len());
