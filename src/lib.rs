@@ -120,6 +120,7 @@ pub use resource::{
     HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
+pub use resource::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use stream::{Event, Stream, StreamPool};
 
 /// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
