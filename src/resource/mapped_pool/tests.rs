@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::device::HostConfig;
+use crate::test_support::SplitMix64;
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 2 * MIB;
@@ -265,19 +266,6 @@ fn memory_stats_report_mapped_and_allocated_bytes() {
     assert_eq!(stats.peak_reserved_bytes, Some(2 * PAGE));
     pool.reset_peak();
     assert_eq!(pool.memory_stats().peak_reserved_bytes, Some(0));
-}
-
-/// SplitMix64, as WORKLOADS.md defines it.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 /// W4 (`../shared/bench/WORKLOADS.md`) on `mr`, sampled: peak live bytes and peak device
