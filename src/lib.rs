@@ -157,6 +157,7 @@ mod book {
         Buffers => "buffers.md",
         Computing => "computing.md",
         Pool => "pool.md",
+        MappedPool => "mapped-pool.md",
         Arena => "arena.md",
         Binning => "binning.md",
         MoreAdaptors => "more-adaptors.md",

@@ -104,7 +104,7 @@ pub struct MappedPoolStatistics {
 /// a large request that fits none of them needs a new chunk while the free memory of the
 /// others stays held (W4's 2.00 peak device memory per peak live byte). Here the whole
 /// capacity is one address range, reserved once: blocks are placed lowest address first
-/// ([an address-ordered, coalescing free list](self)), pages (the driver's granularity,
+/// (an address-ordered, coalescing free list), pages (the driver's granularity,
 /// 2 MiB on an H100) are mapped under a block when it is handed out, and a page that becomes
 /// wholly free is unmapped and its physical memory released. Free space never strands: the
 /// free block at the top of the used memory just extends, and the device holds only the
@@ -186,6 +186,8 @@ struct Inner {
     base: u64,
     /// Its length, a multiple of `granularity`.
     reserved: usize,
+    /// The largest request that can ever fit: the range, or the device's memory if smaller.
+    capacity: usize,
     granularity: usize,
     release_threshold: usize,
     state: Mutex<State>,
@@ -276,6 +278,7 @@ impl MappedPoolResource {
         let reserved = wanted
             .checked_next_multiple_of(granularity)
             .ok_or_else(|| Error::invalid(format!("a reserve of {wanted} bytes is too large")))?;
+        let capacity = reserved.min(device.total_memory()?);
         let base = raw.vmm_reserve(reserved)?;
         let pages = reserved / granularity;
         Ok(MappedPoolResource {
@@ -283,6 +286,7 @@ impl MappedPoolResource {
                 device: device.clone(),
                 base,
                 reserved,
+                capacity,
                 granularity,
                 release_threshold: config.get_release_threshold(),
                 state: Mutex::new(State {
@@ -307,6 +311,20 @@ impl MappedPoolResource {
     }
 
     /// A snapshot of the pool's accounting.
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(1000, &stream)?;
+    /// let stats = pool.statistics();
+    /// assert_eq!((stats.allocated_bytes, stats.live_allocations), (1024, 1));
+    /// assert_eq!(stats.mapped_bytes, stats.granularity); // one page
+    /// unsafe { pool.deallocate(p, 1000, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
     pub fn statistics(&self) -> MappedPoolStatistics {
         self.inner.statistics(&self.inner.state.lock())
     }
@@ -346,6 +364,21 @@ impl MappedPoolResource {
     ///
     /// # Errors
     /// A driver error waiting for an event; nothing is released then.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(2 << 20, &stream)?;
+    /// stream.enqueue_delay(Duration::from_millis(20))?; // a kernel still using `p`
+    /// unsafe { pool.deallocate(p, 2 << 20, &stream) };
+    /// assert_eq!(pool.statistics().pending_release_bytes, 2 << 20);
+    /// assert_eq!(pool.trim_blocking()?, 2 << 20);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
     pub fn trim_blocking(&self) -> Result<usize> {
         let events: Vec<Event> = {
             let state = self.inner.state.lock();
@@ -361,7 +394,22 @@ impl MappedPoolResource {
         Ok(self.trim())
     }
 
-    /// Resets the peak of the mapped bytes to what is mapped now.
+    /// Resets the peak of the mapped bytes to what is mapped now (what
+    /// [`reset_peak`](MemoryResource::reset_peak) does).
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(4 << 20, &stream)?;
+    /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
+    /// assert_eq!(pool.statistics().peak_mapped_bytes, 4 << 20);
+    /// pool.reset_peak_mapped();
+    /// assert_eq!(pool.statistics().peak_mapped_bytes, 0);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
     pub fn reset_peak_mapped(&self) {
         let mut state = self.inner.state.lock();
         state.peak_mapped_pages = state.mapped_pages;
@@ -399,10 +447,7 @@ impl Inner {
     }
 
     fn capacity(&self) -> usize {
-        match self.device.total_memory() {
-            Ok(total) => self.reserved.min(total),
-            Err(_) => self.reserved,
-        }
+        self.capacity
     }
 
     fn owner(state: &mut State, stream: &Stream) -> Owner {
