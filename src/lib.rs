@@ -124,6 +124,7 @@ pub use resource::{
     HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
+pub use resource::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use stream::{Event, Stream, StreamPool};
 
 /// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
@@ -160,6 +161,7 @@ mod book {
         Buffers => "buffers.md",
         Computing => "computing.md",
         Pool => "pool.md",
+        MappedPool => "mapped-pool.md",
         Arena => "arena.md",
         Binning => "binning.md",
         MoreAdaptors => "more-adaptors.md",

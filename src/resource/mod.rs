@@ -15,6 +15,7 @@ pub(crate) mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod managed;
+mod mapped_pool;
 mod pageable;
 mod pinned_host;
 pub(crate) mod pool;
@@ -41,6 +42,7 @@ pub use cuda_async_managed::CudaAsyncManagedResource;
 pub use cuda_async_view::CudaAsyncViewResource;
 pub use fixed_size::FixedSizeResource;
 pub use managed::ManagedResource;
+pub use mapped_pool::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use pageable::HostResource;
 pub use pinned_host::PinnedHostResource;
 pub use pool::{PoolResource, PoolStatistics};

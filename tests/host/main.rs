@@ -73,6 +73,15 @@ resource_suite!(bounded_pool_over_host_resource, host(), |d| {
 resource_suite!(limiting_adaptor, host(), |d| {
     Arc::new(LimitingAdaptor::new(CudaResource::new(d).unwrap(), 8 << 30))
 });
+resource_suite!(mapped_pool_resource, host(), |d| {
+    Arc::new(MappedPoolResource::new(d).unwrap())
+});
+resource_suite!(mapped_pool_keeping_free_pages, host(), |d| {
+    Arc::new(
+        MappedPoolResource::with_config(d, MappedPoolConfig::default().release_threshold(64 << 20))
+            .unwrap(),
+    )
+});
 pool_suite!(pools, host());
 pressure_suites!(host());
 resource_suite!(limiting_over_host_resource, host(), |d| {

@@ -30,8 +30,11 @@ pub(crate) struct HostMemory {
 #[derive(Default)]
 struct Live {
     blocks: HashMap<u64, Block>,
-    /// The sum of `blocks`' sizes, those with a free pending included.
+    /// The sum of `blocks`' sizes, those with a free pending included, and of the physical
+    /// memory of virtual memory management (`vmm.rs`).
     bytes: usize,
+    /// Physical allocations of virtual memory management now live (`vmm.rs`).
+    physical: usize,
 }
 
 /// A live allocation.
@@ -94,6 +97,27 @@ impl HostMemory {
         );
         live.bytes += bytes;
         Ok(addr)
+    }
+
+    /// Counts `bytes` of physical memory for virtual memory management (`cuMemCreate`)
+    /// against the capacity, as an allocation: injected allocation failures apply.
+    pub(crate) fn charge_physical(&self, bytes: usize) -> Result<()> {
+        let injected = self.faults.fires(FaultPoint::Allocation);
+        let mut live = self.live.lock();
+        let available = self.capacity.saturating_sub(live.bytes);
+        if injected || bytes > available {
+            return Err(self.out_of_memory(bytes, available));
+        }
+        live.bytes += bytes;
+        live.physical += 1;
+        Ok(())
+    }
+
+    /// Undoes [`charge_physical`](Self::charge_physical) (`cuMemRelease`).
+    pub(crate) fn refund_physical(&self, bytes: usize) {
+        let mut live = self.live.lock();
+        live.bytes -= bytes;
+        live.physical -= 1;
     }
 
     pub(crate) fn device(&self) -> DeviceId {
@@ -328,14 +352,17 @@ impl HostControls {
         self.fail_next(FaultPoint::Copy, n);
     }
 
-    /// Bytes of emulated device memory now allocated.
+    /// Bytes of emulated device memory now allocated (physical memory mapped through virtual
+    /// memory management included).
     pub fn allocated_bytes(&self) -> usize {
         self.memory.live.lock().bytes
     }
 
-    /// Number of raw allocations now live.
+    /// Number of raw allocations now live (physical allocations of virtual memory management
+    /// included).
     pub fn live_allocations(&self) -> usize {
-        self.memory.live.lock().blocks.len()
+        let live = self.memory.live.lock();
+        live.blocks.len() + live.physical
     }
 
     /// Number of prefetches of managed memory requested on this device so far (each a no-op

@@ -12,6 +12,7 @@ mod memory;
 mod mempool;
 mod queue;
 mod stream;
+mod vmm;
 
 use std::sync::{Arc, OnceLock};
 
@@ -35,6 +36,8 @@ pub(crate) struct HostBackend {
     default_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulated managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<HostMemPool>>,
+    /// The emulation of virtual memory management (`vmm.rs`).
+    vmm: vmm::HostVmm,
 }
 
 impl HostBackend {
@@ -49,6 +52,7 @@ impl HostBackend {
             memory: Arc::new(HostMemory::new(id, capacity)),
             default_mempool: OnceLock::new(),
             managed_mempool: OnceLock::new(),
+            vmm: vmm::HostVmm::default(),
         }
     }
 
@@ -166,6 +170,44 @@ impl Backend for HostBackend {
 
     fn errors(&self) -> &ErrorSink {
         self.memory().errors()
+    }
+
+    fn vmm_granularity(&self) -> Result<usize> {
+        if cfg!(unix) {
+            Ok(vmm::GRANULARITY)
+        } else {
+            Err(crate::error::Error::unsupported(
+                "virtual memory management (the host emulation needs Unix mmap)",
+                self.id,
+            ))
+        }
+    }
+
+    fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
+        self.vmm.reserve(bytes)
+    }
+
+    unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.vmm.free_reservation(va, bytes) }
+    }
+
+    fn vmm_create(&self, bytes: usize) -> Result<u64> {
+        self.vmm.create(self.memory(), bytes)
+    }
+
+    unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
+        self.vmm.release(self.memory(), handle, bytes)
+    }
+
+    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.vmm.map(va, bytes, handle) }
+    }
+
+    unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.vmm.unmap(va, bytes) }
     }
 }
 
