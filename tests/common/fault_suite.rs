@@ -13,8 +13,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use streamalloc::{
-    CudaResource, Device, DeviceBuffer, Error, FaultPoint, HostControls, MemoryResource,
-    PoolResource, StatisticsAdaptor, Stream,
+    CudaResource, Device, DeviceBuffer, Error, FaultPoint, HostControls, MappedPoolConfig,
+    MappedPoolResource, MemoryResource, PoolResource, StatisticsAdaptor, Stream,
 };
 
 /// A scenario's time limit: far above its run time, so only a hang reaches it.
@@ -433,6 +433,80 @@ pub fn faults_while_a_read_ends_and_the_buffer_drops(device: Device) {
     });
 }
 
+/// The mapped pool grows by creating physical memory and mapping it into its range: when
+/// either fails, the request fails typed (out-of-memory or the driver error) and the next one
+/// is served, statistics go back to 0 and nothing leaks. Trimming unmaps and releases pages:
+/// a failure there is deferred, typed; a page that did not unmap stays the pool's until it
+/// drops, and one whose release was refused stays with the driver (exactly that page).
+pub fn mapped_pool_faults(device: Device) {
+    within("mapped pool", move || {
+        let c = controls(&device);
+        let s = Stream::new(&device).unwrap();
+        let config = || {
+            MappedPoolConfig::default()
+                .reserve(64 << 20)
+                .release_threshold(usize::MAX)
+        };
+        for point in [
+            FaultPoint::VmmCreate,
+            FaultPoint::VmmMap,
+            FaultPoint::Allocation,
+        ] {
+            let mr =
+                StatisticsAdaptor::new(MappedPoolResource::with_config(&device, config()).unwrap());
+            c.fail_next(point, 1);
+            match mr.try_allocate(4 << 20, &s) {
+                Err(e) => assert!(
+                    e.is_out_of_memory()
+                        || matches!(e, Error::Driver { call, .. } if call == point.driver_call()),
+                    "{point:?}: {e:?}"
+                ),
+                // SAFETY: allocated just above with this size; no work uses it.
+                Ok(p) => unsafe { mr.deallocate(p, 4 << 20, &s) },
+            }
+            assert_eq!(c.faults_injected(point), 1, "{point:?} was not met");
+            let buf = block_on(DeviceBuffer::new(4 << 20, &s, mr.clone())).unwrap();
+            drop(buf);
+            assert_eq!(mr.bytes_counter().value, 0);
+            drop(mr);
+            s.synchronize_blocking().unwrap();
+            assert!(deferred(&device).is_empty());
+            assert_no_leak(&device);
+        }
+        for point in [FaultPoint::VmmUnmap, FaultPoint::VmmRelease] {
+            let mr = MappedPoolResource::with_config(&device, config()).unwrap();
+            let buf = block_on(DeviceBuffer::new(4 << 20, &s, mr.clone())).unwrap();
+            drop(buf);
+            s.synchronize_blocking().unwrap();
+            let g = mr.statistics().granularity;
+            let mapped = mr.statistics().mapped_bytes;
+            assert!(mapped >= 2 * g, "{mapped} bytes mapped");
+            c.fail_next(point, 1);
+            // The first page's call fails; the others are released.
+            let released = mr.trim_blocking().unwrap();
+            assert_eq!(c.faults_injected(point), 1, "{point:?} was not met");
+            let errors = deferred(&device);
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert_injected(&errors[0], point);
+            let still_mapped = mr.statistics().mapped_bytes;
+            drop(mr);
+            s.synchronize_blocking().unwrap();
+            if point == FaultPoint::VmmUnmap {
+                // The page stays mapped (and the pool's) until the pool drops, which unmaps and
+                // releases it.
+                assert_eq!((released, still_mapped), (mapped - g, g));
+                assert_no_leak(&device);
+            } else {
+                // Unmapped, but its physical memory stays with the driver, as a refused free
+                // does: exactly that page.
+                assert_eq!((released, still_mapped), (mapped, 0));
+                assert_eq!(c.live_allocations(), 1);
+                assert!(deferred(&device).is_empty());
+            }
+        }
+    });
+}
+
 /// Instantiates the fault suite for one host device expression (a fresh device per test).
 #[macro_export]
 macro_rules! fault_suite {
@@ -462,6 +536,7 @@ macro_rules! fault_suite {
             $(#[$attr])* #[test] fn faults_while_a_read_ends_and_the_buffer_drops() {
                 suite::faults_while_a_read_ends_and_the_buffer_drops($device)
             }
+            $(#[$attr])* #[test] fn mapped_pool_faults() { suite::mapped_pool_faults($device) }
             $(#[$attr])* #[test] fn faults_during_an_awaited_allocations_wake_up() {
                 suite::faults_during_an_awaited_allocations_wake_up($device)
             }

@@ -56,11 +56,25 @@ pub enum FaultPoint {
     PoolTrim,
     /// Prefetching managed memory (`cuMemPrefetchAsync`).
     Prefetch,
+    /// Reserving a virtual address range (`cuMemAddressReserve`).
+    VmmReserve,
+    /// Freeing a virtual address range (`cuMemAddressFree`).
+    VmmFreeReservation,
+    /// Creating physical memory (`cuMemCreate`; [`Allocation`](Self::Allocation) failures
+    /// apply to it as well, as out-of-memory).
+    VmmCreate,
+    /// Releasing physical memory (`cuMemRelease`): it stays allocated.
+    VmmRelease,
+    /// Mapping physical memory into a reserved range and granting access (`cuMemMap`,
+    /// `cuMemSetAccess`).
+    VmmMap,
+    /// Unmapping (`cuMemUnmap`): the range stays mapped.
+    VmmUnmap,
 }
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 11] = [
+    pub const ALL: [FaultPoint; 17] = [
         FaultPoint::Allocation,
         FaultPoint::Free,
         FaultPoint::Copy,
@@ -72,6 +86,12 @@ impl FaultPoint {
         FaultPoint::PoolCreate,
         FaultPoint::PoolTrim,
         FaultPoint::Prefetch,
+        FaultPoint::VmmReserve,
+        FaultPoint::VmmFreeReservation,
+        FaultPoint::VmmCreate,
+        FaultPoint::VmmRelease,
+        FaultPoint::VmmMap,
+        FaultPoint::VmmUnmap,
     ];
 
     /// The CUDA driver call this point stands for (the `call` of the injected
@@ -93,6 +113,12 @@ impl FaultPoint {
             FaultPoint::PoolCreate => "cuMemPoolCreate",
             FaultPoint::PoolTrim => "cuMemPoolTrimTo",
             FaultPoint::Prefetch => "cuMemPrefetchAsync",
+            FaultPoint::VmmReserve => "cuMemAddressReserve",
+            FaultPoint::VmmFreeReservation => "cuMemAddressFree",
+            FaultPoint::VmmCreate => "cuMemCreate",
+            FaultPoint::VmmRelease => "cuMemRelease",
+            FaultPoint::VmmMap => "cuMemMap",
+            FaultPoint::VmmUnmap => "cuMemUnmap",
         }
     }
 

@@ -184,28 +184,34 @@ impl Backend for HostBackend {
     }
 
     fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
+        self.memory().fail_if(FaultPoint::VmmReserve)?;
         self.vmm.reserve(bytes)
     }
 
     unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmFreeReservation)?;
         // SAFETY: the caller's contract, forwarded.
         unsafe { self.vmm.free_reservation(va, bytes) }
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<u64> {
+        self.memory().fail_if(FaultPoint::VmmCreate)?;
         self.vmm.create(self.memory(), bytes)
     }
 
     unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmRelease)?;
         self.vmm.release(self.memory(), handle, bytes)
     }
 
     unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmMap)?;
         // SAFETY: the caller's contract, forwarded.
         unsafe { self.vmm.map(va, bytes, handle) }
     }
 
     unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmUnmap)?;
         // SAFETY: the caller's contract, forwarded.
         unsafe { self.vmm.unmap(va, bytes) }
     }

@@ -240,6 +240,12 @@ fn every_fault_point_fails_its_call_once_with_a_typed_error() {
                 // SAFETY: allocated above with this size; no work uses it.
                 unsafe { managed.deallocate(p, 4096, &s) };
             }
+            FaultPoint::VmmReserve
+            | FaultPoint::VmmFreeReservation
+            | FaultPoint::VmmCreate
+            | FaultPoint::VmmRelease
+            | FaultPoint::VmmMap
+            | FaultPoint::VmmUnmap => vmm_fault(&d, point, &driver_error),
         }
         assert_eq!(c.faults_injected(point), 1, "{point:?} did not fire");
         // Disarmed after one: the same call works again.
@@ -247,5 +253,45 @@ fn every_fault_point_fails_its_call_once_with_a_typed_error() {
     }
     s.synchronize_blocking().unwrap();
     assert!(d.take_deferred_error().is_none());
+    assert_eq!(c.live_allocations(), 0);
+}
+
+/// One VMM call of the host backend failing on purpose: reserve, create, map, unmap, release
+/// and free the reservation in order, with `point`'s call failing once and then retried.
+fn vmm_fault(
+    d: &Device,
+    point: crate::FaultPoint,
+    check: impl Fn(crate::Result<()>, crate::FaultPoint),
+) {
+    use crate::FaultPoint as P;
+    let raw = d.raw();
+    let g = raw.vmm_granularity().unwrap();
+    let c = d.host_controls().unwrap();
+    // Arms `point` on a second try of the step it names: the first try fails, the retry works.
+    let step = |p: P, f: &dyn Fn() -> crate::Result<()>| {
+        if p == point {
+            check(f(), p);
+        }
+        f().unwrap();
+    };
+    let va = std::cell::Cell::new(0);
+    let handle = std::cell::Cell::new(0);
+    step(P::VmmReserve, &|| raw.vmm_reserve(2 * g).map(|v| va.set(v)));
+    step(P::VmmCreate, &|| raw.vmm_create(g).map(|h| handle.set(h)));
+    // SAFETY: `va` is a reservation of 2 g bytes and `handle` g bytes of physical memory, both
+    // made above; nothing else maps or uses them.
+    step(P::VmmMap, &|| unsafe {
+        raw.vmm_map(va.get(), g, handle.get())
+    });
+    // SAFETY: mapped just above; no work uses it.
+    step(P::VmmUnmap, &|| unsafe { raw.vmm_unmap(va.get(), g) });
+    // SAFETY: unmapped just above, released once.
+    step(P::VmmRelease, &|| unsafe {
+        raw.vmm_release(handle.get(), g)
+    });
+    // SAFETY: nothing is mapped in the range any more; freed once.
+    step(P::VmmFreeReservation, &|| unsafe {
+        raw.vmm_free_reservation(va.get(), 2 * g)
+    });
     assert_eq!(c.live_allocations(), 0);
 }
