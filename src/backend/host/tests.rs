@@ -245,7 +245,7 @@ fn every_fault_point_fails_its_call_once_with_a_typed_error() {
             | FaultPoint::VmmCreate
             | FaultPoint::VmmRelease
             | FaultPoint::VmmMap
-            | FaultPoint::VmmUnmap => vmm_fault(&d, point, &driver_error),
+            | FaultPoint::VmmUnmap => vmm_fault(&d, point, driver_error),
         }
         assert_eq!(c.faults_injected(point), 1, "{point:?} did not fire");
         // Disarmed after one: the same call works again.
