@@ -91,7 +91,7 @@ pub use adaptor::{
     LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,
     StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
 };
-pub use backend::host::HostControls;
+pub use backend::host::{FaultPoint, HostControls};
 pub use backend::{MemoryInfo, PrefetchTarget};
 #[cfg(feature = "cuda-driver")]
 pub use buffer::KernelRead;
@@ -105,6 +105,10 @@ pub use device::{
 };
 pub use error::{Error, OutOfMemoryDetails, Result};
 pub use ids::{BackendKind, DeviceId, StreamId};
+/// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use resource::fuzzing;
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
@@ -120,6 +124,7 @@ pub use resource::{
     HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
+pub use resource::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use stream::{Event, Stream, StreamPool};
 
 /// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
@@ -156,6 +161,7 @@ mod book {
         Buffers => "buffers.md",
         Computing => "computing.md",
         Pool => "pool.md",
+        MappedPool => "mapped-pool.md",
         Arena => "arena.md",
         Binning => "binning.md",
         MoreAdaptors => "more-adaptors.md",
@@ -163,6 +169,7 @@ mod book {
         Backends => "backends.md",
         Completion => "completion.md",
         Performance => "performance.md",
+        Faults => "faults.md",
     }
 
     /// The README's examples, exactly as a user copies them.

@@ -185,6 +185,57 @@ impl AnyBackend {
     pub(crate) fn errors(&self) -> &ErrorSink {
         dispatch!(AnyBackend, self, b => b.errors())
     }
+
+    /// [`Backend::vmm_granularity`].
+    pub(crate) fn vmm_granularity(&self) -> Result<usize> {
+        dispatch!(AnyBackend, self, b => b.vmm_granularity())
+    }
+
+    /// [`Backend::vmm_reserve`].
+    pub(crate) fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
+        dispatch!(AnyBackend, self, b => b.vmm_reserve(bytes))
+    }
+
+    /// [`Backend::vmm_free_reservation`].
+    ///
+    /// # Safety
+    /// As [`Backend::vmm_free_reservation`].
+    pub(crate) unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        dispatch!(AnyBackend, self, b => unsafe { b.vmm_free_reservation(va, bytes) })
+    }
+
+    /// [`Backend::vmm_create`].
+    pub(crate) fn vmm_create(&self, bytes: usize) -> Result<u64> {
+        dispatch!(AnyBackend, self, b => b.vmm_create(bytes))
+    }
+
+    /// [`Backend::vmm_release`].
+    ///
+    /// # Safety
+    /// As [`Backend::vmm_release`].
+    pub(crate) unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        dispatch!(AnyBackend, self, b => unsafe { b.vmm_release(handle, bytes) })
+    }
+
+    /// [`Backend::vmm_map`].
+    ///
+    /// # Safety
+    /// As [`Backend::vmm_map`].
+    pub(crate) unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        dispatch!(AnyBackend, self, b => unsafe { b.vmm_map(va, bytes, handle) })
+    }
+
+    /// [`Backend::vmm_unmap`].
+    ///
+    /// # Safety
+    /// As [`Backend::vmm_unmap`].
+    pub(crate) unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        dispatch!(AnyBackend, self, b => unsafe { b.vmm_unmap(va, bytes) })
+    }
 }
 
 impl AnyStream {

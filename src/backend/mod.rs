@@ -150,6 +150,42 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn managed_mempool(&self) -> Result<Arc<Self::MemPool>>;
     /// Where this backend's streams, driver threads and `Drop`s put errors they cannot return.
     fn errors(&self) -> &ErrorSink;
+    /// The granularity of virtual memory management (`cuMemGetAllocationGranularity`, minimum,
+    /// pinned device memory): reservations, physical allocations and mappings are multiples of
+    /// it. [`Error::Unsupported`] where the device has no virtual memory management
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED` is 0).
+    fn vmm_granularity(&self) -> Result<usize>;
+    /// Reserves `bytes` (a multiple of the granularity) of virtual address space, aligned to
+    /// the granularity, with nothing mapped (`cuMemAddressReserve`).
+    fn vmm_reserve(&self, bytes: usize) -> Result<u64>;
+    /// Gives back a reservation (`cuMemAddressFree`).
+    ///
+    /// # Safety
+    /// 1. `va..va + bytes` is a whole reservation from [`vmm_reserve`](Backend::vmm_reserve).
+    /// 2. Nothing in it is mapped any more.
+    unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()>;
+    /// Creates `bytes` (a multiple of the granularity) of physical device memory, counted
+    /// against the device's memory (`cuMemCreate`); returns its handle. Out-of-memory is
+    /// [`Error::OutOfMemory`].
+    fn vmm_create(&self, bytes: usize) -> Result<u64>;
+    /// Releases physical memory (`cuMemRelease`).
+    ///
+    /// # Safety
+    /// `handle` came from `vmm_create(bytes)`, is not released yet and is mapped nowhere.
+    unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()>;
+    /// Maps the whole of `handle` (`bytes` long) at `va` and makes it readable and writable
+    /// by the device (`cuMemMap` + `cuMemSetAccess`). On failure nothing stays mapped.
+    ///
+    /// # Safety
+    /// `va..va + bytes` lies inside one reservation, granularity-aligned, with nothing mapped
+    /// there; `handle` came from `vmm_create(bytes)` and is not released.
+    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()>;
+    /// Unmaps `va..va + bytes` (`cuMemUnmap`). Not stream-ordered: it takes effect at once.
+    ///
+    /// # Safety
+    /// 1. The range is exactly one mapping made by [`vmm_map`](Backend::vmm_map).
+    /// 2. No work that uses the range is queued or running on any stream.
+    unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()>;
 }
 
 /// The message of a caught panic, for the error that reports it.

@@ -11,7 +11,11 @@ mod cuda_async_managed;
 mod cuda_async_view;
 mod fixed_size;
 pub(crate) mod forward;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod managed;
+mod mapped_pool;
 mod pageable;
 mod pinned_host;
 pub(crate) mod pool;
@@ -38,6 +42,7 @@ pub use cuda_async_managed::CudaAsyncManagedResource;
 pub use cuda_async_view::CudaAsyncViewResource;
 pub use fixed_size::FixedSizeResource;
 pub use managed::ManagedResource;
+pub use mapped_pool::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use pageable::HostResource;
 pub use pinned_host::PinnedHostResource;
 pub use pool::{PoolResource, PoolStatistics};

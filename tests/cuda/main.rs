@@ -8,6 +8,7 @@
 mod common;
 mod compute;
 mod kernels;
+mod mapped_pool;
 
 use std::sync::Arc;
 
@@ -45,6 +46,14 @@ multi_device_suite!(multi_gpu, common::multi_device_suite::two_cuda_devices(), #
 sync_suite!(synchronization, gpu(), #[ignore = "needs a CUDA device"]);
 completion_suite!(completion_driver, gpu(), #[ignore = "needs a CUDA device"]);
 huge_sizes_suite!(huge_sizes, gpu(), #[ignore = "needs a CUDA device"]);
+
+resource_suite!(mapped_pool_resource, gpu(), |d| Arc::new(MappedPoolResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
+resource_suite!(
+    mapped_pool_keeping_free_pages,
+    gpu(),
+    |d| Arc::new(MappedPoolResource::with_config(d, MappedPoolConfig::default().release_threshold(64 << 20)).unwrap()),
+    #[ignore = "needs a CUDA device"]
+);
 
 deferred_suite!(cuda_resource_errors, gpu(), |d| Arc::new(CudaResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);
 deferred_suite!(cuda_async_resource_errors, gpu(), |d| Arc::new(CudaAsyncResource::new(d).unwrap()), #[ignore = "needs a CUDA device"]);

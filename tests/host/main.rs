@@ -48,6 +48,11 @@ container_suite!(containers, host());
 multi_device_suite!(multi_device, Some((host(), host())));
 sync_suite!(synchronization, host());
 completion_suite!(completion_driver, host());
+fault_suite!(faults, host());
+fault_suite!(
+    faults_with_host_function_completion,
+    Device::host_with(HostConfig::default().completion_strategy(CompletionStrategy::HostFunction))
+);
 huge_sizes_suite!(huge_sizes, host());
 
 /// With no capacity to refuse them first, huge requests reach the host backend's own size
@@ -68,6 +73,15 @@ resource_suite!(bounded_pool_over_host_resource, host(), |d| {
 });
 resource_suite!(limiting_adaptor, host(), |d| {
     Arc::new(LimitingAdaptor::new(CudaResource::new(d).unwrap(), 8 << 30))
+});
+resource_suite!(mapped_pool_resource, host(), |d| {
+    Arc::new(MappedPoolResource::new(d).unwrap())
+});
+resource_suite!(mapped_pool_keeping_free_pages, host(), |d| {
+    Arc::new(
+        MappedPoolResource::with_config(d, MappedPoolConfig::default().release_threshold(64 << 20))
+            .unwrap(),
+    )
 });
 pool_suite!(pools, host());
 pressure_suites!(host());

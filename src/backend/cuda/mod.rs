@@ -25,6 +25,7 @@ mod spin;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod vmm;
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
@@ -281,5 +282,39 @@ impl Backend for CudaBackend {
 
     fn errors(&self) -> &ErrorSink {
         self.ctx.errors()
+    }
+
+    fn vmm_granularity(&self) -> Result<usize> {
+        vmm::granularity(&self.ctx)
+    }
+
+    fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
+        let align = vmm::granularity(&self.ctx)?;
+        vmm::reserve(&self.ctx, bytes, align)
+    }
+
+    unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { vmm::free_reservation(&self.ctx, va, bytes) }
+    }
+
+    fn vmm_create(&self, bytes: usize) -> Result<u64> {
+        vmm::create(&self.ctx, bytes)
+    }
+
+    unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
+        let _ = bytes; // the driver knows the handle's size
+                       // SAFETY: the caller's contract, forwarded.
+        unsafe { vmm::release(&self.ctx, handle) }
+    }
+
+    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { vmm::map(&self.ctx, va, bytes, handle) }
+    }
+
+    unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { vmm::unmap(&self.ctx, va, bytes) }
     }
 }

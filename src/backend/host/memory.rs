@@ -10,6 +10,8 @@ use crate::backend::{ErrorSink, MemoryInfo, MemoryKind};
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 
+use super::fault::{FaultPoint, Faults};
+
 /// Emulated device memory: zeroed, 256-byte-aligned host allocations counted against a capacity.
 pub(crate) struct HostMemory {
     device: DeviceId,
@@ -23,21 +25,20 @@ pub(crate) struct HostMemory {
     live: Mutex<Live>,
     /// Errors met on stream workers, for the device to take.
     errors: ErrorSink,
-    /// Allocations still to fail on purpose.
-    fail_next: AtomicUsize,
-    /// Copies still to fail on purpose (when they are enqueued).
-    fail_copies: AtomicUsize,
+    /// Driver calls still to fail on purpose, per kind.
+    faults: Faults,
     /// Prefetches of managed memory requested so far.
     prefetches: AtomicUsize,
-    /// Prefetches still to fail on purpose.
-    fail_prefetches: AtomicUsize,
 }
 
 #[derive(Default)]
 struct Live {
     blocks: HashMap<u64, Block>,
-    /// The sum of `blocks`' sizes, those with a free pending included.
+    /// The sum of `blocks`' sizes, those with a free pending included, and of the physical
+    /// memory of virtual memory management (`vmm.rs`).
     bytes: usize,
+    /// Physical allocations of virtual memory management now live (`vmm.rs`).
+    physical: usize,
 }
 
 /// A live allocation.
@@ -60,10 +61,8 @@ impl HostMemory {
             capacity,
             live: Mutex::default(),
             errors: ErrorSink::default(),
-            fail_next: AtomicUsize::new(0),
-            fail_copies: AtomicUsize::new(0),
+            faults: Faults::default(),
             prefetches: AtomicUsize::new(0),
-            fail_prefetches: AtomicUsize::new(0),
         }
     }
 
@@ -87,10 +86,7 @@ impl HostMemory {
     pub(crate) fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
         self.note_call();
         let bytes = bytes.max(1);
-        let injected = self
-            .fail_next
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok();
+        let injected = self.faults.fires(FaultPoint::Allocation);
         let mut live = self.live.lock();
         let available = self.capacity.saturating_sub(live.bytes);
         if injected || bytes > available {
@@ -109,6 +105,27 @@ impl HostMemory {
         );
         live.bytes += bytes;
         Ok(addr)
+    }
+
+    /// Counts `bytes` of physical memory for virtual memory management (`cuMemCreate`)
+    /// against the capacity, as an allocation: injected allocation failures apply.
+    pub(crate) fn charge_physical(&self, bytes: usize) -> Result<()> {
+        let injected = self.faults.fires(FaultPoint::Allocation);
+        let mut live = self.live.lock();
+        let available = self.capacity.saturating_sub(live.bytes);
+        if injected || bytes > available {
+            return Err(self.out_of_memory(bytes, available));
+        }
+        live.bytes += bytes;
+        live.physical += 1;
+        Ok(())
+    }
+
+    /// Undoes [`charge_physical`](Self::charge_physical) (`cuMemRelease`).
+    pub(crate) fn refund_physical(&self, bytes: usize) {
+        let mut live = self.live.lock();
+        live.bytes -= bytes;
+        live.physical -= 1;
     }
 
     pub(crate) fn device(&self) -> DeviceId {
@@ -141,6 +158,7 @@ impl HostMemory {
     /// [`Error::InvalidArgument`] naming the pointer for a double free, a pointer this device
     /// did not allocate, or a free of the wrong size or kind.
     pub(crate) fn begin_free(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> Result<()> {
+        self.fail_if(FaultPoint::Free)?;
         let mut live = self.live.lock();
         self.note_call();
         let block = self.check(&mut live, kind, ptr, bytes.max(1))?;
@@ -184,35 +202,22 @@ impl HostMemory {
         }
     }
 
-    /// Whether to fail the copy being enqueued now, and the error it fails with.
-    pub(crate) fn injected_copy_failure(&self) -> Option<Error> {
-        self.fail_copies
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .ok()?;
-        Some(Error::Driver {
-            call: "cuMemcpyAsync",
-            code: 999,
-            name: "CUDA_ERROR_UNKNOWN (injected)".into(),
-            device: self.device,
-        })
+    /// The injected error of this call of `point`, if one is armed (the call then does
+    /// nothing, or, for work enqueued on a stream, fails when the stream reaches it).
+    pub(crate) fn injected(&self, point: FaultPoint) -> Option<Error> {
+        self.faults.check(point, self.device)
+    }
+
+    /// Fails this call of `point` when a failure is armed for it.
+    pub(crate) fn fail_if(&self, point: FaultPoint) -> Result<()> {
+        self.injected(point).map_or(Ok(()), Err)
     }
 
     /// A prefetch of `ptr..ptr + bytes`: counted, and `true`, when the range lies inside one
     /// live block of managed memory; `false` (a no-op, as CUDA's prefetch of other memory is)
     /// otherwise; an error when one was injected.
     pub(crate) fn prefetch(&self, ptr: u64, bytes: usize) -> Result<bool> {
-        let injected = self
-            .fail_prefetches
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok();
-        if injected {
-            return Err(Error::Driver {
-                call: "cuMemPrefetchAsync",
-                code: 999,
-                name: "CUDA_ERROR_UNKNOWN (injected)".into(),
-                device: self.device,
-            });
-        }
+        self.fail_if(FaultPoint::Prefetch)?;
         if bytes == 0 {
             return Ok(false);
         }
@@ -308,7 +313,39 @@ impl HostControls {
 
     /// Makes the next `n` raw allocations of this device fail with out-of-memory.
     pub fn fail_next_allocations(&self, n: usize) {
-        self.memory.fail_next.store(n, Ordering::Release);
+        self.fail_next(FaultPoint::Allocation, n);
+    }
+
+    /// Makes the next `n` calls of the kind `point` on this device fail as the driver call
+    /// would (see [`FaultPoint`] for which fail at once and which when the stream reaches
+    /// them). Replaces what was armed for `point` before; 0 disarms it.
+    ///
+    /// ```
+    /// use streamalloc::{Device, Error, FaultPoint, HostConfig, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let controls = device.host_controls().unwrap();
+    /// controls.fail_next(FaultPoint::EventRecord, 1);
+    /// assert!(matches!(stream.record(), Err(Error::Driver { call: "cuEventRecord", .. })));
+    /// assert!(stream.record().is_ok());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn fail_next(&self, point: FaultPoint, n: usize) {
+        self.memory.faults.arm(point, n);
+    }
+
+    /// How many calls of the kind `point` failed on purpose on this device so far (so that a
+    /// test can tell that the failure it armed was met).
+    ///
+    /// ```
+    /// use streamalloc::{Device, FaultPoint, HostConfig};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// assert_eq!(device.host_controls().unwrap().faults_injected(FaultPoint::Copy), 0);
+    /// ```
+    pub fn faults_injected(&self, point: FaultPoint) -> usize {
+        self.memory.faults.injected(point)
     }
 
     /// Makes the next `n` copies enqueued on this device's streams fail when the stream
@@ -334,17 +371,20 @@ impl HostControls {
     ///
     /// [`Error::Driver`]: crate::Error::Driver
     pub fn fail_next_copies(&self, n: usize) {
-        self.memory.fail_copies.store(n, Ordering::Release);
+        self.fail_next(FaultPoint::Copy, n);
     }
 
-    /// Bytes of emulated device memory now allocated.
+    /// Bytes of emulated device memory now allocated (physical memory mapped through virtual
+    /// memory management included).
     pub fn allocated_bytes(&self) -> usize {
         self.memory.live.lock().bytes
     }
 
-    /// Number of raw allocations now live.
+    /// Number of raw allocations now live (physical allocations of virtual memory management
+    /// included).
     pub fn live_allocations(&self) -> usize {
-        self.memory.live.lock().blocks.len()
+        let live = self.memory.live.lock();
+        live.blocks.len() + live.physical
     }
 
     /// Number of prefetches of managed memory requested on this device so far (each a no-op
@@ -368,7 +408,7 @@ impl HostControls {
 
     /// Makes the next `n` prefetches of this device fail with a driver error.
     pub fn fail_next_prefetches(&self, n: usize) {
-        self.memory.fail_prefetches.store(n, Ordering::Release);
+        self.fail_next(FaultPoint::Prefetch, n);
     }
 }
 

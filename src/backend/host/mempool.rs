@@ -4,6 +4,7 @@ use std::sync::Arc;
 use crate::backend::{BackendMemPool, MemoryKind};
 use crate::error::Result;
 
+use super::fault::FaultPoint;
 use super::memory::HostMemory;
 use super::stream::HostStream;
 
@@ -72,6 +73,7 @@ impl BackendMemPool for HostMemPool {
     }
 
     fn trim_to(&self, _keep: usize) -> Result<()> {
+        self.memory.fail_if(FaultPoint::PoolTrim)?;
         Ok(()) // nothing is cached beyond live blocks
     }
 

@@ -7,14 +7,17 @@
 //! fault tests deterministic.
 
 mod event;
+mod fault;
 mod memory;
 mod mempool;
 mod queue;
 mod stream;
+mod vmm;
 
 use std::sync::{Arc, OnceLock};
 
 pub(crate) use event::HostEvent;
+pub use fault::FaultPoint;
 pub use memory::HostControls;
 pub(crate) use mempool::HostMemPool;
 pub(crate) use stream::HostStream;
@@ -33,6 +36,8 @@ pub(crate) struct HostBackend {
     default_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulated managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<HostMemPool>>,
+    /// The emulation of virtual memory management (`vmm.rs`).
+    vmm: vmm::HostVmm,
 }
 
 impl HostBackend {
@@ -47,6 +52,7 @@ impl HostBackend {
             memory: Arc::new(HostMemory::new(id, capacity)),
             default_mempool: OnceLock::new(),
             managed_mempool: OnceLock::new(),
+            vmm: vmm::HostVmm::default(),
         }
     }
 
@@ -130,11 +136,13 @@ impl Backend for HostBackend {
     }
 
     fn create_stream(&self) -> Result<Arc<HostStream>> {
+        self.memory().fail_if(FaultPoint::StreamCreate)?;
         Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
     }
 
     fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<HostMemPool>> {
         let _ = config; // the emulated pool keeps nothing cached, so a threshold has no effect
+        self.memory().fail_if(FaultPoint::PoolCreate)?;
         Ok(Arc::new(HostMemPool::new(self.memory().clone())))
     }
 
@@ -168,6 +176,50 @@ impl Backend for HostBackend {
 
     fn errors(&self) -> &ErrorSink {
         self.memory().errors()
+    }
+
+    fn vmm_granularity(&self) -> Result<usize> {
+        if cfg!(unix) {
+            Ok(vmm::GRANULARITY)
+        } else {
+            Err(crate::error::Error::unsupported(
+                "virtual memory management (the host emulation needs Unix mmap)",
+                self.id,
+            ))
+        }
+    }
+
+    fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
+        self.memory().fail_if(FaultPoint::VmmReserve)?;
+        self.vmm.reserve(bytes)
+    }
+
+    unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmFreeReservation)?;
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.vmm.free_reservation(va, bytes) }
+    }
+
+    fn vmm_create(&self, bytes: usize) -> Result<u64> {
+        self.memory().fail_if(FaultPoint::VmmCreate)?;
+        self.vmm.create(self.memory(), bytes)
+    }
+
+    unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmRelease)?;
+        self.vmm.release(self.memory(), handle, bytes)
+    }
+
+    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmMap)?;
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.vmm.map(va, bytes, handle) }
+    }
+
+    unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
+        self.memory().fail_if(FaultPoint::VmmUnmap)?;
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.vmm.unmap(va, bytes) }
     }
 }
 

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::ids::DeviceId;
 
 use super::event::HostEvent;
+use super::fault::FaultPoint;
 use super::memory::HostMemory;
 use super::queue::{Op, Queue, QueueState};
 
@@ -91,6 +92,7 @@ impl BackendStream for HostStream {
     }
 
     fn record(&self) -> Result<Arc<HostEvent>> {
+        self.queue.memory.fail_if(FaultPoint::EventRecord)?;
         let position = self.queue.state.lock().enqueued;
         self.queue.memory.note_call();
         Ok(Arc::new(HostEvent {
@@ -100,6 +102,7 @@ impl BackendStream for HostStream {
     }
 
     fn wait_event(&self, event: &HostEvent) -> Result<()> {
+        self.queue.memory.fail_if(FaultPoint::StreamWait)?;
         if event.query()? {
             return Ok(());
         }
@@ -107,22 +110,27 @@ impl BackendStream for HostStream {
     }
 
     fn notify(&self, completion: Arc<Completion>) -> Result<()> {
+        self.queue.memory.fail_if(FaultPoint::HostFunction)?;
         self.enqueue(Op::Notify(completion))
     }
 
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.queue.memory.fail_if(FaultPoint::HostFunction)?;
         self.enqueue(Op::Call(f))
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        match self.queue.memory.injected_copy_failure() {
+        match self.queue.memory.injected(FaultPoint::Copy) {
             Some(e) => self.enqueue(Op::Fail(e)),
             None => self.enqueue(Op::Copy { dst, src, bytes }),
         }
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
-        self.enqueue(Op::Set { dst, value, bytes })
+        match self.queue.memory.injected(FaultPoint::Memset) {
+            Some(e) => self.enqueue(Op::Fail(e)),
+            None => self.enqueue(Op::Set { dst, value, bytes }),
+        }
     }
 
     fn delay(&self, duration: Duration) -> Result<()> {

@@ -169,3 +169,130 @@ fn errors_met_on_stream_workers_are_all_counted_and_the_oldest_kept() {
     }
     assert_eq!(kept, crate::device::DEFERRED_ERRORS_KEPT);
 }
+
+/// Every fault point fails exactly the armed number of its calls with the error its driver
+/// call would return, is counted, and leaves the next call working.
+#[test]
+fn every_fault_point_fails_its_call_once_with_a_typed_error() {
+    use crate::{CudaAsyncResource, DeviceBuffer, FaultPoint};
+
+    let d = Device::host_with(HostConfig::default());
+    let c = d.host_controls().unwrap();
+    let s = Stream::new(&d).unwrap();
+    let mr = CudaResource::new(&d).unwrap();
+    let driver_error = |r: crate::Result<()>, point: FaultPoint| match r {
+        Err(Error::Driver { call, device, .. }) => {
+            assert_eq!((call, device), (point.driver_call(), d.id()), "{point:?}")
+        }
+        other => panic!("{point:?}: expected an injected driver error, got {other:?}"),
+    };
+    for point in FaultPoint::ALL {
+        let fresh = Stream::new(&d).unwrap();
+        c.fail_next(point, 1);
+        match point {
+            FaultPoint::Allocation => {
+                assert!(mr.try_allocate(256, &s).unwrap_err().is_out_of_memory())
+            }
+            FaultPoint::Free => {
+                let p = mr.try_allocate(256, &s).unwrap();
+                // SAFETY: allocated above with this size; no work uses it.
+                unsafe { mr.deallocate(p, 256, &s) };
+                // The failed free is reported where drops report, and the block stays
+                // allocated, as when the driver refuses a free.
+                driver_error(d.take_deferred_error().map_or(Ok(()), Err), point);
+                assert_eq!(c.live_allocations(), 1);
+                // SAFETY: as above; the first free did not happen.
+                unsafe { mr.deallocate(p, 256, &s) };
+                s.synchronize_blocking().unwrap();
+                assert_eq!(c.live_allocations(), 0);
+            }
+            FaultPoint::Copy | FaultPoint::Memset => {
+                let mut buf =
+                    futures::executor::block_on(DeviceBuffer::new(8, &fresh, mr.clone())).unwrap();
+                if point == FaultPoint::Copy {
+                    let copy = buf.copy_from_host(vec![1u8; 8]);
+                    driver_error(futures::executor::block_on(copy).map(drop), point);
+                } else {
+                    // Enqueued fine: the stream fails when it reaches the memset.
+                    buf.fill(7).unwrap();
+                    driver_error(fresh.synchronize_blocking(), point);
+                }
+            }
+            FaultPoint::EventRecord => driver_error(fresh.record().map(drop), point),
+            FaultPoint::StreamWait => {
+                let e = s.record().unwrap();
+                driver_error(fresh.wait(&e), point);
+            }
+            FaultPoint::HostFunction => driver_error(fresh.launch_host_fn(|| ()), point),
+            FaultPoint::StreamCreate => driver_error(Stream::new(&d).map(drop), point),
+            FaultPoint::PoolCreate => driver_error(CudaAsyncResource::new(&d).map(drop), point),
+            FaultPoint::PoolTrim => {
+                let pool = CudaAsyncResource::new(&d).unwrap();
+                driver_error(pool.trim_to(0), point);
+                pool.trim_to(0).unwrap();
+            }
+            FaultPoint::Prefetch => {
+                let managed = ManagedResource::new(&d).unwrap();
+                let p = managed.try_allocate(4096, &s).unwrap();
+                let r = d
+                    .raw()
+                    .prefetch_to(p.addr(), 4096, crate::PrefetchTarget::Device, s.raw());
+                driver_error(r.map(drop), point);
+                // SAFETY: allocated above with this size; no work uses it.
+                unsafe { managed.deallocate(p, 4096, &s) };
+            }
+            FaultPoint::VmmReserve
+            | FaultPoint::VmmFreeReservation
+            | FaultPoint::VmmCreate
+            | FaultPoint::VmmRelease
+            | FaultPoint::VmmMap
+            | FaultPoint::VmmUnmap => vmm_fault(&d, point, driver_error),
+        }
+        assert_eq!(c.faults_injected(point), 1, "{point:?} did not fire");
+        // Disarmed after one: the same call works again.
+        assert!(Stream::new(&d).unwrap().record().is_ok());
+    }
+    s.synchronize_blocking().unwrap();
+    assert!(d.take_deferred_error().is_none());
+    assert_eq!(c.live_allocations(), 0);
+}
+
+/// One VMM call of the host backend failing on purpose: reserve, create, map, unmap, release
+/// and free the reservation in order, with `point`'s call failing once and then retried.
+fn vmm_fault(
+    d: &Device,
+    point: crate::FaultPoint,
+    check: impl Fn(crate::Result<()>, crate::FaultPoint),
+) {
+    use crate::FaultPoint as P;
+    let raw = d.raw();
+    let g = raw.vmm_granularity().unwrap();
+    let c = d.host_controls().unwrap();
+    // Arms `point` on a second try of the step it names: the first try fails, the retry works.
+    let step = |p: P, f: &dyn Fn() -> crate::Result<()>| {
+        if p == point {
+            check(f(), p);
+        }
+        f().unwrap();
+    };
+    let va = std::cell::Cell::new(0);
+    let handle = std::cell::Cell::new(0);
+    step(P::VmmReserve, &|| raw.vmm_reserve(2 * g).map(|v| va.set(v)));
+    step(P::VmmCreate, &|| raw.vmm_create(g).map(|h| handle.set(h)));
+    // SAFETY: `va` is a reservation of 2 g bytes and `handle` g bytes of physical memory, both
+    // made above; nothing else maps or uses them.
+    step(P::VmmMap, &|| unsafe {
+        raw.vmm_map(va.get(), g, handle.get())
+    });
+    // SAFETY: mapped just above; no work uses it.
+    step(P::VmmUnmap, &|| unsafe { raw.vmm_unmap(va.get(), g) });
+    // SAFETY: unmapped just above, released once.
+    step(P::VmmRelease, &|| unsafe {
+        raw.vmm_release(handle.get(), g)
+    });
+    // SAFETY: nothing is mapped in the range any more; freed once.
+    step(P::VmmFreeReservation, &|| unsafe {
+        raw.vmm_free_reservation(va.get(), 2 * g)
+    });
+    assert_eq!(c.live_allocations(), 0);
+}

@@ -1,0 +1,118 @@
+//! The mapped pool's figures on W4 and W1 (`../shared/bench/WORKLOADS.md`), on the device
+//! `Device::default()` picks (CUDA device 0 when there is one, else the host emulation):
+//!
+//! `cargo bench --bench mapped_pool`
+//!
+//! W4: ns per step (timed pass) and peak device memory in use / peak live bytes (sampled pass,
+//! `memory_info` after every allocation), each pass on a fresh pool, for the default pool
+//! (every wholly free page released) and one keeping 64 MiB of free pages mapped. W1: ns per
+//! allocate+free pair (with every free page released, each pair maps and unmaps a page: the
+//! threshold is what makes W1 cheap). Plain timing (no criterion): the workloads are the figures.
+
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::Instant;
+
+use rng::SplitMix64;
+use streamalloc::{
+    Device, DevicePtr, MappedPoolConfig, MappedPoolResource, MemoryResource, Stream,
+};
+
+fn used(device: &Device) -> usize {
+    let info = device.memory_info().unwrap();
+    info.total - info.free
+}
+
+/// One W4 pass; with `sample`, returns (peak live, peak used) as well.
+fn w4(device: &Device, config: &MappedPoolConfig, sample: bool) -> (f64, usize, usize) {
+    let before = used(device);
+    let mr = MappedPoolResource::with_config(device, config.clone()).unwrap();
+    let s = Stream::new(device).unwrap();
+    let mut rng = SplitMix64(9);
+    let mut expiring: BTreeMap<u64, Vec<(DevicePtr, usize)>> = BTreeMap::new();
+    let (mut live, mut peak_live, mut peak_used) = (0usize, 0usize, 0usize);
+    let steps = 20_000u64;
+    let start = Instant::now();
+    for i in 0..steps {
+        let k = rng.next() % 100;
+        let block = if k < 50 {
+            Some((1 + (rng.next() % 65_536) as usize, 1 + rng.next() % 1_000))
+        } else if k < 55 {
+            Some((
+                (1 << 20) + (rng.next() % (63 << 20)) as usize,
+                1 + rng.next() % 50,
+            ))
+        } else {
+            None
+        };
+        if let Some((size, lifetime)) = block {
+            let p = mr.try_allocate(size, &s).unwrap();
+            if sample {
+                live += size;
+                peak_live = peak_live.max(live);
+                peak_used = peak_used.max(used(device).saturating_sub(before));
+            }
+            expiring.entry(i + lifetime).or_default().push((p, size));
+        }
+        for (p, size) in expiring.remove(&i).unwrap_or_default() {
+            // SAFETY: a live allocation of `mr` with its size, used by nothing.
+            unsafe { mr.deallocate(p, size, &s) };
+            live = live.saturating_sub(size);
+        }
+    }
+    for (p, size) in expiring.into_values().flatten() {
+        // SAFETY: as above.
+        unsafe { mr.deallocate(p, size, &s) };
+    }
+    let ns = start.elapsed().as_nanos() as f64 / steps as f64;
+    s.synchronize_blocking().unwrap();
+    (ns, peak_live, peak_used)
+}
+
+fn w1(device: &Device, config: &MappedPoolConfig) -> f64 {
+    let mr = MappedPoolResource::with_config(device, config.clone()).unwrap();
+    let s = Stream::new(device).unwrap();
+    let mut rng = SplitMix64(42);
+    let sizes: Vec<usize> = (0..64)
+        .map(|_| 1 + (rng.next() % (1 << 20)) as usize)
+        .collect();
+    let pair = |i: usize| {
+        let n = sizes[i % 64];
+        let p = mr.try_allocate(n, &s).unwrap();
+        // SAFETY: just allocated from `mr` with `n`, used by nothing.
+        unsafe { mr.deallocate(black_box(p), n, &s) };
+    };
+    (0..1_000).for_each(pair);
+    let iterations = 200_000;
+    let start = Instant::now();
+    (0..iterations).for_each(pair);
+    start.elapsed().as_nanos() as f64 / iterations as f64
+}
+
+fn main() {
+    let device = Device::default();
+    println!("device: {}", device.name());
+    let configs = [
+        ("mapped_pool", MappedPoolConfig::default()),
+        (
+            "mapped_pool keep 64 MiB",
+            MappedPoolConfig::default().release_threshold(64 << 20),
+        ),
+    ];
+    for (name, config) in &configs {
+        let (ns, _, _) = w4(&device, config, false);
+        let (_, live, peak) = w4(&device, config, true);
+        println!(
+            "W4 {name:<24} {ns:>9.0} ns/step  peak live {:>8.1} MiB  peak device {:>8.1} MiB  ratio {:.3}",
+            live as f64 / (1 << 20) as f64,
+            peak as f64 / (1 << 20) as f64,
+            peak as f64 / live as f64
+        );
+    }
+    for (name, config) in &configs {
+        println!("W1 {name:<24} {:>9.1} ns/pair", w1(&device, config));
+    }
+}

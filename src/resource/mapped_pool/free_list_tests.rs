@@ -1,0 +1,136 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+#[test]
+fn size_classes_split_each_power_of_two_in_four() {
+    assert_eq!(class_of(1), 0);
+    assert_eq!(class_of(4), 8);
+    assert_eq!(class_of(5), 9);
+    assert_eq!(class_of(7), 11);
+    assert_eq!(class_of(8), 12);
+    assert_eq!(class_of(u64::MAX), CLASSES - 1);
+    // Monotone: a longer block is never in a lower class.
+    let mut last = 0;
+    for len in 1..5000u64 {
+        let c = class_of(len);
+        assert!(c >= last, "{len}");
+        last = c;
+    }
+}
+
+#[test]
+fn serves_from_the_lowest_address_and_grows_upwards() {
+    let mut list = FreeList::new(1000);
+    let a = list.find(100).unwrap();
+    list.allocate_at(a, 100);
+    let b = list.find(100).unwrap();
+    list.allocate_at(b, 100);
+    assert_eq!((a, b), (0, 100));
+    list.free(a, 100, 7).unwrap();
+    // The hole at 0 is lowest: a request that fits it goes there, one that does not goes above.
+    assert_eq!(list.find(50), Some(0));
+    assert_eq!(list.find(101), Some(200));
+    list.check();
+}
+
+#[test]
+fn frees_coalesce_with_both_neighbours_and_join_their_owners() {
+    let mut list = FreeList::new(300);
+    for _ in 0..3 {
+        let p = list.find(100).unwrap();
+        list.allocate_at(p, 100);
+    }
+    list.free(0, 100, 1).unwrap();
+    list.free(200, 100, 3).unwrap();
+    assert_eq!(list.free_blocks(), 2);
+    assert_eq!(list.free(100, 100, 2), Ok((0, 300)));
+    assert_eq!(list.free_blocks(), 1);
+    let (_, len, owners) = list.block_containing(150).unwrap();
+    assert_eq!(len, 300);
+    assert_eq!(owners.iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+    list.check();
+}
+
+#[test]
+fn bad_frees_are_refused_and_change_nothing() {
+    let mut list = FreeList::new(1000);
+    let p = list.find(256).unwrap();
+    list.allocate_at(p, 256);
+    assert_eq!(list.free(p, 512, 0), Err(BadFree::WrongSize(256)));
+    assert_eq!(list.free(p + 256, 256, 0), Err(BadFree::Unknown));
+    list.free(p, 256, 0).unwrap();
+    assert_eq!(list.free(p, 256, 0), Err(BadFree::Unknown)); // double free
+    assert_eq!(list.free_bytes(), 1000);
+    assert_eq!(list.live_allocations(), 0);
+    list.check();
+}
+
+#[test]
+fn largest_free_block_is_found_among_its_class() {
+    let mut list = FreeList::new(10_000);
+    let sizes = [1000, 10, 1500, 10, 1200, 10];
+    let mut starts = Vec::new();
+    for s in sizes {
+        let p = list.find(s).unwrap();
+        list.allocate_at(p, s);
+        starts.push(p);
+    }
+    list.free(starts[0], 1000, 0).unwrap();
+    list.free(starts[2], 1500, 0).unwrap();
+    list.free(starts[4], 1200, 0).unwrap();
+    assert_eq!(list.largest_free(), 10_000 - 3730);
+}
+
+/// The naive oracle: the lowest free block of at least `size`.
+fn naive_first_fit(list: &FreeList, size: u64) -> Option<u64> {
+    list.blocks()
+        .find(|&(_, len, _)| len >= size)
+        .map(|(s, _, _)| s)
+}
+
+proptest! {
+    /// Random allocations and frees, checked against a shadow model of the live ranges (no
+    /// overlap, all inside the range) and against the naive first fit: the list's invariants
+    /// hold after every operation, and with few blocks per class its search is exact.
+    #[test]
+    fn random_ops_match_the_shadow_model(ops in proptest::collection::vec((any::<bool>(), 1u64..5000, any::<u16>()), 1..300)) {
+        const LEN: u64 = 200_000;
+        let mut list = FreeList::new(LEN);
+        let mut shadow: BTreeMap<u64, u64> = BTreeMap::new();
+        for (alloc, size, pick) in ops {
+            if alloc || shadow.is_empty() {
+                let found = list.find(size);
+                if list.free_blocks() <= SCAN {
+                    prop_assert_eq!(found, naive_first_fit(&list, size));
+                }
+                match found {
+                    Some(p) => {
+                        list.allocate_at(p, size);
+                        prop_assert!(p + size <= LEN);
+                        if let Some((&s, &l)) = shadow.range(..p + size).next_back() {
+                            prop_assert!(s + l <= p, "{}+{} overlaps {}+{}", p, size, s, l);
+                        }
+                        shadow.insert(p, size);
+                    }
+                    None => prop_assert!(list.largest_free() < size),
+                }
+            } else {
+                let i = pick as usize % shadow.len();
+                let (&p, &l) = shadow.iter().nth(i).unwrap();
+                shadow.remove(&p);
+                prop_assert!(list.free(p, l, u32::from(pick % 3)).is_ok());
+            }
+            list.check();
+            prop_assert_eq!(list.live_bytes(), shadow.values().sum::<u64>());
+            prop_assert_eq!(list.free_bytes() + list.live_bytes(), LEN);
+        }
+        for (p, l) in shadow {
+            list.free(p, l, 0).unwrap();
+        }
+        prop_assert_eq!(list.free_blocks(), 1);
+        prop_assert_eq!(list.largest_free(), LEN);
+    }
+}

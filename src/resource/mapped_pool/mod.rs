@@ -1,0 +1,835 @@
+//! `MappedPoolResource`: a pool over CUDA virtual memory management that grows in place.
+
+mod free_list;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use self::free_list::{BadFree, FreeList, Owner, Owners};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ids::BackendKind;
+use crate::resource::stream_order::FreeOrder;
+use crate::resource::{
+    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats, Properties,
+    ResourceIdentity,
+};
+use crate::stream::{Event, Stream, StreamId};
+
+/// Every block is a multiple of this and aligned to it.
+const ALIGN: u64 = 256;
+
+/// How a [`MappedPoolResource`] is set up: the address range it reserves and how much free
+/// memory it keeps mapped.
+///
+/// ```
+/// use streamalloc::MappedPoolConfig;
+///
+/// let config = MappedPoolConfig::default().reserve(1 << 30).release_threshold(64 << 20);
+/// assert_eq!(config.get_reserve(), Some(1 << 30));
+/// assert_eq!(config.get_release_threshold(), 64 << 20);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MappedPoolConfig {
+    reserve: Option<usize>,
+    release_threshold: Option<usize>,
+}
+
+impl MappedPoolConfig {
+    /// The virtual address range to reserve, in bytes (rounded up to the mapping
+    /// granularity): the most the pool can ever hand out at once.
+    pub fn reserve(mut self, bytes: usize) -> Self {
+        self.reserve = Some(bytes);
+        self
+    }
+
+    /// The range to reserve; `None` (the default) reserves the device's total memory.
+    pub fn get_reserve(&self) -> Option<usize> {
+        self.reserve
+    }
+
+    /// Free memory the pool keeps mapped: once wholly free pages (granules) add up to more,
+    /// the highest are unmapped and their physical memory released, as soon as the streams
+    /// that freed them have passed those frees. 0 (the default) releases every wholly free
+    /// page at once, for the smallest footprint; a larger threshold saves the driver calls of
+    /// mapping the same pages again (tens of microseconds each on a GPU).
+    pub fn release_threshold(mut self, bytes: usize) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// The release threshold: 0 unless set.
+    pub fn get_release_threshold(&self) -> usize {
+        self.release_threshold.unwrap_or(0)
+    }
+}
+
+/// A snapshot of a mapped pool's accounting ([`MappedPoolResource::statistics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MappedPoolStatistics {
+    /// The reserved virtual address range, in bytes.
+    pub reserved_range: usize,
+    /// Bytes of physical memory mapped now: the pool's footprint on the device.
+    pub mapped_bytes: usize,
+    /// The most `mapped_bytes` has been since the pool was made or its peak reset.
+    pub peak_mapped_bytes: usize,
+    /// Bytes handed out and not freed, as the pool rounded them (to 256).
+    pub allocated_bytes: usize,
+    /// Live allocations.
+    pub live_allocations: usize,
+    /// Free bytes of the range, mapped or not.
+    pub free_bytes: usize,
+    /// Free blocks of the range.
+    pub free_blocks: usize,
+    /// The largest free block of the range, mapped or not.
+    pub largest_free_block: usize,
+    /// Mapped bytes wholly free and waiting for their streams to pass the frees before they
+    /// can be released.
+    pub pending_release_bytes: usize,
+    /// The mapping granularity (2 MiB on an H100 and on the host emulation).
+    pub granularity: usize,
+}
+
+/// A pool that maps physical memory on demand into one reserved virtual address range, so it
+/// grows in place and gives back what is free page by page: PyTorch's expandable segments,
+/// over CUDA virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
+/// `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`).
+///
+/// A [`PoolResource`](crate::PoolResource) holds chunks from its upstream that never merge:
+/// a large request that fits none of them needs a new chunk while the free memory of the
+/// others stays held (W4's 2.00 peak device memory per peak live byte). Here the whole
+/// capacity is one address range, reserved once: blocks are placed lowest address first
+/// (an address-ordered, coalescing free list), pages (the driver's granularity,
+/// 2 MiB on an H100) are mapped under a block when it is handed out, and a page that becomes
+/// wholly free is unmapped and its physical memory released. Free space never strands: the
+/// free block at the top of the used memory just extends, and the device holds only the
+/// pages that live blocks touch (plus [`MappedPoolConfig::release_threshold`]).
+///
+/// On the host backend the same calls are emulated with `mmap` (the physical bytes count
+/// against the device's capacity and show in
+/// [`HostControls::allocated_bytes`](crate::HostControls::allocated_bytes)).
+///
+/// # When to use it
+/// Workloads whose sizes vary widely, where footprint matters more than the last
+/// nanoseconds: every page mapped or released is a driver call (tens of microseconds on a
+/// GPU), and a free that empties a page records an event on its stream. Set a release
+/// threshold to keep some free pages mapped.
+///
+/// # Stream ordering
+/// A block freed on stream S is reusable at once by later work on S. Another stream T uses
+/// memory freed on S only after T waits on an event recorded on S after the free, recorded
+/// lazily when T takes such memory (one event covering all of S's frees before it, as in the
+/// other pools). Unmapping is not stream-ordered on the GPU (it takes effect at once), so a
+/// wholly free page is released only once an event recorded after the free that emptied it
+/// has completed on every stream that freed into it: at once when those streams are idle,
+/// else at a later allocation, free or [`trim`](MappedPoolResource::trim).
+///
+/// # Awaiting memory
+/// The pool has a wait queue ([`Availability`]): an awaited
+/// [`allocate`](MemoryResource::allocate) that finds the range full (or the device out of
+/// physical memory) waits for a free. Requests larger than the range (or the device) fail at
+/// once ([`Error::TooLarge`]).
+///
+/// # Errors
+/// [`Error::Unsupported`] from `new` when the device has no virtual memory management;
+/// [`Error::OutOfMemory`] when neither the range nor the device has room for a request. A
+/// free of a pointer the pool does not hold as allocated with that size frees nothing and
+/// records an [`Error::InvalidArgument`] on the device
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)); a pool dropped with
+/// allocations out leaks its mappings and records an [`Error::Leaked`] there.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{Device, HostConfig, MappedPoolResource, MemoryResource, Stream};
+///
+/// # futures::executor::block_on(async {
+/// let device = Device::host_with(HostConfig::default());
+/// let controls = device.host_controls().unwrap();
+/// let stream = Stream::new(&device)?;
+/// let pool = MappedPoolResource::new(&device)?;
+/// assert_eq!(controls.allocated_bytes(), 0); // nothing is mapped yet
+///
+/// let p = pool.allocate(3 << 20, &stream).await?;
+/// assert_eq!(controls.allocated_bytes(), 4 << 20); // two 2 MiB pages
+/// let q = pool.allocate(1 << 20, &stream).await?;
+/// assert_eq!(q.addr(), p.addr() + (3 << 20)); // in place, right above `p`
+/// assert_eq!(controls.allocated_bytes(), 4 << 20); // it fits the pages mapped already
+///
+/// unsafe { pool.deallocate(p, 3 << 20, &stream) };
+/// assert_eq!(controls.allocated_bytes(), 2 << 20); // the wholly free first page is gone
+/// unsafe { pool.deallocate(q, 1 << 20, &stream) };
+/// assert_eq!(pool.statistics().mapped_bytes, 0);
+/// # Ok::<(), streamalloc::Error>(())
+/// # }).unwrap();
+/// ```
+pub struct MappedPoolResource {
+    inner: Arc<Inner>,
+}
+
+impl Clone for MappedPoolResource {
+    fn clone(&self) -> Self {
+        MappedPoolResource {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner {
+    device: Device,
+    /// The start of the reserved range.
+    base: u64,
+    /// Its length, a multiple of `granularity`.
+    reserved: usize,
+    /// The largest request that can ever fit: the range, or the device's memory if smaller.
+    capacity: usize,
+    granularity: usize,
+    release_threshold: usize,
+    state: Mutex<State>,
+    availability: Availability,
+}
+
+/// What a page of the range holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Page {
+    Unmapped,
+    Mapped { handle: u64, status: Status },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// Some live block touches it (or it could not be released: see `release`).
+    InUse,
+    /// Wholly free; releasable once the events of pending release `id` complete.
+    Pending(u32),
+    /// Wholly free and its frees have completed: releasable at once.
+    Idle,
+}
+
+/// Pages emptied by one free, and the events after which they may be unmapped.
+struct PendingRelease {
+    id: u32,
+    pages: std::ops::Range<usize>,
+    events: Vec<Event>,
+}
+
+struct State {
+    list: FreeList,
+    pages: Vec<Page>,
+    mapped_pages: usize,
+    peak_mapped_pages: usize,
+    /// Pages in status `Idle`.
+    idle: BTreeSet<usize>,
+    pending: Vec<PendingRelease>,
+    next_pending: u32,
+    /// Each stream that freed into the pool, by owner number (kept for the pool's life, as
+    /// [`PoolResource`](crate::PoolResource) keeps the streams that own its free memory).
+    orders: Vec<FreeOrder>,
+    owner_of: FxHashMap<StreamId, Owner>,
+}
+
+fn align_up(bytes: usize) -> Option<u64> {
+    let bytes = u64::try_from(bytes).ok()?;
+    bytes.checked_add(ALIGN - 1).map(|b| b & !(ALIGN - 1))
+}
+
+impl MappedPoolResource {
+    /// A pool over `device` with the default [`MappedPoolConfig`]: the device's total memory
+    /// reserved as address space, nothing mapped yet, every wholly free page released.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the device has no virtual memory management
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED` is 0, or a host without
+    /// `mmap`); the driver's error when the range cannot be reserved.
+    pub fn new(device: &Device) -> Result<Self> {
+        Self::with_config(device, MappedPoolConfig::default())
+    }
+
+    /// A pool over `device` set up by `config`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Error::InvalidArgument`] for a reserve of 0 bytes.
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolConfig, MappedPoolResource, MemoryResource};
+    ///
+    /// let device = Device::host();
+    /// let pool = MappedPoolResource::with_config(&device, MappedPoolConfig::default().reserve(64 << 20))?;
+    /// assert_eq!(pool.capacity_limit(), Some(64 << 20));
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn with_config(device: &Device, config: MappedPoolConfig) -> Result<Self> {
+        let raw = device.raw();
+        let granularity = raw.vmm_granularity()?;
+        let wanted = match config.get_reserve() {
+            Some(bytes) => bytes,
+            None => device.total_memory()?,
+        };
+        if wanted == 0 {
+            return Err(Error::invalid(
+                "a mapped pool must reserve more than 0 bytes",
+            ));
+        }
+        let reserved = wanted
+            .checked_next_multiple_of(granularity)
+            .ok_or_else(|| Error::invalid(format!("a reserve of {wanted} bytes is too large")))?;
+        let capacity = reserved.min(device.total_memory()?);
+        let base = raw.vmm_reserve(reserved)?;
+        let pages = reserved / granularity;
+        Ok(MappedPoolResource {
+            inner: Arc::new(Inner {
+                device: device.clone(),
+                base,
+                reserved,
+                capacity,
+                granularity,
+                release_threshold: config.get_release_threshold(),
+                state: Mutex::new(State {
+                    list: FreeList::new(reserved as u64),
+                    pages: vec![Page::Unmapped; pages],
+                    mapped_pages: 0,
+                    peak_mapped_pages: 0,
+                    idle: BTreeSet::new(),
+                    pending: Vec::new(),
+                    next_pending: 0,
+                    orders: Vec::new(),
+                    owner_of: FxHashMap::default(),
+                }),
+                availability: Availability::new(),
+            }),
+        })
+    }
+
+    /// The device it allocates on.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// A snapshot of the pool's accounting.
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(1000, &stream)?;
+    /// let stats = pool.statistics();
+    /// assert_eq!((stats.allocated_bytes, stats.live_allocations), (1024, 1));
+    /// assert_eq!(stats.mapped_bytes, stats.granularity); // one page
+    /// unsafe { pool.deallocate(p, 1000, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn statistics(&self) -> MappedPoolStatistics {
+        self.inner.statistics(&self.inner.state.lock())
+    }
+
+    /// Releases every wholly free page whose frees the streams have passed, whatever the
+    /// release threshold; returns the bytes released. Pages whose frees are still queued
+    /// are released by a later call once the streams pass them (or by
+    /// [`trim_blocking`](Self::trim_blocking) now).
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolConfig, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let config = MappedPoolConfig::default().release_threshold(usize::MAX); // keep pages
+    /// let pool = MappedPoolResource::with_config(&device, config)?;
+    /// let p = pool.try_allocate(4 << 20, &stream)?;
+    /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
+    /// assert_eq!(pool.statistics().mapped_bytes, 4 << 20);
+    /// assert_eq!(pool.trim(), 4 << 20);
+    /// assert_eq!(pool.statistics().mapped_bytes, 0);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn trim(&self) -> usize {
+        let released = {
+            let mut state = self.inner.state.lock();
+            self.inner.collect(&mut state, 0)
+        };
+        if released > 0 {
+            self.inner.availability.notify();
+        }
+        released
+    }
+
+    /// [`trim`](Self::trim) after waiting (blocking the calling thread) for the streams to
+    /// pass every free whose pages are pending release.
+    ///
+    /// # Errors
+    /// A driver error waiting for an event; nothing is released then.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(2 << 20, &stream)?;
+    /// stream.enqueue_delay(Duration::from_millis(20))?; // a kernel still using `p`
+    /// unsafe { pool.deallocate(p, 2 << 20, &stream) };
+    /// assert_eq!(pool.statistics().pending_release_bytes, 2 << 20);
+    /// assert_eq!(pool.trim_blocking()?, 2 << 20);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn trim_blocking(&self) -> Result<usize> {
+        let events: Vec<Event> = {
+            let state = self.inner.state.lock();
+            state
+                .pending
+                .iter()
+                .flat_map(|p| p.events.iter().cloned())
+                .collect()
+        };
+        for e in events {
+            e.synchronize_blocking()?;
+        }
+        Ok(self.trim())
+    }
+
+    /// Resets the peak of the mapped bytes to what is mapped now (what
+    /// [`reset_peak`](MemoryResource::reset_peak) does).
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(4 << 20, &stream)?;
+    /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
+    /// assert_eq!(pool.statistics().peak_mapped_bytes, 4 << 20);
+    /// pool.reset_peak_mapped();
+    /// assert_eq!(pool.statistics().peak_mapped_bytes, 0);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn reset_peak_mapped(&self) {
+        let mut state = self.inner.state.lock();
+        state.peak_mapped_pages = state.mapped_pages;
+    }
+}
+
+impl Inner {
+    fn statistics(&self, state: &State) -> MappedPoolStatistics {
+        let g = self.granularity;
+        let pending = state
+            .pages
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p,
+                    Page::Mapped {
+                        status: Status::Pending(_),
+                        ..
+                    }
+                )
+            })
+            .count();
+        MappedPoolStatistics {
+            reserved_range: self.reserved,
+            mapped_bytes: state.mapped_pages * g,
+            peak_mapped_bytes: state.peak_mapped_pages * g,
+            allocated_bytes: state.list.live_bytes() as usize,
+            live_allocations: state.list.live_allocations(),
+            free_bytes: state.list.free_bytes() as usize,
+            free_blocks: state.list.free_blocks(),
+            largest_free_block: state.list.largest_free() as usize,
+            pending_release_bytes: pending * g,
+            granularity: g,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn owner(state: &mut State, stream: &Stream) -> Owner {
+        if let Some(&o) = state.owner_of.get(&stream.id()) {
+            return o;
+        }
+        let o = state.orders.len() as Owner;
+        state.orders.push(FreeOrder::new(stream));
+        state.owner_of.insert(stream.id(), o);
+        o
+    }
+
+    /// The pages that `offset..offset + size` touches.
+    fn pages_of(&self, offset: u64, size: u64) -> std::ops::Range<usize> {
+        let g = self.granularity as u64;
+        (offset / g) as usize..(offset + size).div_ceil(g) as usize
+    }
+
+    /// Maps a fresh physical page at page `index`.
+    fn map_page(&self, index: usize) -> Result<u64> {
+        let raw = self.device.raw();
+        let g = self.granularity;
+        let handle = raw.vmm_create(g)?;
+        let va = self.base + (index * g) as u64;
+        // SAFETY: `va` is page `index` of the pool's own reservation (aligned, inside it) and
+        // unmapped (the caller found it `Unmapped`); `handle` was just created with `g` bytes.
+        if let Err(e) = unsafe { raw.vmm_map(va, g, handle) } {
+            // SAFETY: the handle was never mapped.
+            if let Err(e2) = unsafe { raw.vmm_release(handle, g) } {
+                self.device.defer_error(e2);
+            }
+            return Err(e);
+        }
+        Ok(handle)
+    }
+
+    /// Unmaps page `index` and releases its physical memory; false (and the error deferred)
+    /// when the driver refused, in which case the page stays mapped.
+    fn release_page(&self, state: &mut State, index: usize) -> bool {
+        let Page::Mapped { handle, .. } = state.pages[index] else {
+            return true;
+        };
+        let raw = self.device.raw();
+        let g = self.granularity;
+        let va = self.base + (index * g) as u64;
+        // SAFETY: the page is one mapping made by `map_page`; it is wholly free and every
+        // stream that freed into it has passed those frees (status `Idle`, see `collect`), so
+        // no queued or running work uses it.
+        if let Err(e) = unsafe { raw.vmm_unmap(va, g) } {
+            self.device.defer_error(e);
+            state.pages[index] = Page::Mapped {
+                handle,
+                status: Status::InUse,
+            };
+            return false;
+        }
+        state.pages[index] = Page::Unmapped;
+        state.mapped_pages -= 1;
+        // SAFETY: unmapped just above, mapped nowhere else, released once.
+        if let Err(e) = unsafe { raw.vmm_release(handle, g) } {
+            self.device.defer_error(e);
+        }
+        true
+    }
+
+    /// Makes pages whose pending frees have completed idle, then releases idle pages, highest
+    /// first, until at most `keep` bytes of them stay mapped; returns the bytes released.
+    fn collect(&self, state: &mut State, keep: usize) -> usize {
+        let mut pending = std::mem::take(&mut state.pending);
+        pending.retain(|p| {
+            // An event that reports an error has been reached too (the stream failed there).
+            let done = p.events.iter().all(|e| e.is_complete().unwrap_or(true));
+            if done {
+                for i in p.pages.clone() {
+                    if let Page::Mapped {
+                        handle,
+                        status: Status::Pending(id),
+                    } = state.pages[i]
+                    {
+                        if id == p.id {
+                            state.pages[i] = Page::Mapped {
+                                handle,
+                                status: Status::Idle,
+                            };
+                            state.idle.insert(i);
+                        }
+                    }
+                }
+            }
+            !done
+        });
+        state.pending = pending;
+        let keep_pages = keep / self.granularity;
+        let mut released = 0;
+        while state.idle.len() > keep_pages {
+            let i = state.idle.pop_last().expect("more than 0 idle pages");
+            if self.release_page(state, i) {
+                released += self.granularity;
+            }
+        }
+        released
+    }
+
+    /// Serves `size` (aligned) for `stream`; `None` when the range has no free block of that
+    /// size or the device no physical memory for its pages.
+    fn serve(&self, state: &mut State, size: u64, stream: &Stream) -> Result<Option<u64>> {
+        let Some(start) = state.list.find(size) else {
+            return Ok(None);
+        };
+        let me = Self::owner(state, stream);
+        // Ordered after every other stream whose frees the block holds.
+        let (_, _, owners) = state.list.block_containing(start).expect("found free");
+        let others: Vec<Owner> = owners.iter().filter(|&o| o != me).collect();
+        for o in others {
+            state.orders[o as usize].order(stream)?;
+        }
+        let pages = self.pages_of(start, size);
+        let mut fresh = Vec::new();
+        for i in pages.clone() {
+            if state.pages[i] != Page::Unmapped {
+                continue;
+            }
+            let mut attempt = self.map_page(i);
+            if matches!(&attempt, Err(e) if e.is_out_of_memory()) {
+                // Idle pages hold physical memory the device may need: release them all.
+                self.collect(state, 0);
+                attempt = self.map_page(i);
+            }
+            match attempt {
+                Ok(handle) => {
+                    state.pages[i] = Page::Mapped {
+                        handle,
+                        status: Status::InUse,
+                    };
+                    state.mapped_pages += 1;
+                    fresh.push(i);
+                }
+                Err(e) => {
+                    // Give back what this request mapped: nothing ever used it.
+                    for j in fresh {
+                        self.release_page(state, j);
+                    }
+                    return if e.is_out_of_memory() {
+                        Ok(None)
+                    } else {
+                        Err(e)
+                    };
+                }
+            }
+        }
+        state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
+        state.list.allocate_at(start, size);
+        for i in pages {
+            if let Page::Mapped { handle, status } = state.pages[i] {
+                if status == Status::Idle {
+                    state.idle.remove(&i);
+                }
+                state.pages[i] = Page::Mapped {
+                    handle,
+                    status: Status::InUse,
+                };
+            }
+        }
+        Ok(Some(self.base + start))
+    }
+
+    fn out_of_memory(&self, state: &State, requested: usize) -> Error {
+        Error::out_of_memory(
+            requested,
+            Some(state.list.largest_free() as usize),
+            self.device.id(),
+        )
+        .never_fitting(Some(self.capacity()))
+    }
+
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        if is_empty_request(&self.device, bytes, stream)? {
+            return Ok(DevicePtr::NULL);
+        }
+        let mut state = self.state.lock();
+        let size = match align_up(bytes) {
+            Some(size) if size as u128 <= self.capacity() as u128 => size,
+            _ => return Err(self.out_of_memory(&state, bytes)),
+        };
+        match self.serve(&mut state, size, stream)? {
+            Some(p) => Ok(DevicePtr::from_raw(p)),
+            None => Err(self.out_of_memory(&state, bytes)),
+        }
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        if ptr.is_null() {
+            return;
+        }
+        let bad = |why: String| {
+            self.device.defer_error(Error::invalid(format!(
+                "{ptr} ({bytes} bytes) is not allocated from this mapped pool with that size: \
+                 {why}"
+            )));
+        };
+        let (Some(size), Some(offset)) = (align_up(bytes), ptr.addr().checked_sub(self.base))
+        else {
+            return bad("outside its range".into());
+        };
+        let mut state = self.state.lock();
+        let me = Self::owner(&mut state, stream);
+        let (lo, hi) = match state.list.free(offset, size, me) {
+            Ok(merged) => merged,
+            Err(BadFree::Unknown) => return bad("no allocation starts there (double free?)".into()),
+            Err(BadFree::WrongSize(len)) => return bad(format!("it was allocated as {len}")),
+        };
+        state.orders[me as usize].changed();
+        // The pages this free emptied: inside the merged free block, touched by the freed one.
+        let g = self.granularity as u64;
+        let touched = self.pages_of(offset, size);
+        let first = (lo.div_ceil(g) as usize).max(touched.start);
+        let end = ((hi / g) as usize).min(touched.end);
+        if first < end {
+            self.mark_emptied(&mut state, lo, first..end);
+            self.collect(&mut state, self.release_threshold);
+        }
+        drop(state);
+        self.availability.notify();
+    }
+
+    /// Puts `pages`, wholly free in the free block at `block`, up for release once every
+    /// stream that freed into the block passes an event recorded now.
+    fn mark_emptied(&self, state: &mut State, block: u64, pages: std::ops::Range<usize>) {
+        let owners: Owners = state
+            .list
+            .block_containing(block)
+            .map(|(_, _, o)| o.clone())
+            .unwrap_or_default();
+        let mut events = Vec::new();
+        for o in owners.iter() {
+            match state.orders[o as usize].stream().record() {
+                Ok(e) => events.push(e),
+                Err(e) => {
+                    // Without the event the pages cannot be proven unused: they stay mapped
+                    // (and are used again like any free memory).
+                    self.device.defer_error(e);
+                    return;
+                }
+            }
+        }
+        let id = state.next_pending;
+        state.next_pending = state.next_pending.wrapping_add(1);
+        for i in pages.clone() {
+            if let Page::Mapped { handle, status } = state.pages[i] {
+                debug_assert_eq!(status, Status::InUse, "page {i} emptied twice");
+                state.pages[i] = Page::Mapped {
+                    handle,
+                    status: Status::Pending(id),
+                };
+            }
+        }
+        state.pending.push(PendingRelease { id, pages, events });
+    }
+}
+
+impl MemoryResource for MappedPoolResource {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.inner.try_allocate(bytes, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        self.inner.deallocate(ptr, bytes, stream)
+    }
+
+    fn availability(&self) -> Option<&Availability> {
+        Some(&self.inner.availability)
+    }
+
+    /// The reserved range, or the device's memory if that is smaller.
+    fn capacity_limit(&self) -> Option<usize> {
+        Some(self.inner.capacity())
+    }
+
+    /// A live allocation may come back, and pages pending release free physical memory.
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        let state = self.inner.state.lock();
+        state.list.live_allocations() > 0 || !state.pending.is_empty()
+    }
+
+    fn identity(&self) -> ResourceIdentity {
+        ResourceIdentity::of_shared(&self.inner)
+    }
+
+    fn properties(&self) -> Properties {
+        Properties {
+            device_accessible: true,
+            host_accessible: self.inner.device.backend() == BackendKind::Host,
+            device: self.inner.device.id(),
+        }
+    }
+
+    /// Reserved: the mapped bytes (the device memory the pool holds) and their peak;
+    /// allocated: the live allocations as the pool rounded them.
+    fn memory_stats(&self) -> MemoryStats {
+        let stats = self.statistics();
+        MemoryStats {
+            wait_queue: self.inner.availability.stats(),
+            ..MemoryStats::default()
+        }
+        .with_reserved(stats.mapped_bytes, stats.peak_mapped_bytes)
+        .with_allocated(Allocated {
+            bytes: stats.allocated_bytes,
+            peak: None,
+            allocations: Some(stats.live_allocations),
+        })
+    }
+
+    fn reset_peak(&self) {
+        self.reset_peak_mapped();
+    }
+}
+
+impl fmt::Debug for MappedPoolResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedPoolResource")
+            .field("device", &self.inner.device.id())
+            .field("base", &format_args!("{:#x}", self.inner.base))
+            .field("statistics", &self.statistics())
+            .finish()
+    }
+}
+
+impl Drop for Inner {
+    /// Waits for the streams that freed into the pool (unmapping is not stream-ordered), then
+    /// unmaps and releases every page and gives the range back. With allocations still out,
+    /// it leaks everything instead (their memory must stay valid) and records an
+    /// [`Error::Leaked`].
+    fn drop(&mut self) {
+        let state = self.state.get_mut();
+        let allocations = state.list.live_allocations();
+        if allocations > 0 {
+            self.device.defer_error(Error::Leaked {
+                what: "MappedPoolResource",
+                allocations,
+                bytes: state.list.live_bytes() as usize,
+                device: self.device.id(),
+            });
+            return;
+        }
+        for order in &state.orders {
+            if let Err(e) = order.stream().synchronize_blocking() {
+                // A failed stream has stopped running work: its pages are unused.
+                tracing::debug!(%e, "a stream of a dropped mapped pool had failed");
+            }
+        }
+        let mut state = std::mem::replace(
+            &mut *self.state.get_mut(),
+            State {
+                list: FreeList::new(0),
+                pages: Vec::new(),
+                mapped_pages: 0,
+                peak_mapped_pages: 0,
+                idle: BTreeSet::new(),
+                pending: Vec::new(),
+                next_pending: 0,
+                orders: Vec::new(),
+                owner_of: FxHashMap::default(),
+            },
+        );
+        let mut stuck = false;
+        for i in 0..state.pages.len() {
+            stuck |= !self.release_page(&mut state, i);
+        }
+        if stuck {
+            return; // the range keeps the pages the driver would not unmap
+        }
+        // SAFETY: the range is the pool's own reservation, and nothing is mapped in it now.
+        if let Err(e) = unsafe {
+            self.device
+                .raw()
+                .vmm_free_reservation(self.base, self.reserved)
+        } {
+            self.device.defer_error(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
