@@ -2,6 +2,10 @@
 //! `PoolResource`, plus the allocation future's ready path against `try_allocate`, W1 through two
 //! adaptors, and the wake latency from a free to the waiting task resuming.
 //!
+//! W4's footprint (peak memory taken from the device / peak live bytes) of the pool as W4 sets it
+//! up (initial size 0, no maximum) is printed first, before criterion's groups; W4's timed pass is
+//! the `W4/footprint` bench.
+//!
 //! Run: `cargo bench --bench pool`. They run on `Device::default()`: the host backend here,
 //! CUDA device 0 on a GPU machine, where `benches/workloads.rs` prints the side-by-side table.
 //! On the host backend only the pool's own bookkeeping is measured: its upstream is touched at
@@ -114,11 +118,104 @@ fn w3_threads(c: &mut Criterion) {
     g.finish();
 }
 
+/// W4's pool: over device memory, empty at first, no maximum.
+fn empty_pool(device: &Device) -> PoolResource<CudaResource> {
+    PoolResource::new(CudaResource::new(device).expect("device resource"), 0, None).expect("pool")
+}
+
+/// The device's memory in use now.
+fn device_used(device: &Device) -> usize {
+    let info = device.memory_info().expect("memory info");
+    info.total - info.free
+}
+
+/// One W4 pass (`../shared/bench/WORKLOADS.md`): seed 9, 20,000 steps on one stream. With
+/// `sample`, reads after every allocation the device memory in use (above `base`) and the
+/// pool's size; returns (peak live, peak device use, peak pool size) and the pass's time.
+fn w4_pass(
+    device: &Device,
+    mr: &PoolResource<CudaResource>,
+    stream: &Stream,
+    sample: bool,
+) -> ([usize; 3], Duration) {
+    let base = device_used(device);
+    let mut rng = workloads::SplitMix64(9);
+    let mut live: Vec<(usize, streamalloc::DevicePtr, usize)> = Vec::new();
+    let (mut live_bytes, mut peaks) = (0usize, [0usize; 3]);
+    let t = Instant::now();
+    for i in 0..20_000usize {
+        let k = rng.next() % 100;
+        let block = if k < 50 {
+            Some((
+                1 + (rng.next() % 65_536) as usize,
+                1 + (rng.next() % 1_000) as usize,
+            ))
+        } else if k < 55 {
+            let bytes = (1 << 20) + (rng.next() % (63 << 20)) as usize;
+            Some((bytes, 1 + (rng.next() % 50) as usize))
+        } else {
+            None
+        };
+        if let Some((bytes, lifetime)) = block {
+            let p = mr.try_allocate(bytes, stream).expect("W4 allocation");
+            live.push((i + lifetime, p, bytes));
+            live_bytes += bytes;
+            if sample {
+                peaks[0] = peaks[0].max(live_bytes);
+                peaks[1] = peaks[1].max(device_used(device).saturating_sub(base));
+                peaks[2] = peaks[2].max(mr.pool_size());
+            }
+        }
+        live.retain(|&(expiry, p, bytes)| {
+            if expiry == i {
+                // SAFETY: allocated above from `mr` with `bytes`; no device work uses it.
+                unsafe { mr.deallocate(p, bytes, stream) };
+            }
+            expiry != i
+        });
+    }
+    for (_, p, bytes) in live.drain(..) {
+        // SAFETY: as above.
+        unsafe { mr.deallocate(p, bytes, stream) };
+    }
+    (peaks, t.elapsed())
+}
+
+/// W4's figures: the sampled pass, printed (device use includes frees the device has not
+/// reached yet on the host backend; the pool's size is what it holds from its upstream).
+fn w4_footprint(c: &mut Criterion) {
+    let device = Device::default();
+    let stream = Stream::new(&device).unwrap();
+    {
+        let mr = empty_pool(&device);
+        let ([live, used, held], _) = w4_pass(&device, &mr, &stream, true);
+        println!(
+            "W4 footprint PoolResource(0, None) on {}: peak live {live} B, peak device use {used} B \
+             ({:.3}x), peak pool size {held} B ({:.3}x)",
+            device.id(),
+            used as f64 / live as f64,
+            held as f64 / live as f64,
+        );
+    }
+    stream.synchronize_blocking().unwrap();
+    let mut g = c.benchmark_group("W4");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(20_000));
+    g.bench_function("footprint", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| w4_pass(&device, &empty_pool(&device), &stream, false).1)
+                .sum()
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = w1_pair, w2_random, w3_threads
+    targets = w4_footprint, w1_pair, w2_random, w3_threads
 }
 criterion_main!(benches);

@@ -2,17 +2,21 @@
 
 pub(crate) mod core;
 mod level;
+mod release;
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use self::core::{align_up, ALIGN};
 use self::level::{Level, Released};
+pub use self::release::ReleasePolicy;
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutOfMemoryDetails, Result};
+use crate::ids::StreamId;
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{
     is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
@@ -117,7 +121,7 @@ struct Inner<R: MemoryResource> {
     maximum: Option<usize>,
     /// The level whose chunks come from the upstream.
     global: Mutex<Level>,
-    /// Unbounded pools: the level of large blocks (above [`LARGE_BLOCK`]) that the global
+    /// Granular pools (see `granular`): the level of large blocks (above [`LARGE_BLOCK`]) that the global
     /// level's free memory could not serve, each in a chunk of its own size taken from the
     /// upstream, so that when it is freed its chunk is wholly free and can go back (short-lived
     /// large blocks never strand in chunks that small blocks pin). Locked after the global
@@ -137,11 +141,26 @@ struct Inner<R: MemoryResource> {
     /// The most bytes held from the upstream at once since the pool was made or its peak
     /// reset. Written only when the pool grows (under the global lock), never on the fast path.
     peak_reserved: AtomicUsize,
-    /// Unbounded pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
+    /// Granular pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
     /// sub-chunk counts as one request), which the next such growth matches up to
     /// [`MAX_SHARD_CHUNK`]: small blocks get geometrically larger chunks, large ones chunks
     /// of their own size. Written under the global lock.
     small_grown: AtomicUsize,
+    /// Whether the pool grows by granules and keeps large blocks in chunks of their own (the
+    /// `large` level): unbounded pools over an upstream that may hold [`SHARDED_CAPACITY`] or
+    /// more (a device). Smaller unbounded pools grow as RMM's does.
+    granular: bool,
+    /// [`ReleasePolicy::keep_free`], `usize::MAX` for none: read on the frees that reach the
+    /// global levels.
+    keep_free: AtomicUsize,
+    /// Free bytes of the global levels above which such a free looks for wholly free chunks
+    /// under `keep_free`: raised when a look found too few (fragmented free memory), so that
+    /// frees do not scan the chunks every time; reset when the free bytes fall under
+    /// `keep_free`.
+    release_scan_above: AtomicUsize,
+    /// The release policy set, and the generation of its idle thread (a thread whose
+    /// generation is not the current one ends).
+    policy: Mutex<(ReleasePolicy, u64)>,
 }
 
 struct Shard {
@@ -273,6 +292,10 @@ impl<R: MemoryResource> PoolResource<R> {
                 availability,
                 peak_reserved: AtomicUsize::new(0),
                 small_grown: AtomicUsize::new(0),
+                granular: maximum_size.is_none() && capacity >= SHARDED_CAPACITY,
+                keep_free: AtomicUsize::new(usize::MAX),
+                release_scan_above: AtomicUsize::new(0),
+                policy: Mutex::new((ReleasePolicy::default(), 0)),
             }),
         };
         if initial_size > 0 {
@@ -292,6 +315,55 @@ impl<R: MemoryResource> PoolResource<R> {
     /// The maximum pool size, if any.
     pub fn maximum_size(&self) -> Option<usize> {
         self.inner.maximum
+    }
+
+    /// How the pool gives memory back on its own: see [`ReleasePolicy`]. Replaces the policy
+    /// set before (an idle thread of the old policy ends at its next check).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the thread of an [`idle`](ReleasePolicy::idle) policy cannot be
+    /// started; the rest of the policy is in force then.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource, ReleasePolicy, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 0, None)?;
+    /// pool.set_release_policy(ReleasePolicy::default().idle(Duration::from_millis(20)))?;
+    /// let p = pool.try_allocate(1 << 20, &stream)?;
+    /// unsafe { pool.deallocate(p, 1 << 20, &stream) };
+    /// assert!(pool.pool_size() > 0);
+    /// std::thread::sleep(Duration::from_millis(200));
+    /// assert_eq!(pool.pool_size(), 0, "trimmed once idle");
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn set_release_policy(&self, policy: ReleasePolicy) -> Result<()>
+    where
+        R: 'static,
+    {
+        let generation = {
+            let mut current = self.inner.policy.lock();
+            current.0 = policy;
+            current.1 += 1;
+            current.1
+        };
+        self.inner.keep_free.store(
+            policy.get_keep_free().unwrap_or(usize::MAX),
+            Ordering::Relaxed,
+        );
+        self.inner.release_scan_above.store(0, Ordering::Relaxed);
+        self.inner.apply_keep_free();
+        match policy.get_idle() {
+            Some(idle) => spawn_idle_release(Arc::downgrade(&self.inner), idle, generation),
+            None => Ok(()),
+        }
+    }
+
+    /// The release policy in force ([`ReleasePolicy::default`] unless set).
+    pub fn release_policy(&self) -> ReleasePolicy {
+        self.inner.policy.lock().0
     }
 
     /// A snapshot of the pool's accounting (over the global level and every shard, each read
@@ -333,7 +405,87 @@ impl<R: MemoryResource> PoolResource<R> {
     }
 }
 
+/// Starts the thread of an idle release policy: every `idle`, it trims the pool if no level
+/// served an allocation and no chunk came or went since its last look. It holds the pool only
+/// while it looks, and ends when the pool is gone or another policy is set.
+fn spawn_idle_release<R: MemoryResource + 'static>(
+    pool: Weak<Inner<R>>,
+    idle: Duration,
+    generation: u64,
+) -> Result<()> {
+    let mut last = None;
+    std::thread::Builder::new()
+        .name("streamalloc-pool-release".into())
+        .spawn(move || loop {
+            std::thread::sleep(idle);
+            let Some(inner) = pool.upgrade() else { return };
+            if inner.policy.lock().1 != generation {
+                return;
+            }
+            let now = inner.activity();
+            if last.as_ref() == Some(&now) {
+                inner.reclaim();
+                inner.release_empty_chunks();
+                last = Some(inner.activity());
+            } else {
+                last = Some(now);
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::io("starting the pool's idle release thread", &e))
+}
+
 impl<R: MemoryResource> Inner<R> {
+    /// What changes when the pool is used: each level's served allocations and chunk bytes.
+    fn activity(&self) -> Vec<(u64, usize)> {
+        let mut levels: Vec<(u64, usize)> = self
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                (s.level.served, s.level.chunk_bytes)
+            })
+            .collect();
+        for level in [&self.global, &self.large] {
+            let l = level.lock();
+            levels.push((l.served, l.chunk_bytes));
+        }
+        levels
+    }
+
+    /// [`ReleasePolicy::keep_free`]: after a free that reached the global levels, gives wholly
+    /// free chunks (the large level's first) back while their free bytes are above it.
+    fn apply_keep_free(&self) {
+        let keep = self.keep_free.load(Ordering::Relaxed);
+        if keep == usize::MAX {
+            return;
+        }
+        let mut global = self.global.lock();
+        let mut large = self.large.lock();
+        let free = global.core.free_bytes() + large.core.free_bytes();
+        if free <= keep {
+            self.release_scan_above.store(0, Ordering::Relaxed);
+            return;
+        }
+        if free <= self.release_scan_above.load(Ordering::Relaxed) {
+            return;
+        }
+        let excess = free - keep;
+        let mut released = large.release_empty_chunks_upto(false, excess);
+        let got: usize = released.iter().map(|r| r.1).sum();
+        if got < excess {
+            released.extend(global.release_empty_chunks_upto(false, excess - got));
+        }
+        drop(large);
+        drop(global);
+        let bytes = self.give_back(released);
+        if free - bytes.min(free) > keep {
+            // Too few wholly free chunks: look again only once more memory is free.
+            self.release_scan_above
+                .store(free - bytes.min(free) + GRANULE, Ordering::Relaxed);
+        }
+    }
+
     /// [`PoolResource::statistics`].
     fn statistics(&self) -> PoolStatistics {
         // Every level at once, so that no sub-chunk moves while it is counted: the shards in
@@ -396,7 +548,9 @@ impl<R: MemoryResource> Inner<R> {
 
     /// How much to ask the upstream for to serve `size` more bytes; 0 when the maximum leaves
     /// no room. With a maximum, RMM's rule (half the remaining room, at least the request).
-    /// Without one, not RMM's doubling, which holds up to twice the memory in use: a request
+    /// Without one, over an upstream that may hold less than 256 MiB, RMM's rule too
+    /// (`max(request, pool size)`). Otherwise ([`granular`](Inner::granular)) not RMM's
+    /// doubling, which holds up to twice the memory in use: a request
     /// of [`GRANULE`] or more gets a chunk of its own, rounded up to the granule; smaller ones
     /// (and shards' sub-chunks) a chunk as large as all such growth so far, from one granule
     /// up to [`MAX_SHARD_CHUNK`], so that a run of small requests still grows geometrically.
@@ -410,6 +564,7 @@ impl<R: MemoryResource> Inner<R> {
                     0
                 }
             }
+            None if !self.granular => size.max(pool_size),
             None if size >= GRANULE => size.checked_next_multiple_of(GRANULE).unwrap_or(size),
             None => {
                 let grown = self.small_grown.load(Ordering::Relaxed);
@@ -456,7 +611,7 @@ impl<R: MemoryResource> Inner<R> {
         if grow == 0 {
             return Ok(None);
         }
-        if self.maximum.is_none() {
+        if self.granular {
             // Chunks never merge: a wholly free chunk that could not serve this request (else
             // `serve` would have found it) goes back before the pool takes more, so that the
             // memory held tracks the memory in use instead of the history of request sizes.
@@ -474,7 +629,7 @@ impl<R: MemoryResource> Inner<R> {
         Ok(Some(p))
     }
 
-    /// Unbounded pools: serves `size` (aligned, above [`LARGE_BLOCK`]) for `stream` from the
+    /// Granular pools: serves `size` (aligned, above [`LARGE_BLOCK`]) for `stream` from the
     /// large level, giving its wholly free chunks back and growing it by a chunk of the
     /// request's size (rounded up to [`GRANULE`]) when its free memory cannot; `None` when the
     /// upstream has no such chunk.
@@ -515,30 +670,58 @@ impl<R: MemoryResource> Inner<R> {
         }
         self.return_heads(&mut shard, stream)?;
         // The lock order is a shard, then the global level; never the other way round.
-        // Unbounded pools size sub-chunks like the shard's holdings so far (a granule at
+        // Granular pools size sub-chunks like the shard's holdings so far (a granule at
         // first, doubling up to `shard_chunk`), so that a stream with a few small blocks does
         // not hold a whole `shard_chunk` of the device.
-        let first_want = if self.maximum.is_none() {
+        let first_want = if self.granular {
             shard.level.chunk_bytes.clamp(GRANULE, self.shard_chunk)
         } else {
             self.shard_chunk
         };
-        for may_grow in [false, true] {
-            let mut want = first_want.max(size);
-            loop {
-                if let Some(base) = self.global_allocate(want, stream, may_grow, true)? {
-                    shard.level.add_chunk(base, want, stream);
-                    let p = shard.level.core.allocate(size, level::key(stream));
-                    debug_assert!(p.is_some(), "a fresh sub-chunk serves the request");
-                    return Ok(p);
-                }
-                if want == size {
-                    break;
-                }
-                want = align_up(want / 2).unwrap_or(size).max(size);
+        if let Some(p) = self.refill(&mut shard, size, first_want, stream, false)? {
+            return Ok(Some(p));
+        }
+        if self.shards.len() > 1 {
+            // Before the pool grows, other shards' wholly free sub-chunks come back to the
+            // global level, so that memory another stream freed serves this one within this
+            // one miss instead of stranding in that stream's shard (RMM issue #2039). (The
+            // shard's lock is let go meanwhile: shards are never locked two at a time.)
+            drop(shard);
+            self.reclaim();
+            shard = self.shard_of(stream).lock();
+            if let Some(p) = shard.level.serve(size, stream)? {
+                return Ok(Some(p));
+            }
+            if let Some(p) = self.refill(&mut shard, size, first_want, stream, false)? {
+                return Ok(Some(p));
             }
         }
-        Ok(None)
+        self.refill(&mut shard, size, first_want, stream, true)
+    }
+
+    /// Takes a sub-chunk for `shard` from the global level (growing it if `may_grow`): the
+    /// largest piece of `want`, halved down to `size`, that it can, and serves `size` from it.
+    fn refill(
+        &self,
+        shard: &mut Shard,
+        size: usize,
+        want: usize,
+        stream: &Stream,
+        may_grow: bool,
+    ) -> Result<Option<u64>> {
+        let mut want = want.max(size);
+        loop {
+            if let Some(base) = self.global_allocate(want, stream, may_grow, true)? {
+                shard.level.add_chunk(base, want, stream);
+                let p = shard.level.core.allocate(size, level::key(stream));
+                debug_assert!(p.is_some(), "a fresh sub-chunk serves the request");
+                return Ok(p);
+            }
+            if want == size {
+                return Ok(None);
+            }
+            want = align_up(want / 2).unwrap_or(size).max(size);
+        }
     }
 
     /// Gives the unused heads of the shard's sub-chunks back to the global level before it
@@ -598,7 +781,7 @@ impl<R: MemoryResource> Inner<R> {
 
     /// Frees `addr` on `stream` into the large level if it holds it.
     fn large_free(&self, addr: u64, bytes: usize, stream: &Stream) -> bool {
-        self.maximum.is_none() && self.large.lock().try_free(addr, bytes, stream)
+        self.granular && self.large.lock().try_free(addr, bytes, stream)
     }
 
     /// Gives sub-chunks a shard released back to the global level, and wakes a waiting
@@ -616,6 +799,7 @@ impl<R: MemoryResource> Inner<R> {
         }
         drop(global);
         self.availability.notify();
+        self.apply_keep_free();
     }
 
     /// Takes every wholly free sub-chunk back from the shards, after gathering each shard's
@@ -665,22 +849,40 @@ impl<R: MemoryResource> Inner<R> {
         bytes
     }
 
-    /// Out-of-memory, with the free bytes of every level.
-    fn out_of_memory(&self, requested: usize) -> Error {
-        let in_shards: usize = self
-            .shards
-            .iter()
-            .map(|s| s.lock().level.core.free_bytes())
-            .sum();
-        let global = self.global.lock().core.free_bytes();
-        let large = self.large.lock().core.free_bytes();
-        Error::OutOfMemory {
-            details: None,
-            requested,
-            available: Some(global + large + in_shards),
-            device: self.device.id(),
+    /// Out-of-memory for `requested` bytes on `stream`, with [`OutOfMemoryDetails`]: the
+    /// largest free block of any level (the pool hands any of them to any stream, after a
+    /// wait where it crosses streams), the free and reserved bytes, and, as pending frees,
+    /// the free bytes of every other stream (usable by `stream` only in stream order after
+    /// that stream's frees). O(levels × streams): one lock per level, no scan of blocks.
+    fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
+        let mut details = OutOfMemoryDetails::default();
+        let (mut free, mut largest) = (0, 0);
+        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        let mut count = |level: &Level| {
+            free += level.core.free_bytes();
+            largest = largest.max(level.core.largest_free_block());
+            for (id, bytes) in level.free_by_stream() {
+                if id == stream.id() {
+                    continue;
+                }
+                match pending.iter_mut().find(|(s, _)| *s == id) {
+                    Some((_, b)) => *b += bytes,
+                    None => pending.push((id, bytes)),
+                }
+            }
+        };
+        for shard in self.shards.iter() {
+            count(&shard.lock().level);
         }
-        .never_fitting(self.capacity_limit())
+        count(&self.global.lock());
+        count(&self.large.lock());
+        pending.sort_unstable();
+        details.largest_free_block = Some(largest);
+        details.free_bytes = Some(free);
+        details.reserved_bytes = Some(self.held.load(Ordering::Relaxed));
+        details.pending_frees = pending;
+        Error::out_of_memory_with(requested, self.device.id(), details)
+            .never_fitting(self.capacity_limit())
     }
 }
 
@@ -708,7 +910,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 // that this block is carved next to it rather than strand it.
                 self.return_heads(&mut self.shard_of(stream).lock(), stream)?;
             }
-            let large = self.maximum.is_none() && size > LARGE_BLOCK;
+            let large = self.granular && size > LARGE_BLOCK;
             // A large block goes to the global level only if its free memory (an initial
             // chunk, say) serves it without growing.
             match self.global_allocate(size, stream, !large, false)? {
@@ -745,7 +947,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 return Ok(DevicePtr::from_raw(p));
             }
         }
-        Err(self.out_of_memory(bytes))
+        Err(self.out_of_memory(bytes, stream))
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
@@ -755,13 +957,21 @@ impl<R: MemoryResource> Forward for Inner<R> {
         // Small blocks are most likely in a shard, large ones in the global level; but under
         // pressure either may have been served by the other (see `try_allocate`).
         let small = align_up(bytes).is_some_and(|size| size <= self.shard_limit);
-        let freed = if small {
-            self.shard_free(ptr.addr(), bytes, stream)
-                || self.global.lock().try_free_user(ptr.addr(), bytes, stream)
+        let global_free = |this: &Self| {
+            this.global.lock().try_free_user(ptr.addr(), bytes, stream)
+                || this.large_free(ptr.addr(), bytes, stream)
+        };
+        let (freed, in_global) = if small {
+            if self.shard_free(ptr.addr(), bytes, stream) {
+                (true, false)
+            } else {
+                (global_free(self), true)
+            }
+        } else if global_free(self) {
+            (true, true)
         } else {
-            self.global.lock().try_free_user(ptr.addr(), bytes, stream)
-                || self.large_free(ptr.addr(), bytes, stream)
-                || (!self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream))
+            let in_shard = !self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream);
+            (in_shard, false)
         };
         if !freed {
             // A double free or a foreign pointer: nothing is freed, and the caller hears of it
@@ -772,6 +982,9 @@ impl<R: MemoryResource> Forward for Inner<R> {
             return;
         }
         self.availability.notify();
+        if in_global {
+            self.apply_keep_free();
+        }
     }
 
     fn availability(&self) -> Option<&Availability> {
@@ -870,3 +1083,6 @@ mod tests;
 
 #[cfg(test)]
 mod footprint_tests;
+
+#[cfg(test)]
+mod release_tests;
