@@ -52,10 +52,10 @@ pub(crate) struct FreeOrder {
     event: Option<(Event, u64)>,
     /// Streams that waited on `event` since it was recorded. At most [`MAX_WAITERS`].
     waiters: Vec<StreamId>,
-    /// Set once another stream has taken this stream's memory: from then on each free records
-    /// its event at once, so that the next taker waits for this stream's work up to the free,
-    /// not for all the work queued on it until the take (a lazy event recorded at the take
-    /// covers that too). A stream whose memory never crosses streams records nothing.
+    /// Set (by the owner, [`set_eager`](Self::set_eager)) once another stream has taken this
+    /// stream's memory: from then on each free records its event at once, so that the next
+    /// taker waits for this stream's work up to the free, not for all the work queued on it
+    /// until the take (a lazy event recorded at the take covers that too).
     eager: bool,
 }
 
@@ -125,7 +125,6 @@ impl FreeOrder {
         }
         let (event, _) = self.event.as_ref().expect("recorded above");
         waiter.wait(event)?;
-        self.eager = true;
         if self.waiters.len() == MAX_WAITERS {
             self.waiters.clear();
         }

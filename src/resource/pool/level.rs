@@ -39,6 +39,11 @@ pub(super) struct Level {
     /// (see [`FreeOrder`]), also after their record is dropped and made again. At most
     /// [`MAX_CROSSED`]; forgetting one only makes its next crossing lazy again.
     crossed: FxHashSet<u64>,
+    /// Whether a stream whose memory crossed streams records an event at each free from then
+    /// on (the global and large levels, where blocks are large and frees fewer); a shard keeps
+    /// its events lazy, as a per-free record would cost its fast path (streams that share a
+    /// shard and take from each other).
+    eager_after_crossing: bool,
 }
 
 /// How many streams a level remembers in `crossed`.
@@ -49,7 +54,7 @@ const MAX_CROSSED: usize = 256;
 pub(super) type Released = (u64, usize, Stream);
 
 impl Level {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(eager_after_crossing: bool) -> Self {
         Level {
             core: PoolCore::new(),
             chunks: FxHashMap::default(),
@@ -58,6 +63,7 @@ impl Level {
             lent: FxHashSet::default(),
             served: 0,
             crossed: FxHashSet::default(),
+            eager_after_crossing,
         }
     }
 
@@ -308,6 +314,10 @@ impl Level {
             .as_mut()
             .expect("a stream with free blocks has a slot");
         order.order(waiter)?;
+        if !self.eager_after_crossing {
+            return Ok(());
+        }
+        order.set_eager();
         let id = order.stream().id().0;
         if self.crossed.len() >= MAX_CROSSED {
             self.crossed.clear();

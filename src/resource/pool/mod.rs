@@ -33,14 +33,25 @@ use crate::stream::Stream;
 ///
 /// # Growth
 /// `PoolResource::new(upstream, initial_size, maximum_size)` takes `initial_size` at once. When
-/// a request does not fit, the pool grows as RMM's does: with a maximum, by
-/// `max(request, remaining / 2)` while the request fits the remaining room; without one, by
-/// `max(request, pool size)` (roughly doubling). If the upstream refuses, the attempt is halved
-/// down to the request. Chunks never merge, so before it gives up with [`Error::OutOfMemory`]
+/// a request does not fit, a pool with a maximum grows as RMM's does, by
+/// `max(request, remaining / 2)` while the request fits the remaining room. A pool without one
+/// that starts empty over an upstream that may hold 256 MiB or more (a device) does not double, which would hold
+/// up to twice the memory in use: a request above 1 MiB that the global level's free memory
+/// cannot serve gets a chunk of its own (its size rounded up to 2 MiB, the device's large
+/// page) in a level of large blocks that serves only close fits, so that the chunk is wholly
+/// free again when the block is freed; smaller requests and shards' sub-chunks grow by chunks
+/// doubling from 2 MiB up to 64 MiB; and before either grows, its wholly free chunks go back
+/// to the upstream. (On workload W4 that holds 1.06× the peak of live bytes, against 2.00×
+/// when doubling.) That holds for a pool that starts empty (`initial_size` 0); one given an
+/// initial size, or over a smaller upstream, grows by `max(request, pool size)` as RMM's: its
+/// initial size says how much to reserve, and growth amortises the upstream's cost. If the
+/// upstream refuses, the attempt is halved down to the request. Chunks never merge, so before it gives up with [`Error::OutOfMemory`]
 /// on a request that could fit its capacity, the pool gives its wholly free chunks back to the
 /// upstream and tries once more (else a pool that is all free could refuse a request within
 /// its maximum for ever). Unlike RMM's pool, [`trim`](PoolResource::trim) returns wholly free
-/// chunks to the upstream on request too.
+/// chunks to the upstream on request too, and a [`ReleasePolicy`]
+/// ([`set_release_policy`](PoolResource::set_release_policy)) does so on its own: above a
+/// threshold of free bytes, or once the pool is idle.
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T takes
@@ -50,18 +61,22 @@ use crate::stream::Stream;
 /// stream that has waited on it does not wait again until S frees more. T first takes just
 /// the piece it needs from one of S's blocks; only when no single stream has a block big
 /// enough does T take over every other stream's free memory at once, so that it coalesces.
+/// Once S's memory has crossed to another stream, each of S's frees records its event at once,
+/// so that the next taker waits for S's work up to the free only, not for work S queued after
+/// it (only the first crossing waits for an event recorded at the take).
 /// Memory freed on a stream that then goes quiet is therefore never stranded there (RMM issues
-/// #2039, #850). The pool keeps a handle to each stream that owns free memory in it, so such a
+/// #2039, #850): before a shard's refill makes the pool grow, the other shards give their
+/// wholly free sub-chunks back, so T finds S's memory within its first miss. The pool keeps a handle to each stream that owns free memory in it, so such a
 /// stream outlives its last user while its free blocks are in the pool.
 ///
 /// # Threads
 /// A large pool (one that may hold 256 MiB or more: its maximum, else its upstream's capacity
 /// limit) puts *shards* in front of its global level, as many as the machine has CPUs (a power
 /// of two), a stream's shard being its id modulo their number. Requests of up to about a 256th
-/// of the capacity (at most 16 MiB) are served by the stream's shard, under the shard's own
-/// lock, from sub-chunks the shard takes from the global level (about a 64th of the capacity,
-/// at most 64 MiB — 65 MiB without a maximum — at a time), so threads that use different
-/// streams rarely meet on a lock. With a maximum, before it takes another, a shard gives the
+/// of the capacity (at most 16 MiB; 1 MiB without a maximum) are served by the stream's shard,
+/// under the shard's own lock, from sub-chunks the shard takes from the global level (about a
+/// 64th of the capacity, at most 64 MiB — without a maximum, from 2 MiB doubling up to
+/// 65 MiB — at a time), so threads that use different streams rarely meet on a lock. With a maximum, before it takes another, a shard gives the
 /// unused rests of its sub-chunks back, where the newest joins the global level's free
 /// memory, so the requests of one stream are packed without gaps. A shard gives wholly free sub-chunks back
 /// to the global level once it holds more than two sub-chunks' worth of free memory, and all
@@ -84,8 +99,9 @@ use crate::stream::Stream;
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] from `new` when a size is not a multiple of 256 or the initial
-/// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's free bytes
-/// when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
+/// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's
+/// [`OutOfMemoryDetails`] (largest free block, free and reserved bytes, other streams' free
+/// bytes) when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
 /// maximum for a request above the pool's maximum (or its upstream's capacity limit), which
 /// can never fit. A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
@@ -147,8 +163,9 @@ struct Inner<R: MemoryResource> {
     /// of their own size. Written under the global lock.
     small_grown: AtomicUsize,
     /// Whether the pool grows by granules and keeps large blocks in chunks of their own (the
-    /// `large` level): unbounded pools over an upstream that may hold [`SHARDED_CAPACITY`] or
-    /// more (a device). Smaller unbounded pools grow as RMM's does.
+    /// `large` level): pools that start empty, without a maximum, over an upstream that may
+    /// hold [`SHARDED_CAPACITY`] or more (a device). Others grow as RMM's does: an initial
+    /// size says how much the user wants reserved, and growth then amortises as RMM's.
     granular: bool,
     /// [`ReleasePolicy::keep_free`], `usize::MAX` for none: read on the frees that reach the
     /// global levels.
@@ -212,10 +229,12 @@ const UNBOUNDED_SHARD_LIMIT: usize = 1 << 20;
 /// Requests above this in an unbounded pool that the global level's free memory cannot serve
 /// get chunks of their own (the `large` level).
 const LARGE_BLOCK: usize = 1 << 20;
+/// The large level keeps wholly free chunks up to this fraction of the pool's size.
+const LARGE_KEPT: usize = 8;
 
 /// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes,
-/// `bounded` when that is its own maximum.
-fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
+/// `bounded` when that is its own maximum, `granular` when it grows by granules.
+fn shard_layout(capacity: usize, bounded: bool, granular: bool) -> (usize, usize, usize) {
     if capacity < SHARDED_CAPACITY {
         return (0, 0, 0);
     }
@@ -232,10 +251,10 @@ fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
     // no relinking of the sub-chunk's free block on the fast path, at the price of a scrap
     // per sub-chunk that no request of its limit's size can use when the upstream runs out.
     let chunk = if bounded { base } else { base + base / 64 };
-    let limit = if bounded {
-        base / 4
-    } else {
+    let limit = if granular {
         (base / 4).min(UNBOUNDED_SHARD_LIMIT)
+    } else {
+        base / 4
     };
     (shards, chunk, limit)
 }
@@ -270,19 +289,21 @@ impl<R: MemoryResource> PoolResource<R> {
         let capacity = maximum_size
             .or(upstream.capacity_limit())
             .unwrap_or(usize::MAX);
-        let (shards, shard_chunk, shard_limit) = shard_layout(capacity, maximum_size.is_some());
+        let granular = maximum_size.is_none() && initial_size == 0 && capacity >= SHARDED_CAPACITY;
+        let (shards, shard_chunk, shard_limit) =
+            shard_layout(capacity, maximum_size.is_some(), granular);
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
                 device,
                 maximum: maximum_size,
-                global: Mutex::new(Level::new()),
-                large: Mutex::new(Level::new()),
+                global: Mutex::new(Level::new(true)),
+                large: Mutex::new(Level::new(true)),
                 held: AtomicUsize::new(0),
                 shards: (0..shards)
                     .map(|_| {
                         Mutex::new(Shard {
-                            level: Level::new(),
+                            level: Level::new(false),
                             release_above: 2 * shard_chunk,
                         })
                     })
@@ -292,7 +313,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 availability,
                 peak_reserved: AtomicUsize::new(0),
                 small_grown: AtomicUsize::new(0),
-                granular: maximum_size.is_none() && capacity >= SHARDED_CAPACITY,
+                granular,
                 keep_free: AtomicUsize::new(usize::MAX),
                 release_scan_above: AtomicUsize::new(0),
                 policy: Mutex::new((ReleasePolicy::default(), 0)),
@@ -548,8 +569,8 @@ impl<R: MemoryResource> Inner<R> {
 
     /// How much to ask the upstream for to serve `size` more bytes; 0 when the maximum leaves
     /// no room. With a maximum, RMM's rule (half the remaining room, at least the request).
-    /// Without one, over an upstream that may hold less than 256 MiB, RMM's rule too
-    /// (`max(request, pool size)`). Otherwise ([`granular`](Inner::granular)) not RMM's
+    /// Without one, unless the pool is [`granular`](Inner::granular), RMM's rule too
+    /// (`max(request, pool size)`). Granular pools do not follow RMM's
     /// doubling, which holds up to twice the memory in use: a request
     /// of [`GRANULE`] or more gets a chunk of its own, rounded up to the granule; smaller ones
     /// (and shards' sub-chunks) a chunk as large as all such growth so far, from one granule
@@ -645,8 +666,16 @@ impl<R: MemoryResource> Inner<R> {
         if let Some(p) = large.core.allocate_close(size, close, level::key(stream)) {
             return Ok(Some(p));
         }
-        self.give_back(large.release_empty_chunks(false));
         let grow = size.checked_next_multiple_of(GRANULE).unwrap_or(size);
+        // Wholly free chunks go back so that the level's free memory stays within a
+        // [`LARGE_KEPT`]th of what the pool holds (a bound on what it adds to the footprint),
+        // while the rest stay for later requests of their sizes (each miss here is an upstream
+        // allocation).
+        let kept = self.held.load(Ordering::Relaxed) / LARGE_KEPT;
+        let excess = (large.core.free_bytes() + grow).saturating_sub(kept);
+        if excess > 0 {
+            self.give_back(large.release_empty_chunks_upto(false, excess));
+        }
         match self.expand(&mut large, grow, size, stream) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => return Ok(None),
@@ -855,6 +884,12 @@ impl<R: MemoryResource> Inner<R> {
     /// the free bytes of every other stream (usable by `stream` only in stream order after
     /// that stream's frees). O(levels × streams): one lock per level, no scan of blocks.
     fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
+        Error::out_of_memory_with(requested, self.device.id(), self.details(stream))
+            .never_fitting(self.capacity_limit())
+    }
+
+    /// [`out_of_memory`](Self::out_of_memory)'s details.
+    fn details(&self, stream: &Stream) -> OutOfMemoryDetails {
         let mut details = OutOfMemoryDetails::default();
         let (mut free, mut largest) = (0, 0);
         let mut pending: Vec<(StreamId, usize)> = Vec::new();
@@ -881,8 +916,7 @@ impl<R: MemoryResource> Inner<R> {
         details.free_bytes = Some(free);
         details.reserved_bytes = Some(self.held.load(Ordering::Relaxed));
         details.pending_frees = pending;
-        Error::out_of_memory_with(requested, self.device.id(), details)
-            .never_fitting(self.capacity_limit())
+        details
     }
 }
 
@@ -920,6 +954,17 @@ impl<R: MemoryResource> Forward for Inner<R> {
         };
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
+        }
+        if let Some(maximum) = self.maximum {
+            // A request larger than all free memory and the room left under the maximum
+            // cannot fit however the pool gathers, gives back and regrows: answer at once
+            // (O(levels × streams)), without the work below.
+            let details = self.details(stream);
+            let room = maximum.saturating_sub(self.held.load(Ordering::Relaxed));
+            if size > details.free_bytes.unwrap_or(0).saturating_add(room) {
+                return Err(Error::out_of_memory_with(bytes, self.device.id(), details)
+                    .never_fitting(self.capacity_limit()));
+            }
         }
         // Under pressure: wholly free sub-chunks go back to the global level (gathered first,
         // so that one freed piecewise on several streams counts; once gathered, a shard has
