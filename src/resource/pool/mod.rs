@@ -888,6 +888,25 @@ impl<R: MemoryResource> Inner<R> {
             .never_fitting(self.capacity_limit())
     }
 
+    /// Whether `size` is larger than all free memory and the room left under the pool's
+    /// maximum together, so that it cannot fit however the pool gathers, gives back and
+    /// regrows (never for an unbounded pool). One lock per level.
+    fn cannot_fit(&self, size: usize) -> bool {
+        let Some(maximum) = self.maximum else {
+            return false;
+        };
+        let room = maximum.saturating_sub(self.held.load(Ordering::Relaxed));
+        if size <= room {
+            return false;
+        }
+        let mut free = self.global.lock().core.free_bytes();
+        free += self.large.lock().core.free_bytes();
+        for shard in self.shards.iter() {
+            free += shard.lock().level.core.free_bytes();
+        }
+        size > free.saturating_add(room)
+    }
+
     /// [`out_of_memory`](Self::out_of_memory)'s details.
     fn details(&self, stream: &Stream) -> OutOfMemoryDetails {
         let mut details = OutOfMemoryDetails::default();
@@ -936,6 +955,10 @@ impl<R: MemoryResource> Forward for Inner<R> {
             }
             .never_fitting(self.capacity_limit()));
         };
+        if size > self.shard_limit && self.cannot_fit(size) {
+            // Large requests are checked first: the answer comes without the work below.
+            return Err(self.out_of_memory(bytes, stream));
+        }
         let first = if size <= self.shard_limit {
             self.shard_allocate(size, stream)?
         } else {
@@ -955,16 +978,8 @@ impl<R: MemoryResource> Forward for Inner<R> {
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
         }
-        if let Some(maximum) = self.maximum {
-            // A request larger than all free memory and the room left under the maximum
-            // cannot fit however the pool gathers, gives back and regrows: answer at once
-            // (O(levels × streams)), without the work below.
-            let details = self.details(stream);
-            let room = maximum.saturating_sub(self.held.load(Ordering::Relaxed));
-            if size > details.free_bytes.unwrap_or(0).saturating_add(room) {
-                return Err(Error::out_of_memory_with(bytes, self.device.id(), details)
-                    .never_fitting(self.capacity_limit()));
-            }
+        if self.cannot_fit(size) {
+            return Err(self.out_of_memory(bytes, stream));
         }
         // Under pressure: wholly free sub-chunks go back to the global level (gathered first,
         // so that one freed piecewise on several streams counts; once gathered, a shard has
