@@ -116,6 +116,7 @@ pub use resource::registry::{
 };
 pub use resource::scoped::{with_resource, with_resource_sync, WithResource};
 pub use resource::CudaAsyncManagedResource;
+pub use resource::ReleasePolicy;
 pub use resource::{memory_stats, MemoryStats, WaitQueueStats};
 pub use resource::{
     Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,

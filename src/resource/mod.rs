@@ -45,7 +45,7 @@ pub use managed::ManagedResource;
 pub use mapped_pool::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use pageable::HostResource;
 pub use pinned_host::PinnedHostResource;
-pub use pool::{PoolResource, PoolStatistics};
+pub use pool::{PoolResource, PoolStatistics, ReleasePolicy};
 pub(crate) use size::align_up;
 pub use size::ALLOCATION_ALIGNMENT;
 pub(crate) use stats::Allocated;

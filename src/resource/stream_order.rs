@@ -52,6 +52,11 @@ pub(crate) struct FreeOrder {
     event: Option<(Event, u64)>,
     /// Streams that waited on `event` since it was recorded. At most [`MAX_WAITERS`].
     waiters: Vec<StreamId>,
+    /// Set (by the owner, [`set_eager`](Self::set_eager)) once another stream has taken this
+    /// stream's memory: from then on each free records its event at once, so that the next
+    /// taker waits for this stream's work up to the free, not for all the work queued on it
+    /// until the take (a lazy event recorded at the take covers that too).
+    eager: bool,
 }
 
 impl FreeOrder {
@@ -61,6 +66,7 @@ impl FreeOrder {
             frees: 0,
             event: None,
             waiters: Vec::new(),
+            eager: false,
         }
     }
 
@@ -69,9 +75,23 @@ impl FreeOrder {
         &self.stream
     }
 
-    /// Notes a free on the stream, or another change other streams must be ordered after.
+    /// Records an event at each free from now on (see `eager`), for a stream whose memory
+    /// crossed streams before this record was made.
+    pub(crate) fn set_eager(&mut self) {
+        self.eager = true;
+    }
+
+    /// Notes a free on the stream, or another change other streams must be ordered after;
+    /// records the covering event now if the stream's memory has crossed streams before (a
+    /// failed record leaves it to the next taker, lazily).
     pub(crate) fn changed(&mut self) {
         self.frees += 1;
+        if self.eager {
+            if let Ok(event) = self.stream.record() {
+                self.event = Some((event, self.frees));
+                self.waiters.clear();
+            }
+        }
     }
 
     pub(crate) fn wait_cost(&self, waiter: StreamId) -> WaitCost {

@@ -250,6 +250,64 @@ pub fn cross_stream_reuse_without_growth(device: Device) {
     );
 }
 
+/// RMM issue #2039's pattern: memory freed on stream S serves stream T within T's first
+/// miss, with no synchronize, instead of the pool growing while S's memory sits idle; small
+/// blocks (each stream in its own shard) and large ones, unbounded pools and bounded ones.
+pub fn freed_on_one_stream_serves_another_within_one_miss(device: Device) {
+    for maximum in [None, Some(FILL_MAX)] {
+        for (size, count) in [(MIB, 32), (8 * MIB, 4)] {
+            let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, maximum).unwrap();
+            let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+            let on_s: Vec<_> = (0..count)
+                .map(|_| pool.try_allocate(size, &s).unwrap())
+                .collect();
+            for p in on_s {
+                free(&pool, p, size, &s);
+            }
+            let held = pool.pool_size();
+            let on_t: Vec<_> = (0..count)
+                .map(|_| pool.try_allocate(size, &t).unwrap())
+                .collect();
+            assert!(
+                pool.pool_size() <= held,
+                "{maximum:?} {count} x {size}: T grew the pool from {held} to {} bytes \
+                 while S's frees sat idle",
+                pool.pool_size()
+            );
+            for p in on_t {
+                free(&pool, p, size, &t);
+            }
+        }
+    }
+}
+
+/// T taking a block S freed waits for S's work up to the free, not for the work S queued
+/// after it: a long delay enqueued on S after the free does not hold T up.
+pub fn a_taker_waits_only_for_work_before_the_free(device: Device) {
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(2 * MIB)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    // A first crossing: T takes a block S freed (and keeps it).
+    let a = pool.try_allocate(MIB, &s).unwrap();
+    free(&pool, a, MIB, &s);
+    let kept = pool.try_allocate(MIB, &t).unwrap();
+    assert_eq!(kept, a, "T takes S's free");
+    // S frees again, then queues a long delay; T takes that block.
+    let b = pool.try_allocate(MIB, &s).unwrap();
+    free(&pool, b, MIB, &s);
+    s.enqueue_delay(Duration::from_millis(1_000)).unwrap();
+    let s_done = s.record().unwrap();
+    let taken = pool.try_allocate(MIB, &t).unwrap();
+    assert_eq!(taken, b, "T takes S's second free");
+    t.synchronize_blocking().unwrap();
+    assert!(
+        !s_done.is_complete().unwrap(),
+        "T waited for S's delay, queued after the free"
+    );
+    s.synchronize_blocking().unwrap();
+    free(&pool, kept, MIB, &t);
+    free(&pool, taken, MIB, &t);
+}
+
 /// 200 tokio tasks draw random sizes from a bounded pool with total demand 3× its capacity;
 /// 20 % of the futures are dropped at random points and some carry deadlines. Every task is
 /// served or times out or is cancelled, nothing is left outstanding, and it ends in bounded
@@ -393,6 +451,8 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn fill_to_maximum_from_threads() { suite::fill_to_maximum_from_threads($device) }
             $(#[$attr])* #[test] fn refill_from_another_shard() { suite::refill_from_another_shard($device) }
             $(#[$attr])* #[test] fn stress_awaiting_tasks() { suite::stress_awaiting_tasks($device) }
+            $(#[$attr])* #[test] fn freed_on_one_stream_serves_another_within_one_miss() { suite::freed_on_one_stream_serves_another_within_one_miss($device) }
+            $(#[$attr])* #[test] fn a_taker_waits_only_for_work_before_the_free() { suite::a_taker_waits_only_for_work_before_the_free($device) }
         }
     };
 }

@@ -324,13 +324,29 @@ impl PoolCore {
     /// Removes every chunk that is wholly free (one free block spanning it) and returns its
     /// `(base, size, owner)`, in address order, for the wrapper to give back to the upstream on
     /// the stream that owns the free memory.
+    #[cfg(test)]
     pub(crate) fn release_empty_chunks(&mut self) -> Vec<(u64, usize, StreamKey)> {
+        self.release_empty_chunks_upto(usize::MAX)
+    }
+
+    /// [`release_empty_chunks`](Self::release_empty_chunks), stopping once the chunks
+    /// released add up to `at_least` bytes (in address order).
+    pub(crate) fn release_empty_chunks_upto(
+        &mut self,
+        at_least: usize,
+    ) -> Vec<(u64, usize, StreamKey)> {
+        let mut total = 0u64;
         let empty: Vec<(u64, Chunk)> = self
             .chunks
             .iter()
             .filter(|(_, c)| {
                 let first = &self.blocks[c.first as usize];
                 first.is_free() && first.next_phys == NIL
+            })
+            .take_while(|(_, c)| {
+                let more = total < at_least as u64;
+                total += c.size;
+                more
             })
             .map(|(&base, &c)| (base, c))
             .collect();

@@ -32,20 +32,38 @@ pub(super) struct Level {
     /// a shard may start at its sub-chunk's base, so a free must not take such a base for a
     /// user block of this level.
     lent: FxHashSet<u64>,
+    /// Allocations served by [`serve`](Self::serve) so far (wrapping): how an idle release
+    /// policy sees that the level was used.
+    pub(super) served: u64,
+    /// Streams whose free memory another stream took here: their frees record events at once
+    /// (see [`FreeOrder`]), also after their record is dropped and made again. At most
+    /// [`MAX_CROSSED`]; forgetting one only makes its next crossing lazy again.
+    crossed: FxHashSet<u64>,
+    /// Whether a stream whose memory crossed streams records an event at each free from then
+    /// on (the global and large levels, where blocks are large and frees fewer); a shard keeps
+    /// its events lazy, as a per-free record would cost its fast path (streams that share a
+    /// shard and take from each other).
+    eager_after_crossing: bool,
 }
+
+/// How many streams a level remembers in `crossed`.
+const MAX_CROSSED: usize = 256;
 
 /// A chunk given back by a level: its base, the size it came with, and the stream whose work
 /// on it is ordered last (the one to give it back on).
 pub(super) type Released = (u64, usize, Stream);
 
 impl Level {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(eager_after_crossing: bool) -> Self {
         Level {
             core: PoolCore::new(),
             chunks: FxHashMap::default(),
             chunk_bytes: 0,
             slots: Vec::new(),
             lent: FxHashSet::default(),
+            served: 0,
+            crossed: FxHashSet::default(),
+            eager_after_crossing,
         }
     }
 
@@ -141,6 +159,7 @@ impl Level {
     /// # Errors
     /// A driver error recording or waiting on an event.
     pub(super) fn serve(&mut self, size: usize, stream: &Stream) -> Result<Option<u64>> {
+        self.served = self.served.wrapping_add(1);
         if let Some(p) = self.core.allocate(size, key(stream)) {
             return Ok(Some(p));
         }
@@ -219,6 +238,16 @@ impl Level {
     /// `gather`, free memory is first gathered on one stream (see
     /// [`gather_free`](Self::gather_free)) so that chunks freed on several streams count.
     pub(super) fn release_empty_chunks(&mut self, gather: bool) -> Vec<Released> {
+        self.release_empty_chunks_upto(gather, usize::MAX)
+    }
+
+    /// [`release_empty_chunks`](Self::release_empty_chunks), stopping once the chunks
+    /// released add up to `at_least` bytes.
+    pub(super) fn release_empty_chunks_upto(
+        &mut self,
+        gather: bool,
+        at_least: usize,
+    ) -> Vec<Released> {
         if gather {
             if let Err(error) = self.gather_free() {
                 // What was gathered before the failure is still released below.
@@ -226,7 +255,7 @@ impl Level {
             }
         }
         let mut released = Vec::new();
-        for (base, _, owner) in self.core.release_empty_chunks() {
+        for (base, _, owner) in self.core.release_empty_chunks_upto(at_least) {
             let size = self
                 .chunks
                 .remove(&base)
@@ -258,7 +287,14 @@ impl Level {
         if self.slots.len() <= slot {
             self.slots.resize_with(slot + 1, || None);
         }
-        let entry = self.slots[slot].get_or_insert_with(|| FreeOrder::new(stream));
+        let crossed = &self.crossed;
+        let entry = self.slots[slot].get_or_insert_with(|| {
+            let mut order = FreeOrder::new(stream);
+            if crossed.contains(&stream.id().0) {
+                order.set_eager();
+            }
+            order
+        });
         debug_assert!(entry.stream() == stream, "slot {slot} holds another stream");
         entry
     }
@@ -274,10 +310,20 @@ impl Level {
 
     /// Makes `waiter` wait, if it must, for the frees of the stream in `slot`.
     fn order_after(&mut self, slot: u32, waiter: &Stream) -> Result<()> {
-        self.slots[slot as usize]
+        let order = self.slots[slot as usize]
             .as_mut()
-            .expect("a stream with free blocks has a slot")
-            .order(waiter)
+            .expect("a stream with free blocks has a slot");
+        order.order(waiter)?;
+        if !self.eager_after_crossing {
+            return Ok(());
+        }
+        order.set_eager();
+        let id = order.stream().id().0;
+        if self.crossed.len() >= MAX_CROSSED {
+            self.crossed.clear();
+        }
+        self.crossed.insert(id);
+        Ok(())
     }
 
     /// Moves all free memory to the stream that owns the most, after it waits for each other
@@ -315,6 +361,16 @@ impl Level {
         for slot in self.core.remove_idle_streams(keep) {
             self.slots[slot as usize] = None;
         }
+    }
+
+    /// Each stream's free bytes in this level, for those that own any.
+    pub(super) fn free_by_stream(
+        &self,
+    ) -> impl Iterator<Item = (crate::ids::StreamId, usize)> + '_ {
+        self.slots.iter().flatten().filter_map(|order| {
+            let bytes = self.core.free_bytes_of(key(order.stream()));
+            (bytes > 0).then(|| (order.stream().id(), bytes))
+        })
     }
 
     /// The stream of the core's slot `slot`.

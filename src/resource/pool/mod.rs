@@ -2,17 +2,21 @@
 
 pub(crate) mod core;
 mod level;
+mod release;
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use self::core::{align_up, ALIGN};
 use self::level::{Level, Released};
+pub use self::release::ReleasePolicy;
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutOfMemoryDetails, Result};
+use crate::ids::StreamId;
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{
     is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
@@ -29,14 +33,25 @@ use crate::stream::Stream;
 ///
 /// # Growth
 /// `PoolResource::new(upstream, initial_size, maximum_size)` takes `initial_size` at once. When
-/// a request does not fit, the pool grows as RMM's does: with a maximum, by
-/// `max(request, remaining / 2)` while the request fits the remaining room; without one, by
-/// `max(request, pool size)` (roughly doubling). If the upstream refuses, the attempt is halved
-/// down to the request. Chunks never merge, so before it gives up with [`Error::OutOfMemory`]
+/// a request does not fit, a pool with a maximum grows as RMM's does, by
+/// `max(request, remaining / 2)` while the request fits the remaining room. A pool without one
+/// that starts empty over an upstream that may hold 256 MiB or more (a device) does not double, which would hold
+/// up to twice the memory in use: a request above 1 MiB that the global level's free memory
+/// cannot serve gets a chunk of its own (its size rounded up to 2 MiB, the device's large
+/// page) in a level of large blocks that serves only close fits, so that the chunk is wholly
+/// free again when the block is freed; smaller requests and shards' sub-chunks grow by chunks
+/// doubling from 2 MiB up to 64 MiB; and before either grows, its wholly free chunks go back
+/// to the upstream. (On workload W4 that holds 1.06× the peak of live bytes, against 2.00×
+/// when doubling.) That holds for a pool that starts empty (`initial_size` 0); one given an
+/// initial size, or over a smaller upstream, grows by `max(request, pool size)` as RMM's: its
+/// initial size says how much to reserve, and growth amortises the upstream's cost. If the
+/// upstream refuses, the attempt is halved down to the request. Chunks never merge, so before it gives up with [`Error::OutOfMemory`]
 /// on a request that could fit its capacity, the pool gives its wholly free chunks back to the
 /// upstream and tries once more (else a pool that is all free could refuse a request within
 /// its maximum for ever). Unlike RMM's pool, [`trim`](PoolResource::trim) returns wholly free
-/// chunks to the upstream on request too.
+/// chunks to the upstream on request too, and a [`ReleasePolicy`]
+/// ([`set_release_policy`](PoolResource::set_release_policy)) does so on its own: above a
+/// threshold of free bytes, or once the pool is idle.
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T takes
@@ -46,18 +61,22 @@ use crate::stream::Stream;
 /// stream that has waited on it does not wait again until S frees more. T first takes just
 /// the piece it needs from one of S's blocks; only when no single stream has a block big
 /// enough does T take over every other stream's free memory at once, so that it coalesces.
+/// Once S's memory has crossed to another stream, each of S's frees records its event at once,
+/// so that the next taker waits for S's work up to the free only, not for work S queued after
+/// it (only the first crossing waits for an event recorded at the take).
 /// Memory freed on a stream that then goes quiet is therefore never stranded there (RMM issues
-/// #2039, #850). The pool keeps a handle to each stream that owns free memory in it, so such a
+/// #2039, #850): before a shard's refill makes the pool grow, the other shards give their
+/// wholly free sub-chunks back, so T finds S's memory within its first miss. The pool keeps a handle to each stream that owns free memory in it, so such a
 /// stream outlives its last user while its free blocks are in the pool.
 ///
 /// # Threads
 /// A large pool (one that may hold 256 MiB or more: its maximum, else its upstream's capacity
 /// limit) puts *shards* in front of its global level, as many as the machine has CPUs (a power
 /// of two), a stream's shard being its id modulo their number. Requests of up to about a 256th
-/// of the capacity (at most 16 MiB) are served by the stream's shard, under the shard's own
-/// lock, from sub-chunks the shard takes from the global level (about a 64th of the capacity,
-/// at most 64 MiB — 65 MiB without a maximum — at a time), so threads that use different
-/// streams rarely meet on a lock. With a maximum, before it takes another, a shard gives the
+/// of the capacity (at most 16 MiB; 1 MiB without a maximum) are served by the stream's shard,
+/// under the shard's own lock, from sub-chunks the shard takes from the global level (about a
+/// 64th of the capacity, at most 64 MiB — without a maximum, from 2 MiB doubling up to
+/// 65 MiB — at a time), so threads that use different streams rarely meet on a lock. With a maximum, before it takes another, a shard gives the
 /// unused rests of its sub-chunks back, where the newest joins the global level's free
 /// memory, so the requests of one stream are packed without gaps. A shard gives wholly free sub-chunks back
 /// to the global level once it holds more than two sub-chunks' worth of free memory, and all
@@ -80,8 +99,9 @@ use crate::stream::Stream;
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] from `new` when a size is not a multiple of 256 or the initial
-/// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's free bytes
-/// when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
+/// size exceeds the maximum; [`Error::OutOfMemory`] with the request and the pool's
+/// [`OutOfMemoryDetails`] (largest free block, free and reserved bytes, other streams' free
+/// bytes) when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
 /// maximum for a request above the pool's maximum (or its upstream's capacity limit), which
 /// can never fit. A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
@@ -117,7 +137,7 @@ struct Inner<R: MemoryResource> {
     maximum: Option<usize>,
     /// The level whose chunks come from the upstream.
     global: Mutex<Level>,
-    /// Unbounded pools: the level of large blocks (above [`LARGE_BLOCK`]) that the global
+    /// Granular pools (see `granular`): the level of large blocks (above [`LARGE_BLOCK`]) that the global
     /// level's free memory could not serve, each in a chunk of its own size taken from the
     /// upstream, so that when it is freed its chunk is wholly free and can go back (short-lived
     /// large blocks never strand in chunks that small blocks pin). Locked after the global
@@ -137,11 +157,27 @@ struct Inner<R: MemoryResource> {
     /// The most bytes held from the upstream at once since the pool was made or its peak
     /// reset. Written only when the pool grows (under the global lock), never on the fast path.
     peak_reserved: AtomicUsize,
-    /// Unbounded pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
+    /// Granular pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
     /// sub-chunk counts as one request), which the next such growth matches up to
     /// [`MAX_SHARD_CHUNK`]: small blocks get geometrically larger chunks, large ones chunks
     /// of their own size. Written under the global lock.
     small_grown: AtomicUsize,
+    /// Whether the pool grows by granules and keeps large blocks in chunks of their own (the
+    /// `large` level): pools that start empty, without a maximum, over an upstream that may
+    /// hold [`SHARDED_CAPACITY`] or more (a device). Others grow as RMM's does: an initial
+    /// size says how much the user wants reserved, and growth then amortises as RMM's.
+    granular: bool,
+    /// [`ReleasePolicy::keep_free`], `usize::MAX` for none: read on the frees that reach the
+    /// global levels.
+    keep_free: AtomicUsize,
+    /// Free bytes of the global levels above which such a free looks for wholly free chunks
+    /// under `keep_free`: raised when a look found too few (fragmented free memory), so that
+    /// frees do not scan the chunks every time; reset when the free bytes fall under
+    /// `keep_free`.
+    release_scan_above: AtomicUsize,
+    /// The release policy set, and the generation of its idle thread (a thread whose
+    /// generation is not the current one ends).
+    policy: Mutex<(ReleasePolicy, u64)>,
 }
 
 struct Shard {
@@ -193,10 +229,12 @@ const UNBOUNDED_SHARD_LIMIT: usize = 1 << 20;
 /// Requests above this in an unbounded pool that the global level's free memory cannot serve
 /// get chunks of their own (the `large` level).
 const LARGE_BLOCK: usize = 1 << 20;
+/// The large level keeps wholly free chunks up to this fraction of the pool's size.
+const LARGE_KEPT: usize = 8;
 
 /// `(shard count, sub-chunk bytes, request limit)` for a pool that may hold `capacity` bytes,
-/// `bounded` when that is its own maximum.
-fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
+/// `bounded` when that is its own maximum, `granular` when it grows by granules.
+fn shard_layout(capacity: usize, bounded: bool, granular: bool) -> (usize, usize, usize) {
     if capacity < SHARDED_CAPACITY {
         return (0, 0, 0);
     }
@@ -213,10 +251,10 @@ fn shard_layout(capacity: usize, bounded: bool) -> (usize, usize, usize) {
     // no relinking of the sub-chunk's free block on the fast path, at the price of a scrap
     // per sub-chunk that no request of its limit's size can use when the upstream runs out.
     let chunk = if bounded { base } else { base + base / 64 };
-    let limit = if bounded {
-        base / 4
-    } else {
+    let limit = if granular {
         (base / 4).min(UNBOUNDED_SHARD_LIMIT)
+    } else {
+        base / 4
     };
     (shards, chunk, limit)
 }
@@ -251,19 +289,21 @@ impl<R: MemoryResource> PoolResource<R> {
         let capacity = maximum_size
             .or(upstream.capacity_limit())
             .unwrap_or(usize::MAX);
-        let (shards, shard_chunk, shard_limit) = shard_layout(capacity, maximum_size.is_some());
+        let granular = maximum_size.is_none() && initial_size == 0 && capacity >= SHARDED_CAPACITY;
+        let (shards, shard_chunk, shard_limit) =
+            shard_layout(capacity, maximum_size.is_some(), granular);
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
                 device,
                 maximum: maximum_size,
-                global: Mutex::new(Level::new()),
-                large: Mutex::new(Level::new()),
+                global: Mutex::new(Level::new(true)),
+                large: Mutex::new(Level::new(true)),
                 held: AtomicUsize::new(0),
                 shards: (0..shards)
                     .map(|_| {
                         Mutex::new(Shard {
-                            level: Level::new(),
+                            level: Level::new(false),
                             release_above: 2 * shard_chunk,
                         })
                     })
@@ -273,6 +313,10 @@ impl<R: MemoryResource> PoolResource<R> {
                 availability,
                 peak_reserved: AtomicUsize::new(0),
                 small_grown: AtomicUsize::new(0),
+                granular,
+                keep_free: AtomicUsize::new(usize::MAX),
+                release_scan_above: AtomicUsize::new(0),
+                policy: Mutex::new((ReleasePolicy::default(), 0)),
             }),
         };
         if initial_size > 0 {
@@ -292,6 +336,55 @@ impl<R: MemoryResource> PoolResource<R> {
     /// The maximum pool size, if any.
     pub fn maximum_size(&self) -> Option<usize> {
         self.inner.maximum
+    }
+
+    /// How the pool gives memory back on its own: see [`ReleasePolicy`]. Replaces the policy
+    /// set before (an idle thread of the old policy ends at its next check).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the thread of an [`idle`](ReleasePolicy::idle) policy cannot be
+    /// started; the rest of the policy is in force then.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource, ReleasePolicy, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 0, None)?;
+    /// pool.set_release_policy(ReleasePolicy::default().idle(Duration::from_millis(20)))?;
+    /// let p = pool.try_allocate(1 << 20, &stream)?;
+    /// unsafe { pool.deallocate(p, 1 << 20, &stream) };
+    /// assert!(pool.pool_size() > 0);
+    /// std::thread::sleep(Duration::from_millis(200));
+    /// assert_eq!(pool.pool_size(), 0, "trimmed once idle");
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn set_release_policy(&self, policy: ReleasePolicy) -> Result<()>
+    where
+        R: 'static,
+    {
+        let generation = {
+            let mut current = self.inner.policy.lock();
+            current.0 = policy;
+            current.1 += 1;
+            current.1
+        };
+        self.inner.keep_free.store(
+            policy.get_keep_free().unwrap_or(usize::MAX),
+            Ordering::Relaxed,
+        );
+        self.inner.release_scan_above.store(0, Ordering::Relaxed);
+        self.inner.apply_keep_free();
+        match policy.get_idle() {
+            Some(idle) => spawn_idle_release(Arc::downgrade(&self.inner), idle, generation),
+            None => Ok(()),
+        }
+    }
+
+    /// The release policy in force ([`ReleasePolicy::default`] unless set).
+    pub fn release_policy(&self) -> ReleasePolicy {
+        self.inner.policy.lock().0
     }
 
     /// A snapshot of the pool's accounting (over the global level and every shard, each read
@@ -333,7 +426,87 @@ impl<R: MemoryResource> PoolResource<R> {
     }
 }
 
+/// Starts the thread of an idle release policy: every `idle`, it trims the pool if no level
+/// served an allocation and no chunk came or went since its last look. It holds the pool only
+/// while it looks, and ends when the pool is gone or another policy is set.
+fn spawn_idle_release<R: MemoryResource + 'static>(
+    pool: Weak<Inner<R>>,
+    idle: Duration,
+    generation: u64,
+) -> Result<()> {
+    let mut last = None;
+    std::thread::Builder::new()
+        .name("streamalloc-pool-release".into())
+        .spawn(move || loop {
+            std::thread::sleep(idle);
+            let Some(inner) = pool.upgrade() else { return };
+            if inner.policy.lock().1 != generation {
+                return;
+            }
+            let now = inner.activity();
+            if last.as_ref() == Some(&now) {
+                inner.reclaim();
+                inner.release_empty_chunks();
+                last = Some(inner.activity());
+            } else {
+                last = Some(now);
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::io("starting the pool's idle release thread", &e))
+}
+
 impl<R: MemoryResource> Inner<R> {
+    /// What changes when the pool is used: each level's served allocations and chunk bytes.
+    fn activity(&self) -> Vec<(u64, usize)> {
+        let mut levels: Vec<(u64, usize)> = self
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                (s.level.served, s.level.chunk_bytes)
+            })
+            .collect();
+        for level in [&self.global, &self.large] {
+            let l = level.lock();
+            levels.push((l.served, l.chunk_bytes));
+        }
+        levels
+    }
+
+    /// [`ReleasePolicy::keep_free`]: after a free that reached the global levels, gives wholly
+    /// free chunks (the large level's first) back while their free bytes are above it.
+    fn apply_keep_free(&self) {
+        let keep = self.keep_free.load(Ordering::Relaxed);
+        if keep == usize::MAX {
+            return;
+        }
+        let mut global = self.global.lock();
+        let mut large = self.large.lock();
+        let free = global.core.free_bytes() + large.core.free_bytes();
+        if free <= keep {
+            self.release_scan_above.store(0, Ordering::Relaxed);
+            return;
+        }
+        if free <= self.release_scan_above.load(Ordering::Relaxed) {
+            return;
+        }
+        let excess = free - keep;
+        let mut released = large.release_empty_chunks_upto(false, excess);
+        let got: usize = released.iter().map(|r| r.1).sum();
+        if got < excess {
+            released.extend(global.release_empty_chunks_upto(false, excess - got));
+        }
+        drop(large);
+        drop(global);
+        let bytes = self.give_back(released);
+        if free - bytes.min(free) > keep {
+            // Too few wholly free chunks: look again only once more memory is free.
+            self.release_scan_above
+                .store(free - bytes.min(free) + GRANULE, Ordering::Relaxed);
+        }
+    }
+
     /// [`PoolResource::statistics`].
     fn statistics(&self) -> PoolStatistics {
         // Every level at once, so that no sub-chunk moves while it is counted: the shards in
@@ -396,7 +569,9 @@ impl<R: MemoryResource> Inner<R> {
 
     /// How much to ask the upstream for to serve `size` more bytes; 0 when the maximum leaves
     /// no room. With a maximum, RMM's rule (half the remaining room, at least the request).
-    /// Without one, not RMM's doubling, which holds up to twice the memory in use: a request
+    /// Without one, unless the pool is [`granular`](Inner::granular), RMM's rule too
+    /// (`max(request, pool size)`). Granular pools do not follow RMM's
+    /// doubling, which holds up to twice the memory in use: a request
     /// of [`GRANULE`] or more gets a chunk of its own, rounded up to the granule; smaller ones
     /// (and shards' sub-chunks) a chunk as large as all such growth so far, from one granule
     /// up to [`MAX_SHARD_CHUNK`], so that a run of small requests still grows geometrically.
@@ -410,6 +585,7 @@ impl<R: MemoryResource> Inner<R> {
                     0
                 }
             }
+            None if !self.granular => size.max(pool_size),
             None if size >= GRANULE => size.checked_next_multiple_of(GRANULE).unwrap_or(size),
             None => {
                 let grown = self.small_grown.load(Ordering::Relaxed);
@@ -456,7 +632,7 @@ impl<R: MemoryResource> Inner<R> {
         if grow == 0 {
             return Ok(None);
         }
-        if self.maximum.is_none() {
+        if self.granular {
             // Chunks never merge: a wholly free chunk that could not serve this request (else
             // `serve` would have found it) goes back before the pool takes more, so that the
             // memory held tracks the memory in use instead of the history of request sizes.
@@ -474,7 +650,7 @@ impl<R: MemoryResource> Inner<R> {
         Ok(Some(p))
     }
 
-    /// Unbounded pools: serves `size` (aligned, above [`LARGE_BLOCK`]) for `stream` from the
+    /// Granular pools: serves `size` (aligned, above [`LARGE_BLOCK`]) for `stream` from the
     /// large level, giving its wholly free chunks back and growing it by a chunk of the
     /// request's size (rounded up to [`GRANULE`]) when its free memory cannot; `None` when the
     /// upstream has no such chunk.
@@ -490,8 +666,16 @@ impl<R: MemoryResource> Inner<R> {
         if let Some(p) = large.core.allocate_close(size, close, level::key(stream)) {
             return Ok(Some(p));
         }
-        self.give_back(large.release_empty_chunks(false));
         let grow = size.checked_next_multiple_of(GRANULE).unwrap_or(size);
+        // Wholly free chunks go back so that the level's free memory stays within a
+        // [`LARGE_KEPT`]th of what the pool holds (a bound on what it adds to the footprint),
+        // while the rest stay for later requests of their sizes (each miss here is an upstream
+        // allocation).
+        let kept = self.held.load(Ordering::Relaxed) / LARGE_KEPT;
+        let excess = (large.core.free_bytes() + grow).saturating_sub(kept);
+        if excess > 0 {
+            self.give_back(large.release_empty_chunks_upto(false, excess));
+        }
         match self.expand(&mut large, grow, size, stream) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => return Ok(None),
@@ -515,30 +699,58 @@ impl<R: MemoryResource> Inner<R> {
         }
         self.return_heads(&mut shard, stream)?;
         // The lock order is a shard, then the global level; never the other way round.
-        // Unbounded pools size sub-chunks like the shard's holdings so far (a granule at
+        // Granular pools size sub-chunks like the shard's holdings so far (a granule at
         // first, doubling up to `shard_chunk`), so that a stream with a few small blocks does
         // not hold a whole `shard_chunk` of the device.
-        let first_want = if self.maximum.is_none() {
+        let first_want = if self.granular {
             shard.level.chunk_bytes.clamp(GRANULE, self.shard_chunk)
         } else {
             self.shard_chunk
         };
-        for may_grow in [false, true] {
-            let mut want = first_want.max(size);
-            loop {
-                if let Some(base) = self.global_allocate(want, stream, may_grow, true)? {
-                    shard.level.add_chunk(base, want, stream);
-                    let p = shard.level.core.allocate(size, level::key(stream));
-                    debug_assert!(p.is_some(), "a fresh sub-chunk serves the request");
-                    return Ok(p);
-                }
-                if want == size {
-                    break;
-                }
-                want = align_up(want / 2).unwrap_or(size).max(size);
+        if let Some(p) = self.refill(&mut shard, size, first_want, stream, false)? {
+            return Ok(Some(p));
+        }
+        if self.shards.len() > 1 {
+            // Before the pool grows, other shards' wholly free sub-chunks come back to the
+            // global level, so that memory another stream freed serves this one within this
+            // one miss instead of stranding in that stream's shard (RMM issue #2039). (The
+            // shard's lock is let go meanwhile: shards are never locked two at a time.)
+            drop(shard);
+            self.reclaim();
+            shard = self.shard_of(stream).lock();
+            if let Some(p) = shard.level.serve(size, stream)? {
+                return Ok(Some(p));
+            }
+            if let Some(p) = self.refill(&mut shard, size, first_want, stream, false)? {
+                return Ok(Some(p));
             }
         }
-        Ok(None)
+        self.refill(&mut shard, size, first_want, stream, true)
+    }
+
+    /// Takes a sub-chunk for `shard` from the global level (growing it if `may_grow`): the
+    /// largest piece of `want`, halved down to `size`, that it can, and serves `size` from it.
+    fn refill(
+        &self,
+        shard: &mut Shard,
+        size: usize,
+        want: usize,
+        stream: &Stream,
+        may_grow: bool,
+    ) -> Result<Option<u64>> {
+        let mut want = want.max(size);
+        loop {
+            if let Some(base) = self.global_allocate(want, stream, may_grow, true)? {
+                shard.level.add_chunk(base, want, stream);
+                let p = shard.level.core.allocate(size, level::key(stream));
+                debug_assert!(p.is_some(), "a fresh sub-chunk serves the request");
+                return Ok(p);
+            }
+            if want == size {
+                return Ok(None);
+            }
+            want = align_up(want / 2).unwrap_or(size).max(size);
+        }
     }
 
     /// Gives the unused heads of the shard's sub-chunks back to the global level before it
@@ -598,7 +810,7 @@ impl<R: MemoryResource> Inner<R> {
 
     /// Frees `addr` on `stream` into the large level if it holds it.
     fn large_free(&self, addr: u64, bytes: usize, stream: &Stream) -> bool {
-        self.maximum.is_none() && self.large.lock().try_free(addr, bytes, stream)
+        self.granular && self.large.lock().try_free(addr, bytes, stream)
     }
 
     /// Gives sub-chunks a shard released back to the global level, and wakes a waiting
@@ -616,6 +828,7 @@ impl<R: MemoryResource> Inner<R> {
         }
         drop(global);
         self.availability.notify();
+        self.apply_keep_free();
     }
 
     /// Takes every wholly free sub-chunk back from the shards, after gathering each shard's
@@ -665,22 +878,64 @@ impl<R: MemoryResource> Inner<R> {
         bytes
     }
 
-    /// Out-of-memory, with the free bytes of every level.
-    fn out_of_memory(&self, requested: usize) -> Error {
-        let in_shards: usize = self
-            .shards
-            .iter()
-            .map(|s| s.lock().level.core.free_bytes())
-            .sum();
-        let global = self.global.lock().core.free_bytes();
-        let large = self.large.lock().core.free_bytes();
-        Error::OutOfMemory {
-            details: None,
-            requested,
-            available: Some(global + large + in_shards),
-            device: self.device.id(),
+    /// Out-of-memory for `requested` bytes on `stream`, with [`OutOfMemoryDetails`]: the
+    /// largest free block of any level (the pool hands any of them to any stream, after a
+    /// wait where it crosses streams), the free and reserved bytes, and, as pending frees,
+    /// the free bytes of every other stream (usable by `stream` only in stream order after
+    /// that stream's frees). O(levels × streams): one lock per level, no scan of blocks.
+    fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
+        Error::out_of_memory_with(requested, self.device.id(), self.details(stream))
+            .never_fitting(self.capacity_limit())
+    }
+
+    /// Whether `size` is larger than all free memory and the room left under the pool's
+    /// maximum together, so that it cannot fit however the pool gathers, gives back and
+    /// regrows (never for an unbounded pool). One lock per level.
+    fn cannot_fit(&self, size: usize) -> bool {
+        let Some(maximum) = self.maximum else {
+            return false;
+        };
+        let room = maximum.saturating_sub(self.held.load(Ordering::Relaxed));
+        if size <= room {
+            return false;
         }
-        .never_fitting(self.capacity_limit())
+        let mut free = self.global.lock().core.free_bytes();
+        free += self.large.lock().core.free_bytes();
+        for shard in self.shards.iter() {
+            free += shard.lock().level.core.free_bytes();
+        }
+        size > free.saturating_add(room)
+    }
+
+    /// [`out_of_memory`](Self::out_of_memory)'s details.
+    fn details(&self, stream: &Stream) -> OutOfMemoryDetails {
+        let mut details = OutOfMemoryDetails::default();
+        let (mut free, mut largest) = (0, 0);
+        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        let mut count = |level: &Level| {
+            free += level.core.free_bytes();
+            largest = largest.max(level.core.largest_free_block());
+            for (id, bytes) in level.free_by_stream() {
+                if id == stream.id() {
+                    continue;
+                }
+                match pending.iter_mut().find(|(s, _)| *s == id) {
+                    Some((_, b)) => *b += bytes,
+                    None => pending.push((id, bytes)),
+                }
+            }
+        };
+        for shard in self.shards.iter() {
+            count(&shard.lock().level);
+        }
+        count(&self.global.lock());
+        count(&self.large.lock());
+        pending.sort_unstable();
+        details.largest_free_block = Some(largest);
+        details.free_bytes = Some(free);
+        details.reserved_bytes = Some(self.held.load(Ordering::Relaxed));
+        details.pending_frees = pending;
+        details
     }
 }
 
@@ -700,6 +955,10 @@ impl<R: MemoryResource> Forward for Inner<R> {
             }
             .never_fitting(self.capacity_limit()));
         };
+        if size > self.shard_limit && self.cannot_fit(size) {
+            // Large requests are checked first: the answer comes without the work below.
+            return Err(self.out_of_memory(bytes, stream));
+        }
         let first = if size <= self.shard_limit {
             self.shard_allocate(size, stream)?
         } else {
@@ -708,7 +967,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 // that this block is carved next to it rather than strand it.
                 self.return_heads(&mut self.shard_of(stream).lock(), stream)?;
             }
-            let large = self.maximum.is_none() && size > LARGE_BLOCK;
+            let large = self.granular && size > LARGE_BLOCK;
             // A large block goes to the global level only if its free memory (an initial
             // chunk, say) serves it without growing.
             match self.global_allocate(size, stream, !large, false)? {
@@ -718,6 +977,9 @@ impl<R: MemoryResource> Forward for Inner<R> {
         };
         if let Some(p) = first {
             return Ok(DevicePtr::from_raw(p));
+        }
+        if self.cannot_fit(size) {
+            return Err(self.out_of_memory(bytes, stream));
         }
         // Under pressure: wholly free sub-chunks go back to the global level (gathered first,
         // so that one freed piecewise on several streams counts; once gathered, a shard has
@@ -745,7 +1007,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 return Ok(DevicePtr::from_raw(p));
             }
         }
-        Err(self.out_of_memory(bytes))
+        Err(self.out_of_memory(bytes, stream))
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
@@ -755,13 +1017,21 @@ impl<R: MemoryResource> Forward for Inner<R> {
         // Small blocks are most likely in a shard, large ones in the global level; but under
         // pressure either may have been served by the other (see `try_allocate`).
         let small = align_up(bytes).is_some_and(|size| size <= self.shard_limit);
-        let freed = if small {
-            self.shard_free(ptr.addr(), bytes, stream)
-                || self.global.lock().try_free_user(ptr.addr(), bytes, stream)
+        let global_free = |this: &Self| {
+            this.global.lock().try_free_user(ptr.addr(), bytes, stream)
+                || this.large_free(ptr.addr(), bytes, stream)
+        };
+        let (freed, in_global) = if small {
+            if self.shard_free(ptr.addr(), bytes, stream) {
+                (true, false)
+            } else {
+                (global_free(self), true)
+            }
+        } else if global_free(self) {
+            (true, true)
         } else {
-            self.global.lock().try_free_user(ptr.addr(), bytes, stream)
-                || self.large_free(ptr.addr(), bytes, stream)
-                || (!self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream))
+            let in_shard = !self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream);
+            (in_shard, false)
         };
         if !freed {
             // A double free or a foreign pointer: nothing is freed, and the caller hears of it
@@ -772,6 +1042,9 @@ impl<R: MemoryResource> Forward for Inner<R> {
             return;
         }
         self.availability.notify();
+        if in_global {
+            self.apply_keep_free();
+        }
     }
 
     fn availability(&self) -> Option<&Availability> {
@@ -870,3 +1143,6 @@ mod tests;
 
 #[cfg(test)]
 mod footprint_tests;
+
+#[cfg(test)]
+mod release_tests;
