@@ -47,7 +47,9 @@ impl MappedPoolConfig {
         self
     }
 
-    /// The range to reserve; `None` (the default) reserves the device's total memory.
+    /// The range to reserve; `None` (the default) reserves twice the device's total memory:
+    /// address space is cheap, and the slack keeps the holes that long-lived blocks leave in
+    /// the range from refusing a request the device's memory could serve.
     pub fn get_reserve(&self) -> Option<usize> {
         self.reserve
     }
@@ -191,7 +193,8 @@ struct Inner {
     granularity: usize,
     release_threshold: usize,
     state: Mutex<State>,
-    availability: Availability,
+    /// Shared with the host functions that wake waiters when pending releases complete.
+    availability: Arc<Availability>,
 }
 
 /// What a page of the range holds.
@@ -216,6 +219,8 @@ struct PendingRelease {
     id: u32,
     pages: std::ops::Range<usize>,
     events: Vec<Event>,
+    /// Whether host functions after `events` will wake the wait queue (see `arm_wakeups`).
+    armed: bool,
 }
 
 struct State {
@@ -239,8 +244,8 @@ fn align_up(bytes: usize) -> Option<u64> {
 }
 
 impl MappedPoolResource {
-    /// A pool over `device` with the default [`MappedPoolConfig`]: the device's total memory
-    /// reserved as address space, nothing mapped yet, every wholly free page released.
+    /// A pool over `device` with the default [`MappedPoolConfig`]: twice the device's total
+    /// memory reserved as address space, nothing mapped yet, every wholly free page released.
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no virtual memory management
@@ -268,7 +273,7 @@ impl MappedPoolResource {
         let granularity = raw.vmm_granularity()?;
         let wanted = match config.get_reserve() {
             Some(bytes) => bytes,
-            None => device.total_memory()?,
+            None => device.total_memory()?.saturating_mul(2),
         };
         if wanted == 0 {
             return Err(Error::invalid(
@@ -300,7 +305,7 @@ impl MappedPoolResource {
                     orders: Vec::new(),
                     owner_of: FxHashMap::default(),
                 }),
-                availability: Availability::new(),
+                availability: Arc::new(Availability::new()),
             }),
         })
     }
@@ -634,7 +639,26 @@ impl Inner {
         };
         match self.serve(&mut state, size, stream)? {
             Some(p) => Ok(DevicePtr::from_raw(p)),
-            None => Err(self.out_of_memory(&state, bytes)),
+            None => {
+                self.arm_wakeups(&mut state);
+                Err(self.out_of_memory(&state, bytes))
+            }
+        }
+    }
+
+    /// Makes each stream with pages pending release wake the wait queue once it passes their
+    /// frees: a request that failed may be served by those pages' physical memory, and no
+    /// free may ever come to wake it otherwise. Only on this slow path, once per release.
+    fn arm_wakeups(&self, state: &mut State) {
+        for p in state.pending.iter_mut().filter(|p| !p.armed) {
+            p.armed = true;
+            for e in &p.events {
+                let availability = Arc::clone(&self.availability);
+                // The host function only wakes wakers: no driver call.
+                if let Err(err) = e.stream().launch_host_fn(move || availability.notify()) {
+                    self.device.defer_error(err);
+                }
+            }
         }
     }
 
@@ -704,7 +728,12 @@ impl Inner {
                 };
             }
         }
-        state.pending.push(PendingRelease { id, pages, events });
+        state.pending.push(PendingRelease {
+            id,
+            pages,
+            events,
+            armed: false,
+        });
     }
 }
 

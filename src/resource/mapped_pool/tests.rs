@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -340,4 +341,44 @@ fn w4_with_free_pages_kept_mapped_misses_the_goal() {
     let ratio = used as f64 / live as f64;
     println!("W4 mapped pool, free pages kept (host): ratio {ratio:.4}");
     assert!(ratio > 1.05, "W4 with pages kept: {ratio:.3}");
+}
+
+#[test]
+fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free() {
+    // Page 1 is freed under queued work; the request does not fit its hole and needs two fresh
+    // pages, which the device has only once page 1 is released. No free will come to wake the
+    // waiter: only the stream reaching the free can.
+    let device = host(8 * MIB);
+    let s = Stream::new(&device).unwrap();
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let a = pool.try_allocate(256, &s).unwrap();
+    let p = pool.try_allocate(4 * MIB, &s).unwrap();
+    let b = pool.try_allocate(256, &s).unwrap();
+    s.enqueue_delay(Duration::from_millis(100)).unwrap();
+    free(&pool, p, 4 * MIB, &s);
+    assert_eq!(pool.statistics().pending_release_bytes, PAGE);
+    let t = Stream::new(&device).unwrap();
+    assert!(
+        pool.try_allocate(5 * MIB, &t).is_err(),
+        "page 1 is still mapped"
+    );
+    struct Woken(AtomicBool);
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = std::task::Waker::from(woken.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut waiting = Box::pin(pool.allocate(5 * MIB, &t));
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    s.synchronize_blocking().unwrap(); // the stream has passed the free: nothing else happens
+    assert!(woken.0.load(Ordering::SeqCst), "the waiter was never woken");
+    let std::task::Poll::Ready(Ok(q)) = waiting.as_mut().poll(&mut cx) else {
+        panic!("not served once woken");
+    };
+    for (x, n) in [(a, 256), (b, 256), (q, 5 * MIB)] {
+        free(&pool, x, n, &t);
+    }
 }
