@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::ids::DeviceId;
+use crate::ids::{DeviceId, StreamId};
 
 /// The result type of every fallible operation in this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -27,7 +27,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// The resource cannot serve `requested` bytes now.
-    #[error("out of memory on {device}: requested {requested} bytes{}", fmt_available(*.available))]
+    ///
+    /// Resources that know their state (a [`PoolResource`](crate::PoolResource), say) attach
+    /// [`OutOfMemoryDetails`]: the largest block the requester could use, free and reserved
+    /// bytes, and what is still pending in stream-ordered frees.
+    #[error("out of memory on {device}: requested {requested} bytes{}{}",
+        fmt_available(*.available), fmt_details(.details.as_deref()))]
     #[non_exhaustive]
     OutOfMemory {
         /// Bytes asked for.
@@ -36,6 +41,9 @@ pub enum Error {
         available: Option<usize>,
         /// The device the resource allocates on.
         device: DeviceId,
+        /// What the resource knew about its state when it refused, when it says
+        /// (boxed: the error stays small on the fast path).
+        details: Option<Box<OutOfMemoryDetails>>,
     },
     /// The request is larger than the resource could ever serve (its
     /// [`capacity_limit`](crate::MemoryResource::capacity_limit): a pool's maximum, a budget,
@@ -220,10 +228,70 @@ pub enum Error {
     },
 }
 
+/// What a resource knew about its memory when it refused a request: the numbers that tell
+/// fragmentation ("enough free bytes, no block large enough") apart from exhaustion, and memory
+/// that is only waiting for another stream to pass its frees.
+///
+/// Every field is optional: a resource fills in what it knows.
+///
+/// ```
+/// use streamalloc::{Device, Error, OutOfMemoryDetails, StreamId};
+///
+/// let mut details = OutOfMemoryDetails::default();
+/// details.largest_free_block = Some(4096);
+/// details.free_bytes = Some(8192);
+/// details.reserved_bytes = Some(1 << 20);
+/// details.pending_frees = vec![(StreamId(3), 65536)];
+/// let e = Error::out_of_memory_with(1 << 16, Device::host().id(), details);
+/// assert!(matches!(&e, Error::OutOfMemory { details: Some(d), .. }
+///     if d.largest_free_block == Some(4096)));
+/// let text = e.to_string();
+/// assert!(text.contains("largest free block 4096"), "{text}");
+/// assert!(text.contains("65536 bytes pending on stream#3"), "{text}");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutOfMemoryDetails {
+    /// The largest free block the requesting stream could use now.
+    pub largest_free_block: Option<usize>,
+    /// Free bytes the resource holds (usable now or not).
+    pub free_bytes: Option<usize>,
+    /// Bytes the resource has taken from its upstream (or the device).
+    pub reserved_bytes: Option<usize>,
+    /// Bytes freed in stream order that the requester cannot use yet, per freeing stream.
+    pub pending_frees: Vec<(StreamId, usize)>,
+}
+
+impl std::fmt::Display for OutOfMemoryDetails {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(b) = self.largest_free_block {
+            parts.push(format!("largest free block {b}"));
+        }
+        if let Some(b) = self.free_bytes {
+            parts.push(format!("{b} bytes free"));
+        }
+        if let Some(b) = self.reserved_bytes {
+            parts.push(format!("{b} bytes reserved"));
+        }
+        for (stream, b) in &self.pending_frees {
+            parts.push(format!("{b} bytes pending on {stream}"));
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
 fn fmt_available(available: Option<usize>) -> String {
     match available {
         Some(a) => format!(" ({a} available)"),
         None => String::new(),
+    }
+}
+
+fn fmt_details(details: Option<&OutOfMemoryDetails>) -> String {
+    match details {
+        Some(d) if *d != OutOfMemoryDetails::default() => format!(" [{d}]"),
+        _ => String::new(),
     }
 }
 
@@ -296,6 +364,43 @@ impl Error {
             requested,
             available,
             device,
+            details: None,
+        }
+    }
+
+    /// [`Error::OutOfMemory`] with the resource's [`OutOfMemoryDetails`]; `available` is taken
+    /// from `details.free_bytes`.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Error, OutOfMemoryDetails};
+    /// let mut details = OutOfMemoryDetails::default();
+    /// details.free_bytes = Some(512);
+    /// let e = Error::out_of_memory_with(4096, Device::host().id(), details);
+    /// assert!(matches!(e, Error::OutOfMemory { requested: 4096, available: Some(512), .. }));
+    /// ```
+    pub fn out_of_memory_with(
+        requested: usize,
+        device: DeviceId,
+        details: OutOfMemoryDetails,
+    ) -> Self {
+        Error::OutOfMemory {
+            requested,
+            available: details.free_bytes,
+            device,
+            details: Some(Box::new(details)),
+        }
+    }
+
+    /// The [`OutOfMemoryDetails`] of an [`Error::OutOfMemory`], when the resource gave them.
+    ///
+    /// ```
+    /// # use streamalloc::{Device, Error};
+    /// assert!(Error::out_of_memory(1, None, Device::host().id()).out_of_memory_details().is_none());
+    /// ```
+    pub fn out_of_memory_details(&self) -> Option<&OutOfMemoryDetails> {
+        match self {
+            Error::OutOfMemory { details, .. } => details.as_deref(),
+            _ => None,
         }
     }
 

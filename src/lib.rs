@@ -103,7 +103,7 @@ pub use buffer::{HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape
 pub use device::{
     CompletionStrategy, Device, HostConfig, DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,
 };
-pub use error::{Error, Result};
+pub use error::{Error, OutOfMemoryDetails, Result};
 pub use ids::{BackendKind, DeviceId, StreamId};
 pub use resource::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,

@@ -153,6 +153,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
             // nothing has used it.
             unsafe { upstream.deallocate(original, size, stream) };
             return Err(Error::OutOfMemory {
+                details: None,
                 requested: size,
                 available: None,
                 device: stream.device().id(),

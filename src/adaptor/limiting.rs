@@ -102,6 +102,7 @@ impl<R: MemoryResource> Inner<R> {
     fn reserve(&self, requested: usize, stream: &Stream) -> Result<usize> {
         let limit = self.limit;
         let out_of_memory = |used: usize| Error::OutOfMemory {
+            details: None,
             requested,
             available: Some(limit.saturating_sub(used)),
             device: stream.device().id(),

@@ -338,6 +338,7 @@ pub(super) fn padded_size(bytes: usize, alignment: usize, device: &Device) -> Re
     let padding = alignment.saturating_sub(ALLOCATION_ALIGNMENT);
     // A size past `usize` could never be allocated: out of memory, as `AlignedAdaptor` says.
     bytes.checked_add(padding).ok_or(Error::OutOfMemory {
+        details: None,
         requested: bytes,
         available: None,
         device: device.id(),

@@ -99,6 +99,7 @@ impl MemoryResource for CudaAsyncManagedResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if bytes > self.total()? {
             return Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: None,
                 device: self.view.device().id(),

@@ -249,6 +249,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                         Ok(()) => {}
                         Err(e) if e.is_out_of_memory() => {
                             return Err(Error::OutOfMemory {
+                                details: None,
                                 requested: bytes,
                                 available: Some(0),
                                 device: self.device.id(),

@@ -69,6 +69,7 @@ impl MemoryResource for ManagedResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.oversubscribe && bytes > self.total()? {
             return Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: None,
                 device: self.device.id(),

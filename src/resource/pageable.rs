@@ -55,6 +55,7 @@ impl MemoryResource for HostResource {
         system_allocate(bytes)
             .map(DevicePtr::from_raw)
             .ok_or(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: None,
                 device: self.device.id(),

@@ -264,6 +264,7 @@ fn an_overflowing_request_fails_at_once_even_awaited() {
         CudaResource::new(&device).unwrap().properties(),
         move |bytes, _| {
             Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: None,
                 device: id,

@@ -9,6 +9,7 @@ use crate::{CudaResource, LimitingAdaptor};
 
 fn oom(bytes: usize, s: &Stream) -> Error {
     Error::OutOfMemory {
+        details: None,
         requested: bytes,
         available: Some(0),
         device: s.device().id(),
@@ -26,6 +27,7 @@ fn retries_once_then_returns_the_error() {
         let device = device.id();
         move |bytes| {
             Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: Some(0),
                 device,

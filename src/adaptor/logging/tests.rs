@@ -76,6 +76,7 @@ fn the_output_is_rmms_format_byte_for_byte() {
     let (up, _) = recording(&device, |bytes| match bytes {
         0 => Ok(DevicePtr::NULL),
         b if b > MIB => Err(Error::OutOfMemory {
+            details: None,
             requested: b,
             available: None,
             device: crate::Device::host().id(),

@@ -323,6 +323,7 @@ impl DeviceContext {
         r.result().map_err(|e| {
             if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                 Error::OutOfMemory {
+                    details: None,
                     requested,
                     available: None,
                     device: self.id,

@@ -74,6 +74,7 @@ impl HostMemory {
 
     fn out_of_memory(&self, requested: usize, available: usize) -> Error {
         Error::OutOfMemory {
+            details: None,
             requested,
             available: Some(available),
             device: self.device,

@@ -41,6 +41,7 @@ fn capacity_bounds_allocations_with_figures_in_the_error() {
             requested,
             available,
             device,
+            ..
         }) => {
             assert_eq!((requested, available, device), (2000, Some(1096), d.id()));
         }

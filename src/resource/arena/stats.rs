@@ -107,6 +107,7 @@ impl<R: MemoryResource> Inner<R> {
             self.write_dump(dump, bytes, rounded, stream);
         }
         Error::OutOfMemory {
+            details: None,
             requested: bytes,
             available: Some(free),
             device: self.device.id(),

@@ -237,6 +237,7 @@ fn out_of_memory_reports_the_free_bytes() {
     assert_eq!(
         err,
         Error::OutOfMemory {
+            details: None,
             requested: 2 * MIB,
             available: Some(MIB),
             device: d.id()

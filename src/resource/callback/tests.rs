@@ -98,6 +98,7 @@ fn errors_and_properties_are_the_callers() {
         properties,
         |bytes, stream| {
             Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: Some(7),
                 device: stream.device().id(),

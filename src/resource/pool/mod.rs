@@ -564,6 +564,7 @@ impl<R: MemoryResource> Inner<R> {
             .map(|s| s.lock().level.core.free_bytes())
             .sum();
         Error::OutOfMemory {
+            details: None,
             requested,
             available: Some(self.global.lock().core.free_bytes() + in_shards),
             device: self.device.id(),
@@ -581,6 +582,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
         }
         let Some(size) = align_up(bytes) else {
             return Err(Error::OutOfMemory {
+                details: None,
                 requested: bytes,
                 available: None,
                 device: self.device.id(),
