@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use self::free_list::{BadFree, FreeList, Owner, Owners};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::BackendKind;
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
@@ -619,13 +619,34 @@ impl Inner {
         Ok(Some(self.base + start))
     }
 
+    /// Out-of-memory with the pool's details: the largest free block of the range (any
+    /// stream may use any block, after a wait), its free bytes, the mapped bytes, and, per
+    /// stream, the bytes of pages whose physical memory waits for that stream to pass frees.
     fn out_of_memory(&self, state: &State, requested: usize) -> Error {
-        Error::out_of_memory(
-            requested,
-            Some(state.list.largest_free() as usize),
-            self.device.id(),
-        )
-        .never_fitting(Some(self.capacity()))
+        let mut details = OutOfMemoryDetails::default();
+        details.largest_free_block = Some(state.list.largest_free() as usize);
+        details.free_bytes = Some(state.list.free_bytes() as usize);
+        details.reserved_bytes = Some(state.mapped_pages * self.granularity);
+        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        for p in &state.pending {
+            let pages = p
+                .pages
+                .clone()
+                .filter(|&i| {
+                    matches!(state.pages[i], Page::Mapped { status: Status::Pending(id), .. } if id == p.id)
+                })
+                .count();
+            for e in &p.events {
+                let id = e.stream().id();
+                match pending.iter_mut().find(|(s, _)| *s == id) {
+                    Some((_, bytes)) => *bytes += pages * self.granularity,
+                    None => pending.push((id, pages * self.granularity)),
+                }
+            }
+        }
+        details.pending_frees = pending;
+        Error::out_of_memory_with(requested, self.device.id(), details)
+            .never_fitting(Some(self.capacity()))
     }
 
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {

@@ -358,10 +358,12 @@ fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free()
     free(&pool, p, 4 * MIB, &s);
     assert_eq!(pool.statistics().pending_release_bytes, PAGE);
     let t = Stream::new(&device).unwrap();
-    assert!(
-        pool.try_allocate(5 * MIB, &t).is_err(),
-        "page 1 is still mapped"
-    );
+    let err = pool.try_allocate(5 * MIB, &t).unwrap_err();
+    // The details say where the memory is: one page waits for `s` to pass its free.
+    let details = err.out_of_memory_details().expect("details");
+    assert_eq!(details.reserved_bytes, Some(3 * PAGE));
+    assert_eq!(details.pending_frees, vec![(s.id(), PAGE)]);
+    assert_eq!(details.free_bytes, Some(16 * MIB - 512));
     struct Woken(AtomicBool);
     impl std::task::Wake for Woken {
         fn wake(self: Arc<Self>) {
