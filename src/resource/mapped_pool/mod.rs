@@ -623,10 +623,6 @@ impl Inner {
     /// stream may use any block, after a wait), its free bytes, the mapped bytes, and, per
     /// stream, the bytes of pages whose physical memory waits for that stream to pass frees.
     fn out_of_memory(&self, state: &State, requested: usize) -> Error {
-        let mut details = OutOfMemoryDetails::default();
-        details.largest_free_block = Some(state.list.largest_free() as usize);
-        details.free_bytes = Some(state.list.free_bytes() as usize);
-        details.reserved_bytes = Some(state.mapped_pages * self.granularity);
         let mut pending: Vec<(StreamId, usize)> = Vec::new();
         for p in &state.pending {
             let pages = p
@@ -644,7 +640,12 @@ impl Inner {
                 }
             }
         }
-        details.pending_frees = pending;
+        let details = OutOfMemoryDetails {
+            largest_free_block: Some(state.list.largest_free() as usize),
+            free_bytes: Some(state.list.free_bytes() as usize),
+            reserved_bytes: Some(state.mapped_pages * self.granularity),
+            pending_frees: pending,
+        };
         Error::out_of_memory_with(requested, self.device.id(), details)
             .never_fitting(Some(self.capacity()))
     }
