@@ -212,6 +212,10 @@ enum Status {
     Pending(u32),
     /// Wholly free and its frees have completed: releasable at once.
     Idle,
+    /// Wholly free, kept under the release threshold with no event recorded yet: fenced
+    /// (`fence`) only when it is to be released, so that a pool that keeps its pages mapped
+    /// records no event per free.
+    Unfenced,
 }
 
 /// Pages emptied by one free, and the events after which they may be unmapped.
@@ -230,6 +234,8 @@ struct State {
     peak_mapped_pages: usize,
     /// Pages in status `Idle`.
     idle: BTreeSet<usize>,
+    /// Pages in status `Unfenced`.
+    unfenced: BTreeSet<usize>,
     pending: Vec<PendingRelease>,
     next_pending: u32,
     /// Each stream that freed into the pool, by owner number (kept for the pool's life, as
@@ -300,6 +306,7 @@ impl MappedPoolResource {
                     mapped_pages: 0,
                     peak_mapped_pages: 0,
                     idle: BTreeSet::new(),
+                    unfenced: BTreeSet::new(),
                     pending: Vec::new(),
                     next_pending: 0,
                     orders: Vec::new(),
@@ -521,6 +528,11 @@ impl Inner {
     /// Makes pages whose pending frees have completed idle, then releases idle pages, highest
     /// first, until at most `keep` bytes of them stay mapped; returns the bytes released.
     fn collect(&self, state: &mut State, keep: usize) -> usize {
+        let keep_pages = keep / self.granularity;
+        if state.idle.len() + state.unfenced.len() > keep_pages && !state.unfenced.is_empty() {
+            let pages: Vec<usize> = std::mem::take(&mut state.unfenced).into_iter().collect();
+            self.fence(state, pages);
+        }
         let mut pending = std::mem::take(&mut state.pending);
         pending.retain(|p| {
             // An event that reports an error has been reached too (the stream failed there).
@@ -545,7 +557,6 @@ impl Inner {
             !done
         });
         state.pending = pending;
-        let keep_pages = keep / self.granularity;
         let mut released = 0;
         while state.idle.len() > keep_pages {
             let i = state.idle.pop_last().expect("more than 0 idle pages");
@@ -607,8 +618,14 @@ impl Inner {
         state.list.allocate_at(start, size);
         for i in pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
-                if status == Status::Idle {
-                    state.idle.remove(&i);
+                match status {
+                    Status::Idle => {
+                        state.idle.remove(&i);
+                    }
+                    Status::Unfenced => {
+                        state.unfenced.remove(&i);
+                    }
+                    Status::InUse | Status::Pending(_) => {}
                 }
                 state.pages[i] = Page::Mapped {
                     handle,
@@ -712,38 +729,74 @@ impl Inner {
         let first = (lo.div_ceil(g) as usize).max(touched.start);
         let end = ((hi / g) as usize).min(touched.end);
         if first < end {
-            self.mark_emptied(&mut state, lo, first..end);
+            if self.release_threshold == 0 {
+                self.fence(&mut state, (first..end).collect());
+            } else {
+                for i in first..end {
+                    if let Page::Mapped { handle, status } = state.pages[i] {
+                        debug_assert_eq!(status, Status::InUse, "page {i} emptied twice");
+                        state.pages[i] = Page::Mapped {
+                            handle,
+                            status: Status::Unfenced,
+                        };
+                        state.unfenced.insert(i);
+                    }
+                }
+            }
             self.collect(&mut state, self.release_threshold);
         }
         drop(state);
         self.availability.notify();
     }
 
-    /// Puts `pages`, wholly free in the free block at `block`, up for release once every
-    /// stream that freed into the block passes an event recorded now.
-    fn mark_emptied(&self, state: &mut State, block: u64, pages: std::ops::Range<usize>) {
-        let owners: Owners = state
-            .list
-            .block_containing(block)
-            .map(|(_, _, o)| o.clone())
-            .unwrap_or_default();
+    /// Puts `pages` (wholly free: emptied by a free, or unfenced) up for release once every
+    /// stream that freed into their free blocks passes an event recorded now. On a driver
+    /// error recording one, the pages stay as they were (mapped, and used again like any free
+    /// memory) and the error is deferred.
+    fn fence(&self, state: &mut State, pages: Vec<usize>) {
+        let (Some(&low), Some(&high)) = (pages.first(), pages.last()) else {
+            return;
+        };
+        let g = self.granularity as u64;
+        let mut owners = Owners::default();
+        let mut last_block = None;
+        for &i in &pages {
+            if let Some((start, _, o)) = state.list.block_containing(i as u64 * g) {
+                if last_block != Some(start) {
+                    owners.join(o);
+                    last_block = Some(start);
+                }
+            }
+        }
         let mut events = Vec::new();
         for o in owners.iter() {
             match state.orders[o as usize].stream().record() {
                 Ok(e) => events.push(e),
                 Err(e) => {
-                    // Without the event the pages cannot be proven unused: they stay mapped
-                    // (and are used again like any free memory).
                     self.device.defer_error(e);
+                    for &i in &pages {
+                        if matches!(
+                            state.pages[i],
+                            Page::Mapped {
+                                status: Status::Unfenced,
+                                ..
+                            }
+                        ) {
+                            state.unfenced.insert(i);
+                        }
+                    }
                     return;
                 }
             }
         }
         let id = state.next_pending;
         state.next_pending = state.next_pending.wrapping_add(1);
-        for i in pages.clone() {
+        for &i in &pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
-                debug_assert_eq!(status, Status::InUse, "page {i} emptied twice");
+                debug_assert!(
+                    matches!(status, Status::InUse | Status::Unfenced),
+                    "page {i} fenced twice"
+                );
                 state.pages[i] = Page::Mapped {
                     handle,
                     status: Status::Pending(id),
@@ -752,7 +805,7 @@ impl Inner {
         }
         state.pending.push(PendingRelease {
             id,
-            pages,
+            pages: low..high + 1,
             events,
             armed: false,
         });
@@ -858,6 +911,7 @@ impl Drop for Inner {
                 mapped_pages: 0,
                 peak_mapped_pages: 0,
                 idle: BTreeSet::new(),
+                unfenced: BTreeSet::new(),
                 pending: Vec::new(),
                 next_pending: 0,
                 orders: Vec::new(),

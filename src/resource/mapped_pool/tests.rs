@@ -384,3 +384,24 @@ fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free()
         free(&pool, x, n, &t);
     }
 }
+
+#[test]
+fn a_pool_keeping_pages_fences_them_only_when_it_releases_them() {
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let config = MappedPoolConfig::default().release_threshold(2 * PAGE);
+    let pool = MappedPoolResource::with_config(&device, config).unwrap();
+    let p = pool.try_allocate(2 * PAGE, &s).unwrap();
+    let q = pool.try_allocate(PAGE, &s).unwrap();
+    s.enqueue_delay(Duration::from_millis(100)).unwrap();
+    free(&pool, p, 2 * PAGE, &s);
+    // Under the threshold: kept mapped, and no event recorded for it.
+    assert_eq!(pool.statistics().pending_release_bytes, 0);
+    assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
+    free(&pool, q, PAGE, &s);
+    // Over it: every kept page is fenced now, and waits for the stream to pass the frees.
+    assert_eq!(pool.statistics().pending_release_bytes, 3 * PAGE);
+    assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
+    assert_eq!(pool.trim_blocking().unwrap(), 3 * PAGE);
+    assert_eq!(mapped(&device), 0);
+}
