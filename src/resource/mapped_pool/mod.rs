@@ -120,7 +120,8 @@ pub struct MappedPoolStatistics {
 /// Workloads whose sizes vary widely, where footprint matters more than the last
 /// nanoseconds: every page mapped or released is a driver call (tens of microseconds on a
 /// GPU), and a free that empties a page records an event on its stream. Set a release
-/// threshold to keep some free pages mapped.
+/// threshold to keep some free pages mapped: those are neither unmapped nor fenced with an
+/// event until the free pages go over the threshold (or [`trim`](MappedPoolResource::trim)).
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T uses
