@@ -136,7 +136,22 @@ impl FreeList {
 
     /// The classes above `c` that have blocks, in increasing order.
     fn classes_above(&self, c: usize) -> impl Iterator<Item = usize> + '_ {
-        (c + 1..CLASSES).filter(|&k| self.nonempty[k / 64] & (1 << (k % 64)) != 0)
+        // Word by word, each word's set bits lowest first: a few instructions per class
+        // that has blocks, none for the empty ones.
+        let first = c + 1;
+        (first / 64..CLASSES / 64).flat_map(move |w| {
+            let mut bits = self.nonempty[w];
+            if w == first / 64 {
+                bits &= u64::MAX.checked_shl((first % 64) as u32).unwrap_or(0);
+            }
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let k = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    w * 64 + k
+                })
+            })
+        })
     }
 
     /// The start of the lowest free block of at least `size` bytes (> 0), as described in the

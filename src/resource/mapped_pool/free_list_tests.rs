@@ -84,6 +84,31 @@ fn largest_free_block_is_found_among_its_class() {
     assert_eq!(list.largest_free(), 10_000 - 3730);
 }
 
+#[test]
+fn classes_above_lists_exactly_the_non_empty_classes_above() {
+    let mut list = FreeList::new(0);
+    for (start, len) in [
+        (0u64, 1u64),
+        (10, 5),
+        (100, 63),
+        (1000, 64),
+        (1 << 40, 1 << 39),
+    ] {
+        list.insert(start, len, Owners::default());
+    }
+    let all: Vec<usize> = (0..CLASSES)
+        .filter(|&k| !list.classes[k].is_empty())
+        .collect();
+    for c in 0..CLASSES {
+        let expected: Vec<usize> = all.iter().copied().filter(|&k| k > c).collect();
+        assert_eq!(
+            list.classes_above(c).collect::<Vec<_>>(),
+            expected,
+            "above {c}"
+        );
+    }
+}
+
 /// The naive oracle: the lowest free block of at least `size`.
 fn naive_first_fit(list: &FreeList, size: u64) -> Option<u64> {
     list.blocks()

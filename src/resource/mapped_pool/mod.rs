@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use self::free_list::{BadFree, FreeList, Owner, Owners};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::BackendKind;
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
@@ -47,7 +47,9 @@ impl MappedPoolConfig {
         self
     }
 
-    /// The range to reserve; `None` (the default) reserves the device's total memory.
+    /// The range to reserve; `None` (the default) reserves twice the device's total memory:
+    /// address space is cheap, and the slack keeps the holes that long-lived blocks leave in
+    /// the range from refusing a request the device's memory could serve.
     pub fn get_reserve(&self) -> Option<usize> {
         self.reserve
     }
@@ -118,7 +120,8 @@ pub struct MappedPoolStatistics {
 /// Workloads whose sizes vary widely, where footprint matters more than the last
 /// nanoseconds: every page mapped or released is a driver call (tens of microseconds on a
 /// GPU), and a free that empties a page records an event on its stream. Set a release
-/// threshold to keep some free pages mapped.
+/// threshold to keep some free pages mapped: those are neither unmapped nor fenced with an
+/// event until the free pages go over the threshold (or [`trim`](MappedPoolResource::trim)).
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T uses
@@ -191,7 +194,8 @@ struct Inner {
     granularity: usize,
     release_threshold: usize,
     state: Mutex<State>,
-    availability: Availability,
+    /// Shared with the host functions that wake waiters when pending releases complete.
+    availability: Arc<Availability>,
 }
 
 /// What a page of the range holds.
@@ -209,6 +213,10 @@ enum Status {
     Pending(u32),
     /// Wholly free and its frees have completed: releasable at once.
     Idle,
+    /// Wholly free, kept under the release threshold with no event recorded yet: fenced
+    /// (`fence`) only when it is to be released, so that a pool that keeps its pages mapped
+    /// records no event per free.
+    Unfenced,
 }
 
 /// Pages emptied by one free, and the events after which they may be unmapped.
@@ -216,6 +224,8 @@ struct PendingRelease {
     id: u32,
     pages: std::ops::Range<usize>,
     events: Vec<Event>,
+    /// Whether host functions after `events` will wake the wait queue (see `arm_wakeups`).
+    armed: bool,
 }
 
 struct State {
@@ -225,6 +235,8 @@ struct State {
     peak_mapped_pages: usize,
     /// Pages in status `Idle`.
     idle: BTreeSet<usize>,
+    /// Pages in status `Unfenced`.
+    unfenced: BTreeSet<usize>,
     pending: Vec<PendingRelease>,
     next_pending: u32,
     /// Each stream that freed into the pool, by owner number (kept for the pool's life, as
@@ -239,8 +251,8 @@ fn align_up(bytes: usize) -> Option<u64> {
 }
 
 impl MappedPoolResource {
-    /// A pool over `device` with the default [`MappedPoolConfig`]: the device's total memory
-    /// reserved as address space, nothing mapped yet, every wholly free page released.
+    /// A pool over `device` with the default [`MappedPoolConfig`]: twice the device's total
+    /// memory reserved as address space, nothing mapped yet, every wholly free page released.
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no virtual memory management
@@ -268,7 +280,7 @@ impl MappedPoolResource {
         let granularity = raw.vmm_granularity()?;
         let wanted = match config.get_reserve() {
             Some(bytes) => bytes,
-            None => device.total_memory()?,
+            None => device.total_memory()?.saturating_mul(2),
         };
         if wanted == 0 {
             return Err(Error::invalid(
@@ -295,12 +307,13 @@ impl MappedPoolResource {
                     mapped_pages: 0,
                     peak_mapped_pages: 0,
                     idle: BTreeSet::new(),
+                    unfenced: BTreeSet::new(),
                     pending: Vec::new(),
                     next_pending: 0,
                     orders: Vec::new(),
                     owner_of: FxHashMap::default(),
                 }),
-                availability: Availability::new(),
+                availability: Arc::new(Availability::new()),
             }),
         })
     }
@@ -516,6 +529,11 @@ impl Inner {
     /// Makes pages whose pending frees have completed idle, then releases idle pages, highest
     /// first, until at most `keep` bytes of them stay mapped; returns the bytes released.
     fn collect(&self, state: &mut State, keep: usize) -> usize {
+        let keep_pages = keep / self.granularity;
+        if state.idle.len() + state.unfenced.len() > keep_pages && !state.unfenced.is_empty() {
+            let pages: Vec<usize> = std::mem::take(&mut state.unfenced).into_iter().collect();
+            self.fence(state, pages);
+        }
         let mut pending = std::mem::take(&mut state.pending);
         pending.retain(|p| {
             // An event that reports an error has been reached too (the stream failed there).
@@ -540,7 +558,6 @@ impl Inner {
             !done
         });
         state.pending = pending;
-        let keep_pages = keep / self.granularity;
         let mut released = 0;
         while state.idle.len() > keep_pages {
             let i = state.idle.pop_last().expect("more than 0 idle pages");
@@ -602,8 +619,14 @@ impl Inner {
         state.list.allocate_at(start, size);
         for i in pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
-                if status == Status::Idle {
-                    state.idle.remove(&i);
+                match status {
+                    Status::Idle => {
+                        state.idle.remove(&i);
+                    }
+                    Status::Unfenced => {
+                        state.unfenced.remove(&i);
+                    }
+                    Status::InUse | Status::Pending(_) => {}
                 }
                 state.pages[i] = Page::Mapped {
                     handle,
@@ -614,13 +637,35 @@ impl Inner {
         Ok(Some(self.base + start))
     }
 
+    /// Out-of-memory with the pool's details: the largest free block of the range (any
+    /// stream may use any block, after a wait), its free bytes, the mapped bytes, and, per
+    /// stream, the bytes of pages whose physical memory waits for that stream to pass frees.
     fn out_of_memory(&self, state: &State, requested: usize) -> Error {
-        Error::out_of_memory(
-            requested,
-            Some(state.list.largest_free() as usize),
-            self.device.id(),
-        )
-        .never_fitting(Some(self.capacity()))
+        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        for p in &state.pending {
+            let pages = p
+                .pages
+                .clone()
+                .filter(|&i| {
+                    matches!(state.pages[i], Page::Mapped { status: Status::Pending(id), .. } if id == p.id)
+                })
+                .count();
+            for e in &p.events {
+                let id = e.stream().id();
+                match pending.iter_mut().find(|(s, _)| *s == id) {
+                    Some((_, bytes)) => *bytes += pages * self.granularity,
+                    None => pending.push((id, pages * self.granularity)),
+                }
+            }
+        }
+        let details = OutOfMemoryDetails {
+            largest_free_block: Some(state.list.largest_free() as usize),
+            free_bytes: Some(state.list.free_bytes() as usize),
+            reserved_bytes: Some(state.mapped_pages * self.granularity),
+            pending_frees: pending,
+        };
+        Error::out_of_memory_with(requested, self.device.id(), details)
+            .never_fitting(Some(self.capacity()))
     }
 
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
@@ -634,7 +679,26 @@ impl Inner {
         };
         match self.serve(&mut state, size, stream)? {
             Some(p) => Ok(DevicePtr::from_raw(p)),
-            None => Err(self.out_of_memory(&state, bytes)),
+            None => {
+                self.arm_wakeups(&mut state);
+                Err(self.out_of_memory(&state, bytes))
+            }
+        }
+    }
+
+    /// Makes each stream with pages pending release wake the wait queue once it passes their
+    /// frees: a request that failed may be served by those pages' physical memory, and no
+    /// free may ever come to wake it otherwise. Only on this slow path, once per release.
+    fn arm_wakeups(&self, state: &mut State) {
+        for p in state.pending.iter_mut().filter(|p| !p.armed) {
+            p.armed = true;
+            for e in &p.events {
+                let availability = Arc::clone(&self.availability);
+                // The host function only wakes wakers: no driver call.
+                if let Err(err) = e.stream().launch_host_fn(move || availability.notify()) {
+                    self.device.defer_error(err);
+                }
+            }
         }
     }
 
@@ -666,45 +730,86 @@ impl Inner {
         let first = (lo.div_ceil(g) as usize).max(touched.start);
         let end = ((hi / g) as usize).min(touched.end);
         if first < end {
-            self.mark_emptied(&mut state, lo, first..end);
+            if self.release_threshold == 0 {
+                self.fence(&mut state, (first..end).collect());
+            } else {
+                for i in first..end {
+                    if let Page::Mapped { handle, status } = state.pages[i] {
+                        debug_assert_eq!(status, Status::InUse, "page {i} emptied twice");
+                        state.pages[i] = Page::Mapped {
+                            handle,
+                            status: Status::Unfenced,
+                        };
+                        state.unfenced.insert(i);
+                    }
+                }
+            }
             self.collect(&mut state, self.release_threshold);
         }
         drop(state);
         self.availability.notify();
     }
 
-    /// Puts `pages`, wholly free in the free block at `block`, up for release once every
-    /// stream that freed into the block passes an event recorded now.
-    fn mark_emptied(&self, state: &mut State, block: u64, pages: std::ops::Range<usize>) {
-        let owners: Owners = state
-            .list
-            .block_containing(block)
-            .map(|(_, _, o)| o.clone())
-            .unwrap_or_default();
+    /// Puts `pages` (wholly free: emptied by a free, or unfenced) up for release once every
+    /// stream that freed into their free blocks passes an event recorded now. On a driver
+    /// error recording one, the pages stay as they were (mapped, and used again like any free
+    /// memory) and the error is deferred.
+    fn fence(&self, state: &mut State, pages: Vec<usize>) {
+        let (Some(&low), Some(&high)) = (pages.first(), pages.last()) else {
+            return;
+        };
+        let g = self.granularity as u64;
+        let mut owners = Owners::default();
+        let mut last_block = None;
+        for &i in &pages {
+            if let Some((start, _, o)) = state.list.block_containing(i as u64 * g) {
+                if last_block != Some(start) {
+                    owners.join(o);
+                    last_block = Some(start);
+                }
+            }
+        }
         let mut events = Vec::new();
         for o in owners.iter() {
             match state.orders[o as usize].stream().record() {
                 Ok(e) => events.push(e),
                 Err(e) => {
-                    // Without the event the pages cannot be proven unused: they stay mapped
-                    // (and are used again like any free memory).
                     self.device.defer_error(e);
+                    for &i in &pages {
+                        if matches!(
+                            state.pages[i],
+                            Page::Mapped {
+                                status: Status::Unfenced,
+                                ..
+                            }
+                        ) {
+                            state.unfenced.insert(i);
+                        }
+                    }
                     return;
                 }
             }
         }
         let id = state.next_pending;
         state.next_pending = state.next_pending.wrapping_add(1);
-        for i in pages.clone() {
+        for &i in &pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
-                debug_assert_eq!(status, Status::InUse, "page {i} emptied twice");
+                debug_assert!(
+                    matches!(status, Status::InUse | Status::Unfenced),
+                    "page {i} fenced twice"
+                );
                 state.pages[i] = Page::Mapped {
                     handle,
                     status: Status::Pending(id),
                 };
             }
         }
-        state.pending.push(PendingRelease { id, pages, events });
+        state.pending.push(PendingRelease {
+            id,
+            pages: low..high + 1,
+            events,
+            armed: false,
+        });
     }
 }
 
@@ -807,6 +912,7 @@ impl Drop for Inner {
                 mapped_pages: 0,
                 peak_mapped_pages: 0,
                 idle: BTreeSet::new(),
+                unfenced: BTreeSet::new(),
                 pending: Vec::new(),
                 next_pending: 0,
                 orders: Vec::new(),

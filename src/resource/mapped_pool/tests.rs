@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -340,4 +341,67 @@ fn w4_with_free_pages_kept_mapped_misses_the_goal() {
     let ratio = used as f64 / live as f64;
     println!("W4 mapped pool, free pages kept (host): ratio {ratio:.4}");
     assert!(ratio > 1.05, "W4 with pages kept: {ratio:.3}");
+}
+
+#[test]
+fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free() {
+    // Page 1 is freed under queued work; the request does not fit its hole and needs two fresh
+    // pages, which the device has only once page 1 is released. No free will come to wake the
+    // waiter: only the stream reaching the free can.
+    let device = host(8 * MIB);
+    let s = Stream::new(&device).unwrap();
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let a = pool.try_allocate(256, &s).unwrap();
+    let p = pool.try_allocate(4 * MIB, &s).unwrap();
+    let b = pool.try_allocate(256, &s).unwrap();
+    s.enqueue_delay(Duration::from_millis(100)).unwrap();
+    free(&pool, p, 4 * MIB, &s);
+    assert_eq!(pool.statistics().pending_release_bytes, PAGE);
+    let t = Stream::new(&device).unwrap();
+    let err = pool.try_allocate(5 * MIB, &t).unwrap_err();
+    // The details say where the memory is: one page waits for `s` to pass its free.
+    let details = err.out_of_memory_details().expect("details");
+    assert_eq!(details.reserved_bytes, Some(3 * PAGE));
+    assert_eq!(details.pending_frees, vec![(s.id(), PAGE)]);
+    assert_eq!(details.free_bytes, Some(16 * MIB - 512));
+    struct Woken(AtomicBool);
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = std::task::Waker::from(woken.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut waiting = Box::pin(pool.allocate(5 * MIB, &t));
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    s.synchronize_blocking().unwrap(); // the stream has passed the free: nothing else happens
+    assert!(woken.0.load(Ordering::SeqCst), "the waiter was never woken");
+    let std::task::Poll::Ready(Ok(q)) = waiting.as_mut().poll(&mut cx) else {
+        panic!("not served once woken");
+    };
+    for (x, n) in [(a, 256), (b, 256), (q, 5 * MIB)] {
+        free(&pool, x, n, &t);
+    }
+}
+
+#[test]
+fn a_pool_keeping_pages_fences_them_only_when_it_releases_them() {
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let config = MappedPoolConfig::default().release_threshold(2 * PAGE);
+    let pool = MappedPoolResource::with_config(&device, config).unwrap();
+    let p = pool.try_allocate(2 * PAGE, &s).unwrap();
+    let q = pool.try_allocate(PAGE, &s).unwrap();
+    s.enqueue_delay(Duration::from_millis(100)).unwrap();
+    free(&pool, p, 2 * PAGE, &s);
+    // Under the threshold: kept mapped, and no event recorded for it.
+    assert_eq!(pool.statistics().pending_release_bytes, 0);
+    assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
+    free(&pool, q, PAGE, &s);
+    // Over it: every kept page is fenced now, and waits for the stream to pass the frees.
+    assert_eq!(pool.statistics().pending_release_bytes, 3 * PAGE);
+    assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
+    assert_eq!(pool.trim_blocking().unwrap(), 3 * PAGE);
+    assert_eq!(mapped(&device), 0);
 }
