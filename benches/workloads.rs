@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use streamalloc::BackendKind;
 use streamalloc::{
     percent_of_free_device_memory, ArenaResource, BinningResource, CudaAsyncResource, CudaResource,
-    Device, FixedSizeResource, MemoryResource, PoolResource, StatisticsAdaptor, Stream,
-    TracingAdaptor, TrackingAdaptor,
+    Device, FixedSizeResource, MappedPoolResource, MemoryResource, PoolResource, StatisticsAdaptor,
+    Stream, TracingAdaptor, TrackingAdaptor,
 };
 
 use workloads::{
@@ -617,6 +617,10 @@ fn footprint_rows(device: &Device) -> Result<Vec<FootRow>, BoxError> {
         CudaAsyncResource::new(device)
     })?);
     rows.extend(footprint("streamalloc PoolResource", device, pool)?);
+    // Pages mapped on demand into one reserved range (CUDA virtual memory management).
+    rows.extend(footprint("streamalloc MappedPoolResource", device, || {
+        MappedPoolResource::new(device)
+    })?);
     rows.extend(footprint("streamalloc BinningResource", device, || {
         BinningResource::with_range(pool()?, 18, 22)
     })?);
