@@ -477,3 +477,132 @@ fn buffer_builders_forward_their_priority() {
     drop(b);
     assert_eq!(mr.allocated_bytes(), 0);
 }
+
+/// Two tasks each hold half of a bounded budget and each await more: without detection both
+/// wait for ever. One of them (or both) must hear `WouldDeadlock` with the numbers; once it
+/// gives its half back, the other may be served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_that_hold_everything_and_wait_for_more_get_would_deadlock() {
+    let (mr, s) = limited(4 * KIB);
+    let both_hold = Arc::new(tokio::sync::Barrier::new(2));
+    let task =
+        |mr: LimitingAdaptor<CudaResource>, s: Stream, both_hold: Arc<tokio::sync::Barrier>| {
+            tokio::spawn(async move {
+                let half = mr.allocate(2 * KIB, &s).await.unwrap();
+                both_hold.wait().await;
+                let more = mr.allocate(KIB, &s).await;
+                free(&mr, half, 2 * KIB, &s);
+                if let Ok(p) = &more {
+                    free(&mr, *p, KIB, &s);
+                }
+                more
+            })
+        };
+    let a = task(mr.clone(), s.clone(), both_hold.clone());
+    let b = task(mr.clone(), s.clone(), both_hold);
+    let (a, b) = tokio::time::timeout(Duration::from_secs(10), async {
+        (a.await.unwrap(), b.await.unwrap())
+    })
+    .await
+    .expect("deadlocked tasks hung instead of failing");
+    let deadlocks: Vec<_> = [&a, &b]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    assert!(!deadlocks.is_empty(), "{a:?} {b:?}");
+    for e in deadlocks {
+        match e {
+            Error::WouldDeadlock {
+                requested,
+                allocated,
+                limit,
+                held_by_waiters,
+                waiting_tasks,
+                ..
+            } => {
+                assert_eq!((*requested, *allocated, *limit), (KIB, 4 * KIB, 4 * KIB));
+                assert_eq!(*held_by_waiters, 4 * KIB);
+                assert!((1..=2).contains(waiting_tasks), "{e}");
+            }
+            other => panic!("expected WouldDeadlock, got {other}"),
+        }
+    }
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert!(!mr.availability().unwrap().has_waiters());
+}
+
+/// A task holds half and waits for more while another task, not waiting, holds the rest and
+/// frees it later: that is a wait, not a deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_memory_a_running_task_holds_is_not_a_deadlock() {
+    let (mr, s) = limited(4 * KIB);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            let p = mr.allocate(2 * KIB, &s).await.unwrap();
+            rx.await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            free(&mr, p, 2 * KIB, &s);
+        })
+    };
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            let half = mr.allocate(2 * KIB, &s).await.unwrap();
+            tx.send(()).unwrap();
+            let more = mr
+                .allocate(4 * KIB - 2 * KIB + KIB, &s)
+                .timeout(Duration::from_millis(1));
+            // Too much while it holds half (3 KiB beside 2 KiB): gives up at its deadline,
+            // never with WouldDeadlock; then asks for what the holder will free.
+            assert!(matches!(more.await, Err(Error::Timeout { .. })));
+            let more = mr.allocate(2 * KIB, &s).await;
+            free(&mr, half, 2 * KIB, &s);
+            more.map(|p| free(&mr, p, 2 * KIB, &s))
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        holder.await.unwrap();
+        waiter.await.unwrap()
+    })
+    .await
+    .expect("hung")
+    .expect("a running holder's memory was reported as a deadlock");
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+/// What a task got and freed is forgotten at the free: a waiting task whose old allocation
+/// is gone must not count it, while memory it never held (taken outside any task) blocks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_waiter_freed_is_not_counted_as_held() {
+    let (mr, s) = limited(4 * KIB);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (freed_tx, freed_rx) = tokio::sync::oneshot::channel::<()>();
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            let p = mr.allocate(4 * KIB, &s).await.unwrap();
+            free(&mr, p, 4 * KIB, &s);
+            freed_tx.send(()).unwrap();
+            rx.await.unwrap();
+            let p = mr.allocate(KIB, &s).await?;
+            free(&mr, p, KIB, &s);
+            Ok::<_, Error>(())
+        })
+    };
+    freed_rx.await.unwrap();
+    // The test body is no task: this allocation is nobody's, as far as detection knows.
+    let outside = mr.try_allocate(4 * KIB, &s).unwrap();
+    tx.send(()).unwrap();
+    while !mr.availability().unwrap().has_waiters() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    free(&mr, outside, 4 * KIB, &s);
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("hung")
+        .unwrap()
+        .expect("a freed allocation was counted as held");
+}
