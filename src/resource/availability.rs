@@ -256,6 +256,11 @@ impl Availability {
         })
     }
 
+    /// Whether any allocation waits here or at a resource following this one.
+    pub(crate) fn anyone_waiting(&self) -> bool {
+        self.waiting.any()
+    }
+
     /// Whether any allocation is waiting.
     pub fn has_waiters(&self) -> bool {
         !self.queue.is_empty()

@@ -606,3 +606,57 @@ async fn memory_a_waiter_freed_is_not_counted_as_held() {
         .unwrap()
         .expect("a freed allocation was counted as held");
 }
+
+/// A driver pool's free gives its memory back only when the freeing stream reaches it. A
+/// request on another stream waits for it and resumes when the device passes the free, with
+/// no synchronize by anyone: bare, and through a limit stacked on the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_stream_ordered_free_wakes_a_waiter_on_another_stream() {
+    const MIB: usize = 1 << 20;
+    let device = Device::host_with(HostConfig::default().capacity(MIB));
+    let pool = crate::CudaAsyncResource::new(&device).unwrap();
+    waits_for_a_pending_free(&pool, &device).await;
+    waits_for_a_pending_free(&LimitingAdaptor::new(pool, 2 * MIB), &device).await;
+
+    async fn waits_for_a_pending_free(mr: &impl MemoryResource, device: &Device) {
+        let (freeing, waiting) = (Stream::new(device).unwrap(), Stream::new(device).unwrap());
+        let p = mr.try_allocate(MIB, &freeing).unwrap();
+        freeing.enqueue_delay(Duration::from_millis(200)).unwrap();
+        free(mr, p, MIB, &freeing);
+        assert!(
+            mr.try_allocate(MIB, &waiting)
+                .unwrap_err()
+                .is_out_of_memory(),
+            "the free took effect before its stream reached it"
+        );
+        let waits = mr.availability().unwrap().stats().waits;
+        // Polled by hand: a timeout around the future would poll it once more when it fires,
+        // and that retry would find the memory back without any wake-up.
+        let woken = Arc::new(tokio::sync::Notify::new());
+        let waker = futures::task::waker(Arc::new(NotifyWaker(woken.clone())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut allocate = Box::pin(mr.allocate(MIB, &waiting));
+        // Other frees completing (the last case's) may wake it first: each wake-up is a retry.
+        let q = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let std::task::Poll::Ready(r) = allocate.as_mut().poll(&mut cx) {
+                    break r.expect("failed instead of waiting for the pending free");
+                }
+                woken.notified().await;
+            }
+        })
+        .await
+        .expect("the waiter was never woken by the free's completion");
+        drop(allocate);
+        assert_eq!(mr.availability().unwrap().stats().waits, waits + 1);
+        free(mr, q, MIB, &waiting);
+    }
+}
+
+struct NotifyWaker(Arc<tokio::sync::Notify>);
+
+impl futures::task::ArcWake for NotifyWaker {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.notify_one();
+    }
+}
