@@ -228,7 +228,7 @@ pub enum Error {
     /// use streamalloc::{CudaResource, Device, Error, LimitingAdaptor, MemoryResource, Stream};
     ///
     /// # let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    /// # rt.block_on(tokio::spawn(async {
+    /// # rt.block_on(rt.spawn(async {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
     /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);

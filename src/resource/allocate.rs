@@ -162,8 +162,9 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
     /// let held = mr.allocate(1024, &stream).await?;
     /// let (m, s) = (mr.clone(), stream.clone());
+    /// let queue = mr.availability().unwrap();
     /// let waiting = |n| async move {
-    ///     while mr.availability().unwrap().stats().waiting < n {
+    ///     while queue.stats().waiting < n {
     ///         tokio::time::sleep(Duration::from_millis(1)).await;
     ///     }
     /// };
