@@ -226,6 +226,45 @@ pub enum Error {
         /// The device of the stream or buffer passed in.
         actual: DeviceId,
     },
+    /// An awaited allocation would wait for ever: every byte allocated from the bounded
+    /// resource is held by tasks that are themselves waiting on it, so nothing can come back.
+    /// What is detected, and what is not, is in the book's "Awaiting memory" chapter and on
+    /// [`Allocate`](crate::Allocate).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{CudaResource, Device, Error, LimitingAdaptor, MemoryResource, Stream};
+    ///
+    /// # let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    /// # rt.block_on(rt.spawn(async {
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
+    /// let held = mr.allocate(4096, &stream).await?; // this task holds the whole budget...
+    /// let more = mr.allocate(1024, &stream).timeout(Duration::from_secs(5)).await;
+    /// let Err(e @ Error::WouldDeadlock { requested: 1024, held_by_waiters: 4096, .. }) = more
+    /// else { panic!("{more:?}") };                  // ...and waits for more: never served
+    /// assert!(e.to_string().contains("deadlock"), "{e}");
+    /// unsafe { mr.deallocate(held, 4096, &stream) };
+    /// # Ok::<(), Error>(())
+    /// # })).unwrap().unwrap();
+    /// ```
+    #[error("{requested} bytes on {device} would wait for ever (deadlock): all {allocated} bytes allocated from the resource (limit {limit}) are held by the {waiting_tasks} tasks waiting on it, which hold {held_by_waiters} bytes")]
+    #[non_exhaustive]
+    WouldDeadlock {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes allocated from the resource now, as it counts them.
+        allocated: usize,
+        /// The most the resource can hold ([`capacity_limit`](crate::MemoryResource::capacity_limit)).
+        limit: usize,
+        /// Bytes the waiting tasks hold (as they asked for them).
+        held_by_waiters: usize,
+        /// How many tasks wait on the resource, the requester included.
+        waiting_tasks: usize,
+        /// The device the resource allocates on.
+        device: DeviceId,
+    },
 }
 
 /// What a resource knew about its memory when it refused a request: the numbers that tell

@@ -15,8 +15,8 @@ use super::DeviceBuffer;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{
-    check_resource, into_shared, try_without_waiting, DevicePtr, MemoryResource, SharedResource,
-    ALLOCATION_ALIGNMENT,
+    check_resource, held, into_shared, try_without_waiting, DevicePtr, MemoryResource,
+    SharedResource, ALLOCATION_ALIGNMENT,
 };
 use crate::stream::Stream;
 
@@ -567,6 +567,7 @@ impl Future for NewBuffer<'_> {
                 let queued = request.mr.availability().is_some_and(|a| a.has_waiters());
                 if !queued {
                     if let Some(done) = try_without_waiting(&*request.mr, allocated, this.stream) {
+                        let done = held(&*request.mr, allocated, done);
                         return Poll::Ready(
                             done.and_then(|base| this.finish(base, allocated, request)),
                         );

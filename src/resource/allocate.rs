@@ -34,8 +34,44 @@ use crate::sync::Arc;
 /// [`capacity_limit`](MemoryResource::capacity_limit) (whatever out-of-memory error the
 /// resource itself gave); [`Error::OutOfMemory`] at once when nothing can come back for it or
 /// the resource cannot make it wait; [`Error::DeviceMismatch`] before any wait when the
-/// stream is of another device; [`Error::Timeout`] when a [`deadline`](Allocate::deadline) passes first; any other
-/// error of `try_allocate`.
+/// stream is of another device; [`Error::Timeout`] when a [`deadline`](Allocate::deadline) passes first;
+/// [`Error::WouldDeadlock`] when it would wait for ever (below); any other error of
+/// `try_allocate`.
+///
+/// # Deadlock detection
+/// A request that would wait for ever because every byte of a bounded resource is held by
+/// tasks that are themselves waiting on it gets [`Error::WouldDeadlock`] instead (the head of
+/// the queue checks when its retry fails, any other waiter once as it joins the queue).
+/// Exactly, it is reported when all of these hold:
+/// - the resource has a [`capacity_limit`](MemoryResource::capacity_limit) and reports its
+///   allocated bytes ([`memory_stats`](MemoryResource::memory_stats)), and the request does not
+///   fit beside them (`allocated + requested > limit`): only a free of the resource's own can
+///   help, not its upstream;
+/// - every waiter in the queue runs in a tokio task;
+/// - the bytes those tasks got from awaited allocations of this resource
+///   ([`allocate`](MemoryResource::allocate), `DeviceBuffer::new`, `DeviceVec::new`, …) since
+///   the last time memory came back to it add up to all it has allocated.
+///
+/// Not detected (it waits, as before): holders outside tokio tasks (threads, `block_on`);
+/// memory from [`try_allocate`](MemoryResource::try_allocate) or allocated before the last
+/// free, growth or trim of the resource (each one forgets the counts, since it may have
+/// returned any of them); sizes the resource rounds up (a [`LimitingAdaptor`] charges 256-byte
+/// units: a task holding 1000 bytes counts 1000, the resource 1024, and the two no longer
+/// match); waits spread over several resources (a cycle through two pools); a resource full
+/// below its limit (fragmentation) or blocked by its upstream.
+///
+/// Reported wrongly (the limits of attributing memory to the task that awaited it): a task
+/// that waits here while *another part of itself* (a branch of `join!`/`select!`) would free
+/// what it holds, or while memory it allocated has been handed to another task or thread that
+/// will free it. Such programs should not rely on a wait for memory they hold themselves;
+/// the error says how much the waiters hold.
+///
+/// Cost: an awaited allocation that succeeds inside a tokio task on a resource with a wait
+/// queue counts its bytes under a lock (one per allocation), and the next free after it takes
+/// that lock once; outside tasks, a thread-local read. [`try_allocate`](MemoryResource::try_allocate)
+/// pays nothing.
+///
+/// [`LimitingAdaptor`]: crate::LimitingAdaptor
 ///
 /// # Cancel safety
 /// Dropping it before it resolves leaves nothing allocated, nothing reserved, and no waiter in
@@ -126,8 +162,9 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
     /// let held = mr.allocate(1024, &stream).await?;
     /// let (m, s) = (mr.clone(), stream.clone());
+    /// let queue = mr.availability().unwrap();
     /// let waiting = |n| async move {
-    ///     while mr.availability().unwrap().stats().waiting < n {
+    ///     while queue.stats().waiting < n {
     ///         tokio::time::sleep(Duration::from_millis(1)).await;
     ///     }
     /// };
@@ -166,13 +203,37 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
             return Some(first);
         }
         if self.mr.may_regain_memory(self.bytes) {
-            return None;
+            return self.would_deadlock().map(Err);
         }
         let second = self.mr.try_allocate(self.bytes, self.stream);
         if out_of_memory(&second) && self.mr.may_regain_memory(self.bytes) {
-            return None;
+            return self.would_deadlock().map(Err);
         }
         Some(second)
+    }
+
+    /// [`Error::WouldDeadlock`] when the head's wait could never end: the resource is full to
+    /// its [`capacity_limit`](MemoryResource::capacity_limit) for this request (so only a free
+    /// of its own can help, whatever its upstream does), and every byte it has allocated is
+    /// held by tasks waiting here. Conservative: see "Deadlock detection" on [`Allocate`].
+    fn would_deadlock(&self) -> Option<Error> {
+        let availability = self.mr.availability()?;
+        let limit = self.mr.capacity_limit()?;
+        let allocated = self.mr.memory_stats().allocated_bytes?;
+        if allocated == 0 || allocated.saturating_add(self.bytes) <= limit {
+            return None;
+        }
+        let held = availability.held_by_waiters()?;
+        // The counts are a lower bound of what each waiting task holds, and the resource
+        // counts at least what was asked for: equality means nobody else holds anything.
+        (held.bytes >= allocated).then(|| Error::WouldDeadlock {
+            requested: self.bytes,
+            allocated,
+            limit,
+            held_by_waiters: held.bytes,
+            waiting_tasks: held.tasks,
+            device: self.stream.device().id(),
+        })
     }
 
     /// An out-of-memory outcome for a request above the capacity limit, made
@@ -210,6 +271,23 @@ fn never_fitting<R: MemoryResource + ?Sized>(mr: &R, done: Result<DevicePtr>) ->
     done.map_err(|e| e.never_fitting(mr.capacity_limit()))
 }
 
+/// `done`, with its bytes counted as held by the current tokio task when it is an allocation
+/// from a resource that makes requests wait (for deadlock detection). Outside a task, or for
+/// a resource that never makes requests wait, one thread-local read.
+#[inline]
+pub(crate) fn held<R: MemoryResource + ?Sized>(
+    mr: &R,
+    bytes: usize,
+    done: Result<DevicePtr>,
+) -> Result<DevicePtr> {
+    if let (Ok(_), Some(a)) = (&done, mr.availability()) {
+        if bytes > 0 {
+            a.record_held(bytes);
+        }
+    }
+    done
+}
+
 /// The fast path of every allocation future (an [`Allocate`]'s first poll, a buffer's
 /// constructor): `Some(outcome)` when the request is decided without waiting, `None` when it is
 /// out of memory and may wait for more.
@@ -230,13 +308,14 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<DevicePtr>> {
         let this = &mut *self;
+        let just_queued = this.wait.is_none();
         if this.wait.is_none() {
             // Waiters go first, unless all are of lower priority: then this request becomes
             // the head when it queues, and tries at once below.
             let queued = this.mr.availability().is_some_and(|a| a.has_waiters());
             if !queued {
                 if let Some(done) = try_without_waiting(this.mr, this.bytes, this.stream) {
-                    return Poll::Ready(done);
+                    return Poll::Ready(held(this.mr, this.bytes, done));
                 }
             } else {
                 // Behind other waiters, but checked as the fast path would be first: a request
@@ -268,7 +347,14 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             if let Some(done) = this.retry() {
                 this.leave_queue(WaitEnd::Done);
-                return Poll::Ready(done);
+                return Poll::Ready(held(this.mr, this.bytes, done));
+            }
+        } else if just_queued {
+            // The head checks for a deadlock when its retry fails; a waiter that joins behind
+            // it may be the last holder to start waiting, so it checks once as it joins.
+            if let Some(e) = this.would_deadlock() {
+                this.leave_queue(WaitEnd::Done);
+                return Poll::Ready(Err(e));
             }
         }
         let wait = this.wait.as_mut().expect("still queued");

@@ -29,15 +29,18 @@
 //! What `event-listener` does give — a notification passed on by a dropped listener — is
 //! `WaitQueue::remove` waking the new head, checked by the loom models in `loom_tests`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
 use std::task::Waker;
 use std::time::Duration;
 
 use crate::resource::WaitQueueStats;
+
+mod pending_frees;
 use crate::sync::{fence, Arc, AtomicUsize, Mutex};
+pub(crate) use pending_frees::PendingFrees;
 
 /// The signal a resource fires when memory may have become available (a free, growth, a
 /// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.
@@ -78,6 +81,75 @@ pub struct Availability {
     waiting: Arc<Waiting>,
     /// How the queue has fared ([`Availability::stats`]); touched only when a request waits.
     counts: WaitCounts,
+    /// What each task holds, for deadlock detection.
+    holders: Holders,
+}
+
+/// Bytes held per tokio task, counted for the allocations awaited through
+/// [`allocate`](crate::MemoryResource::allocate) (and the buffer builders) since the last time
+/// memory came back ([`Availability::notify`]): a free may have returned any of them, so every
+/// notify that follows a record forgets them all. What is left is a lower bound, per task, of
+/// what it holds now, which is what makes deadlock detection conservative (see
+/// [`Allocate`](crate::Allocate)).
+///
+/// Plain std atomics and a parking_lot lock, also under loom: the wait queue's own protocol
+/// does not depend on them.
+#[derive(Debug, Default)]
+struct Holders {
+    /// Set (under the lock) by a record; a notify that finds it set starts a new epoch and
+    /// clears it, under the lock, so a record is never both kept and older than a free.
+    dirty: AtomicBool,
+    ledger: parking_lot::Mutex<Ledger>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Bumped by every notify that follows a record.
+    epoch: u64,
+    /// The epoch `held` counts in; older counts are forgotten at the next record or check.
+    counted_in: u64,
+    held: HashMap<tokio::task::Id, usize>,
+}
+
+impl Holders {
+    fn record(&self, bytes: usize) {
+        let Some(task) = tokio::task::try_id() else {
+            return;
+        };
+        let mut ledger = self.ledger.lock();
+        if ledger.counted_in != ledger.epoch {
+            ledger.held.clear();
+            ledger.counted_in = ledger.epoch;
+        }
+        *ledger.held.entry(task).or_default() += bytes;
+        self.dirty.store(true, Ordering::SeqCst);
+    }
+
+    /// Memory may have come back: the counts may name freed memory.
+    fn forget(&self) {
+        // The common case, nothing recorded since the last notify, is one load.
+        if self.dirty.load(Ordering::SeqCst) {
+            let mut ledger = self.ledger.lock();
+            ledger.epoch += 1;
+            self.dirty.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// What `tasks` hold, counted since the last notify.
+    fn held_by(&self, tasks: &[tokio::task::Id]) -> usize {
+        let ledger = self.ledger.lock();
+        if ledger.counted_in != ledger.epoch {
+            return 0;
+        }
+        tasks.iter().filter_map(|t| ledger.held.get(t)).sum()
+    }
+}
+
+/// What [`Availability::held_by_waiters`] found: the waiting tasks and what they hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HeldByWaiters {
+    pub(crate) bytes: usize,
+    pub(crate) tasks: usize,
 }
 
 /// The counters behind [`WaitQueueStats`]. Plain std atomics, also under loom: they order
@@ -148,6 +220,7 @@ impl Availability {
         // The fence in `queue.notify` also orders the caller's state change before the load of
         // `waiting` (see `WaitQueue`): a waiter at a follower counts itself before its retry.
         self.queue.notify();
+        self.holders.forget();
         if self.waiting.any() {
             let mut followers = self.followers.lock();
             followers.retain(|f| match f.upgrade() {
@@ -158,6 +231,34 @@ impl Availability {
                 None => false,
             });
         }
+    }
+
+    /// Counts `bytes` as held by the current tokio task (nothing outside a task): an awaited
+    /// allocation got them.
+    pub(crate) fn record_held(&self, bytes: usize) {
+        self.holders.record(bytes);
+    }
+
+    /// The tasks waiting here and what they hold, as far as the counts since the last notify
+    /// tell (a lower bound). Every waiter outside a tokio task makes it `None`: its holdings
+    /// are unknown.
+    pub(crate) fn held_by_waiters(&self) -> Option<HeldByWaiters> {
+        let mut tasks = Vec::new();
+        for w in self.queue.waiters.lock().iter() {
+            let task = w.task?;
+            if !tasks.contains(&task) {
+                tasks.push(task);
+            }
+        }
+        Some(HeldByWaiters {
+            bytes: self.holders.held_by(&tasks),
+            tasks: tasks.len(),
+        })
+    }
+
+    /// Whether any allocation waits here or at a resource following this one.
+    pub(crate) fn anyone_waiting(&self) -> bool {
+        self.waiting.any()
     }
 
     /// Whether any allocation is waiting.
@@ -274,6 +375,8 @@ pub(crate) struct Waiter {
     waker: Mutex<Option<Waker>>,
     /// Its place in the queue: behind every waiter of equal or higher priority.
     priority: i32,
+    /// The tokio task it waits in, if any.
+    task: Option<tokio::task::Id>,
 }
 
 impl Waiter {
@@ -326,6 +429,7 @@ impl WaitQueue {
     pub(crate) fn push(&self, waker: &Waker, priority: i32, first: impl FnOnce()) -> Arc<Waiter> {
         let waiter = Arc::new(Waiter {
             priority,
+            task: tokio::task::try_id(),
             ..Waiter::default()
         });
         waiter.set_waker(waker);

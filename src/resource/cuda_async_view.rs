@@ -1,11 +1,14 @@
 use std::fmt;
+use std::sync::Arc;
 
 use crate::backend::AnyMemPool;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ids::BackendKind;
+use crate::resource::availability::PendingFrees;
 use crate::resource::{
-    check_stream, CudaAsyncResource, DevicePtr, MemoryResource, Properties, ResourceIdentity,
+    check_stream, Availability, CudaAsyncResource, DevicePtr, MemoryResource, Properties,
+    ResourceIdentity,
 };
 use crate::stream::Stream;
 
@@ -35,6 +38,9 @@ use crate::stream::Stream;
 pub struct CudaAsyncViewResource {
     device: Device,
     pool: AnyMemPool,
+    /// Frees the device has not reached yet (their memory is not back in the pool), shared by
+    /// the clones of this view: awaited allocations wait for them.
+    pending: Arc<PendingFrees>,
 }
 
 impl CudaAsyncViewResource {
@@ -48,6 +54,7 @@ impl CudaAsyncViewResource {
         CudaAsyncViewResource {
             device: device.clone(),
             pool,
+            pending: Arc::default(),
         }
     }
 
@@ -98,9 +105,24 @@ impl MemoryResource for CudaAsyncViewResource {
             return;
         }
         // SAFETY: forwarded from the caller's contract: `ptr` came from this pool.
-        if let Err(e) = unsafe { self.pool.free_async(ptr.addr(), bytes, stream.raw()) } {
-            self.device.defer_error(e);
+        match unsafe { self.pool.free_async(ptr.addr(), bytes, stream.raw()) } {
+            Ok(()) => self.pending.freed(bytes, stream),
+            Err(e) => self.device.defer_error(e),
         }
+    }
+
+    /// Fired when a free completes on the device (its memory is back in the pool), through
+    /// the completion driver.
+    fn availability(&self) -> Option<&Availability> {
+        Some(self.pending.availability())
+    }
+
+    /// While a free of this view is pending on its stream: its memory comes back when the
+    /// device reaches it. (Frees through other views of the pool, or by other processes, are
+    /// not seen.)
+    fn may_regain_memory(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        self.pending.may_regain()
     }
 
     /// The device's total memory: no single request can be larger.

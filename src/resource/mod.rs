@@ -30,8 +30,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-pub(crate) use allocate::try_without_waiting;
 pub use allocate::Allocate;
+pub(crate) use allocate::{held, try_without_waiting};
 pub use arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
 pub use availability::Availability;
 pub use binning::BinningResource;

@@ -477,3 +477,186 @@ fn buffer_builders_forward_their_priority() {
     drop(b);
     assert_eq!(mr.allocated_bytes(), 0);
 }
+
+/// Two tasks each hold half of a bounded budget and each await more: without detection both
+/// wait for ever. One of them (or both) must hear `WouldDeadlock` with the numbers; once it
+/// gives its half back, the other may be served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_that_hold_everything_and_wait_for_more_get_would_deadlock() {
+    let (mr, s) = limited(4 * KIB);
+    let both_hold = Arc::new(tokio::sync::Barrier::new(2));
+    let task =
+        |mr: LimitingAdaptor<CudaResource>, s: Stream, both_hold: Arc<tokio::sync::Barrier>| {
+            tokio::spawn(async move {
+                let half = mr.allocate(2 * KIB, &s).await.unwrap();
+                both_hold.wait().await;
+                let more = mr.allocate(KIB, &s).await;
+                free(&mr, half, 2 * KIB, &s);
+                if let Ok(p) = &more {
+                    free(&mr, *p, KIB, &s);
+                }
+                more
+            })
+        };
+    let a = task(mr.clone(), s.clone(), both_hold.clone());
+    let b = task(mr.clone(), s.clone(), both_hold);
+    let (a, b) = tokio::time::timeout(Duration::from_secs(10), async {
+        (a.await.unwrap(), b.await.unwrap())
+    })
+    .await
+    .expect("deadlocked tasks hung instead of failing");
+    let deadlocks: Vec<_> = [&a, &b]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    assert!(!deadlocks.is_empty(), "{a:?} {b:?}");
+    for e in deadlocks {
+        match e {
+            Error::WouldDeadlock {
+                requested,
+                allocated,
+                limit,
+                held_by_waiters,
+                waiting_tasks,
+                ..
+            } => {
+                assert_eq!((*requested, *allocated, *limit), (KIB, 4 * KIB, 4 * KIB));
+                assert_eq!(*held_by_waiters, 4 * KIB);
+                assert!((1..=2).contains(waiting_tasks), "{e}");
+            }
+            other => panic!("expected WouldDeadlock, got {other}"),
+        }
+    }
+    assert_eq!(mr.allocated_bytes(), 0);
+    assert!(!mr.availability().unwrap().has_waiters());
+}
+
+/// A task holds half and waits for more while another task, not waiting, holds the rest and
+/// frees it later: that is a wait, not a deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_memory_a_running_task_holds_is_not_a_deadlock() {
+    let (mr, s) = limited(4 * KIB);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            let p = mr.allocate(2 * KIB, &s).await.unwrap();
+            rx.await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            free(&mr, p, 2 * KIB, &s);
+        })
+    };
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            let half = mr.allocate(2 * KIB, &s).await.unwrap();
+            tx.send(()).unwrap();
+            let more = mr
+                .allocate(4 * KIB - 2 * KIB + KIB, &s)
+                .timeout(Duration::from_millis(1));
+            // Too much while it holds half (3 KiB beside 2 KiB): gives up at its deadline,
+            // never with WouldDeadlock; then asks for what the holder will free.
+            assert!(matches!(more.await, Err(Error::Timeout { .. })));
+            let more = mr.allocate(2 * KIB, &s).await;
+            free(&mr, half, 2 * KIB, &s);
+            more.map(|p| free(&mr, p, 2 * KIB, &s))
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        holder.await.unwrap();
+        waiter.await.unwrap()
+    })
+    .await
+    .expect("hung")
+    .expect("a running holder's memory was reported as a deadlock");
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+/// What a task got and freed is forgotten at the free: a waiting task whose old allocation
+/// is gone must not count it, while memory it never held (taken outside any task) blocks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_waiter_freed_is_not_counted_as_held() {
+    let (mr, s) = limited(4 * KIB);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (freed_tx, freed_rx) = tokio::sync::oneshot::channel::<()>();
+    let waiter = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            let p = mr.allocate(4 * KIB, &s).await.unwrap();
+            free(&mr, p, 4 * KIB, &s);
+            freed_tx.send(()).unwrap();
+            rx.await.unwrap();
+            let p = mr.allocate(KIB, &s).await?;
+            free(&mr, p, KIB, &s);
+            Ok::<_, Error>(())
+        })
+    };
+    freed_rx.await.unwrap();
+    // The test body is no task: this allocation is nobody's, as far as detection knows.
+    let outside = mr.try_allocate(4 * KIB, &s).unwrap();
+    tx.send(()).unwrap();
+    while !mr.availability().unwrap().has_waiters() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    free(&mr, outside, 4 * KIB, &s);
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("hung")
+        .unwrap()
+        .expect("a freed allocation was counted as held");
+}
+
+/// A driver pool's free gives its memory back only when the freeing stream reaches it. A
+/// request on another stream waits for it and resumes when the device passes the free, with
+/// no synchronize by anyone: bare, and through a limit stacked on the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_stream_ordered_free_wakes_a_waiter_on_another_stream() {
+    const MIB: usize = 1 << 20;
+    let device = Device::host_with(HostConfig::default().capacity(MIB));
+    let pool = crate::CudaAsyncResource::new(&device).unwrap();
+    waits_for_a_pending_free(&pool, &device).await;
+    waits_for_a_pending_free(&LimitingAdaptor::new(pool, 2 * MIB), &device).await;
+
+    async fn waits_for_a_pending_free(mr: &impl MemoryResource, device: &Device) {
+        let (freeing, waiting) = (Stream::new(device).unwrap(), Stream::new(device).unwrap());
+        let p = mr.try_allocate(MIB, &freeing).unwrap();
+        freeing.enqueue_delay(Duration::from_millis(200)).unwrap();
+        free(mr, p, MIB, &freeing);
+        assert!(
+            mr.try_allocate(MIB, &waiting)
+                .unwrap_err()
+                .is_out_of_memory(),
+            "the free took effect before its stream reached it"
+        );
+        let waits = mr.availability().unwrap().stats().waits;
+        // Polled by hand: a timeout around the future would poll it once more when it fires,
+        // and that retry would find the memory back without any wake-up.
+        let woken = Arc::new(tokio::sync::Notify::new());
+        let waker = futures::task::waker(Arc::new(NotifyWaker(woken.clone())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut allocate = Box::pin(mr.allocate(MIB, &waiting));
+        // Other frees completing (the last case's) may wake it first: each wake-up is a retry.
+        let q = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let std::task::Poll::Ready(r) = allocate.as_mut().poll(&mut cx) {
+                    break r.expect("failed instead of waiting for the pending free");
+                }
+                woken.notified().await;
+            }
+        })
+        .await
+        .expect("the waiter was never woken by the free's completion");
+        drop(allocate);
+        assert_eq!(mr.availability().unwrap().stats().waits, waits + 1);
+        free(mr, q, MIB, &waiting);
+    }
+}
+
+struct NotifyWaker(Arc<tokio::sync::Notify>);
+
+impl futures::task::ArcWake for NotifyWaker {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.notify_one();
+    }
+}
