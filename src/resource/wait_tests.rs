@@ -650,6 +650,8 @@ async fn a_pending_stream_ordered_free_wakes_a_waiter_on_another_stream() {
         drop(allocate);
         assert_eq!(mr.availability().unwrap().stats().waits, waits + 1);
         free(mr, q, MIB, &waiting);
+        // That free is stream-ordered too: the next case starts once the device has passed it.
+        device.synchronize().await.unwrap();
     }
 }
 
