@@ -2,7 +2,7 @@
 //! the coalescing of a freed block with its physical neighbours of the same stream (see
 //! "Blocks" in the [core's documentation](super)).
 
-use super::classes::class_index_of_size;
+use super::classes::same_class;
 use super::PoolCore;
 
 /// The null slab index (also [`Block::stream`] of a vacant slot).
@@ -104,9 +104,10 @@ impl PoolCore {
 
     /// Sets the size of the free, linked block `idx`, moving it to its new class list if the
     /// class changes.
+    #[inline]
     pub(super) fn resize(&mut self, idx: u32, size: u64) {
         let old = self.blocks[idx as usize].size;
-        if class_index_of_size(old) == class_index_of_size(size) {
+        if same_class(old, size) {
             self.blocks[idx as usize].size = size;
         } else {
             self.unlink(idx);
