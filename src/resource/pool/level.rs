@@ -175,6 +175,7 @@ impl Level {
     }
 
     /// Frees `addr` (allocated with `bytes`) on `stream` if it is a block of this level.
+    #[inline]
     pub(super) fn try_free(&mut self, addr: u64, bytes: usize, stream: &Stream) -> bool {
         let Some(slot) = self.core.try_free(addr, bytes, key(stream)) else {
             return false;

@@ -50,6 +50,7 @@ impl Block {
 impl PoolCore {
     /// Merges the free, unlinked block `idx` with its physical neighbours of the same stream
     /// (the left one survives) and links the result. The byte counters are the caller's.
+    #[inline]
     pub(super) fn coalesce_and_link(&mut self, idx: u32) {
         let Block {
             stream,
