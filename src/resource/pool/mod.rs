@@ -1061,8 +1061,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
         } else if global_free(self) {
             (true, true)
         } else {
-            let in_shard =
-                !self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream, 0);
+            let in_shard = !self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream, 0);
             (in_shard, false)
         };
         if !freed {

@@ -567,7 +567,10 @@ fn the_fast_path_never_hands_another_streams_free_block_over_without_a_wait() {
     let s_done = busy(&s, 100);
     free(&pool, a, 64 * KIB, &s);
     let b = pool.try_allocate(64 * KIB, &t).unwrap();
-    assert_eq!(b, a, "T is carved from the tail of S's free memory, where A was");
+    assert_eq!(
+        b, a,
+        "T is carved from the tail of S's free memory, where A was"
+    );
     let t_uses = reached(&t);
     t.synchronize_blocking().unwrap();
     s.synchronize_blocking().unwrap();
@@ -597,10 +600,18 @@ fn the_newest_allocation_freed_twice_or_with_a_wrong_size_is_caught() {
         assert!(e.to_string().contains(&p.to_string()), "{e}");
         let q = pool.try_allocate(4 * KIB, &s).unwrap();
         free(&pool, q, 8 * KIB, &s); // wrong size
-        assert_eq!(device.deferred_error_count(), 2, "errors so far, taken or not");
+        assert_eq!(
+            device.deferred_error_count(),
+            2,
+            "errors so far, taken or not"
+        );
         let e = device.take_deferred_error().unwrap();
         assert!(e.to_string().contains(&q.to_string()), "{e}");
-        assert_eq!(pool.statistics().live_allocations, 1, "Q is still allocated");
+        assert_eq!(
+            pool.statistics().live_allocations,
+            1,
+            "Q is still allocated"
+        );
         free(&pool, q, 4 * KIB, &s);
         assert_eq!(pool.statistics().live_allocations, 0);
         assert!(device.take_deferred_error().is_none());

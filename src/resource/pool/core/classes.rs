@@ -96,7 +96,14 @@ mod tests {
         }
         for log in ALIGN_LOG2..62 {
             let p = 1u64 << log;
-            let near = [p - unit, p, p + unit, p + (p >> 5), p + (p >> 5) - unit, 2 * p - unit];
+            let near = [
+                p - unit,
+                p,
+                p + unit,
+                p + (p >> 5),
+                p + (p >> 5) - unit,
+                2 * p - unit,
+            ];
             for &a in near.iter().filter(|&&s| s > 0 && s % unit == 0) {
                 for &b in near.iter().filter(|&&s| s > 0 && s % unit == 0) {
                     assert_eq!(

@@ -75,7 +75,11 @@ mod tests {
         live.insert(0x200, 2); // pushes 0x100 into the hash map
         live.insert(0x300, 3);
         assert_eq!(live.len(), 3);
-        assert_eq!(live.remove(0x100), Some(1), "an older block, from the hash map");
+        assert_eq!(
+            live.remove(0x100),
+            Some(1),
+            "an older block, from the hash map"
+        );
         assert_eq!(live.remove(0x100), None, "a second remove finds nothing");
         assert_eq!(live.remove(0x300), Some(3), "the front");
         assert_eq!(live.remove(0x300), None, "the front, a second time");
