@@ -84,6 +84,7 @@ impl FreeOrder {
     /// Notes a free on the stream, or another change other streams must be ordered after;
     /// records the covering event now if the stream's memory has crossed streams before (a
     /// failed record leaves it to the next taker, lazily).
+    #[inline]
     pub(crate) fn changed(&mut self) {
         self.frees += 1;
         if self.eager {

@@ -24,7 +24,10 @@
 //! block). The only map is `live`: the start address of every *allocated* block → its slab
 //! index, because [`PoolCore::free`] is given an address. So an allocation costs one hash
 //! insert and a free one hash remove (`rustc-hash`'s Fx hasher: keys are addresses, not
-//! attacker-chosen, and a multiply-rotate hash is several times cheaper than SipHash here).
+//! attacker-chosen, and a multiply-rotate hash is several times cheaper than SipHash here),
+//! except for the newest allocation, which waits in front of the hash map until the next one
+//! comes: a block freed before the next allocation (the fast path's pattern) costs no hash
+//! operation at all (`live.rs`).
 //! Freeing an address the pool did not hand out, or with another size, is caught at once.
 //!
 //! An allocation is carved from the *tail* of the free block it uses: the free block keeps its
@@ -91,6 +94,7 @@ mod classes;
 mod index;
 #[cfg(test)]
 mod invariants;
+mod live;
 mod streams;
 
 use std::collections::BTreeMap;
@@ -100,6 +104,7 @@ use rustc_hash::FxHashMap;
 
 use self::blocks::{Block, NIL, USED};
 use self::index::StreamFree;
+use self::live::LiveMap;
 
 /// The granularity of every address and size in the pool (`cuMemAlloc`'s alignment), and
 /// rounding to it: shared by every resource.
@@ -139,8 +144,9 @@ pub(crate) struct PoolCore {
     blocks: Vec<Block>,
     /// The first vacant slot of `blocks`, or [`NIL`].
     vacant: u32,
-    /// Start address → slot, for every allocated block (and nothing else).
-    live: FxHashMap<u64, u32>,
+    /// Start address → slot, for every allocated block (and nothing else); the newest one
+    /// outside the hash map (see `live.rs`).
+    live: LiveMap,
     /// Each stream's index, by slot; `None` for a vacant slot (listed in `vacant_streams`).
     streams: Vec<Option<StreamFree>>,
     /// Stream key → its slot in `streams`, for every `Some` slot.
@@ -187,7 +193,7 @@ impl PoolCore {
         PoolCore {
             blocks: Vec::new(),
             vacant: NIL,
-            live: FxHashMap::default(),
+            live: LiveMap::default(),
             streams: Vec::new(),
             stream_slots: FxHashMap::default(),
             vacant_streams: Vec::new(),
@@ -261,8 +267,7 @@ impl PoolCore {
         };
         self.sub_free_bytes(slot, size);
         let addr = self.blocks[used as usize].start;
-        let previous = self.live.insert(addr, used);
-        debug_assert!(previous.is_none(), "{addr:#x} allocated twice");
+        self.live.insert(addr, used);
         Some(addr)
     }
 
@@ -291,7 +296,7 @@ impl PoolCore {
     /// free, or a foreign pointer), or `size` does not round to that block's size.
     #[cfg(test)]
     pub(crate) fn free(&mut self, addr: u64, size: usize, stream: StreamKey) -> u32 {
-        if let Some(&idx) = self.live.get(&addr) {
+        if let Some(idx) = self.live.get(addr) {
             let block_size = self.blocks[idx as usize].size;
             assert!(
                 align_up(size) == Some(block_size as usize),
@@ -308,7 +313,7 @@ impl PoolCore {
     pub(crate) fn try_free(&mut self, addr: u64, size: usize, stream: StreamKey) -> Option<u32> {
         // One hash lookup on the usual path; a wrong size (a bug of the caller's) puts the
         // entry back.
-        let idx = self.live.remove(&addr)?;
+        let idx = self.live.remove(addr)?;
         let block_size = self.blocks[idx as usize].size;
         if align_up(size) != Some(block_size as usize) {
             self.live.insert(addr, idx);
@@ -411,12 +416,12 @@ impl PoolCore {
     /// nothing changed, when `addr` is not an allocated block here or `head` does not fit.
     pub(crate) fn free_front(&mut self, addr: u64, head: usize, stream: StreamKey) -> Option<u32> {
         let head = head as u64;
-        let &idx = self.live.get(&addr)?;
+        let idx = self.live.get(addr)?;
         let block = self.blocks[idx as usize];
         if head == 0 || head % ALIGN as u64 != 0 || head >= block.size {
             return None;
         }
-        self.live.remove(&addr);
+        self.live.remove(addr);
         // The head keeps the slot (a chunk's first block stays its first), the rest gets a new
         // one.
         let rest = self.new_block(addr + head, block.size - head, USED, idx, block.next_phys);
@@ -462,7 +467,7 @@ impl PoolCore {
     /// `(upper, lower)`: the free block just below the allocated block at `addr` and the free
     /// block of another stream just below that one.
     fn free_pair_below(&self, addr: u64) -> Option<(u32, u32)> {
-        let &idx = self.live.get(&addr)?;
+        let idx = self.live.get(addr)?;
         let upper = self.blocks[idx as usize].prev_phys;
         if upper == NIL || !self.blocks[upper as usize].is_free() {
             return None;

@@ -166,15 +166,29 @@ impl Level {
         self.steal(size, stream)
     }
 
+    /// [`serve`](Self::serve) from `stream`'s own free blocks only (`bytes` need not be
+    /// aligned): the pool's fast path. `None` when they cannot serve it.
+    #[inline]
+    pub(super) fn serve_own(&mut self, bytes: usize, stream: &Stream) -> Option<u64> {
+        self.served = self.served.wrapping_add(1);
+        self.core.allocate(bytes, key(stream))
+    }
+
     /// Frees `addr` (allocated with `bytes`) on `stream` if it is a block of this level.
+    #[inline]
     pub(super) fn try_free(&mut self, addr: u64, bytes: usize, stream: &Stream) -> bool {
-        match self.core.try_free(addr, bytes, key(stream)) {
-            Some(slot) => {
-                self.slot_at(slot, stream).changed();
-                true
+        let Some(slot) = self.core.try_free(addr, bytes, key(stream)) else {
+            return false;
+        };
+        // The stream's record is there already unless this is its first free here.
+        match self.slots.get_mut(slot as usize) {
+            Some(Some(order)) => {
+                debug_assert!(order.stream() == stream, "slot {slot} holds another stream");
+                order.changed();
             }
-            None => false,
+            _ => self.slot_at(slot, stream).changed(),
         }
+        true
     }
 
     /// Serves `size` (aligned) for `stream` from memory other streams freed, after making

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use self::core::{align_up, ALIGN};
 use self::level::{Level, Released};
@@ -786,26 +786,38 @@ impl<R: MemoryResource> Inner<R> {
         &self.shards[self.shard_index(stream)]
     }
 
-    /// Frees `addr` on `stream` into the shard that holds it, trying `stream`'s shard first;
-    /// false when no shard holds it.
-    fn shard_free(&self, addr: u64, bytes: usize, stream: &Stream) -> bool {
+    /// Frees `addr` on `stream` into the shard that holds it, trying `stream`'s shard first
+    /// (`skip` 0) or not at all (`skip` 1: the caller tried it); false when no shard holds it.
+    fn shard_free(&self, addr: u64, bytes: usize, stream: &Stream, skip: usize) -> bool {
         let home = self.shard_index(stream);
-        let order = (0..self.shards.len()).map(|i| (home + i) & (self.shards.len() - 1));
+        let order = (skip..self.shards.len()).map(|i| (home + i) & (self.shards.len() - 1));
         for i in order {
             let mut shard = self.shards[i].lock();
             if !shard.level.try_free(addr, bytes, stream) {
                 continue;
             }
-            if shard.level.core.free_bytes() > shard.release_above {
-                let released = shard.level.release_empty_chunks(false);
-                let free = shard.level.core.free_bytes();
-                shard.release_above = (2 * self.shard_chunk).max(free + self.shard_chunk);
-                drop(shard);
-                self.return_to_global(released);
-            }
+            self.shard_freed(shard);
             return true;
         }
         false
+    }
+
+    /// After a free into `shard`: gives its wholly free sub-chunks back to the global level
+    /// once it holds more than `release_above` free bytes.
+    #[inline]
+    fn shard_freed(&self, shard: MutexGuard<'_, Shard>) {
+        if shard.level.core.free_bytes() > shard.release_above {
+            self.shard_release(shard);
+        }
+    }
+
+    #[cold]
+    fn shard_release(&self, mut shard: MutexGuard<'_, Shard>) {
+        let released = shard.level.release_empty_chunks(false);
+        let free = shard.level.core.free_bytes();
+        shard.release_above = (2 * self.shard_chunk).max(free + self.shard_chunk);
+        drop(shard);
+        self.return_to_global(released);
     }
 
     /// Frees `addr` on `stream` into the large level if it holds it.
@@ -943,6 +955,15 @@ memory_resource!(shared [R: MemoryResource] PoolResource<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        // The fast path: a request for the stream's shard that the stream's own free blocks
+        // there serve, under one lock, with no `Result` to build on the way. Anything else (a
+        // 0-byte request, another device's stream, a miss) takes the full path below, which
+        // tries the stream's own blocks again before it steals or grows.
+        if bytes.wrapping_sub(1) < self.shard_limit && stream.device() == &self.device {
+            if let Some(p) = self.shard_of(stream).lock().level.serve_own(bytes, stream) {
+                return Ok(DevicePtr::from_raw(p));
+            }
+        }
         if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);
         }
@@ -1014,15 +1035,25 @@ impl<R: MemoryResource> Forward for Inner<R> {
         if ptr.is_null() {
             return;
         }
-        // Small blocks are most likely in a shard, large ones in the global level; but under
-        // pressure either may have been served by the other (see `try_allocate`).
-        let small = align_up(bytes).is_some_and(|size| size <= self.shard_limit);
+        // Small blocks are most likely in the stream's shard (the fast path: one lock), large
+        // ones in the global level; but under pressure either may have been served by the
+        // other (see `try_allocate`), and a block may be freed on another stream than the
+        // one it was allocated on.
+        let small = bytes.wrapping_sub(1) < self.shard_limit;
+        if small {
+            let mut shard = self.shard_of(stream).lock();
+            if shard.level.try_free(ptr.addr(), bytes, stream) {
+                self.shard_freed(shard);
+                self.availability.notify();
+                return;
+            }
+        }
         let global_free = |this: &Self| {
             this.global.lock().try_free_user(ptr.addr(), bytes, stream)
                 || this.large_free(ptr.addr(), bytes, stream)
         };
         let (freed, in_global) = if small {
-            if self.shard_free(ptr.addr(), bytes, stream) {
+            if self.shard_free(ptr.addr(), bytes, stream, 1) {
                 (true, false)
             } else {
                 (global_free(self), true)
@@ -1030,7 +1061,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
         } else if global_free(self) {
             (true, true)
         } else {
-            let in_shard = !self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream);
+            let in_shard = !self.shards.is_empty() && self.shard_free(ptr.addr(), bytes, stream, 0);
             (in_shard, false)
         };
         if !freed {

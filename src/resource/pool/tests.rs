@@ -547,3 +547,73 @@ fn bad_frees_are_deferred_errors_not_panics() {
         assert!(device.take_deferred_error().is_none());
     }
 }
+
+/// The fast path serves a stream from its own free blocks only: a block S freed in the shard
+/// S and T share goes to T only through the full path, after T waits for S's work before the
+/// free (the fast path's miss must not hand it over as it is).
+#[test]
+fn the_fast_path_never_hands_another_streams_free_block_over_without_a_wait() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(SHARDED)).unwrap();
+    assert!(!pool.inner.shards.is_empty());
+    let s = Stream::new(&device).unwrap();
+    let t = loop {
+        let t = Stream::new(&device).unwrap();
+        if pool.inner.shard_index(&t) == pool.inner.shard_index(&s) {
+            break t;
+        }
+    };
+    let a = pool.try_allocate(64 * KIB, &s).unwrap();
+    let s_done = busy(&s, 100);
+    free(&pool, a, 64 * KIB, &s);
+    let b = pool.try_allocate(64 * KIB, &t).unwrap();
+    assert_eq!(
+        b, a,
+        "T is carved from the tail of S's free memory, where A was"
+    );
+    let t_uses = reached(&t);
+    t.synchronize_blocking().unwrap();
+    s.synchronize_blocking().unwrap();
+    assert!(
+        when(&t_uses) >= when(&s_done),
+        "T used S's freed block before S was done with it"
+    );
+    free(&pool, b, 64 * KIB, &t);
+    assert_eq!(pool.statistics().live_allocations, 0);
+}
+
+/// The newest allocation (which the pool keeps apart from its other live blocks, and frees
+/// on the fast path) is still checked like the others: freed twice, or with a wrong size, it
+/// frees nothing and is a deferred error; freed right, it frees.
+#[test]
+fn the_newest_allocation_freed_twice_or_with_a_wrong_size_is_caught() {
+    for (initial, maximum) in [(MIB, None), (0, Some(SHARDED))] {
+        let device = host();
+        let s = Stream::new(&device).unwrap();
+        let pool =
+            PoolResource::new(CudaResource::new(&device).unwrap(), initial, maximum).unwrap();
+        let p = pool.try_allocate(4 * KIB, &s).unwrap();
+        free(&pool, p, 4 * KIB, &s);
+        free(&pool, p, 4 * KIB, &s); // double free of the newest allocation
+        assert_eq!(device.deferred_error_count(), 1);
+        let e = device.take_deferred_error().unwrap();
+        assert!(e.to_string().contains(&p.to_string()), "{e}");
+        let q = pool.try_allocate(4 * KIB, &s).unwrap();
+        free(&pool, q, 8 * KIB, &s); // wrong size
+        assert_eq!(
+            device.deferred_error_count(),
+            2,
+            "errors so far, taken or not"
+        );
+        let e = device.take_deferred_error().unwrap();
+        assert!(e.to_string().contains(&q.to_string()), "{e}");
+        assert_eq!(
+            pool.statistics().live_allocations,
+            1,
+            "Q is still allocated"
+        );
+        free(&pool, q, 4 * KIB, &s);
+        assert_eq!(pool.statistics().live_allocations, 0);
+        assert!(device.take_deferred_error().is_none());
+    }
+}

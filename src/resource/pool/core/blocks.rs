@@ -2,7 +2,7 @@
 //! the coalescing of a freed block with its physical neighbours of the same stream (see
 //! "Blocks" in the [core's documentation](super)).
 
-use super::classes::class_index_of_size;
+use super::classes::same_class;
 use super::PoolCore;
 
 /// The null slab index (also [`Block::stream`] of a vacant slot).
@@ -50,6 +50,7 @@ impl Block {
 impl PoolCore {
     /// Merges the free, unlinked block `idx` with its physical neighbours of the same stream
     /// (the left one survives) and links the result. The byte counters are the caller's.
+    #[inline]
     pub(super) fn coalesce_and_link(&mut self, idx: u32) {
         let Block {
             stream,
@@ -104,9 +105,10 @@ impl PoolCore {
 
     /// Sets the size of the free, linked block `idx`, moving it to its new class list if the
     /// class changes.
+    #[inline]
     pub(super) fn resize(&mut self, idx: u32, size: u64) {
         let old = self.blocks[idx as usize].size;
-        if class_index_of_size(old) == class_index_of_size(size) {
+        if same_class(old, size) {
             self.blocks[idx as usize].size = size;
         } else {
             self.unlink(idx);

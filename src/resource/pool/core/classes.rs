@@ -53,7 +53,66 @@ pub(super) fn class_index(fl: usize, sl: usize) -> usize {
 }
 
 /// The flat class index of a block of `size` bytes.
+#[cfg(test)]
 pub(super) fn class_index_of_size(size: u64) -> usize {
     let (fl, sl) = class_of(size >> ALIGN_LOG2);
     class_index(fl, sl)
+}
+
+/// Whether blocks of `a` and `b` bytes (non-zero) are of the same class: as
+/// `class_index_of_size(a) == class_index_of_size(b)`, in a third of the instructions (the
+/// fast path resizes a block on every allocation and free). Below 32 units every size is a
+/// class of its own; above, two sizes share a class when they agree on `a`'s top six bits
+/// (which also makes their highest bits the same).
+#[inline]
+pub(super) fn same_class(a: u64, b: u64) -> bool {
+    let (ua, ub) = (a >> ALIGN_LOG2, b >> ALIGN_LOG2);
+    if ua < SL_COUNT as u64 {
+        return ua == ub;
+    }
+    let shift = u64::BITS - 1 - ua.leading_zeros() - SL_LOG2;
+    ua >> shift == ub >> shift
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{class_index_of_size, same_class, ALIGN_LOG2};
+
+    /// `same_class` agrees with comparing class indices: every pair of sizes up to 1 MiB
+    /// within 64 units of each other (the exact classes, the first levels and their borders),
+    /// and pairs around each power of two up to 2^62 bytes.
+    #[test]
+    fn same_class_matches_class_indices() {
+        let unit = 1u64 << ALIGN_LOG2;
+        for a in 1..4096u64 {
+            for b in a.saturating_sub(64).max(1)..a + 64 {
+                let (a, b) = (a * unit, b * unit);
+                assert_eq!(
+                    same_class(a, b),
+                    class_index_of_size(a) == class_index_of_size(b),
+                    "{a} and {b}"
+                );
+            }
+        }
+        for log in ALIGN_LOG2..62 {
+            let p = 1u64 << log;
+            let near = [
+                p - unit,
+                p,
+                p + unit,
+                p + (p >> 5),
+                p + (p >> 5) - unit,
+                2 * p - unit,
+            ];
+            for &a in near.iter().filter(|&&s| s > 0 && s % unit == 0) {
+                for &b in near.iter().filter(|&&s| s > 0 && s % unit == 0) {
+                    assert_eq!(
+                        same_class(a, b),
+                        class_index_of_size(a) == class_index_of_size(b),
+                        "{a} and {b}"
+                    );
+                }
+            }
+        }
+    }
 }

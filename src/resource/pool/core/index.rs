@@ -69,6 +69,7 @@ impl PoolCore {
     /// A block of `slot`'s that holds `size` bytes: the head of the first non-empty class
     /// whose every block fits, else one of the first [`OWN_CLASS_PROBES`] blocks of the
     /// request's own class that fits.
+    #[inline(always)]
     pub(super) fn find_block(&self, slot: u32, size: u64) -> Option<u32> {
         let s = self.stream(slot);
         let units = size >> ALIGN_LOG2;

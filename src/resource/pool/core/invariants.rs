@@ -69,7 +69,7 @@ impl PoolCore {
                     assert!(self.is_coalesced(idx), "{b:?} not coalesced");
                     free_reached += 1;
                 } else {
-                    assert_eq!(self.live.get(&b.start), Some(&idx), "{b:?} not in live");
+                    assert_eq!(self.live.get(b.start), Some(idx), "{b:?} not in live");
                     used_reached += 1;
                 }
                 reached += 1;

@@ -118,6 +118,7 @@ impl PoolCore {
     }
 
     /// `stream`'s slot, if it has one.
+    #[inline]
     pub(super) fn slot_of(&mut self, stream: StreamKey) -> Option<u32> {
         if self.last_stream.1 != NIL && self.last_stream.0 == stream {
             return Some(self.last_stream.1);
@@ -128,7 +129,17 @@ impl PoolCore {
     }
 
     /// `stream`'s slot, made when it has none.
+    #[inline]
     pub(super) fn slot_or_insert(&mut self, stream: StreamKey) -> u32 {
+        if self.last_stream.1 != NIL && self.last_stream.0 == stream {
+            return self.last_stream.1;
+        }
+        self.slot_or_insert_slow(stream)
+    }
+
+    /// [`slot_or_insert`](Self::slot_or_insert) for another stream than the last one.
+    #[cold]
+    fn slot_or_insert_slow(&mut self, stream: StreamKey) -> u32 {
         if let Some(slot) = self.slot_of(stream) {
             return slot;
         }
