@@ -506,22 +506,80 @@ impl Inner {
         (offset / g) as usize..(offset + size).div_ceil(g) as usize
     }
 
-    /// Maps a fresh physical page at page `index`.
-    fn map_page(&self, index: usize) -> Result<u64> {
+    /// Creates physical memory for the unmapped pages `run` and maps them (one page per
+    /// handle, so that each can be released alone). When the device is out of memory, first
+    /// releases every idle page (none under the request: `serve` claimed those) and tries
+    /// again. On failure nothing of the run stays mapped or created.
+    fn map_run(&self, state: &mut State, run: std::ops::Range<usize>) -> Result<()> {
         let raw = self.device.raw();
         let g = self.granularity;
-        let handle = raw.vmm_create(g)?;
-        let va = self.base + (index * g) as u64;
-        // SAFETY: `va` is page `index` of the pool's own reservation (aligned, inside it) and
-        // unmapped (the caller found it `Unmapped`); `handle` was just created with `g` bytes.
-        if let Err(e) = unsafe { raw.vmm_map(va, g, handle) } {
-            // SAFETY: the handle was never mapped.
-            if let Err(e2) = unsafe { raw.vmm_release(handle, g) } {
-                self.device.defer_error(e2);
+        let mut handles = Vec::with_capacity(run.len());
+        let mut failure = None;
+        for _ in run.clone() {
+            let mut created = raw.vmm_create(g);
+            if matches!(&created, Err(e) if e.is_out_of_memory()) {
+                // Idle pages hold physical memory the device may need: release them all.
+                self.collect(state, 0, 0);
+                created = raw.vmm_create(g);
             }
-            return Err(e);
+            match created {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
         }
-        Ok(handle)
+        if failure.is_none() {
+            let va = self.base + (run.start * g) as u64;
+            // SAFETY: the run is pages of the pool's own reservation (aligned, inside it), all
+            // `Unmapped` (the caller found them so); each handle was just created with `g`
+            // bytes, once.
+            match unsafe { raw.vmm_map(va, g, &handles) } {
+                Ok(()) => {
+                    for (i, &handle) in run.zip(&handles) {
+                        state.pages[i] = Page::Mapped {
+                            handle,
+                            status: Status::InUse,
+                        };
+                        state.mapped_pages += 1;
+                    }
+                    return Ok(());
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        for h in handles {
+            // SAFETY: created above, never mapped (or unmapped again by the failed map).
+            if let Err(e) = unsafe { raw.vmm_release(h, g) } {
+                self.device.defer_error(e);
+            }
+        }
+        Err(failure.expect("failed"))
+    }
+
+    /// Gives pages that `serve` claimed for a request it could not serve back their status
+    /// (a pending release that completed meanwhile makes them idle).
+    fn unclaim(state: &mut State, claimed: Vec<(usize, Status)>) {
+        for (i, status) in claimed {
+            let Page::Mapped { handle, .. } = state.pages[i] else {
+                continue;
+            };
+            let status = match status {
+                Status::Pending(id) if !state.pending.iter().any(|p| p.id == id) => Status::Idle,
+                other => other,
+            };
+            match status {
+                Status::Idle => {
+                    state.idle.insert(i);
+                }
+                Status::Unfenced => {
+                    state.unfenced.insert(i);
+                }
+                Status::InUse | Status::Pending(_) => {}
+            }
+            state.pages[i] = Page::Mapped { handle, status };
+        }
     }
 
     /// Unmaps page `index` and releases its physical memory; false (and the error deferred)
@@ -534,7 +592,7 @@ impl Inner {
         let raw = self.device.raw();
         let g = self.granularity;
         let va = self.base + (index * g) as u64;
-        // SAFETY: the page is one mapping made by `map_page`; it is wholly free and every
+        // SAFETY: the page is one mapping made by `map_run`; it is wholly free and every
         // stream that freed into it has passed those frees (status `Idle`, see `collect`), so
         // no queued or running work uses it.
         if let Err(e) = unsafe { raw.vmm_unmap(va, g) } {
@@ -628,60 +686,58 @@ impl Inner {
             state.orders[o as usize].order(stream)?;
         }
         let pages = self.pages_of(start, size);
-        let mut fresh = Vec::new();
+        // Claim the mapped pages under the block first: releasing idle pages for physical
+        // memory (`map_run`) must never take one of them.
+        let mut claimed: Vec<(usize, Status)> = Vec::new();
         for i in pages.clone() {
-            if state.pages[i] != Page::Unmapped {
-                continue;
-            }
-            let mut attempt = self.map_page(i);
-            if matches!(&attempt, Err(e) if e.is_out_of_memory()) {
-                // Idle pages hold physical memory the device may need: release them all.
-                self.collect(state, 0, 0);
-                attempt = self.map_page(i);
-            }
-            match attempt {
-                Ok(handle) => {
-                    state.pages[i] = Page::Mapped {
-                        handle,
-                        status: Status::InUse,
-                    };
-                    state.mapped_pages += 1;
-                    fresh.push(i);
-                }
-                Err(e) => {
-                    // Give back what this request mapped: nothing ever used it.
-                    for j in fresh {
-                        if !self.release_page(state, j) {
-                            state.idle.insert(j);
-                        }
-                    }
-                    return if e.is_out_of_memory() {
-                        Ok(None)
-                    } else {
-                        Err(e)
-                    };
-                }
-            }
-        }
-        state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
-        state.list.allocate_at(start, size);
-        for i in pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
                 match status {
+                    Status::InUse => continue,
                     Status::Idle => {
                         state.idle.remove(&i);
                     }
                     Status::Unfenced => {
                         state.unfenced.remove(&i);
                     }
-                    Status::InUse | Status::Pending(_) => {}
+                    Status::Pending(_) => {}
                 }
+                claimed.push((i, status));
                 state.pages[i] = Page::Mapped {
                     handle,
                     status: Status::InUse,
                 };
             }
         }
+        // Map each run of unmapped pages (one access grant per run on the GPU).
+        let mut fresh = Vec::new();
+        let mut i = pages.start;
+        while i < pages.end {
+            if state.pages[i] != Page::Unmapped {
+                i += 1;
+                continue;
+            }
+            let run_start = i;
+            while i < pages.end && state.pages[i] == Page::Unmapped {
+                i += 1;
+            }
+            if let Err(e) = self.map_run(state, run_start..i) {
+                // Give back what this request mapped (nothing ever used it) and claimed.
+                for j in fresh {
+                    if !self.release_page(state, j) {
+                        state.idle.insert(j);
+                    }
+                }
+                Self::unclaim(state, claimed);
+                return if e.is_out_of_memory() {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
+            fresh.extend(run_start..i);
+        }
+        state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
+        state.list.allocate_at(start, size);
         Ok(Some(self.base + start))
     }
 

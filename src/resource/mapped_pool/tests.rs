@@ -518,3 +518,31 @@ fn a_page_whose_unmap_failed_is_released_by_a_later_free() {
     assert_eq!(mapped(&device), 0);
     assert!(device.take_deferred_error().is_none());
 }
+
+#[test]
+fn releasing_idle_pages_for_a_request_never_unmaps_the_pages_it_covers() {
+    // The request covers two kept free pages and needs a third, which the device has only if
+    // idle pages are released first: the kept pages under the request must not be among them.
+    let device = host(6 * MIB);
+    let s = Stream::new(&device).unwrap();
+    let config = MappedPoolConfig::default().release_threshold(usize::MAX);
+    let pool = MappedPoolResource::with_config(&device, config).unwrap();
+    let a = pool.try_allocate(256, &s).unwrap();
+    let b = pool.try_allocate(2 * PAGE, &s).unwrap();
+    free(&pool, b, 2 * PAGE, &s);
+    assert_eq!(mapped(&device), 3 * PAGE); // pages 1 and 2 kept
+                                           // 256 + 6 MiB touch four pages: more than the device has.
+    let err = pool.try_allocate(3 * PAGE, &s).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    let stats = pool.statistics();
+    assert_eq!(stats.live_allocations, 1);
+    assert_eq!(stats.mapped_bytes, mapped(&device));
+    // What is handed out is mapped: writing all of it does not fault.
+    let c = pool.try_allocate(2 * PAGE, &s).unwrap();
+    // SAFETY: `c` is 4 MiB of live host memory of the host backend.
+    unsafe { std::ptr::write_bytes(c.addr() as *mut u8, 1, 2 * PAGE) };
+    free(&pool, c, 2 * PAGE, &s);
+    free(&pool, a, 256, &s);
+    pool.trim();
+    assert_eq!(mapped(&device), 0);
+}
