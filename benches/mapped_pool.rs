@@ -108,7 +108,10 @@ fn main() {
             MappedPoolConfig::default().release_threshold(64 << 20),
         ),
     ];
-    for (name, config) in &configs {
+    // `MAPPED_POOL_CASE=W1` (or `W4`) runs one workload only (to profile it).
+    let case = std::env::var("MAPPED_POOL_CASE").ok();
+    let run = |workload: &str| case.as_deref().map_or(true, |c| c == workload);
+    for (name, config) in configs.iter().filter(|_| run("W4")) {
         let (ns, _, _) = w4(&device, config, false);
         let (_, live, peak) = w4(&device, config, true);
         println!(
@@ -117,6 +120,9 @@ fn main() {
             peak as f64 / (1 << 20) as f64,
             peak as f64 / live as f64
         );
+    }
+    if !run("W1") {
+        return;
     }
     for (name, config) in &configs {
         let mr = MappedPoolResource::with_config(&device, config.clone()).unwrap();

@@ -687,7 +687,9 @@ impl Inner {
         }
         let pages = self.pages_of(start, size);
         // Claim the mapped pages under the block first: releasing idle pages for physical
-        // memory (`map_run`) must never take one of them.
+        // memory (`map_run`) must never take one of them. Their old status is kept only
+        // when something is to be mapped, the one way the request can still fail.
+        let must_map = pages.clone().any(|i| state.pages[i] == Page::Unmapped);
         let mut claimed: Vec<(usize, Status)> = Vec::new();
         for i in pages.clone() {
             if let Page::Mapped { handle, status } = state.pages[i] {
@@ -701,7 +703,9 @@ impl Inner {
                     }
                     Status::Pending(_) => {}
                 }
-                claimed.push((i, status));
+                if must_map {
+                    claimed.push((i, status));
+                }
                 state.pages[i] = Page::Mapped {
                     handle,
                     status: Status::InUse,
