@@ -110,7 +110,7 @@ fn main() {
     ];
     // `MAPPED_POOL_CASE=W1` (or `W4`) runs one workload only (to profile it).
     let case = std::env::var("MAPPED_POOL_CASE").ok();
-    let run = |workload: &str| case.as_deref().map_or(true, |c| c == workload);
+    let run = |workload: &str| case.as_deref().is_none_or(|c| c == workload);
     for (name, config) in configs.iter().filter(|_| run("W4")) {
         let (ns, _, _) = w4(&device, config, false);
         let (_, live, peak) = w4(&device, config, true);
