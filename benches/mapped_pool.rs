@@ -5,9 +5,11 @@
 //!
 //! W4: ns per step (timed pass) and peak device memory in use / peak live bytes (sampled pass,
 //! `memory_info` after every allocation), each pass on a fresh pool, for the default pool
-//! (every wholly free page released) and one keeping 64 MiB of free pages mapped. W1: ns per
-//! allocate+free pair (with every free page released, each pair maps and unmaps a page: the
-//! threshold is what makes W1 cheap). Plain timing (no criterion): the workloads are the figures.
+//! (free pages kept up to 1/32 of the mapped memory), one releasing every wholly free page
+//! (threshold 0) and one keeping 64 MiB of free pages mapped. W1: ns per allocate+free pair
+//! for the same three and for a `PoolResource` beside them (with threshold 0, each pair maps
+//! and unmaps a page; the default maps nothing in the loop). Plain timing (no criterion): the
+//! workloads are the figures.
 
 #[path = "../tests/common/rng.rs"]
 mod rng;
@@ -18,7 +20,8 @@ use std::time::Instant;
 
 use rng::SplitMix64;
 use streamalloc::{
-    Device, DevicePtr, MappedPoolConfig, MappedPoolResource, MemoryResource, Stream,
+    CudaResource, Device, DevicePtr, MappedPoolConfig, MappedPoolResource, MemoryResource,
+    PoolResource, Stream,
 };
 
 fn used(device: &Device) -> usize {
@@ -72,8 +75,7 @@ fn w4(device: &Device, config: &MappedPoolConfig, sample: bool) -> (f64, usize, 
     (ns, peak_live, peak_used)
 }
 
-fn w1(device: &Device, config: &MappedPoolConfig) -> f64 {
-    let mr = MappedPoolResource::with_config(device, config.clone()).unwrap();
+fn w1(device: &Device, mr: &impl MemoryResource) -> f64 {
     let s = Stream::new(device).unwrap();
     let mut rng = SplitMix64(42);
     let sizes: Vec<usize> = (0..64)
@@ -96,13 +98,20 @@ fn main() {
     let device = Device::default();
     println!("device: {}", device.name());
     let configs = [
-        ("mapped_pool", MappedPoolConfig::default()),
+        ("mapped_pool (default)", MappedPoolConfig::default()),
+        (
+            "mapped_pool threshold 0",
+            MappedPoolConfig::default().release_threshold(0),
+        ),
         (
             "mapped_pool keep 64 MiB",
             MappedPoolConfig::default().release_threshold(64 << 20),
         ),
     ];
-    for (name, config) in &configs {
+    // `MAPPED_POOL_CASE=W1` (or `W4`) runs one workload only (to profile it).
+    let case = std::env::var("MAPPED_POOL_CASE").ok();
+    let run = |workload: &str| case.as_deref().is_none_or(|c| c == workload);
+    for (name, config) in configs.iter().filter(|_| run("W4")) {
         let (ns, _, _) = w4(&device, config, false);
         let (_, live, peak) = w4(&device, config, true);
         println!(
@@ -112,7 +121,17 @@ fn main() {
             peak as f64 / live as f64
         );
     }
-    for (name, config) in &configs {
-        println!("W1 {name:<24} {:>9.1} ns/pair", w1(&device, config));
+    if !run("W1") {
+        return;
     }
+    for (name, config) in &configs {
+        let mr = MappedPoolResource::with_config(&device, config.clone()).unwrap();
+        println!("W1 {name:<24} {:>9.1} ns/pair", w1(&device, &mr));
+    }
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 64 << 20, None).unwrap();
+    println!(
+        "W1 {:<24} {:>9.1} ns/pair",
+        "PoolResource (64 MiB)",
+        w1(&device, &pool)
+    );
 }

@@ -223,9 +223,9 @@ impl AnyBackend {
     ///
     /// # Safety
     /// As [`Backend::vmm_map`].
-    pub(crate) unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+    pub(crate) unsafe fn vmm_map(&self, va: u64, page: usize, handles: &[u64]) -> Result<()> {
         // SAFETY: the caller's contract, forwarded.
-        dispatch!(AnyBackend, self, b => unsafe { b.vmm_map(va, bytes, handle) })
+        dispatch!(AnyBackend, self, b => unsafe { b.vmm_map(va, page, handles) })
     }
 
     /// [`Backend::vmm_unmap`].

@@ -173,13 +173,16 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// # Safety
     /// `handle` came from `vmm_create(bytes)`, is not released yet and is mapped nowhere.
     unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()>;
-    /// Maps the whole of `handle` (`bytes` long) at `va` and makes it readable and writable
-    /// by the device (`cuMemMap` + `cuMemSetAccess`). On failure nothing stays mapped.
+    /// Maps each of `handles` (each `page` bytes long) whole at consecutive pages from `va`
+    /// (one `cuMemMap` per handle: the driver maps one allocation per call) and makes the
+    /// run readable and writable by the device with one `cuMemSetAccess` over it (the driver
+    /// takes any fully mapped range there). On failure nothing of the run stays mapped.
     ///
     /// # Safety
-    /// `va..va + bytes` lies inside one reservation, granularity-aligned, with nothing mapped
-    /// there; `handle` came from `vmm_create(bytes)` and is not released.
-    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()>;
+    /// `va..va + page * handles.len()` lies inside one reservation, granularity-aligned, with
+    /// nothing mapped there; each handle came from `vmm_create(page)`, is not released and is
+    /// mapped nowhere, and none appears twice.
+    unsafe fn vmm_map(&self, va: u64, page: usize, handles: &[u64]) -> Result<()>;
     /// Unmaps `va..va + bytes` (`cuMemUnmap`). Not stream-ordered: it takes effect at once.
     ///
     /// # Safety

@@ -436,8 +436,9 @@ pub fn faults_while_a_read_ends_and_the_buffer_drops(device: Device) {
 /// The mapped pool grows by creating physical memory and mapping it into its range: when
 /// either fails, the request fails typed (out-of-memory or the driver error) and the next one
 /// is served, statistics go back to 0 and nothing leaks. Trimming unmaps and releases pages:
-/// a failure there is deferred, typed; a page that did not unmap stays the pool's until it
-/// drops, and one whose release was refused stays with the driver (exactly that page).
+/// a failure there is deferred, typed; a page that did not unmap stays mapped and is tried
+/// again by the next trim, and one whose release was refused stays with the driver (exactly
+/// that page).
 pub fn mapped_pool_faults(device: Device) {
     within("mapped pool", move || {
         let c = controls(&device);
@@ -489,17 +490,21 @@ pub fn mapped_pool_faults(device: Device) {
             assert_eq!(errors.len(), 1, "{errors:?}");
             assert_injected(&errors[0], point);
             let still_mapped = mr.statistics().mapped_bytes;
+            // A page that did not unmap is tried again by the next trim.
+            let retried = mr.trim();
+            assert!(deferred(&device).is_empty());
+            let left = mr.statistics().mapped_bytes;
             drop(mr);
             s.synchronize_blocking().unwrap();
             if point == FaultPoint::VmmUnmap {
-                // The page stays mapped (and the pool's) until the pool drops, which unmaps and
-                // releases it.
                 assert_eq!((released, still_mapped), (mapped - g, g));
+                assert_eq!((retried, left), (g, 0));
                 assert_no_leak(&device);
             } else {
                 // Unmapped, but its physical memory stays with the driver, as a refused free
                 // does: exactly that page.
                 assert_eq!((released, still_mapped), (mapped, 0));
+                assert_eq!((retried, left), (0, 0));
                 assert_eq!(c.live_allocations(), 1);
                 assert!(deferred(&device).is_empty());
             }

@@ -139,3 +139,32 @@ fn mapped_pool_w4_footprint_is_within_five_percent() {
     );
     assert!(ratio <= 1.05, "W4 ratio {ratio:.4}");
 }
+
+/// W1 on the default pool: after the first pair, the loop keeps its page mapped (no
+/// `cuMemMap`/`cuMemUnmap` per pair: the mapped bytes and their peak stay one granule), and a
+/// block spanning a run of freshly mapped pages (one `cuMemSetAccess` over the run) is usable.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mapped_pool_default_keeps_the_page_of_a_pair_loop() {
+    let device = gpu();
+    let s = Stream::new(&device).unwrap();
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let g = pool.statistics().granularity;
+    let mut rng = SplitMix64(42);
+    for _ in 0..10_000 {
+        let n = 1 + (rng.next() % (1 << 20)) as usize;
+        let p = pool.try_allocate(n, &s).unwrap();
+        // SAFETY: just allocated from `pool` with `n`; no work uses it.
+        unsafe { pool.deallocate(p, n, &s) };
+    }
+    let stats = pool.statistics();
+    assert_eq!((stats.mapped_bytes, stats.peak_mapped_bytes), (g, g));
+    let mut run = DeviceBuffer::try_new(5 * g + 17, &s, pool.clone()).unwrap();
+    run.fill(0x5a).unwrap();
+    let host = block_on(run.copy_to_host(vec![0u8; 5 * g + 17])).unwrap();
+    assert!(host.iter().all(|&x| x == 0x5a));
+    drop(run);
+    s.synchronize_blocking().unwrap();
+    pool.trim();
+    assert_eq!(pool.statistics().mapped_bytes, 0);
+}

@@ -308,9 +308,9 @@ impl Backend for CudaBackend {
         unsafe { vmm::release(&self.ctx, handle) }
     }
 
-    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+    unsafe fn vmm_map(&self, va: u64, page: usize, handles: &[u64]) -> Result<()> {
         // SAFETY: the caller's contract, forwarded.
-        unsafe { vmm::map(&self.ctx, va, bytes, handle) }
+        unsafe { vmm::map(&self.ctx, va, page, handles) }
     }
 
     unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {

@@ -104,24 +104,42 @@ pub(super) unsafe fn release(ctx: &DeviceContext, handle: u64) -> Result<()> {
 ///
 /// # Safety
 /// As there.
-pub(super) unsafe fn map(ctx: &DeviceContext, va: u64, bytes: usize, handle: u64) -> Result<()> {
+pub(super) unsafe fn map(ctx: &DeviceContext, va: u64, page: usize, handles: &[u64]) -> Result<()> {
+    if handles.is_empty() {
+        return Ok(());
+    }
     ctx.bind()?;
-    // SAFETY: the caller guarantees an aligned, unmapped range inside a reservation and a live
-    // handle of `bytes`; offset 0 maps all of it; no flags are defined.
-    let r = unsafe { sys::cuMemMap(va, bytes, 0, handle, 0) };
-    ctx.check_alloc("cuMemMap", r, bytes)?;
+    let at = |i: usize| va + (i * page) as u64;
+    // Undoes the first `n` mappings of the run: made here, and nothing can use them yet (their
+    // access was never granted).
+    let unmap_first = |n: usize| {
+        for i in 0..n {
+            // SAFETY: as said above: page `i` of the run is one mapping made by this call.
+            let _ = unsafe { sys::cuMemUnmap(at(i), page) };
+        }
+    };
+    for (i, &handle) in handles.iter().enumerate() {
+        // SAFETY: the caller guarantees an aligned, unmapped run inside a reservation and
+        // live, unmapped handles of `page` bytes each; offset 0 maps all of one; no flags are
+        // defined.
+        let r = unsafe { sys::cuMemMap(at(i), page, 0, handle, 0) };
+        if let Err(e) = ctx.check_alloc("cuMemMap", r, page) {
+            unmap_first(i);
+            return Err(e);
+        }
+    }
+    let bytes = page * handles.len();
     let prop = allocation_prop(ctx)?;
     let access = sys::CUmemAccessDesc {
         location: prop.location,
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: the range was mapped just above; `access` is one valid descriptor, live for the
-    // call.
+    // SAFETY: the whole run was mapped just above (cuMemSetAccess takes a range of several
+    // mappings as long as all of it is mapped); `access` is one valid descriptor, live for
+    // the call.
     let r = unsafe { sys::cuMemSetAccess(va, bytes, &access, 1) };
     if let Err(e) = ctx.check_alloc("cuMemSetAccess", r, bytes) {
-        // SAFETY: the mapping was made above and nothing can use it yet (its access was never
-        // granted).
-        let _ = unsafe { sys::cuMemUnmap(va, bytes) };
+        unmap_first(handles.len());
         return Err(e);
     }
     Ok(())

@@ -129,11 +129,12 @@ impl FaultPoint {
 
 const POINTS: usize = FaultPoint::ALL.len();
 
-/// Per fault point: calls still to fail, and failures injected so far.
+/// Per fault point: calls still to fail, failures injected so far, and calls made so far.
 #[derive(Debug, Default)]
 pub(super) struct Faults {
     armed: [AtomicUsize; POINTS],
     injected: [AtomicUsize; POINTS],
+    calls: [AtomicUsize; POINTS],
 }
 
 impl Faults {
@@ -145,8 +146,14 @@ impl Faults {
         self.injected[point.index()].load(Ordering::Acquire)
     }
 
-    /// Whether this call of `point` fails (and counts it if so).
+    pub(super) fn calls(&self, point: FaultPoint) -> usize {
+        self.calls[point.index()].load(Ordering::Relaxed)
+    }
+
+    /// Whether this call of `point` fails (and counts it if so). Every call of `point`
+    /// asks once, so this also counts the calls.
     pub(super) fn fires(&self, point: FaultPoint) -> bool {
+        self.calls[point.index()].fetch_add(1, Ordering::Relaxed);
         let armed = &self.armed[point.index()];
         // A plain load first: the usual answer, no fault armed, costs no read-modify-write.
         if armed.load(Ordering::Acquire) == 0 {

@@ -348,6 +348,27 @@ impl HostControls {
         self.memory.faults.injected(point)
     }
 
+    /// How many calls of the kind `point` this device has had so far, those that failed on
+    /// purpose included: a test's way to check that a hot path makes no driver call (a
+    /// [`MappedPoolResource`](crate::MappedPoolResource) that maps no page).
+    /// [`Allocation`](FaultPoint::Allocation) also counts the physical memory of
+    /// [`VmmCreate`](FaultPoint::VmmCreate).
+    ///
+    /// ```
+    /// use streamalloc::{Device, FaultPoint, HostConfig, Stream};
+    ///
+    /// let device = Device::host_with(HostConfig::default());
+    /// let stream = Stream::new(&device)?;
+    /// let controls = device.host_controls().unwrap();
+    /// let before = controls.calls(FaultPoint::EventRecord);
+    /// stream.record()?;
+    /// assert_eq!(controls.calls(FaultPoint::EventRecord), before + 1);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn calls(&self, point: FaultPoint) -> usize {
+        self.memory.faults.calls(point)
+    }
+
     /// Makes the next `n` copies enqueued on this device's streams fail when the stream
     /// reaches them, as an asynchronous driver error does on a GPU: the copy moves nothing, and
     /// the stream reports the error ([`Error::Driver`], `cuMemcpyAsync`) at every event

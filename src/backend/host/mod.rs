@@ -210,10 +210,9 @@ impl Backend for HostBackend {
         self.vmm.release(self.memory(), handle, bytes)
     }
 
-    unsafe fn vmm_map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
-        self.memory().fail_if(FaultPoint::VmmMap)?;
+    unsafe fn vmm_map(&self, va: u64, page: usize, handles: &[u64]) -> Result<()> {
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.map(va, bytes, handle) }
+        unsafe { self.vmm.map_run(self.memory(), va, page, handles) }
     }
 
     unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {

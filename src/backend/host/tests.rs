@@ -282,7 +282,7 @@ fn vmm_fault(
     // SAFETY: `va` is a reservation of 2 g bytes and `handle` g bytes of physical memory, both
     // made above; nothing else maps or uses them.
     step(P::VmmMap, &|| unsafe {
-        raw.vmm_map(va.get(), g, handle.get())
+        raw.vmm_map(va.get(), g, &[handle.get()])
     });
     // SAFETY: mapped just above; no work uses it.
     step(P::VmmUnmap, &|| unsafe { raw.vmm_unmap(va.get(), g) });

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::FaultPoint;
 
 use super::memory::HostMemory;
 
@@ -141,9 +142,41 @@ impl HostVmm {
         Ok(())
     }
 
+    /// Maps a run of handles, one page each, as CUDA's `cuMemMap` per handle: each counts (and
+    /// may fail) as one [`FaultPoint::VmmMap`] call; on a failure the pages mapped before it
+    /// are unmapped again.
+    ///
     /// # Safety
     /// As [`Backend::vmm_map`](crate::backend::Backend::vmm_map).
-    pub(crate) unsafe fn map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
+    pub(crate) unsafe fn map_run(
+        &self,
+        memory: &HostMemory,
+        va: u64,
+        page: usize,
+        handles: &[u64],
+    ) -> Result<()> {
+        for (i, &handle) in handles.iter().enumerate() {
+            let at = va + (i * page) as u64;
+            let mut mapped = memory.fail_if(FaultPoint::VmmMap);
+            if mapped.is_ok() {
+                // SAFETY: page `i` of the caller's run: aligned, inside a reservation,
+                // unmapped, and a live handle of `page` bytes.
+                mapped = unsafe { self.map(at, page, handle) };
+            }
+            if let Err(e) = mapped {
+                for j in 0..i {
+                    // SAFETY: page `j` was mapped just above by this call; nothing uses it yet.
+                    let _ = unsafe { self.unmap(va + (j * page) as u64, page) };
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// One page of [`map_run`](Self::map_run)'s contract.
+    unsafe fn map(&self, va: u64, bytes: usize, handle: u64) -> Result<()> {
         let mut state = self.state.lock();
         if va % GRANULARITY as u64 != 0 || !state.reserved(va, bytes) {
             return Err(invalid(format!(

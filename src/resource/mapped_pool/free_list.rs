@@ -16,7 +16,9 @@
 //! `c`: O(log n) per operation, and exact first fit unless class `c` holds more than `SCAN`
 //! too-small blocks below the candidate.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 /// A stream that freed memory into a block, as a small integer the pool maps to the stream.
 pub(crate) type Owner = u32;
@@ -79,7 +81,7 @@ pub(crate) struct FreeList {
     nonempty: [u64; CLASSES / 64],
     free_bytes: u64,
     /// Live allocations: start to length.
-    live: HashMap<u64, u64>,
+    live: FxHashMap<u64, u64>,
     live_bytes: u64,
 }
 
@@ -103,7 +105,7 @@ impl FreeList {
             classes: (0..CLASSES).map(|_| BTreeSet::new()).collect(),
             nonempty: [0; CLASSES / 64],
             free_bytes: 0,
-            live: HashMap::new(),
+            live: FxHashMap::default(),
             live_bytes: 0,
         };
         if len > 0 {

@@ -23,6 +23,11 @@ use crate::stream::{Event, Stream, StreamId};
 /// Every block is a multiple of this and aligned to it.
 const ALIGN: u64 = 256;
 
+/// The default release threshold keeps wholly free pages up to 1/`KEEP_DIVISOR` of the
+/// mapped pages (at least one page): W4's peak footprint stays within a few percent of its
+/// live bytes, and a steady allocate+free loop keeps its pages.
+const KEEP_DIVISOR: usize = 32;
+
 /// How a [`MappedPoolResource`] is set up: the address range it reserves and how much free
 /// memory it keeps mapped.
 ///
@@ -31,7 +36,8 @@ const ALIGN: u64 = 256;
 ///
 /// let config = MappedPoolConfig::default().reserve(1 << 30).release_threshold(64 << 20);
 /// assert_eq!(config.get_reserve(), Some(1 << 30));
-/// assert_eq!(config.get_release_threshold(), 64 << 20);
+/// assert_eq!(config.get_release_threshold(), Some(64 << 20));
+/// assert_eq!(MappedPoolConfig::default().get_release_threshold(), None); // 1/32 of the mapped
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MappedPoolConfig {
@@ -54,19 +60,24 @@ impl MappedPoolConfig {
         self.reserve
     }
 
-    /// Free memory the pool keeps mapped: once wholly free pages (granules) add up to more,
+    /// Free memory the pool keeps mapped, in bytes, instead of the default (1/32 of the
+    /// mapped bytes, at least one page). Once wholly free pages (granules) add up to more,
     /// the highest are unmapped and their physical memory released, as soon as the streams
-    /// that freed them have passed those frees. 0 (the default) releases every wholly free
-    /// page at once, for the smallest footprint; a larger threshold saves the driver calls of
-    /// mapping the same pages again (tens of microseconds each on a GPU).
+    /// that freed them have passed those frees, down to *half* the threshold: a pair of
+    /// allocate and free at the boundary then maps and unmaps once, not at every pair. 0
+    /// releases every wholly free page at once, for the smallest footprint at the cost of the
+    /// driver calls of mapping the same pages again (tens of microseconds each on a GPU);
+    /// `usize::MAX` releases only on [`trim`](MappedPoolResource::trim).
     pub fn release_threshold(mut self, bytes: usize) -> Self {
         self.release_threshold = Some(bytes);
         self
     }
 
-    /// The release threshold: 0 unless set.
-    pub fn get_release_threshold(&self) -> usize {
-        self.release_threshold.unwrap_or(0)
+    /// The release threshold; `None` (the default) keeps free pages up to 1/32 of the mapped
+    /// bytes, at least one page (and releases down to half of that): W4's peak footprint
+    /// within 5 % of its live bytes, and no driver call in a steady allocate+free loop.
+    pub fn get_release_threshold(&self) -> Option<usize> {
+        self.release_threshold
     }
 }
 
@@ -108,9 +119,11 @@ pub struct MappedPoolStatistics {
 /// capacity is one address range, reserved once: blocks are placed lowest address first
 /// (an address-ordered, coalescing free list), pages (the driver's granularity,
 /// 2 MiB on an H100) are mapped under a block when it is handed out, and a page that becomes
-/// wholly free is unmapped and its physical memory released. Free space never strands: the
-/// free block at the top of the used memory just extends, and the device holds only the
-/// pages that live blocks touch (plus [`MappedPoolConfig::release_threshold`]).
+/// wholly free is unmapped and its physical memory released once the free pages are more
+/// than the release threshold ([`MappedPoolConfig::release_threshold`]; by default 1/32 of
+/// the mapped memory, at least one page). Free space never strands: the free block at the
+/// top of the used memory just extends, and the device holds only the pages that live
+/// blocks touch plus that threshold.
 ///
 /// On the host backend the same calls are emulated with `mmap` (the physical bytes count
 /// against the device's capacity and show in
@@ -119,9 +132,11 @@ pub struct MappedPoolStatistics {
 /// # When to use it
 /// Workloads whose sizes vary widely, where footprint matters more than the last
 /// nanoseconds: every page mapped or released is a driver call (tens of microseconds on a
-/// GPU), and a free that empties a page records an event on its stream. Set a release
-/// threshold to keep some free pages mapped: those are neither unmapped nor fenced with an
-/// event until the free pages go over the threshold (or [`trim`](MappedPoolResource::trim)).
+/// GPU). Free pages under the release threshold are neither unmapped nor fenced with an
+/// event (so a steady allocate+free loop makes no driver call); once the free pages go over
+/// it, they are fenced with an event on each stream that freed into them and released down
+/// to half the threshold (so a loop at the boundary does not map and unmap at every pair).
+/// [`trim`](MappedPoolResource::trim) releases them all.
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T uses
@@ -165,8 +180,12 @@ pub struct MappedPoolStatistics {
 /// assert_eq!(controls.allocated_bytes(), 4 << 20); // it fits the pages mapped already
 ///
 /// unsafe { pool.deallocate(p, 3 << 20, &stream) };
-/// assert_eq!(controls.allocated_bytes(), 2 << 20); // the wholly free first page is gone
+/// // The wholly free first page stays mapped: the default keeps free pages up to 1/32 of
+/// // the mapped memory, at least one page, to map nothing on the next request.
+/// assert_eq!(controls.allocated_bytes(), 4 << 20);
 /// unsafe { pool.deallocate(q, 1 << 20, &stream) };
+/// // Two free pages are over that: released (down to half of it), once the stream has
+/// // passed the frees — at once here, as the stream is idle.
 /// assert_eq!(pool.statistics().mapped_bytes, 0);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
@@ -192,7 +211,8 @@ struct Inner {
     /// The largest request that can ever fit: the range, or the device's memory if smaller.
     capacity: usize,
     granularity: usize,
-    release_threshold: usize,
+    /// In bytes; `None`: 1/`KEEP_DIVISOR` of the mapped pages (see `keep_pages`).
+    release_threshold: Option<usize>,
     state: Mutex<State>,
     /// Shared with the host functions that wake waiters when pending releases complete.
     availability: Arc<Availability>,
@@ -215,7 +235,8 @@ enum Status {
     Idle,
     /// Wholly free, kept under the release threshold with no event recorded yet: fenced
     /// (`fence`) only when it is to be released, so that a pool that keeps its pages mapped
-    /// records no event per free.
+    /// records no event per free. (A page whose unmap failed goes back to `Idle`, to be
+    /// tried again by the next release.)
     Unfenced,
 }
 
@@ -252,7 +273,8 @@ fn align_up(bytes: usize) -> Option<u64> {
 
 impl MappedPoolResource {
     /// A pool over `device` with the default [`MappedPoolConfig`]: twice the device's total
-    /// memory reserved as address space, nothing mapped yet, every wholly free page released.
+    /// memory reserved as address space, nothing mapped yet, wholly free pages kept up to
+    /// 1/32 of the mapped memory (at least one page).
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no virtual memory management
@@ -364,7 +386,7 @@ impl MappedPoolResource {
     pub fn trim(&self) -> usize {
         let released = {
             let mut state = self.inner.state.lock();
-            self.inner.collect(&mut state, 0)
+            self.inner.collect(&mut state, 0, 0)
         };
         if released > 0 {
             self.inner.availability.notify();
@@ -373,7 +395,8 @@ impl MappedPoolResource {
     }
 
     /// [`trim`](Self::trim) after waiting (blocking the calling thread) for the streams to
-    /// pass every free whose pages are pending release.
+    /// pass every free whose pages are wholly free: those pending release, and those kept
+    /// under the release threshold (fenced with an event first).
     ///
     /// # Errors
     /// A driver error waiting for an event; nothing is released then.
@@ -388,13 +411,17 @@ impl MappedPoolResource {
     /// let p = pool.try_allocate(2 << 20, &stream)?;
     /// stream.enqueue_delay(Duration::from_millis(20))?; // a kernel still using `p`
     /// unsafe { pool.deallocate(p, 2 << 20, &stream) };
-    /// assert_eq!(pool.statistics().pending_release_bytes, 2 << 20);
+    /// // Kept mapped under the default release threshold, with no event recorded yet.
+    /// assert_eq!(pool.statistics().mapped_bytes, 2 << 20);
+    /// assert_eq!(pool.statistics().pending_release_bytes, 0);
     /// assert_eq!(pool.trim_blocking()?, 2 << 20);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn trim_blocking(&self) -> Result<usize> {
         let events: Vec<Event> = {
-            let state = self.inner.state.lock();
+            let mut state = self.inner.state.lock();
+            let kept: Vec<usize> = std::mem::take(&mut state.unfenced).into_iter().collect();
+            self.inner.fence(&mut state, kept);
             state
                 .pending
                 .iter()
@@ -479,26 +506,85 @@ impl Inner {
         (offset / g) as usize..(offset + size).div_ceil(g) as usize
     }
 
-    /// Maps a fresh physical page at page `index`.
-    fn map_page(&self, index: usize) -> Result<u64> {
+    /// Creates physical memory for the unmapped pages `run` and maps them (one page per
+    /// handle, so that each can be released alone). When the device is out of memory, first
+    /// releases every idle page (none under the request: `serve` claimed those) and tries
+    /// again. On failure nothing of the run stays mapped or created.
+    fn map_run(&self, state: &mut State, run: std::ops::Range<usize>) -> Result<()> {
         let raw = self.device.raw();
         let g = self.granularity;
-        let handle = raw.vmm_create(g)?;
-        let va = self.base + (index * g) as u64;
-        // SAFETY: `va` is page `index` of the pool's own reservation (aligned, inside it) and
-        // unmapped (the caller found it `Unmapped`); `handle` was just created with `g` bytes.
-        if let Err(e) = unsafe { raw.vmm_map(va, g, handle) } {
-            // SAFETY: the handle was never mapped.
-            if let Err(e2) = unsafe { raw.vmm_release(handle, g) } {
-                self.device.defer_error(e2);
+        let mut handles = Vec::with_capacity(run.len());
+        let mut failure = None;
+        for _ in run.clone() {
+            let mut created = raw.vmm_create(g);
+            if matches!(&created, Err(e) if e.is_out_of_memory()) {
+                // Idle pages hold physical memory the device may need: release them all.
+                self.collect(state, 0, 0);
+                created = raw.vmm_create(g);
             }
-            return Err(e);
+            match created {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
         }
-        Ok(handle)
+        if failure.is_none() {
+            let va = self.base + (run.start * g) as u64;
+            // SAFETY: the run is pages of the pool's own reservation (aligned, inside it), all
+            // `Unmapped` (the caller found them so); each handle was just created with `g`
+            // bytes, once.
+            match unsafe { raw.vmm_map(va, g, &handles) } {
+                Ok(()) => {
+                    for (i, &handle) in run.zip(&handles) {
+                        state.pages[i] = Page::Mapped {
+                            handle,
+                            status: Status::InUse,
+                        };
+                        state.mapped_pages += 1;
+                    }
+                    return Ok(());
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        for h in handles {
+            // SAFETY: created above, never mapped (or unmapped again by the failed map).
+            if let Err(e) = unsafe { raw.vmm_release(h, g) } {
+                self.device.defer_error(e);
+            }
+        }
+        Err(failure.expect("failed"))
+    }
+
+    /// Gives pages that `serve` claimed for a request it could not serve back their status
+    /// (a pending release that completed meanwhile makes them idle).
+    fn unclaim(state: &mut State, claimed: Vec<(usize, Status)>) {
+        for (i, status) in claimed {
+            let Page::Mapped { handle, .. } = state.pages[i] else {
+                continue;
+            };
+            let status = match status {
+                Status::Pending(id) if !state.pending.iter().any(|p| p.id == id) => Status::Idle,
+                other => other,
+            };
+            match status {
+                Status::Idle => {
+                    state.idle.insert(i);
+                }
+                Status::Unfenced => {
+                    state.unfenced.insert(i);
+                }
+                Status::InUse | Status::Pending(_) => {}
+            }
+            state.pages[i] = Page::Mapped { handle, status };
+        }
     }
 
     /// Unmaps page `index` and releases its physical memory; false (and the error deferred)
-    /// when the driver refused, in which case the page stays mapped.
+    /// when the driver refused to unmap, in which case the page stays mapped, `Idle`, and the
+    /// caller puts it back in `idle`.
     fn release_page(&self, state: &mut State, index: usize) -> bool {
         let Page::Mapped { handle, .. } = state.pages[index] else {
             return true;
@@ -506,14 +592,16 @@ impl Inner {
         let raw = self.device.raw();
         let g = self.granularity;
         let va = self.base + (index * g) as u64;
-        // SAFETY: the page is one mapping made by `map_page`; it is wholly free and every
+        // SAFETY: the page is one mapping made by `map_run`; it is wholly free and every
         // stream that freed into it has passed those frees (status `Idle`, see `collect`), so
         // no queued or running work uses it.
         if let Err(e) = unsafe { raw.vmm_unmap(va, g) } {
             self.device.defer_error(e);
+            // Still wholly free and fenced: the caller keeps it idle, for the next release to
+            // try again.
             state.pages[index] = Page::Mapped {
                 handle,
-                status: Status::InUse,
+                status: Status::Idle,
             };
             return false;
         }
@@ -526,11 +614,20 @@ impl Inner {
         true
     }
 
-    /// Makes pages whose pending frees have completed idle, then releases idle pages, highest
-    /// first, until at most `keep` bytes of them stay mapped; returns the bytes released.
-    fn collect(&self, state: &mut State, keep: usize) -> usize {
-        let keep_pages = keep / self.granularity;
-        if state.idle.len() + state.unfenced.len() > keep_pages && !state.unfenced.is_empty() {
+    /// The release threshold in pages, and the low-water mark a release goes down to.
+    fn keep_pages(&self, state: &State) -> (usize, usize) {
+        let high = match self.release_threshold {
+            Some(bytes) => bytes / self.granularity,
+            None => (state.mapped_pages / KEEP_DIVISOR).max(1),
+        };
+        (high, high / 2)
+    }
+
+    /// Makes pages whose pending frees have completed idle; when the wholly free pages
+    /// (idle or unfenced) are more than `high`, fences the unfenced ones and releases idle
+    /// pages, highest first, until at most `low` stay mapped. Returns the bytes released.
+    fn collect(&self, state: &mut State, high: usize, low: usize) -> usize {
+        if state.idle.len() + state.unfenced.len() > high && !state.unfenced.is_empty() {
             let pages: Vec<usize> = std::mem::take(&mut state.unfenced).into_iter().collect();
             self.fence(state, pages);
         }
@@ -558,13 +655,20 @@ impl Inner {
             !done
         });
         state.pending = pending;
+        if state.idle.len() + state.unfenced.len() <= high {
+            return 0;
+        }
         let mut released = 0;
-        while state.idle.len() > keep_pages {
+        let mut failed = Vec::new();
+        while state.idle.len() > low {
             let i = state.idle.pop_last().expect("more than 0 idle pages");
             if self.release_page(state, i) {
                 released += self.granularity;
+            } else {
+                failed.push(i);
             }
         }
+        state.idle.extend(failed);
         released
     }
 
@@ -582,51 +686,25 @@ impl Inner {
             state.orders[o as usize].order(stream)?;
         }
         let pages = self.pages_of(start, size);
-        let mut fresh = Vec::new();
+        // Claim the mapped pages under the block first: releasing idle pages for physical
+        // memory (`map_run`) must never take one of them. Their old status is kept only
+        // when something is to be mapped, the one way the request can still fail.
+        let must_map = pages.clone().any(|i| state.pages[i] == Page::Unmapped);
+        let mut claimed: Vec<(usize, Status)> = Vec::new();
         for i in pages.clone() {
-            if state.pages[i] != Page::Unmapped {
-                continue;
-            }
-            let mut attempt = self.map_page(i);
-            if matches!(&attempt, Err(e) if e.is_out_of_memory()) {
-                // Idle pages hold physical memory the device may need: release them all.
-                self.collect(state, 0);
-                attempt = self.map_page(i);
-            }
-            match attempt {
-                Ok(handle) => {
-                    state.pages[i] = Page::Mapped {
-                        handle,
-                        status: Status::InUse,
-                    };
-                    state.mapped_pages += 1;
-                    fresh.push(i);
-                }
-                Err(e) => {
-                    // Give back what this request mapped: nothing ever used it.
-                    for j in fresh {
-                        self.release_page(state, j);
-                    }
-                    return if e.is_out_of_memory() {
-                        Ok(None)
-                    } else {
-                        Err(e)
-                    };
-                }
-            }
-        }
-        state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
-        state.list.allocate_at(start, size);
-        for i in pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
                 match status {
+                    Status::InUse => continue,
                     Status::Idle => {
                         state.idle.remove(&i);
                     }
                     Status::Unfenced => {
                         state.unfenced.remove(&i);
                     }
-                    Status::InUse | Status::Pending(_) => {}
+                    Status::Pending(_) => {}
+                }
+                if must_map {
+                    claimed.push((i, status));
                 }
                 state.pages[i] = Page::Mapped {
                     handle,
@@ -634,6 +712,36 @@ impl Inner {
                 };
             }
         }
+        // Map each run of unmapped pages (one access grant per run on the GPU).
+        let mut fresh = Vec::new();
+        let mut i = pages.start;
+        while i < pages.end {
+            if state.pages[i] != Page::Unmapped {
+                i += 1;
+                continue;
+            }
+            let run_start = i;
+            while i < pages.end && state.pages[i] == Page::Unmapped {
+                i += 1;
+            }
+            if let Err(e) = self.map_run(state, run_start..i) {
+                // Give back what this request mapped (nothing ever used it) and claimed.
+                for j in fresh {
+                    if !self.release_page(state, j) {
+                        state.idle.insert(j);
+                    }
+                }
+                Self::unclaim(state, claimed);
+                return if e.is_out_of_memory() {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
+            fresh.extend(run_start..i);
+        }
+        state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
+        state.list.allocate_at(start, size);
         Ok(Some(self.base + start))
     }
 
@@ -730,7 +838,7 @@ impl Inner {
         let first = (lo.div_ceil(g) as usize).max(touched.start);
         let end = ((hi / g) as usize).min(touched.end);
         if first < end {
-            if self.release_threshold == 0 {
+            if self.release_threshold == Some(0) {
                 self.fence(&mut state, (first..end).collect());
             } else {
                 for i in first..end {
@@ -744,7 +852,8 @@ impl Inner {
                     }
                 }
             }
-            self.collect(&mut state, self.release_threshold);
+            let (high, low) = self.keep_pages(&state);
+            self.collect(&mut state, high, low);
         }
         drop(state);
         self.availability.notify();

@@ -6,12 +6,19 @@ use std::time::Duration;
 use super::*;
 use crate::device::HostConfig;
 use crate::test_support::SplitMix64;
+use crate::FaultPoint;
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 2 * MIB;
 
 fn host(capacity: usize) -> Device {
     Device::host_with(HostConfig::default().capacity(capacity))
+}
+
+/// A pool that releases every wholly free page at once (release threshold 0).
+fn eager(device: &Device) -> MappedPoolResource {
+    MappedPoolResource::with_config(device, MappedPoolConfig::default().release_threshold(0))
+        .unwrap()
 }
 
 fn mapped(device: &Device) -> usize {
@@ -47,7 +54,7 @@ fn a_large_request_after_a_freed_one_reuses_its_range_and_extends_it() {
     // the free block at the top just grows.
     let device = host(1 << 30);
     let s = Stream::new(&device).unwrap();
-    let pool = MappedPoolResource::new(&device).unwrap();
+    let pool = eager(&device);
     let small = pool.try_allocate(4096, &s).unwrap();
     let big = pool.try_allocate(10 * MIB, &s).unwrap();
     free(&pool, big, 10 * MIB, &s);
@@ -64,7 +71,7 @@ fn a_large_request_after_a_freed_one_reuses_its_range_and_extends_it() {
 fn wholly_free_interior_pages_are_released_and_mapped_again_on_reuse() {
     let device = host(1 << 30);
     let s = Stream::new(&device).unwrap();
-    let pool = MappedPoolResource::new(&device).unwrap();
+    let pool = eager(&device);
     let low = pool.try_allocate(256, &s).unwrap();
     let mid = pool.try_allocate(8 * MIB, &s).unwrap();
     let high = pool.try_allocate(256, &s).unwrap();
@@ -188,7 +195,7 @@ fn injected_mapping_failures_surface_typed_and_leak_nothing() {
     let device = host(1 << 30);
     let controls = device.host_controls().unwrap();
     let s = Stream::new(&device).unwrap();
-    let pool = MappedPoolResource::new(&device).unwrap();
+    let pool = eager(&device);
     let keep = pool.try_allocate(MIB, &s).unwrap();
     // The third page of the request fails twice (the first try and the retry after giving
     // back idle pages): the two pages it mapped are given back.
@@ -350,7 +357,7 @@ fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free()
     // waiter: only the stream reaching the free can.
     let device = host(8 * MIB);
     let s = Stream::new(&device).unwrap();
-    let pool = MappedPoolResource::new(&device).unwrap();
+    let pool = eager(&device);
     let a = pool.try_allocate(256, &s).unwrap();
     let p = pool.try_allocate(4 * MIB, &s).unwrap();
     let b = pool.try_allocate(256, &s).unwrap();
@@ -403,5 +410,139 @@ fn a_pool_keeping_pages_fences_them_only_when_it_releases_them() {
     assert_eq!(pool.statistics().pending_release_bytes, 3 * PAGE);
     assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
     assert_eq!(pool.trim_blocking().unwrap(), 3 * PAGE);
+    assert_eq!(mapped(&device), 0);
+}
+
+/// Driver calls of the host device's mapping emulation and event records so far.
+fn driver_calls(device: &Device) -> [usize; 5] {
+    let c = device.host_controls().unwrap();
+    [
+        FaultPoint::VmmCreate,
+        FaultPoint::VmmMap,
+        FaultPoint::VmmUnmap,
+        FaultPoint::VmmRelease,
+        FaultPoint::EventRecord,
+    ]
+    .map(|p| c.calls(p))
+}
+
+#[test]
+fn a_steady_pair_loop_makes_no_driver_call_with_the_default() {
+    // W1 (`../shared/bench/WORKLOADS.md`): allocate+free pairs of 64 sizes up to 1 MiB on one
+    // stream. Each pair empties page 0; releasing it would map, unmap and record an event per
+    // pair (tens of microseconds on a GPU).
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let mut rng = SplitMix64(42);
+    let sizes: Vec<usize> = (0..64)
+        .map(|_| 1 + (rng.next() % (1 << 20)) as usize)
+        .collect();
+    let pair = |i: usize| {
+        let n = sizes[i % 64];
+        let p = pool.try_allocate(n, &s).unwrap();
+        free(&pool, p, n, &s);
+    };
+    (0..100).for_each(pair);
+    let before = driver_calls(&device);
+    (0..10_000).for_each(pair);
+    assert_eq!(
+        driver_calls(&device),
+        before,
+        "[create, map, unmap, release, event record] calls in a steady pair loop"
+    );
+    assert_eq!(pool.statistics().mapped_bytes, PAGE);
+    assert_eq!(pool.trim(), PAGE, "trim still gives the kept page back");
+    assert_eq!(mapped(&device), 0);
+}
+
+#[test]
+fn releasing_goes_below_the_threshold_so_a_pair_at_the_boundary_does_not_map_each_time() {
+    // Four one-page holes are kept (the threshold); a two-page pair at the top pushes the free
+    // pages over it on every free. Releasing only down to the threshold would unmap the pair's
+    // pages each time and map them again at the next allocation.
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let config = MappedPoolConfig::default().release_threshold(4 * PAGE);
+    let pool = MappedPoolResource::with_config(&device, config).unwrap();
+    let blocks: Vec<DevicePtr> = (0..8)
+        .map(|_| pool.try_allocate(PAGE, &s).unwrap())
+        .collect();
+    for &hole in blocks.iter().step_by(2) {
+        free(&pool, hole, PAGE, &s);
+    }
+    assert_eq!(pool.statistics().mapped_bytes, 8 * PAGE);
+    let pair = || {
+        let p = pool.try_allocate(2 * PAGE, &s).unwrap();
+        free(&pool, p, 2 * PAGE, &s);
+    };
+    pair();
+    let maps = || device.host_controls().unwrap().calls(FaultPoint::VmmMap);
+    let before = maps();
+    (0..10).for_each(|_| pair());
+    let maps = maps() - before;
+    assert!(maps <= 2, "{maps} pages mapped in 10 pairs");
+    for &kept in blocks.iter().skip(1).step_by(2) {
+        free(&pool, kept, PAGE, &s);
+    }
+    pool.trim();
+    assert_eq!(mapped(&device), 0);
+}
+
+#[test]
+fn a_page_whose_unmap_failed_is_released_by_a_later_free() {
+    let device = host(1 << 30);
+    let c = device.host_controls().unwrap();
+    let s = Stream::new(&device).unwrap();
+    let config = MappedPoolConfig::default().release_threshold(0);
+    let pool = MappedPoolResource::with_config(&device, config).unwrap();
+    let p = pool.try_allocate(PAGE, &s).unwrap();
+    let q = pool.try_allocate(PAGE, &s).unwrap();
+    c.fail_next(FaultPoint::VmmUnmap, 1);
+    free(&pool, p, PAGE, &s);
+    assert_eq!(c.faults_injected(FaultPoint::VmmUnmap), 1);
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(Error::Driver {
+            call: "cuMemUnmap",
+            ..
+        })
+    ));
+    assert_eq!(
+        mapped(&device),
+        2 * PAGE,
+        "the failed page stays mapped for now"
+    );
+    // The next release tries it again.
+    free(&pool, q, PAGE, &s);
+    assert_eq!(mapped(&device), 0);
+    assert!(device.take_deferred_error().is_none());
+}
+
+#[test]
+fn releasing_idle_pages_for_a_request_never_unmaps_the_pages_it_covers() {
+    // The request covers two kept free pages and needs a third, which the device has only if
+    // idle pages are released first: the kept pages under the request must not be among them.
+    let device = host(6 * MIB);
+    let s = Stream::new(&device).unwrap();
+    let config = MappedPoolConfig::default().release_threshold(usize::MAX);
+    let pool = MappedPoolResource::with_config(&device, config).unwrap();
+    let a = pool.try_allocate(256, &s).unwrap();
+    let b = pool.try_allocate(2 * PAGE, &s).unwrap();
+    free(&pool, b, 2 * PAGE, &s);
+    assert_eq!(mapped(&device), 3 * PAGE); // pages 1 and 2 kept
+                                           // 256 + 6 MiB touch four pages: more than the device has.
+    let err = pool.try_allocate(3 * PAGE, &s).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    let stats = pool.statistics();
+    assert_eq!(stats.live_allocations, 1);
+    assert_eq!(stats.mapped_bytes, mapped(&device));
+    // What is handed out is mapped: writing all of it does not fault.
+    let c = pool.try_allocate(2 * PAGE, &s).unwrap();
+    // SAFETY: `c` is 4 MiB of live host memory of the host backend.
+    unsafe { std::ptr::write_bytes(c.addr() as *mut u8, 1, 2 * PAGE) };
+    free(&pool, c, 2 * PAGE, &s);
+    free(&pool, a, 256, &s);
+    pool.trim();
     assert_eq!(mapped(&device), 0);
 }
