@@ -217,6 +217,10 @@ fn every_fault_point_fails_its_call_once_with_a_typed_error() {
                     buf.fill(7).unwrap();
                     driver_error(fresh.synchronize_blocking(), point);
                 }
+                // The buffer's free is stream-ordered: let it land before later cases count
+                // live allocations (the stream's own error was taken above).
+                drop(buf);
+                let _ = fresh.synchronize_blocking();
             }
             FaultPoint::EventRecord => driver_error(fresh.record().map(drop), point),
             FaultPoint::StreamWait => {
