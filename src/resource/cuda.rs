@@ -16,6 +16,14 @@ use crate::stream::Stream;
 /// The stream is only checked to belong to the device: the driver's allocation is usable on
 /// every stream, and its free waits for all work on the device.
 ///
+/// A free therefore blocks the calling thread on CUDA: it waits for the stream it is given
+/// (`cuStreamSynchronize`, then `cuMemFree`), so dropping a [`DeviceBuffer`](crate::DeviceBuffer)
+/// of this resource whose stream still works waits for that work, as RMM's
+/// `cuda_memory_resource` does. For a free that returns at once and takes effect in stream
+/// order, use [`CudaAsyncResource`](crate::CudaAsyncResource) or a
+/// [`PoolResource`](crate::PoolResource). (The host backend queues the free on the stream
+/// instead; its memory comes back when the stream reaches it.)
+///
 /// # Examples
 ///
 /// ```

@@ -3,6 +3,11 @@
 //! function that blocks its stream until the test opens it), so the tests are deterministic on
 //! both backends.
 //!
+//! At most one gate is closed at a time: the CUDA driver runs the host functions of a context
+//! on one thread, so while one gate blocks, no other host function runs (another stream's
+//! gate, or a host-function-strategy notification). A long event is device work instead
+//! ([`Stream::enqueue_delay`]).
+//!
 //! `completion_suite!` instantiates it for one device kind.
 
 use std::future::Future;
@@ -84,12 +89,22 @@ pub fn wake_ups_follow_record_order(device: Device, strategy: CompletionStrategy
     stream.synchronize_blocking().unwrap();
 }
 
-/// With an event pending behind a closed gate on stream A, an event of stream B wakes its task
-/// as soon as B passes it.
+/// How long the long event's stream is busy: far longer than the short event's path (a gate
+/// opened at once), so the long event is still pending when the short one wakes its task.
+const LONG_WORK: Duration = Duration::from_secs(5);
+
+/// With an event pending behind long device work on stream A, an event of stream B wakes its
+/// task as soon as B passes it, before A's: a completion driver that took no new arm while an
+/// older event was pending (or blocked the other stream's notification behind it) would wake
+/// them in the order 1, 2, after `LONG_WORK`.
+///
+/// The long event is device work, not a gate: on CUDA a gate is a host function that blocks
+/// the one thread running the context's host functions, and B's gate (and, under the
+/// host-function strategy, B's notification) could never run behind it.
 pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionStrategy) {
     device.set_completion_strategy(strategy);
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
-    let open_a = gate(&a);
+    a.enqueue_delay(LONG_WORK).unwrap();
     let mut long = a.record().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let waker = |id| {
@@ -99,6 +114,10 @@ pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionS
         }))
     };
     arm(&mut long, &waker(1));
+    // Lets a poller take the long event in before the short one is armed (a thread just
+    // started may not have run yet): only then does a poller that takes no new arm while an
+    // event is pending show it. Not needed for a correct driver.
+    std::thread::sleep(Duration::from_millis(100));
     let open_b = gate(&b);
     let mut short = b.record().unwrap();
     arm(&mut short, &waker(2));
@@ -106,9 +125,15 @@ pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionS
     wait_until("the short event's wake-up", || {
         !log.lock().unwrap().is_empty()
     });
-    assert_eq!(*log.lock().unwrap(), [2], "{strategy:?}");
-    assert!(!long.is_complete().unwrap());
-    drop(open_a);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [2],
+        "{strategy:?}: the short event must wake first, while A still works ({LONG_WORK:?})"
+    );
+    assert!(
+        !long.is_complete().unwrap(),
+        "{strategy:?}: the long event completed before the short one woke its task"
+    );
     wait_until("the long event's wake-up", || {
         log.lock().unwrap().len() == 2
     });

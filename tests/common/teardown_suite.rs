@@ -53,6 +53,8 @@ pub struct ChildRun {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// The wall clock when the parent saw the child end (within its 10 ms polling).
+    pub exited: std::time::SystemTime,
 }
 
 impl ChildRun {
@@ -151,6 +153,7 @@ pub fn run_child(test: &str, timeout: Duration) -> ChildRun {
     };
     ChildRun {
         status,
+        exited: std::time::SystemTime::now(),
         elapsed: started.elapsed(),
         stdout: stdout.join().unwrap(),
         stderr: stderr.join().unwrap(),
@@ -585,23 +588,55 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     all
 }
 
-/// How long the work queued at exit would keep a stream busy: far past the parent's timeout
-/// for the exit scenarios, so an exit that waited for it would be killed as hung.
+/// How long the work queued at exit would keep a stream busy on the host backend: far past
+/// the parent's timeout for the exit scenarios, so an exit that waited for it would be killed
+/// as hung.
 const WORK_AT_EXIT: Duration = Duration::from_secs(120);
+/// The same on CUDA: short enough that an exit which waits for the running kernel still ends
+/// well within the parent's timeout. Whether the CUDA driver lets a process exit while one of
+/// its kernels runs is the driver's behaviour, not the crate's (the crate makes no driver call
+/// at exit); the exit scenarios print how long the exit took after the scenario's end, next
+/// to the device work still queued then, so a run shows which it is.
+const WORK_AT_EXIT_CUDA: Duration = Duration::from_secs(5);
 /// The parent's timeout for the exit scenarios.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// What a child of an exit scenario prints at the end of its scenario: the wall clock (ns
+/// since the Unix epoch), the device work still queued (ns) and the backend (`host`, `cuda`).
+const EXIT_CLOCK: &str = "teardown exit clock:";
 
 /// Leaves everything live and busy: buffers (some leaked for good), stream-ordered frees
 /// queued behind long work, tasks and a thread waiting on a full pool, a pending copy.
-fn busy_at_exit(device: &Device) {
+/// Returns the instant the queued work ends.
+///
+/// Every call here returns at once on both backends: the frees left pending are stream-ordered
+/// (a `CudaAsyncResource` buffer's `cuMemFreeAsync`, the pool's free list), never a
+/// `CudaResource` free, which on CUDA waits for its stream (`cuStreamSynchronize` before
+/// `cuMemFree`) and would block here behind the work.
+fn busy_at_exit(device: &Device) -> Instant {
+    let work = if device.host_controls().is_some() {
+        WORK_AT_EXIT
+    } else {
+        WORK_AT_EXIT_CUDA
+    };
     let pool = bounded_pool(device, 1 << 20);
     let s = Stream::new(device).unwrap();
     let held = DeviceBuffer::try_new(1 << 20, &s, pool.clone()).unwrap();
-    s.enqueue_delay(WORK_AT_EXIT).unwrap();
+    // Resources whose frees stay queued: kept for good, so that no resource's own drop (a
+    // pool giving its chunks back to a `CudaResource`) runs here either.
+    let (small_pool, driver_pool) = (
+        bounded_pool(device, 1 << 16),
+        CudaAsyncResource::new(device).unwrap(),
+    );
+    let mut pooled = DeviceBuffer::try_new(1 << 16, &s, small_pool.clone()).unwrap();
+    let driver_pooled = DeviceBuffer::try_new(1 << 16, &s, driver_pool.clone()).unwrap();
+    std::mem::forget((small_pool, driver_pool));
     let mut live = DeviceBuffer::try_new(1 << 16, &s, CudaResource::new(device).unwrap()).unwrap();
+    s.enqueue_delay(work).unwrap();
+    let work_ends = Instant::now() + work;
     live.fill(1).unwrap();
-    let pending = DeviceBuffer::try_new(1 << 16, &s, CudaResource::new(device).unwrap()).unwrap();
-    drop(pending); // a free queued behind the long work
+    pooled.fill(2).unwrap();
+    // Frees queued behind the long work.
+    drop((pooled, driver_pooled));
     std::mem::forget(held);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -619,14 +654,78 @@ fn busy_at_exit(device: &Device) {
     });
     assert!(eventually(|| pool.memory_stats().wait_queue.waiting == 5));
     std::mem::forget(rt);
+    work_ends
 }
 
-/// `std::process::exit` while buffers live, frees are queued behind two minutes of work, and
-/// tasks and a thread wait for memory: the process exits at once with the status it asked
-/// for, without waiting for the device and without a crash.
+/// Says (on stdout, flushed) when the exit scenario ended and how much device work was left.
+fn exit_clock(device: &Device, work_ends: Instant) {
+    use std::io::Write;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let left = work_ends.saturating_duration_since(Instant::now());
+    let backend = if device.host_controls().is_some() {
+        "host"
+    } else {
+        "cuda"
+    };
+    println!(
+        "{EXIT_CLOCK} {} {} {backend}",
+        now.as_nanos(),
+        left.as_nanos()
+    );
+    std::io::stdout().flush().unwrap();
+}
+
+/// Whether a process exit on CUDA waits for a kernel still running: the driver's behaviour,
+/// not the crate's. `None` until a GPU run has shown it (the exit scenarios print it); then
+/// `Some(..)` makes them assert it.
+const CUDA_EXIT_WAITS_FOR_KERNELS: Option<bool> = None;
+
+/// Reads the child's [`exit_clock`] line, prints how long after it the process ended, next to
+/// the device work left then, and checks it: on the host backend the exit must not wait for
+/// the work (the stream workers are not joined); on CUDA as [`CUDA_EXIT_WAITS_FOR_KERNELS`]
+/// says, once known.
+fn check_exit_time(test: &str, run: &ChildRun) {
+    let line = run
+        .stdout
+        .lines()
+        .find_map(|l| Some(l.split_once(EXIT_CLOCK)?.1))
+        .unwrap_or_else(|| panic!("the child printed no exit clock: {run:?}"));
+    // The harness may print the test's name on the same line first.
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let [at, left, backend] = fields[..] else {
+        panic!("a malformed exit clock: {line}");
+    };
+    let at = std::time::UNIX_EPOCH + Duration::from_nanos(at.parse().unwrap());
+    let left = Duration::from_nanos(left.parse().unwrap());
+    let took = run.exited.duration_since(at).unwrap_or_default();
+    let waited = took >= left;
+    println!(
+        "{test} ({backend}): the process ended {took:?} after its scenario, with {left:?} of \
+         device work still queued then: the exit {} for it",
+        if waited { "waited" } else { "did not wait" }
+    );
+    let expected = match backend {
+        "host" => Some(false),
+        _ => CUDA_EXIT_WAITS_FOR_KERNELS,
+    };
+    if let Some(expected) = expected {
+        assert_eq!(
+            waited, expected,
+            "{test} ({backend}): the exit took {took:?} with {left:?} of device work queued"
+        );
+    }
+}
+
+/// `std::process::exit` while buffers live, stream-ordered frees are queued behind long
+/// device work (two minutes on the host backend, 5 s on CUDA), and tasks and a thread wait for
+/// memory: the process exits with the status it asked for and without a crash; on the host
+/// backend at once, on CUDA as the driver does (see [`CUDA_EXIT_WAITS_FOR_KERNELS`]).
 pub fn process_exit_with_live_buffers_and_pending_frees(test: &str, device: Device) {
     if is_child(test) {
-        busy_at_exit(&device);
+        let work_ends = busy_at_exit(&device);
+        exit_clock(&device, work_ends);
         done(test);
         std::process::exit(17);
     }
@@ -640,18 +739,21 @@ pub fn process_exit_with_live_buffers_and_pending_frees(test: &str, device: Devi
     );
     assert!(run.stdout.contains(&format!("{DONE} {test}")), "{run:?}");
     assert_no_crash(&run);
+    check_exit_time(test, &run);
 }
 
 /// The test returns (the harness then exits the process) with the same live state: the
 /// harness's normal exit is not held up either, and the run passes.
 pub fn process_exit_from_a_passing_test_with_live_state(test: &str, device: Device) {
     if is_child(test) {
-        busy_at_exit(&device);
+        let work_ends = busy_at_exit(&device);
+        exit_clock(&device, work_ends);
         done(test);
         return;
     }
     let run = run_child(test, EXIT_TIMEOUT);
     run.assert_clean(test);
+    check_exit_time(test, &run);
 }
 
 /// A panic unwinds through live buffers, a dropped waiting allocation and queued frees on the
@@ -663,8 +765,9 @@ pub fn panic_unwinding_through_live_state(test: &str, device: Device) {
         let s = Stream::new(&device).unwrap();
         let _held = DeviceBuffer::try_new(1 << 20, &s, pool.clone()).unwrap();
         s.enqueue_delay(Duration::from_millis(200)).unwrap();
+        // A stream-ordered free (a `CudaResource` free would wait for the delay on CUDA).
         let _pending_free_on_unwind =
-            DeviceBuffer::try_new(4096, &s, CudaResource::new(&device).unwrap()).unwrap();
+            DeviceBuffer::try_new(4096, &s, CudaAsyncResource::new(&device).unwrap()).unwrap();
         let mut waiting = Box::pin(DeviceBuffer::new(4096, &s, pool.clone()));
         let waker = futures::task::noop_waker();
         let polled = waiting

@@ -351,6 +351,13 @@ impl<R: MemoryResource> Drop for Inner<R> {
     /// Gives the arena back to the upstream, ordered after every free, if nothing is live;
     /// else leaks it rather than free memory someone still uses, and the device records an
     /// [`Error::Leaked`].
+    ///
+    /// The extents are given back on `home`, which only this resource holds: once it drops,
+    /// no device-wide synchronize reaches that stream's work (it covers the streams the crate
+    /// holds), so a stream-ordered upstream free would still be queued after one. The drop
+    /// therefore waits for `home` to pass the frees before it returns (a `CudaResource`
+    /// upstream waits for it in each free anyway, as RMM's arena does when it frees its
+    /// upstream blocks).
     fn drop(&mut self) {
         self.defragment();
         let mut live = 0;
@@ -378,7 +385,11 @@ impl<R: MemoryResource> Drop for Inner<R> {
             self.device.defer_error(e);
             return;
         }
-        for (base, bytes, _, _) in self.extents.list() {
+        let extents = self.extents.list();
+        if extents.is_empty() {
+            return;
+        }
+        for (base, bytes, _, _) in extents {
             // SAFETY: each extent came from `upstream.try_allocate(bytes, ..)` (construction or
             // `grow`), nothing in it is live, and `home` now waits for every stream that freed
             // memory in it, so all work that used it is ordered before this point of `home`.
@@ -386,6 +397,10 @@ impl<R: MemoryResource> Drop for Inner<R> {
                 self.upstream
                     .deallocate(DevicePtr::from_raw(base), bytes, &self.home)
             };
+        }
+        if let Err(e) = self.home.synchronize_blocking() {
+            tracing::error!(error = %e, "cannot wait for the arena's release");
+            self.device.defer_error(e);
         }
     }
 }
