@@ -19,9 +19,10 @@
 //! ```text
 //! cargo bench --bench awaiting --no-run   # note the binary's path
 //! for n in 20000 40000; do AWAITING_ITERS=$n AWAITING_TRIALS=1 AWAITING_WORKERS=1 \
-//!   AWAITING_CASE=await valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$n \
-//!   target/release/deps/awaiting-* 2>&1 | grep 'refs'; done
-//! # (Ir(40000) - Ir(20000)) / 20000 = instructions per awaited pair (warm-up cancels out)
+//!   AWAITING_POOL=unbounded AWAITING_CASE=await valgrind --tool=callgrind \
+//!   --callgrind-out-file=/tmp/cg.$n target/release/deps/awaiting-<hash> 2>&1 | grep refs; done
+//! # (Ir(40000) - Ir(20000)) / 20000 = instructions per awaited pair (warm-up cancels out);
+//! # AWAITING_CASE=try_allocate gives the floor, AWAITING_POOL=bounded the other pool
 //! ```
 
 #[path = "common/workloads.rs"]
@@ -143,6 +144,10 @@ fn main() {
             .build()
             .expect("runtime");
         for bounded in [false, true] {
+            let wanted = std::env::var("AWAITING_POOL").ok();
+            if wanted.is_some_and(|w| w != if bounded { "bounded" } else { "unbounded" }) {
+                continue;
+            }
             let bound = if bounded { "maximum" } else { "no maximum" };
             let mr = Arc::new(pool(&device, bounded));
             let streams: Vec<Stream> = (0..workers)

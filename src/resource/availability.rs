@@ -137,9 +137,42 @@ struct Shard(parking_lot::Mutex<Ledger>);
 
 #[derive(Debug, Default)]
 struct Ledger {
-    /// The epoch `held` counts in; counts of an older one are forgotten at the next record.
+    /// The epoch the counts are in; counts of an older one are forgotten at the next record.
     counted_in: u64,
-    held: HashMap<tokio::task::Id, usize, BuildHasherDefault<IdHasher>>,
+    /// The first `FEW` tasks counted, searched in order: between two frees a thread usually
+    /// runs few allocating tasks, and a scan of a few words is cheaper than hashing.
+    few: Vec<(tokio::task::Id, usize)>,
+    /// The tasks beyond those.
+    many: HashMap<tokio::task::Id, usize, BuildHasherDefault<IdHasher>>,
+}
+
+/// How many tasks a shard counts in `Ledger::few`.
+const FEW: usize = 8;
+
+impl Ledger {
+    fn clear(&mut self) {
+        self.few.clear();
+        if !self.many.is_empty() {
+            self.many.clear();
+        }
+    }
+
+    fn add(&mut self, task: tokio::task::Id, bytes: usize) {
+        // A task is in `few` or in `many`, never both: `many` takes only tasks `few` lacks
+        // once it is full, and `few` loses none until both are cleared.
+        if let Some((_, held)) = self.few.iter_mut().find(|(t, _)| *t == task) {
+            *held += bytes;
+        } else if self.few.len() < FEW {
+            self.few.push((task, bytes));
+        } else {
+            *self.many.entry(task).or_default() += bytes;
+        }
+    }
+
+    fn held(&self, task: &tokio::task::Id) -> usize {
+        let few = self.few.iter().find(|(t, _)| t == task).map(|(_, b)| *b);
+        few.or_else(|| self.many.get(task).copied()).unwrap_or(0)
+    }
 }
 
 /// A multiplicative hash for task ids (one `u64` each): SipHash would cost more than the
@@ -188,13 +221,13 @@ impl Holders {
             .get_or_init(|| (0..SHARDS).map(|_| Shard::default()).collect());
         let mut ledger = shards[shard_index()].0.lock();
         if ledger.counted_in < epoch {
-            ledger.held.clear();
+            ledger.clear();
             ledger.counted_in = epoch;
         } else if ledger.counted_in > epoch {
             // A notify came after this record took effect: it is forgotten already.
             return;
         }
-        *ledger.held.entry(task).or_default() += bytes;
+        ledger.add(task, bytes);
     }
 
     /// Memory may have come back: the counts may name freed memory.
@@ -225,7 +258,7 @@ impl Holders {
                 if ledger.counted_in != epoch {
                     return 0;
                 }
-                tasks.iter().filter_map(|t| ledger.held.get(t)).sum()
+                tasks.iter().map(|t| ledger.held(t)).sum::<usize>()
             })
             .sum()
     }
@@ -613,6 +646,8 @@ mod ledger_tests {
                 tokio::task::id()
             })
         };
+        // 16 tasks over 4 workers: some shard counts more than `FEW` of them, or all do in
+        // turn when tokio runs them on one.
         let tasks: Vec<_> = (1..=16).map(|i| rt.block_on(record(i)).unwrap()).collect();
         let each_twice: usize = (1..=16).map(|i| 2 * i).sum();
         assert_eq!(a.holders.held_by(&tasks), each_twice);
@@ -625,6 +660,32 @@ mod ledger_tests {
         assert_eq!(a.holders.held_by(&all), 2000, "old-epoch counts came back");
         a.notify();
         assert_eq!(a.holders.held_by(&all), 0);
+    }
+
+    /// One thread (one shard) counting more tasks than its short list holds: each task's
+    /// records add up whichever part of the shard holds them.
+    #[test]
+    fn a_shard_counts_many_tasks() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let a = std::sync::Arc::new(Availability::new());
+        let n = 3 * super::FEW;
+        let tasks: Vec<_> = (1..=n)
+            .map(|i| {
+                let a = a.clone();
+                rt.block_on(rt.spawn(async move {
+                    a.record_held(i);
+                    a.record_held(i);
+                    tokio::task::id()
+                }))
+                .unwrap()
+            })
+            .collect();
+        for (i, t) in tasks.iter().enumerate() {
+            assert_eq!(a.holders.held_by(&[*t]), 2 * (i + 1));
+        }
+        assert_eq!(a.holders.held_by(&tasks), n * (n + 1));
     }
 
     /// Outside a tokio task nothing is counted (holdings there are unknown).
