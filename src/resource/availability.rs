@@ -117,8 +117,12 @@ struct Holders {
     /// - *A waiter's holdings are seen by the check.* A task records before it queues, and the
     ///   check reads the queue under its lock before reading this word and the shards (under
     ///   theirs), so it sees the record's epoch or a later one, and the record in its shard.
+    ///
     /// A record racing with a notify is ordered by this word alone: it counts in the epoch it
-    /// read, and is forgotten with it when a notify bumps it (as if it came first).
+    /// read, and is forgotten with it when a notify bumps it (as if it came first). A check
+    /// racing with a notify may miss counts of the old epoch in shards a newer record has
+    /// already restamped: a lower count, so no false report, and that notify wakes the head,
+    /// which retries and checks again.
     state: AtomicU64,
     /// One per thread (threads beyond `SHARDS` share them), made at the first record.
     shards: OnceLock<Box<[Shard]>>,
