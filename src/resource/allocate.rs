@@ -67,9 +67,11 @@ use crate::sync::Arc;
 /// the error says how much the waiters hold.
 ///
 /// Cost: an awaited allocation that succeeds inside a tokio task on a resource with a wait
-/// queue counts its bytes under a lock (one per allocation), and the next free after it takes
-/// that lock once; outside tasks, a thread-local read. [`try_allocate`](MemoryResource::try_allocate)
-/// pays nothing.
+/// queue counts its bytes in its worker thread's own shard (a lock no other thread takes,
+/// while there are no more threads than shards) and sets a shared flag if it is clear; the next
+/// free after it clears the flag with one compare-exchange. No lock is shared between workers;
+/// only a deadlock check sums the shards. Outside tasks, a thread-local read.
+/// [`try_allocate`](MemoryResource::try_allocate) pays nothing.
 ///
 /// [`LimitingAdaptor`]: crate::LimitingAdaptor
 ///

@@ -31,8 +31,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Weak;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, Weak};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -92,23 +93,120 @@ pub struct Availability {
 /// what it holds now, which is what makes deadlock detection conservative (see
 /// [`Allocate`](crate::Allocate)).
 ///
-/// Plain std atomics and a parking_lot lock, also under loom: the wait queue's own protocol
+/// Every awaited allocation records and every free notifies, from any worker thread, so neither
+/// may take a shared lock: the counts live in per-thread shards (one cache line each, a lock of
+/// their own that only the threads sharing a shard take), stamped with the epoch they count in.
+/// The one shared word, `state`, holds the epoch and a "recorded since" bit: a record sets the
+/// bit (only when it is clear: a plain load first), a notify that finds it set starts the next
+/// epoch and clears it in one compare-exchange, and a notify with nothing recorded since is one
+/// load. Only a deadlock check (a waiter whose retry failed: rare) sums the shards.
+///
+/// Plain std atomics and parking_lot locks, also under loom: the wait queue's own protocol
 /// does not depend on them.
 #[derive(Debug, Default)]
 struct Holders {
-    /// Set (under the lock) by a record; a notify that finds it set starts a new epoch and
-    /// clears it, under the lock, so a record is never both kept and older than a free.
-    dirty: AtomicBool,
-    ledger: parking_lot::Mutex<Ledger>,
+    /// `epoch << 1 | RECORDED`. Every change is a read-modify-write, and the value only grows:
+    /// a record turns `RECORDED` on (same epoch), a notify turns it off and adds one epoch.
+    ///
+    /// Relaxed everywhere, because the word orders no other memory: the shards are guarded by
+    /// their locks, and what must hold follows from the coherence of this one word:
+    /// - *A freed allocation is forgotten by the notify after its free.* Its record ends
+    ///   with `RECORDED` on (its load or its `fetch_or` saw it on) and happens before the free
+    ///   (the pointer is handed out after it), so the free's notify reads that value or a later
+    ///   one: still on in the record's epoch (it bumps), or a later epoch.
+    /// - *A waiter's holdings are seen by the check.* A task records before it queues, and the
+    ///   check reads the queue under its lock before reading this word and the shards (under
+    ///   theirs), so it sees the record's epoch or a later one, and the record in its shard.
+    ///
+    /// A record racing with a notify is ordered by this word alone: it counts in the epoch it
+    /// read, and is forgotten with it when a notify bumps it (as if it came first). A check
+    /// racing with a notify may miss counts of the old epoch in shards a newer record has
+    /// already restamped: a lower count, so no false report, and that notify wakes the head,
+    /// which retries and checks again.
+    state: AtomicU64,
+    /// One per thread (threads beyond `SHARDS` share them), made at the first record.
+    shards: OnceLock<Box<[Shard]>>,
 }
+
+/// The bit of [`Holders::state`] that says something was recorded in its epoch.
+const RECORDED: u64 = 1;
+
+/// How many shards an availability's ledger has; threads share them round robin beyond that.
+const SHARDS: usize = 32;
+
+/// A thread's counts, in a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard(parking_lot::Mutex<Ledger>);
 
 #[derive(Debug, Default)]
 struct Ledger {
-    /// Bumped by every notify that follows a record.
-    epoch: u64,
-    /// The epoch `held` counts in; older counts are forgotten at the next record or check.
+    /// The epoch the counts are in; counts of an older one are forgotten at the next record.
     counted_in: u64,
-    held: HashMap<tokio::task::Id, usize>,
+    /// The first `FEW` tasks counted, searched in order: between two frees a thread usually
+    /// runs few allocating tasks, and a scan of a few words is cheaper than hashing.
+    few: Vec<(tokio::task::Id, usize)>,
+    /// The tasks beyond those.
+    many: HashMap<tokio::task::Id, usize, BuildHasherDefault<IdHasher>>,
+}
+
+/// How many tasks a shard counts in `Ledger::few`.
+const FEW: usize = 8;
+
+impl Ledger {
+    fn clear(&mut self) {
+        self.few.clear();
+        if !self.many.is_empty() {
+            self.many.clear();
+        }
+    }
+
+    fn add(&mut self, task: tokio::task::Id, bytes: usize) {
+        // A task is in `few` or in `many`, never both: `many` takes only tasks `few` lacks
+        // once it is full, and `few` loses none until both are cleared.
+        if let Some((_, held)) = self.few.iter_mut().find(|(t, _)| *t == task) {
+            *held += bytes;
+        } else if self.few.len() < FEW {
+            self.few.push((task, bytes));
+        } else {
+            *self.many.entry(task).or_default() += bytes;
+        }
+    }
+
+    fn held(&self, task: &tokio::task::Id) -> usize {
+        let few = self.few.iter().find(|(t, _)| t == task).map(|(_, b)| *b);
+        few.or_else(|| self.many.get(task).copied()).unwrap_or(0)
+    }
+}
+
+/// A multiplicative hash for task ids (one `u64` each): SipHash would cost more than the
+/// rest of a record.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// This thread's shard index, handed out round robin at its first record.
+fn shard_index() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.try_with(|i| *i).unwrap_or(0)
 }
 
 impl Holders {
@@ -116,32 +214,57 @@ impl Holders {
         let Some(task) = tokio::task::try_id() else {
             return;
         };
-        let mut ledger = self.ledger.lock();
-        if ledger.counted_in != ledger.epoch {
-            ledger.held.clear();
-            ledger.counted_in = ledger.epoch;
+        // The record takes effect here, in the epoch this reads (see `state`).
+        let mut state = self.state.load(Ordering::Relaxed);
+        if state & RECORDED == 0 {
+            state = self.state.fetch_or(RECORDED, Ordering::Relaxed) | RECORDED;
         }
-        *ledger.held.entry(task).or_default() += bytes;
-        self.dirty.store(true, Ordering::SeqCst);
+        let epoch = state >> 1;
+        let shards = self
+            .shards
+            .get_or_init(|| (0..SHARDS).map(|_| Shard::default()).collect());
+        let mut ledger = shards[shard_index()].0.lock();
+        if ledger.counted_in < epoch {
+            ledger.clear();
+            ledger.counted_in = epoch;
+        } else if ledger.counted_in > epoch {
+            // A notify came after this record took effect: it is forgotten already.
+            return;
+        }
+        ledger.add(task, bytes);
     }
 
     /// Memory may have come back: the counts may name freed memory.
     fn forget(&self) {
         // The common case, nothing recorded since the last notify, is one load.
-        if self.dirty.load(Ordering::SeqCst) {
-            let mut ledger = self.ledger.lock();
-            ledger.epoch += 1;
-            self.dirty.store(false, Ordering::SeqCst);
+        let state = self.state.load(Ordering::Relaxed);
+        if state & RECORDED != 0 {
+            // `state + 1`: the next epoch, nothing recorded in it. A failure means the word
+            // changed, and from a value with `RECORDED` on only a notify changes it: another
+            // notify started the next epoch already, which is all this one needs.
+            let _ =
+                self.state
+                    .compare_exchange(state, state + 1, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 
-    /// What `tasks` hold, counted since the last notify.
+    /// What `tasks` hold, counted since the last notify (summed over every thread's shard: a
+    /// task may have run on several).
     fn held_by(&self, tasks: &[tokio::task::Id]) -> usize {
-        let ledger = self.ledger.lock();
-        if ledger.counted_in != ledger.epoch {
+        let epoch = self.state.load(Ordering::Relaxed) >> 1;
+        let Some(shards) = self.shards.get() else {
             return 0;
-        }
-        tasks.iter().filter_map(|t| ledger.held.get(t)).sum()
+        };
+        shards
+            .iter()
+            .map(|shard| {
+                let ledger = shard.0.lock();
+                if ledger.counted_in != epoch {
+                    return 0;
+                }
+                tasks.iter().map(|t| ledger.held(t)).sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -503,3 +626,77 @@ impl WaitQueue {
 
 #[cfg(all(test, loom))]
 mod loom_tests;
+
+#[cfg(all(test, not(loom)))]
+mod ledger_tests {
+    use super::Availability;
+
+    /// Records from tasks spread over several workers (several shards) add up; a notify forgets
+    /// them all, whichever shard holds them, and a record after it counts again while the
+    /// stale shards of the old epoch stay forgotten.
+    #[test]
+    fn records_in_every_shard_count_until_the_next_notify() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .build()
+            .unwrap();
+        let a = std::sync::Arc::new(Availability::new());
+        let record = |bytes: usize| {
+            let a = a.clone();
+            rt.spawn(async move {
+                a.record_held(bytes);
+                tokio::task::yield_now().await;
+                a.record_held(bytes); // possibly on another worker: another shard
+                tokio::task::id()
+            })
+        };
+        // 16 tasks over 4 workers: some shard counts more than `FEW` of them, or all do in
+        // turn when tokio runs them on one.
+        let tasks: Vec<_> = (1..=16).map(|i| rt.block_on(record(i)).unwrap()).collect();
+        let each_twice: usize = (1..=16).map(|i| 2 * i).sum();
+        assert_eq!(a.holders.held_by(&tasks), each_twice);
+        assert_eq!(a.holders.held_by(&tasks[..1]), 2);
+        a.notify();
+        assert_eq!(a.holders.held_by(&tasks), 0, "a notify left counts");
+        a.notify(); // nothing recorded since: no new epoch, nothing changes
+        let late = rt.block_on(record(1000)).unwrap();
+        let all: Vec<_> = tasks.iter().copied().chain([late]).collect();
+        assert_eq!(a.holders.held_by(&all), 2000, "old-epoch counts came back");
+        a.notify();
+        assert_eq!(a.holders.held_by(&all), 0);
+    }
+
+    /// One thread (one shard) counting more tasks than its short list holds: each task's
+    /// records add up whichever part of the shard holds them.
+    #[test]
+    fn a_shard_counts_many_tasks() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let a = std::sync::Arc::new(Availability::new());
+        let n = 3 * super::FEW;
+        let tasks: Vec<_> = (1..=n)
+            .map(|i| {
+                let a = a.clone();
+                rt.block_on(rt.spawn(async move {
+                    a.record_held(i);
+                    a.record_held(i);
+                    tokio::task::id()
+                }))
+                .unwrap()
+            })
+            .collect();
+        for (i, t) in tasks.iter().enumerate() {
+            assert_eq!(a.holders.held_by(&[*t]), 2 * (i + 1));
+        }
+        assert_eq!(a.holders.held_by(&tasks), n * (n + 1));
+    }
+
+    /// Outside a tokio task nothing is counted (holdings there are unknown).
+    #[test]
+    fn records_outside_a_task_are_not_counted() {
+        let a = Availability::new();
+        a.record_held(4096);
+        assert!(a.holders.shards.get().is_none());
+    }
+}
