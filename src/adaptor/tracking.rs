@@ -287,7 +287,7 @@ pub struct TrackingAdaptor<R: MemoryResource = SharedResource> {
 
 /// Buckets of the lock-free table: 8,192 records in 256 KiB (fewer when many addresses hash
 /// alike; the others go to the locked overflow).
-const TABLE_BUCKETS: usize = 1024;
+const TABLE_BUCKETS: usize = 2048;
 
 struct Inner<R> {
     upstream: R,
@@ -350,6 +350,20 @@ impl<R> Inner<R> {
     /// outstanding already.
     #[inline]
     fn record(&self, ptr: DevicePtr, bytes: usize, stream: StreamId) -> Option<usize> {
+        // While the overflow is empty, no record of `ptr` can be there.
+        if self.in_table(ptr)
+            && self.overflow_len.load(Relaxed) == 0
+            && self.table.insert(ptr.addr(), bytes as u64, stream.0) == Insert::Done
+        {
+            return None;
+        }
+        self.record_slow(ptr, bytes, stream)
+    }
+
+    /// [`record`](Self::record) when the overflow is involved or `ptr` is outstanding.
+    #[cold]
+    #[inline(never)]
+    fn record_slow(&self, ptr: DevicePtr, bytes: usize, stream: StreamId) -> Option<usize> {
         // A record of `ptr` in the overflow is a duplicate, wherever the new one goes.
         let mut previous = self.remove_overflow(ptr);
         if self.in_table(ptr) {
@@ -395,17 +409,18 @@ impl<R> Inner<R> {
                 return Some(entry.bytes as usize);
             }
         }
-        self.remove_overflow(ptr)
-    }
-
-    /// Removes `ptr`'s record from the overflow and returns its size, if it is there.
-    #[inline]
-    fn remove_overflow(&self, ptr: DevicePtr) -> Option<usize> {
         // Relaxed is enough: whoever frees `ptr` after its allocation sees that allocation's
         // increment (or a later count, which includes it until it is removed).
         if self.overflow_len.load(Relaxed) == 0 {
             return None;
         }
+        self.remove_overflow(ptr)
+    }
+
+    /// Removes `ptr`'s record from the overflow and returns its size, if it is there.
+    #[cold]
+    #[inline(never)]
+    fn remove_overflow(&self, ptr: DevicePtr) -> Option<usize> {
         let mut records = self.shard(ptr).lock();
         let removed = records.live.remove(&ptr)?;
         records.bytes -= removed.bytes;

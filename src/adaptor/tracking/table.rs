@@ -18,10 +18,10 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::sync::{fence, AtomicU64};
 
-/// Slots per bucket: their keys fill one 64-byte line. (Two under loom, to keep the models
-/// small.)
+/// Slots per bucket: their keys fill half a 64-byte line, and an insertion reads them all.
+/// (Two under loom, to keep the models small.)
 #[cfg(not(loom))]
-pub(super) const SLOTS: usize = 8;
+pub(super) const SLOTS: usize = 4;
 #[cfg(loom)]
 pub(super) const SLOTS: usize = 2;
 
@@ -118,24 +118,24 @@ impl Table {
     pub(super) fn insert(&self, addr: u64, bytes: u64, stream: u64) -> Insert {
         debug_assert!(holds(addr));
         let bucket = self.bucket(addr);
-        // The whole bucket first: a record of `addr` in a later slot would be a duplicate.
-        let mut first_empty = SLOTS;
+        // The whole bucket first (a record of `addr` in any slot is a duplicate), as masks:
+        // independent compares rather than a chain of branches.
+        let mut present = false;
+        let mut empty = 0u32;
         for (i, key) in bucket.keys.iter().enumerate() {
             let k = key.load(Relaxed);
-            if k == addr {
-                return Insert::Present;
-            }
-            if k == EMPTY && first_empty == SLOTS {
-                first_empty = i;
-            }
+            present |= k == addr;
+            empty |= u32::from(k == EMPTY) << i;
         }
-        for i in first_empty..SLOTS {
-            let key = &bucket.keys[i];
+        if present {
+            return Insert::Present;
+        }
+        while empty != 0 {
+            let i = empty.trailing_zeros() as usize;
+            empty &= empty - 1;
+            let (key, slot) = (&bucket.keys[i], &bucket.slots[i]);
             // Acquire: the previous owner's reads and writes of the slot come before ours.
-            if key.load(Relaxed) == EMPTY
-                && key.compare_exchange(EMPTY, BUSY, Acquire, Relaxed).is_ok()
-            {
-                let slot = &bucket.slots[i];
+            if key.compare_exchange(EMPTY, BUSY, Acquire, Relaxed).is_ok() {
                 let version = slot.version.load(Relaxed);
                 slot.version.store(version.wrapping_add(1), Relaxed);
                 // The odd version is visible to any reader that sees a field written below.
