@@ -1,6 +1,5 @@
 use std::backtrace::Backtrace;
 use std::fmt;
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -294,11 +293,9 @@ struct Inner<R> {
     backtraces: bool,
     /// The records without a backtrace, while their bucket has room.
     table: Table,
-    /// The other records.
+    /// The other records. Those the table could hold are counted in their table bucket
+    /// ([`Table::overflowed`]), so that only lookups in a bucket that overflowed take a lock.
     overflow: Box<[Shard]>,
-    /// How many records `overflow` holds, changed under a shard's lock: while it is 0, no
-    /// lookup needs a lock.
-    overflow_len: AtomicUsize,
     issues: Mutex<Issues>,
 }
 
@@ -350,10 +347,13 @@ impl<R> Inner<R> {
     /// outstanding already.
     #[inline]
     fn record(&self, ptr: DevicePtr, bytes: usize, stream: StreamId) -> Option<usize> {
-        // While the overflow is empty, no record of `ptr` can be there.
+        let addr = ptr.addr();
+        // While the bucket has no overflow, no record of `ptr` can be there. Relaxed is
+        // enough: an earlier allocation of `ptr` happened before this one (the upstream had it
+        // back in between), so its count is seen, or a later one that still includes it.
         if self.in_table(ptr)
-            && self.overflow_len.load(Relaxed) == 0
-            && self.table.insert(ptr.addr(), bytes as u64, stream.0) == Insert::Done
+            && self.table.overflowed(addr).load(Relaxed) == 0
+            && self.table.insert(addr, bytes as u64, stream.0) == Insert::Done
         {
             return None;
         }
@@ -364,14 +364,20 @@ impl<R> Inner<R> {
     #[cold]
     #[inline(never)]
     fn record_slow(&self, ptr: DevicePtr, bytes: usize, stream: StreamId) -> Option<usize> {
+        let addr = ptr.addr();
+        let in_table = self.in_table(ptr);
         // A record of `ptr` in the overflow is a duplicate, wherever the new one goes.
-        let mut previous = self.remove_overflow(ptr);
-        if self.in_table(ptr) {
+        let mut previous = if !in_table || self.table.overflowed(addr).load(Relaxed) != 0 {
+            self.remove_overflow(ptr)
+        } else {
+            None
+        };
+        if in_table {
             loop {
-                match self.table.insert(ptr.addr(), bytes as u64, stream.0) {
+                match self.table.insert(addr, bytes as u64, stream.0) {
                     Insert::Done => return previous,
                     Insert::Present => {
-                        let old = self.table.remove(ptr.addr());
+                        let old = self.table.remove(addr);
                         previous = old.map(|e| e.bytes as usize).or(previous);
                     }
                     Insert::Full => break,
@@ -395,7 +401,9 @@ impl<R> Inner<R> {
                 Some(old.bytes)
             }
             None => {
-                self.overflow_len.fetch_add(1, Relaxed);
+                if in_table {
+                    self.table.overflowed(addr).fetch_add(1, Relaxed);
+                }
                 previous
             }
         }
@@ -404,15 +412,15 @@ impl<R> Inner<R> {
     /// Removes `ptr`'s record and returns its size, if it is outstanding.
     #[inline]
     fn remove(&self, ptr: DevicePtr) -> Option<usize> {
+        let addr = ptr.addr();
         if self.in_table(ptr) {
-            if let Some(entry) = self.table.remove(ptr.addr()) {
+            if let Some(entry) = self.table.remove(addr) {
                 return Some(entry.bytes as usize);
             }
-        }
-        // Relaxed is enough: whoever frees `ptr` after its allocation sees that allocation's
-        // increment (or a later count, which includes it until it is removed).
-        if self.overflow_len.load(Relaxed) == 0 {
-            return None;
+            // As in `record`: an overflowed record of `ptr` is counted here.
+            if self.table.overflowed(addr).load(Relaxed) == 0 {
+                return None;
+            }
         }
         self.remove_overflow(ptr)
     }
@@ -424,8 +432,16 @@ impl<R> Inner<R> {
         let mut records = self.shard(ptr).lock();
         let removed = records.live.remove(&ptr)?;
         records.bytes -= removed.bytes;
-        self.overflow_len.fetch_sub(1, Relaxed);
+        if self.in_table(ptr) {
+            self.table.overflowed(ptr.addr()).fetch_sub(1, Relaxed);
+        }
         Some(removed.bytes)
+    }
+
+    /// How many records the overflow holds.
+    #[cfg(test)]
+    fn overflow_len(&self) -> usize {
+        self.overflow.iter().map(|s| s.0.lock().live.len()).sum()
     }
 
     /// Calls `f` with every record: the table's, then the overflow's shard by shard.
@@ -483,7 +499,6 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
                 backtraces,
                 table: Table::new(buckets),
                 overflow: (0..SHARDS).map(|_| Shard::default()).collect(),
-                overflow_len: AtomicUsize::new(0),
                 issues: Mutex::new(Issues::default()),
             }),
         }

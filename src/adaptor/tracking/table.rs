@@ -16,7 +16,7 @@
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
-use crate::sync::{fence, AtomicU64};
+use crate::sync::{fence, AtomicU32, AtomicU64};
 
 /// Slots per bucket: their keys fill half a 64-byte line, and an insertion reads them all.
 /// (Two under loom, to keep the models small.)
@@ -60,13 +60,17 @@ pub(super) struct Entry {
 struct Bucket {
     /// The slots' keys, read together by every lookup.
     keys: [AtomicU64; SLOTS],
-    slots: [Slot; SLOTS],
+    /// Per slot: bumped to odd by an insertion before it writes the slot's fields, to even
+    /// after: a reader that saw the same even value before and after reading them read one
+    /// record.
+    versions: [AtomicU32; SLOTS],
+    /// How many records of addresses that hash here the adaptor keeps in its overflow
+    /// (changed under the overflow's lock): while 0, a lookup needs no lock.
+    overflowed: AtomicU32,
+    fields: [Fields; SLOTS],
 }
 
-struct Slot {
-    /// Bumped to odd by an insertion before it writes `bytes` and `stream`, to even after:
-    /// a reader that saw the same even value before and after reading them read one record.
-    version: AtomicU64,
+struct Fields {
     bytes: AtomicU64,
     stream: AtomicU64,
 }
@@ -75,8 +79,9 @@ impl Bucket {
     fn new() -> Self {
         Bucket {
             keys: std::array::from_fn(|_| AtomicU64::new(EMPTY)),
-            slots: std::array::from_fn(|_| Slot {
-                version: AtomicU64::new(0),
+            versions: std::array::from_fn(|_| AtomicU32::new(0)),
+            overflowed: AtomicU32::new(0),
+            fields: std::array::from_fn(|_| Fields {
                 bytes: AtomicU64::new(0),
                 stream: AtomicU64::new(0),
             }),
@@ -112,6 +117,12 @@ impl Table {
         &self.buckets[index as usize]
     }
 
+    /// The count of `addr`'s bucket's records that the adaptor keeps in its overflow.
+    #[inline]
+    pub(super) fn overflowed(&self, addr: u64) -> &AtomicU32 {
+        &self.bucket(addr).overflowed
+    }
+
     /// Records `bytes` on `stream` at `addr`, unless `addr` is outstanding already or its
     /// bucket is full. `addr` must satisfy [`holds`].
     #[inline]
@@ -133,16 +144,16 @@ impl Table {
         while empty != 0 {
             let i = empty.trailing_zeros() as usize;
             empty &= empty - 1;
-            let (key, slot) = (&bucket.keys[i], &bucket.slots[i]);
+            let (key, version, fields) = (&bucket.keys[i], &bucket.versions[i], &bucket.fields[i]);
             // Acquire: the previous owner's reads and writes of the slot come before ours.
             if key.compare_exchange(EMPTY, BUSY, Acquire, Relaxed).is_ok() {
-                let version = slot.version.load(Relaxed);
-                slot.version.store(version.wrapping_add(1), Relaxed);
+                let v = version.load(Relaxed);
+                version.store(v.wrapping_add(1), Relaxed);
                 // The odd version is visible to any reader that sees a field written below.
                 fence(Release);
-                slot.bytes.store(bytes, Relaxed);
-                slot.stream.store(stream, Relaxed);
-                slot.version.store(version.wrapping_add(2), Release);
+                fields.bytes.store(bytes, Relaxed);
+                fields.stream.store(stream, Relaxed);
+                version.store(v.wrapping_add(2), Release);
                 // Release: whoever reads the key (the removal) sees the fields.
                 key.store(addr, Release);
                 return Insert::Done;
@@ -158,15 +169,15 @@ impl Table {
             return None;
         }
         let bucket = self.bucket(addr);
-        for (key, slot) in bucket.keys.iter().zip(&bucket.slots) {
+        for (key, fields) in bucket.keys.iter().zip(&bucket.fields) {
             // Acquire: pairs with the insertion's release of the key, so the fields are its.
             if key.load(Relaxed) == addr
                 && key.compare_exchange(addr, BUSY, Acquire, Relaxed).is_ok()
             {
                 let entry = Entry {
                     addr,
-                    bytes: slot.bytes.load(Relaxed),
-                    stream: slot.stream.load(Relaxed),
+                    bytes: fields.bytes.load(Relaxed),
+                    stream: fields.stream.load(Relaxed),
                 };
                 // Release: our reads come before the next owner's writes.
                 key.store(EMPTY, Release);
@@ -180,17 +191,19 @@ impl Table {
     /// that changes while it is read counts as empty (it was, in between).
     pub(super) fn for_each(&self, mut f: impl FnMut(Entry)) {
         for bucket in self.buckets.iter() {
-            for (key, slot) in bucket.keys.iter().zip(&bucket.slots) {
-                let before = slot.version.load(Acquire);
+            for ((key, version), fields) in
+                bucket.keys.iter().zip(&bucket.versions).zip(&bucket.fields)
+            {
+                let before = version.load(Acquire);
                 let addr = key.load(Acquire);
                 if before % 2 == 1 || !holds(addr) {
                     continue;
                 }
-                let bytes = slot.bytes.load(Relaxed);
-                let stream = slot.stream.load(Relaxed);
+                let bytes = fields.bytes.load(Relaxed);
+                let stream = fields.stream.load(Relaxed);
                 // A field written by a later insertion makes its odd version visible here.
                 fence(Acquire);
-                if slot.version.load(Relaxed) == before {
+                if version.load(Relaxed) == before {
                     f(Entry {
                         addr,
                         bytes,
@@ -228,6 +241,11 @@ mod tests {
         // The freed slot takes the next record.
         assert_eq!(table.insert(0x9900, 1, 8), Insert::Done);
         assert_eq!(table.remove(0x9900).map(|e| e.stream), Some(8));
+    }
+
+    #[test]
+    fn a_bucket_is_two_cache_lines() {
+        assert_eq!(std::mem::size_of::<Bucket>(), 128);
     }
 
     #[test]

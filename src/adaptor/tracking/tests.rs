@@ -483,7 +483,7 @@ fn records_that_overflow_the_table_stay_exact() {
     let held: Vec<_> = (1..=40)
         .map(|i| (mr.try_allocate(i * 8, &s).unwrap(), i * 8))
         .collect();
-    assert!(mr.inner.overflow_len.load(Relaxed) >= 40 - table::SLOTS);
+    assert!(mr.inner.overflow_len() >= 40 - table::SLOTS);
     assert_eq!(mr.outstanding_count(), 40);
     assert_eq!(mr.allocated_bytes(), (1..=40).map(|i| i * 8).sum::<usize>());
     let got: Vec<_> = mr
@@ -526,8 +526,34 @@ fn records_that_overflow_the_table_stay_exact() {
         free(&mr, p, b, &s);
     }
     assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
-    assert_eq!(mr.inner.overflow_len.load(Relaxed), 0);
+    assert_eq!(mr.inner.overflow_len(), 0);
+    // The bucket's count is back to 0: its lookups take no lock again.
+    assert_eq!(mr.inner.table.overflowed(first.0.addr()).load(Relaxed), 0);
     assert_eq!(mr.issue_count(), 3);
+}
+
+/// An upstream that returns `u64::MAX` (one of the table's slot markers): the record lives in
+/// the overflow and behaves as any other.
+#[test]
+fn an_address_the_table_cannot_hold_is_tracked_in_the_overflow() {
+    let (device, s) = host();
+    let up = CallbackResource::new(
+        CudaResource::new(&device).unwrap().properties(),
+        |_, _| Ok(DevicePtr::from_raw(u64::MAX)),
+        |_, _, _| {},
+    );
+    let mr = TrackingAdaptor::new(up);
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    assert_eq!(mr.inner.overflow_len(), 1);
+    assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (1, KIB));
+    assert_eq!(mr.outstanding_allocations()[0].ptr, p);
+    free(&mr, p, KIB, &s);
+    free(&mr, p, KIB, &s);
+    assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
+    assert!(matches!(
+        mr.issues()[..],
+        [TrackingIssue::UnknownPointer { bytes: KIB, .. }]
+    ));
 }
 
 /// A pointer whose old record overflowed and that comes back while the table has room: the
@@ -547,7 +573,7 @@ fn a_reused_pointer_replaces_its_overflowed_record() {
         .map(|_| mr.try_allocate(KIB, &s).unwrap())
         .collect();
     let overflowed = held[table::SLOTS];
-    assert_eq!(mr.inner.overflow_len.load(Relaxed), 1);
+    assert_eq!(mr.inner.overflow_len(), 1);
     free(&mr, held[0], KIB, &s); // room in the table
     let again = mr.try_allocate(2 * KIB, &s).unwrap();
     assert_eq!(again, overflowed);
@@ -560,7 +586,7 @@ fn a_reused_pointer_replaces_its_overflowed_record() {
             stream: s.id()
         }]
     );
-    assert_eq!(mr.inner.overflow_len.load(Relaxed), 0);
+    assert_eq!(mr.inner.overflow_len(), 0);
     assert_eq!(mr.outstanding_count(), table::SLOTS);
     assert_eq!(mr.allocated_bytes(), (table::SLOTS - 1) * KIB + 2 * KIB);
     free(&mr, again, 2 * KIB, &s);
