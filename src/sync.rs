@@ -2,12 +2,12 @@
 //! `--cfg loom` swaps in loom's model-checked versions.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicUsize};
+pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicUsize};
+pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 use std::backtrace::Backtrace;
 use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -9,6 +10,8 @@ use crate::error::Result;
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::{Stream, StreamId};
+
+use table::{Insert, Table};
 
 /// The most [`TrackingIssue`]s a [`TrackingAdaptor`] keeps; later ones are counted and logged
 /// but not kept.
@@ -212,16 +215,18 @@ impl fmt::Display for LeakReport {
 /// Records every outstanding allocation, optionally with the backtrace of its allocation, and
 /// reports leaks and bad frees (RMM's `tracking_resource_adaptor`).
 ///
-/// A debugging aid. The records are a hash map split in 16 shards by address, each under its
-/// own lock, so threads that allocate at once rarely wait for each other: an allocation or a
-/// free takes one shard's lock (two atomic read-modify-writes) and does one hash-map operation.
-/// Capturing backtraces ([`with_backtraces`](Self::with_backtraces)) costs microseconds per
-/// allocation, so it is only done when asked for. A clone shares the records.
+/// A debugging aid, cheap enough to leave on: the records live in a lock-free table keyed by
+/// address (up to 8,192 records), so an allocation or a free costs one
+/// compare-and-swap and a few plain loads and stores, and threads never wait for each other.
+/// An address whose slots in the table are all taken (many allocations outstanding at once)
+/// has its record in a locked map instead, split in 16 shards by address; so do all records
+/// when the adaptor captures backtraces ([`with_backtraces`](Self::with_backtraces)), which
+/// costs microseconds per allocation anyway. A clone shares the records.
 ///
 /// The figures ([`allocated_bytes`](Self::allocated_bytes),
-/// [`outstanding_allocations`](Self::outstanding_allocations), …) visit the shards one after
+/// [`outstanding_allocations`](Self::outstanding_allocations), …) visit the records one after
 /// another: exact whenever they are read after the calls they cover; under concurrent calls,
-/// each shard is seen at its own moment.
+/// each record is seen at its own moment (never half-written).
 ///
 /// Allocations that return the null pointer (0 bytes) are not recorded, and freeing the null
 /// pointer with 0 bytes is no issue. A record is removed before the free reaches the upstream,
@@ -279,17 +284,25 @@ pub struct TrackingAdaptor<R: MemoryResource = SharedResource> {
     inner: Arc<Inner<R>>,
 }
 
+/// Buckets of the lock-free table: 8,192 records in 256 KiB (fewer when many addresses hash
+/// alike; the others go to the locked overflow).
+const TABLE_BUCKETS: usize = 2048;
+
 struct Inner<R> {
     upstream: R,
     backtraces: bool,
-    shards: Box<[Shard]>,
+    /// The records without a backtrace, while their bucket has room.
+    table: Table,
+    /// The other records. Those the table could hold are counted in their table bucket
+    /// ([`Table::overflowed`]), so that only lookups in a bucket that overflowed take a lock.
+    overflow: Box<[Shard]>,
     issues: Mutex<Issues>,
 }
 
-/// How many shards the records are split in (a power of two).
+/// How many shards the overflow is split in (a power of two).
 const SHARDS: usize = 16;
 
-/// The records of the addresses that hash here, and their bytes.
+/// The overflow records of the addresses that hash here, and their bytes.
 #[repr(align(128))] // a line (and its adjacent-line prefetch pair) of its own
 #[derive(Default)]
 struct Shard(Mutex<Records>);
@@ -316,12 +329,137 @@ struct Record {
 }
 
 impl<R> Inner<R> {
-    /// The shard of `ptr`'s record: the address's high bits after a multiplicative hash (the
-    /// low 8 bits of a device pointer are zero).
+    /// The overflow shard of `ptr`'s record: the address's high bits after a multiplicative
+    /// hash (the low 8 bits of a device pointer are zero).
     #[inline]
     fn shard(&self, ptr: DevicePtr) -> &Mutex<Records> {
         let hash = ptr.addr().wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        &self.shards[(hash >> (64 - SHARDS.trailing_zeros())) as usize].0
+        &self.overflow[(hash >> (64 - SHARDS.trailing_zeros())) as usize].0
+    }
+
+    /// Whether `ptr`'s record, if any, may be in the table.
+    #[inline]
+    fn in_table(&self, ptr: DevicePtr) -> bool {
+        !self.backtraces && table::holds(ptr.addr())
+    }
+
+    /// Records an allocation and returns the size of the record it replaced, if `ptr` was
+    /// outstanding already.
+    #[inline]
+    fn record(&self, ptr: DevicePtr, bytes: usize, stream: StreamId) -> Option<usize> {
+        let addr = ptr.addr();
+        // While the bucket has no overflow, no record of `ptr` can be there. Relaxed is
+        // enough: an earlier allocation of `ptr` happened before this one (the upstream had it
+        // back in between), so its count is seen, or a later one that still includes it.
+        if self.in_table(ptr)
+            && self.table.overflowed(addr).load(Relaxed) == 0
+            && self.table.insert(addr, bytes as u64, stream.0) == Insert::Done
+        {
+            return None;
+        }
+        self.record_slow(ptr, bytes, stream)
+    }
+
+    /// [`record`](Self::record) when the overflow is involved or `ptr` is outstanding.
+    #[cold]
+    #[inline(never)]
+    fn record_slow(&self, ptr: DevicePtr, bytes: usize, stream: StreamId) -> Option<usize> {
+        let addr = ptr.addr();
+        let in_table = self.in_table(ptr);
+        // A record of `ptr` in the overflow is a duplicate, wherever the new one goes.
+        let mut previous = if !in_table || self.table.overflowed(addr).load(Relaxed) != 0 {
+            self.remove_overflow(ptr)
+        } else {
+            None
+        };
+        if in_table {
+            loop {
+                match self.table.insert(addr, bytes as u64, stream.0) {
+                    Insert::Done => return previous,
+                    Insert::Present => {
+                        let old = self.table.remove(addr);
+                        previous = old.map(|e| e.bytes as usize).or(previous);
+                    }
+                    Insert::Full => break,
+                }
+            }
+        }
+        // Captured outside the lock: it takes microseconds.
+        let backtrace = self
+            .backtraces
+            .then(|| Arc::new(Backtrace::force_capture()));
+        let record = Record {
+            bytes,
+            stream,
+            backtrace,
+        };
+        let mut records = self.shard(ptr).lock();
+        records.bytes += bytes;
+        match records.live.insert(ptr, record) {
+            Some(old) => {
+                records.bytes -= old.bytes;
+                Some(old.bytes)
+            }
+            None => {
+                if in_table {
+                    self.table.overflowed(addr).fetch_add(1, Relaxed);
+                }
+                previous
+            }
+        }
+    }
+
+    /// Removes `ptr`'s record and returns its size, if it is outstanding.
+    #[inline]
+    fn remove(&self, ptr: DevicePtr) -> Option<usize> {
+        let addr = ptr.addr();
+        if self.in_table(ptr) {
+            if let Some(entry) = self.table.remove(addr) {
+                return Some(entry.bytes as usize);
+            }
+            // As in `record`: an overflowed record of `ptr` is counted here.
+            if self.table.overflowed(addr).load(Relaxed) == 0 {
+                return None;
+            }
+        }
+        self.remove_overflow(ptr)
+    }
+
+    /// Removes `ptr`'s record from the overflow and returns its size, if it is there.
+    #[cold]
+    #[inline(never)]
+    fn remove_overflow(&self, ptr: DevicePtr) -> Option<usize> {
+        let mut records = self.shard(ptr).lock();
+        let removed = records.live.remove(&ptr)?;
+        records.bytes -= removed.bytes;
+        if self.in_table(ptr) {
+            self.table.overflowed(ptr.addr()).fetch_sub(1, Relaxed);
+        }
+        Some(removed.bytes)
+    }
+
+    /// How many records the overflow holds.
+    #[cfg(test)]
+    fn overflow_len(&self) -> usize {
+        self.overflow.iter().map(|s| s.0.lock().live.len()).sum()
+    }
+
+    /// Calls `f` with every record: the table's, then the overflow's shard by shard.
+    fn for_each(&self, mut f: impl FnMut(DevicePtr, usize, StreamId, Option<&Arc<Backtrace>>)) {
+        self.table.for_each(|e| {
+            f(
+                DevicePtr::from_raw(e.addr),
+                e.bytes as usize,
+                StreamId(e.stream),
+                None,
+            )
+        });
+        for shard in self.overflow.iter() {
+            let records = shard.0.lock();
+            for (&ptr, r) in &records.live {
+                f(ptr, r.bytes, r.stream, r.backtrace.as_ref());
+            }
+        }
     }
 
     fn report(&self, issue: TrackingIssue) {
@@ -337,21 +475,30 @@ impl<R> Inner<R> {
 impl<R: MemoryResource> TrackingAdaptor<R> {
     /// Tracks `upstream`'s allocations, without backtraces.
     pub fn new(upstream: R) -> Self {
-        Self::build(upstream, false)
+        Self::build(upstream, false, TABLE_BUCKETS)
     }
 
     /// Tracks `upstream`'s allocations and captures a backtrace at each
     /// ([`Backtrace::force_capture`], whatever `RUST_BACKTRACE` says).
     pub fn with_backtraces(upstream: R) -> Self {
-        Self::build(upstream, true)
+        // The records with a backtrace all live in the overflow: no table needed.
+        Self::build(upstream, true, 1)
     }
 
-    fn build(upstream: R, backtraces: bool) -> Self {
+    /// Without backtraces, over a table of `buckets` buckets: a small one sends records to the
+    /// overflow early.
+    #[cfg(test)]
+    fn with_table_buckets(upstream: R, buckets: usize) -> Self {
+        Self::build(upstream, false, buckets)
+    }
+
+    fn build(upstream: R, backtraces: bool, buckets: usize) -> Self {
         TrackingAdaptor {
             inner: Arc::new(Inner {
                 upstream,
                 backtraces,
-                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                table: Table::new(buckets),
+                overflow: (0..SHARDS).map(|_| Shard::default()).collect(),
                 issues: Mutex::new(Issues::default()),
             }),
         }
@@ -364,31 +511,30 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
 
     /// Requested bytes outstanding: RMM's `get_allocated_bytes`.
     pub fn allocated_bytes(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.0.lock().bytes).sum()
+        let mut bytes = 0;
+        self.inner.for_each(|_, b, _, _| bytes += b);
+        bytes
     }
 
     /// How many allocations are outstanding.
     pub fn outstanding_count(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.0.lock().live.len())
-            .sum()
+        let mut count = 0;
+        self.inner.for_each(|_, _, _, _| count += 1);
+        count
     }
 
     /// A snapshot of the outstanding allocations, in address order: RMM's
     /// `get_outstanding_allocations`, as a copy that is safe to hold while others allocate.
     pub fn outstanding_allocations(&self) -> Vec<Allocation> {
         let mut all = Vec::new();
-        for shard in self.inner.shards.iter() {
-            let records = shard.0.lock();
-            all.extend(records.live.iter().map(|(&ptr, r)| Allocation {
+        self.inner.for_each(|ptr, bytes, stream, backtrace| {
+            all.push(Allocation {
                 ptr,
-                bytes: r.bytes,
-                stream: r.stream,
-                backtrace: r.backtrace.clone(),
-            }));
-        }
+                bytes,
+                stream,
+                backtrace: backtrace.cloned(),
+            })
+        });
         all.sort_unstable_by_key(|a| a.ptr);
         all
     }
@@ -424,63 +570,36 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
 memory_resource!(shared [R: MemoryResource] TrackingAdaptor<R>);
 
 impl<R: MemoryResource> Forward for Inner<R> {
+    #[inline]
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.upstream.try_allocate(bytes, stream)?;
         if ptr.is_null() {
             return Ok(ptr);
         }
-        // Captured outside the lock: it takes microseconds.
-        let backtrace = self
-            .backtraces
-            .then(|| Arc::new(Backtrace::force_capture()));
-        let record = Record {
-            bytes,
-            stream: stream.id(),
-            backtrace,
-        };
-        let previous = {
-            let mut records = self.shard(ptr).lock();
-            records.bytes += bytes;
-            let previous = records.live.insert(ptr, record);
-            if let Some(previous) = &previous {
-                records.bytes -= previous.bytes;
-            }
-            previous
-        };
-        // Reported outside the shard's lock: it logs.
-        if let Some(previous) = previous {
+        // Reported after the record is in: it logs, and takes a lock.
+        if let Some(previous) = self.record(ptr, bytes, stream.id()) {
             self.report(TrackingIssue::PointerReused {
                 ptr,
                 bytes,
-                previous: previous.bytes,
+                previous,
                 stream: stream.id(),
             });
         }
         Ok(ptr)
     }
 
+    #[inline]
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if !(ptr.is_null() && bytes == 0) {
             // Untracked first: once the upstream has the memory back it may hand it out again.
-            let removed = {
-                let mut records = self.shard(ptr).lock();
-                let removed = records.live.remove(&ptr);
-                if let Some(record) = &removed {
-                    records.bytes -= record.bytes;
-                }
-                removed
-            };
-            match removed {
-                Some(record) => {
-                    if record.bytes != bytes {
-                        self.report(TrackingIssue::WrongSize {
-                            ptr,
-                            bytes,
-                            allocated: record.bytes,
-                            stream: stream.id(),
-                        });
-                    }
-                }
+            match self.remove(ptr) {
+                Some(allocated) if allocated != bytes => self.report(TrackingIssue::WrongSize {
+                    ptr,
+                    bytes,
+                    allocated,
+                    stream: stream.id(),
+                }),
+                Some(_) => {}
                 None => self.report(TrackingIssue::UnknownPointer {
                     ptr,
                     bytes,
@@ -510,5 +629,10 @@ impl<R: MemoryResource> fmt::Debug for TrackingAdaptor<R> {
     }
 }
 
+mod table;
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(all(test, loom))]
+mod loom_tests;

@@ -402,13 +402,12 @@ fn a_waiting_allocation_resumes_after_a_free() {
     assert_eq!(mr.issue_count(), 0);
 }
 
-/// Records spread over every shard, allocated on several threads and freed on another: the
-/// snapshot, the counts and the bytes are exact, and a double free from another thread is
-/// still an issue.
+/// Records spread over the table and every overflow shard (a table of 32 slots), allocated on
+/// several threads and freed on another: the snapshot, the counts and the bytes are exact.
 #[test]
 fn records_over_all_shards_stay_exact_with_cross_thread_frees() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
+    let mr = TrackingAdaptor::with_table_buckets(CudaResource::new(&device).unwrap(), 4);
     let (tx, rx) = std::sync::mpsc::channel::<(DevicePtr, usize)>();
     thread::scope(|scope| {
         for t in 0..4 {
@@ -453,4 +452,227 @@ fn records_over_all_shards_stay_exact_with_cross_thread_frees() {
     assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
     assert_eq!(mr.issue_count(), 0);
     s.synchronize_blocking().unwrap();
+}
+
+/// An upstream that hands out `(n << 20) | (bytes << 8)` for the n-th allocation (bytes below
+/// 4096), never reused: a record's size can be read back from its address.
+fn sized(device: &Device) -> CallbackResource {
+    let next = AtomicU64::new(1);
+    CallbackResource::new(
+        CudaResource::new(device).unwrap().properties(),
+        move |bytes, _| {
+            assert!(bytes < 4096);
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            Ok(DevicePtr::from_raw((n << 20) | ((bytes as u64) << 8)))
+        },
+        |_, _, _| {},
+    )
+}
+
+/// The bytes `sized` encoded in `p`.
+fn size_of(p: DevicePtr) -> usize {
+    ((p.addr() >> 8) & 0xfff) as usize
+}
+
+/// Records beyond what the table holds (one bucket here) go to the locked overflow: counts,
+/// bytes, snapshot, frees of either kind and bad frees of overflowed records stay exact.
+#[test]
+fn records_that_overflow_the_table_stay_exact() {
+    let (device, s) = host();
+    let mr = TrackingAdaptor::with_table_buckets(sized(&device), 1);
+    let held: Vec<_> = (1..=40)
+        .map(|i| (mr.try_allocate(i * 8, &s).unwrap(), i * 8))
+        .collect();
+    assert!(mr.inner.overflow_len() >= 40 - table::SLOTS);
+    assert_eq!(mr.outstanding_count(), 40);
+    assert_eq!(mr.allocated_bytes(), (1..=40).map(|i| i * 8).sum::<usize>());
+    let got: Vec<_> = mr
+        .outstanding_allocations()
+        .iter()
+        .map(|a| (a.ptr, a.bytes, a.stream))
+        .collect();
+    let expected: Vec<_> = held.iter().map(|&(p, b)| (p, b, s.id())).collect();
+    assert_eq!(got, expected); // `sized` hands out ascending addresses
+                               // The first are in the table, the last in the overflow: free one of each twice, and
+                               // one with the wrong size.
+    let (first, last) = (held[0], held[39]);
+    free(&mr, first.0, first.1, &s);
+    free(&mr, last.0, last.1, &s);
+    free(&mr, first.0, first.1, &s);
+    free(&mr, last.0, last.1, &s);
+    free(&mr, held[38].0, 1, &s);
+    assert_eq!(
+        mr.issues(),
+        [
+            TrackingIssue::UnknownPointer {
+                ptr: first.0,
+                bytes: first.1,
+                stream: s.id()
+            },
+            TrackingIssue::UnknownPointer {
+                ptr: last.0,
+                bytes: last.1,
+                stream: s.id()
+            },
+            TrackingIssue::WrongSize {
+                ptr: held[38].0,
+                bytes: 1,
+                allocated: held[38].1,
+                stream: s.id()
+            },
+        ]
+    );
+    for &(p, b) in &held[1..38] {
+        free(&mr, p, b, &s);
+    }
+    assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
+    assert_eq!(mr.inner.overflow_len(), 0);
+    // The bucket's count is back to 0: its lookups take no lock again.
+    assert_eq!(mr.inner.table.overflowed(first.0.addr()).load(Relaxed), 0);
+    assert_eq!(mr.issue_count(), 3);
+}
+
+/// An upstream that returns `u64::MAX` (one of the table's slot markers): the record lives in
+/// the overflow and behaves as any other.
+#[test]
+fn an_address_the_table_cannot_hold_is_tracked_in_the_overflow() {
+    let (device, s) = host();
+    let up = CallbackResource::new(
+        CudaResource::new(&device).unwrap().properties(),
+        |_, _| Ok(DevicePtr::from_raw(u64::MAX)),
+        |_, _, _| {},
+    );
+    let mr = TrackingAdaptor::new(up);
+    let p = mr.try_allocate(KIB, &s).unwrap();
+    assert_eq!(mr.inner.overflow_len(), 1);
+    assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (1, KIB));
+    assert_eq!(mr.outstanding_allocations()[0].ptr, p);
+    free(&mr, p, KIB, &s);
+    free(&mr, p, KIB, &s);
+    assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
+    assert!(matches!(
+        mr.issues()[..],
+        [TrackingIssue::UnknownPointer { bytes: KIB, .. }]
+    ));
+}
+
+/// A pointer whose old record overflowed and that comes back while the table has room: the
+/// old record is reported and replaced, not kept beside the new one.
+#[test]
+fn a_reused_pointer_replaces_its_overflowed_record() {
+    let (device, s) = host();
+    let order =
+        parking_lot::Mutex::new((1..=table::SLOTS as u64 + 1).chain([table::SLOTS as u64 + 1]));
+    let up = CallbackResource::new(
+        CudaResource::new(&device).unwrap().properties(),
+        move |_, _| Ok(DevicePtr::from_raw(order.lock().next().unwrap() * 0x1000)),
+        |_, _, _| {},
+    );
+    let mr = TrackingAdaptor::with_table_buckets(up, 1);
+    let held: Vec<_> = (0..=table::SLOTS)
+        .map(|_| mr.try_allocate(KIB, &s).unwrap())
+        .collect();
+    let overflowed = held[table::SLOTS];
+    assert_eq!(mr.inner.overflow_len(), 1);
+    free(&mr, held[0], KIB, &s); // room in the table
+    let again = mr.try_allocate(2 * KIB, &s).unwrap();
+    assert_eq!(again, overflowed);
+    assert_eq!(
+        mr.issues(),
+        [TrackingIssue::PointerReused {
+            ptr: again,
+            bytes: 2 * KIB,
+            previous: KIB,
+            stream: s.id()
+        }]
+    );
+    assert_eq!(mr.inner.overflow_len(), 0);
+    assert_eq!(mr.outstanding_count(), table::SLOTS);
+    assert_eq!(mr.allocated_bytes(), (table::SLOTS - 1) * KIB + 2 * KIB);
+    free(&mr, again, 2 * KIB, &s);
+    assert_eq!(mr.outstanding_count(), table::SLOTS - 1);
+}
+
+/// Eight threads allocate, each freeing most of what its neighbour allocated, while another
+/// thread takes snapshots: every snapshot record is whole (its size matches its address),
+/// and at the end the snapshot is exactly what was kept. Run over a table of 16 slots
+/// (records keep moving between slots and overflow) and over the default one.
+#[test]
+fn many_threads_with_cross_thread_frees_leave_an_exact_snapshot() {
+    for buckets in [2, TABLE_BUCKETS] {
+        let (device, s) = host();
+        let mr = TrackingAdaptor::with_table_buckets(sized(&device), buckets);
+        const THREADS: usize = 8;
+        const EACH: usize = 400;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (mut senders, mut receivers): (Vec<_>, Vec<_>) =
+            (0..THREADS).map(|_| std::sync::mpsc::channel()).unzip();
+        senders.rotate_left(1); // thread t sends to thread t + 1
+        let kept: Vec<(DevicePtr, usize)> = thread::scope(|scope| {
+            let snapshots = scope.spawn(|| {
+                let mut taken = 0;
+                while !done.load(Ordering::Relaxed) {
+                    for a in mr.outstanding_allocations() {
+                        assert_eq!(a.bytes, size_of(a.ptr), "a torn record: {a}");
+                    }
+                    taken += 1;
+                }
+                taken
+            });
+            let workers: Vec<_> = senders
+                .drain(..)
+                .zip(receivers.drain(..))
+                .enumerate()
+                .map(|(t, (tx, rx))| {
+                    let (mr, s) = (&mr, &s);
+                    scope.spawn(move || {
+                        let mut kept = Vec::new();
+                        let take = |(p, b): (DevicePtr, usize), kept: &mut Vec<_>| {
+                            if (p.addr() >> 20) % 3 == 0 {
+                                kept.push((p, b));
+                            } else {
+                                free(mr, p, b, s);
+                            }
+                        };
+                        for i in 0..EACH {
+                            let bytes = 1 + (t * EACH + i) % 4000;
+                            tx.send((mr.try_allocate(bytes, s).unwrap(), bytes))
+                                .unwrap();
+                            while let Ok(r) = rx.try_recv() {
+                                take(r, &mut kept);
+                            }
+                        }
+                        drop(tx);
+                        for r in rx {
+                            take(r, &mut kept);
+                        }
+                        kept
+                    })
+                })
+                .collect();
+            let kept = workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect();
+            done.store(true, Ordering::Relaxed);
+            assert!(snapshots.join().unwrap() > 0);
+            kept
+        });
+        let mut expected = kept;
+        expected.sort_unstable();
+        let got: Vec<_> = mr
+            .outstanding_allocations()
+            .iter()
+            .map(|a| (a.ptr, a.bytes))
+            .collect();
+        assert_eq!(got, expected, "{buckets} buckets");
+        assert_eq!(mr.outstanding_count(), expected.len());
+        let bytes: usize = expected.iter().map(|&(_, b)| b).sum();
+        assert_eq!(mr.allocated_bytes(), bytes);
+        assert_eq!(mr.issue_count(), 0);
+        for (p, b) in expected {
+            free(&mr, p, b, &s);
+        }
+        assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
+    }
 }
