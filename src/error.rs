@@ -228,8 +228,11 @@ pub enum Error {
     },
     /// An awaited allocation would wait for ever: every byte allocated from the bounded
     /// resource is held by tasks that are themselves waiting on it, so nothing can come back.
-    /// What is detected, and what is not, is in the book's "Awaiting memory" chapter and on
-    /// [`Allocate`](crate::Allocate).
+    /// Reported only where deadlock detection is on
+    /// ([`Availability::set_deadlock_detection`](crate::Availability::set_deadlock_detection):
+    /// off by default, since memory a task hands to another would be counted as the first
+    /// task's). What is detected, and what is not, is in the book's "Awaiting memory" chapter
+    /// and on [`Allocate`](crate::Allocate).
     ///
     /// ```
     /// use std::time::Duration;
@@ -240,6 +243,7 @@ pub enum Error {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
     /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
+    /// mr.availability().unwrap().set_deadlock_detection(true);
     /// let held = mr.allocate(4096, &stream).await?; // this task holds the whole budget...
     /// let more = mr.allocate(1024, &stream).timeout(Duration::from_secs(5)).await;
     /// let Err(e @ Error::WouldDeadlock { requested: 1024, held_by_waiters: 4096, .. }) = more

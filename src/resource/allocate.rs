@@ -39,7 +39,11 @@ use crate::sync::Arc;
 /// `try_allocate`.
 ///
 /// # Deadlock detection
-/// A request that would wait for ever because every byte of a bounded resource is held by
+/// Off by default; a resource's wait queue turns it on with
+/// [`Availability::set_deadlock_detection`](crate::Availability::set_deadlock_detection)
+/// (the "reported wrongly" case below is why it is not on for everyone: a producer that hands
+/// its buffers to a consumer and waits for more would be told it deadlocks). With it on, a
+/// request that would wait for ever because every byte of a bounded resource is held by
 /// tasks that are themselves waiting on it gets [`Error::WouldDeadlock`] instead (the head of
 /// the queue checks when its retry fails, any other waiter once as it joins the queue).
 /// Exactly, it is reported when all of these hold:
@@ -66,8 +70,8 @@ use crate::sync::Arc;
 /// will free it. Such programs should not rely on a wait for memory they hold themselves;
 /// the error says how much the waiters hold.
 ///
-/// Cost: an awaited allocation that succeeds inside a tokio task on a resource with a wait
-/// queue counts its bytes in its worker thread's own shard (a lock no other thread takes,
+/// Cost, with detection on (off, nothing is counted): an awaited allocation that succeeds
+/// inside a tokio task on a resource with a wait queue counts its bytes in its worker thread's own shard (a lock no other thread takes,
 /// while there are no more threads than shards) and sets a shared flag if it is clear; the next
 /// free after it clears the flag with one compare-exchange. No lock is shared between workers;
 /// only a deadlock check sums the shards. Outside tasks, a thread-local read.

@@ -84,6 +84,9 @@ pub struct Availability {
     counts: WaitCounts,
     /// What each task holds, for deadlock detection.
     holders: Holders,
+    /// Whether deadlock detection is on ([`Availability::set_deadlock_detection`]). Off by
+    /// default: the counts cannot see memory a task hands to another.
+    detect_deadlocks: std::sync::atomic::AtomicBool,
 }
 
 /// Bytes held per tokio task, counted for the allocations awaited through
@@ -359,13 +362,52 @@ impl Availability {
     /// Counts `bytes` as held by the current tokio task (nothing outside a task): an awaited
     /// allocation got them.
     pub(crate) fn record_held(&self, bytes: usize) {
-        self.holders.record(bytes);
+        if self.deadlock_detection() {
+            self.holders.record(bytes);
+        }
+    }
+
+    /// Turns deadlock detection on or off for the allocations that wait here (off by
+    /// default). With it on, a waiting allocation gets [`Error::WouldDeadlock`] when every byte
+    /// of this resource is held by tokio tasks that are themselves waiting on it, as far as
+    /// the resource can tell: it counts what each task got through an awaited allocation, and
+    /// cannot see memory that a task hands to another task or thread (a producer sending
+    /// buffers to a consumer). So turn it on only where the tasks that allocate also free what
+    /// they allocated, and never where a waiting task's memory may be freed by someone else:
+    /// there, a wait that would have ended is reported as a deadlock. Off, detection costs
+    /// nothing: an awaited allocation records nothing.
+    ///
+    /// [`Error::WouldDeadlock`]: crate::Error::WouldDeadlock
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource};
+    ///
+    /// let device = Device::host();
+    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1 << 20);
+    /// let queue = mr.availability().expect("a limit makes requests wait");
+    /// assert!(!queue.deadlock_detection());
+    /// queue.set_deadlock_detection(true);
+    /// assert!(queue.deadlock_detection());
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn set_deadlock_detection(&self, on: bool) {
+        self.detect_deadlocks
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether deadlock detection is on ([`set_deadlock_detection`](Self::set_deadlock_detection)).
+    pub fn deadlock_detection(&self) -> bool {
+        self.detect_deadlocks
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The tasks waiting here and what they hold, as far as the counts since the last notify
     /// tell (a lower bound). Every waiter outside a tokio task makes it `None`: its holdings
     /// are unknown.
     pub(crate) fn held_by_waiters(&self) -> Option<HeldByWaiters> {
+        if !self.deadlock_detection() {
+            return None;
+        }
         let mut tasks = Vec::new();
         for w in self.queue.waiters.lock().iter() {
             let task = w.task?;
@@ -641,6 +683,7 @@ mod ledger_tests {
             .build()
             .unwrap();
         let a = std::sync::Arc::new(Availability::new());
+        a.set_deadlock_detection(true);
         let record = |bytes: usize| {
             let a = a.clone();
             rt.spawn(async move {
@@ -674,6 +717,7 @@ mod ledger_tests {
             .build()
             .unwrap();
         let a = std::sync::Arc::new(Availability::new());
+        a.set_deadlock_detection(true);
         let n = 3 * super::FEW;
         let tasks: Vec<_> = (1..=n)
             .map(|i| {

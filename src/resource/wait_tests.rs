@@ -484,6 +484,7 @@ fn buffer_builders_forward_their_priority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_that_hold_everything_and_wait_for_more_get_would_deadlock() {
     let (mr, s) = limited(4 * KIB);
+    mr.availability().unwrap().set_deadlock_detection(true);
     let both_hold = Arc::new(tokio::sync::Barrier::new(2));
     let task =
         |mr: LimitingAdaptor<CudaResource>, s: Stream, both_hold: Arc<tokio::sync::Barrier>| {
@@ -536,6 +537,7 @@ async fn tasks_that_hold_everything_and_wait_for_more_get_would_deadlock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_on_memory_a_running_task_holds_is_not_a_deadlock() {
     let (mr, s) = limited(4 * KIB);
+    mr.availability().unwrap().set_deadlock_detection(true);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let holder = {
         let (mr, s) = (mr.clone(), s.clone());
@@ -577,6 +579,7 @@ async fn a_wait_on_memory_a_running_task_holds_is_not_a_deadlock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_a_waiter_freed_is_not_counted_as_held() {
     let (mr, s) = limited(4 * KIB);
+    mr.availability().unwrap().set_deadlock_detection(true);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (freed_tx, freed_rx) = tokio::sync::oneshot::channel::<()>();
     let waiter = {
@@ -661,4 +664,39 @@ impl futures::task::ArcWake for NotifyWaker {
     fn wake_by_ref(arc_self: &Arc<Self>) {
         arc_self.0.notify_one();
     }
+}
+
+/// A producer that hands what it allocated to a consumer task and then waits for more is no
+/// deadlock: the consumer frees the memory later. The ledger counts the handed-over bytes as
+/// the producer's, so detection (which would call this a deadlock) is off unless asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_waiting_while_its_consumer_holds_its_memory_is_not_a_deadlock() {
+    let (mr, s) = limited(4 * KIB);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<crate::DevicePtr>(8);
+    let consumer = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            while let Some(p) = rx.recv().await {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                free(&mr, p, 2 * KIB, &s);
+            }
+        })
+    };
+    let producer = {
+        let (mr, s) = (mr.clone(), s.clone());
+        tokio::spawn(async move {
+            for _ in 0..4 {
+                let p = mr.allocate(2 * KIB, &s).await?;
+                tx.send(p).await.unwrap();
+            }
+            Ok::<_, Error>(())
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), producer)
+        .await
+        .expect("hung")
+        .unwrap()
+        .expect("a producer whose consumer holds its memory was told it deadlocks");
+    consumer.await.unwrap();
+    assert_eq!(mr.allocated_bytes(), 0);
 }
