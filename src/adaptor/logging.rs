@@ -260,23 +260,28 @@ impl Sink {
     }
 }
 
+/// The log's writer thread has gone (it panicked in the user's writer): lines were lost.
+struct WriterGone;
+
 impl Output {
     /// Hands the records gathered so far to the writer thread and waits until they and all
     /// before them are written and flushed. Called with the lock held; returns what to wait on.
-    fn start_flush(&mut self) -> Option<Receiver<()>> {
+    /// `Err` when the writer thread is gone (it panicked in the user's writer).
+    fn start_flush(&mut self) -> std::result::Result<Option<Receiver<()>>, WriterGone> {
         match self {
             Output::Direct(sink) => {
                 let _ = sink.flush();
-                None
+                Ok(None)
             }
             Output::Batched {
                 records, to_writer, ..
             } => {
                 let (done_tx, done_rx) = mpsc::sync_channel(1);
                 let batch = std::mem::take(records);
-                // Fails only when the writer thread is gone (it panicked in the user's writer).
-                to_writer.send(Message::Flush(batch, done_tx)).ok()?;
-                Some(done_rx)
+                to_writer
+                    .send(Message::Flush(batch, done_tx))
+                    .map_err(|_| WriterGone)?;
+                Ok(Some(done_rx))
             }
         }
     }
@@ -547,10 +552,14 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
     pub fn flush(&self) -> Result<()> {
         let done = self.inner.output.lock().start_flush();
         // Waited for outside the lock: other threads go on logging meanwhile.
-        if let Some(done) = done {
-            if done.recv().is_err() {
-                return Err(self.inner.writer_gone());
+        match done {
+            Err(WriterGone) => return Err(self.inner.writer_gone()),
+            Ok(Some(done)) => {
+                if done.recv().is_err() {
+                    return Err(self.inner.writer_gone());
+                }
             }
+            Ok(None) => {}
         }
         self.write_error().map_or(Ok(()), Err)
     }
@@ -603,7 +612,8 @@ impl<R> Inner<R> {
                     // Blocks while BATCHES_IN_FLIGHT batches wait for the writer; fails only
                     // when the writer thread is gone (it panicked in the user's writer).
                     if to_writer.send(Message::Records(full)).is_err() {
-                        self.status.stopped.store(true, Relaxed);
+                        // Lines were lost: say so where `flush` and `write_error` look.
+                        self.writer_gone();
                     }
                 }
             }

@@ -556,3 +556,44 @@ fn every_line_of_many_batches_is_written_by_flush_and_by_the_last_drop() {
     }
     s.synchronize_blocking().unwrap();
 }
+
+/// A writer that panics on its first write (after the header).
+struct Panicking {
+    header_done: bool,
+}
+
+impl Write for Panicking {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.header_done {
+            panic!("the user's writer panicked");
+        }
+        self.header_done = true;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Lines lost because the writer thread died in the user's writer while writing a full batch
+/// are an error for `flush` and `write_error`, not a silent `Ok`.
+#[test]
+fn lines_lost_to_a_panicking_writer_make_flush_fail() {
+    let (device, s) = host();
+    let mr = LoggingAdaptor::to_writer(
+        CudaResource::new(&device).unwrap(),
+        Panicking { header_done: false },
+    )
+    .unwrap();
+    // Enough pairs to hand the writer a full batch (it dies writing it) and then more.
+    for _ in 0..4 * super::BATCH {
+        let p = mr.try_allocate(KIB, &s).unwrap();
+        free(&mr, p, KIB, &s);
+    }
+    // Let the writer thread reach the batch and die before the flush is sent.
+    thread::sleep(Duration::from_millis(300));
+    let e = mr.flush().unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e:?}");
+    assert_eq!(mr.write_error(), Some(e));
+}

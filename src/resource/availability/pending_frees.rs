@@ -72,10 +72,16 @@ impl PendingFrees {
     /// `bytes` were freed on `stream`, after everything already enqueued there.
     pub(crate) fn freed(self: &Arc<Self>, bytes: usize, stream: &Stream) {
         self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        // The check for waiters is made under the lock that `may_regain` takes: a waiter counts
+        // itself before it takes that lock, so either this check sees it (and watches the free)
+        // or its `may_regain` comes after and finds the free parked here. Checked before the
+        // lock, a waiter could count itself, retry, find nothing parked, and wait for ever
+        // while this free was parked unwatched.
+        let mut unwatched = self.unwatched.lock();
         if self.availability.anyone_waiting() {
+            drop(unwatched);
             self.watch(stream, bytes);
         } else {
-            let mut unwatched = self.unwatched.lock();
             match unwatched.iter_mut().find(|(s, _)| s.id() == stream.id()) {
                 Some((_, n)) => *n += bytes,
                 None => unwatched.push((stream.clone(), bytes)),

@@ -14,7 +14,8 @@
 //! among the first block of every class above `c` (all of which fit) and the first fitting
 //! block of class `c` below that address, looking at no more than [`SCAN`] blocks of class
 //! `c`: O(log n) per operation, and exact first fit unless class `c` holds more than `SCAN`
-//! too-small blocks below the candidate.
+//! too-small blocks below the candidate. With no candidate from a larger class, the whole of
+//! class `c` is scanned, so a block that fits is always found.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -165,7 +166,11 @@ impl FreeList {
             let first = *self.classes[k].first().expect("a non-empty class");
             best = Some(best.map_or(first, |b| b.min(first)));
         }
-        for &start in self.classes[c].iter().take(SCAN) {
+        // With a larger block in hand, a few probes for a lower one; without one, the whole
+        // class, so that `None` means no block is that large (a near-full pool must not refuse
+        // a request a block in this class fits).
+        let probes = if best.is_some() { SCAN } else { usize::MAX };
+        for &start in self.classes[c].iter().take(probes) {
             if best.is_some_and(|b| start > b) {
                 break;
             }

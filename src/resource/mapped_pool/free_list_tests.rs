@@ -159,3 +159,33 @@ proptest! {
         prop_assert_eq!(list.largest_free(), LEN);
     }
 }
+
+/// A request whose own class holds more than `SCAN` too-small blocks below the one that fits,
+/// with no larger class to fall back on, still finds it: `None` means nothing fits (a near-full
+/// pool refused such a request with its own largest free block in the error).
+#[test]
+fn a_fitting_block_behind_many_small_ones_of_its_class_is_found() {
+    let holes = SCAN as u64 + 1;
+    let total = holes * (4096 + 256) + 4864 + 1000;
+    let mut list = FreeList::new(total);
+    let mut small = Vec::new();
+    for _ in 0..holes {
+        let a = list.find(4096).unwrap();
+        list.allocate_at(a, 4096);
+        small.push(a);
+        let keep = list.find(256).unwrap();
+        list.allocate_at(keep, 256);
+    }
+    let big = list.find(4864).unwrap();
+    list.allocate_at(big, 4864);
+    let rest = list.find(1000).unwrap();
+    list.allocate_at(rest, 1000);
+    assert_eq!(list.find(1), None, "full");
+    for a in small {
+        list.free(a, 4096, 1).unwrap();
+    }
+    list.free(big, 4864, 1).unwrap();
+    assert_eq!(class_of(4096), class_of(4864));
+    assert_eq!(list.find(4608), Some(big));
+    list.check();
+}
