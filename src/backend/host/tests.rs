@@ -269,6 +269,9 @@ fn vmm_fault(
     check: impl Fn(crate::Result<()>, crate::FaultPoint),
 ) {
     use crate::FaultPoint as P;
+    // Earlier cases' stream-ordered frees (the prefetch case's, on a live stream) land first:
+    // this case counts live allocations.
+    let _ = d.synchronize_blocking();
     let raw = d.raw();
     let g = raw.vmm_granularity().unwrap();
     let c = d.host_controls().unwrap();
