@@ -11,68 +11,39 @@
 //! and unmaps a page; the default maps nothing in the loop). Plain timing (no criterion): the
 //! workloads are the figures.
 
-#[path = "../tests/common/rng.rs"]
-mod rng;
+#[path = "common/workloads.rs"]
+mod workloads;
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use rng::SplitMix64;
 use streamalloc::{
-    CudaResource, Device, DevicePtr, MappedPoolConfig, MappedPoolResource, MemoryResource,
-    PoolResource, Stream,
+    CudaResource, Device, MappedPoolConfig, MappedPoolResource, MemoryResource, PoolResource,
+    Stream,
 };
+use workloads::{footprint, FootprintRun, SplitMix64, FOOTPRINT_STEPS};
 
 fn used(device: &Device) -> usize {
     let info = device.memory_info().unwrap();
     info.total - info.free
 }
 
-/// One W4 pass; with `sample`, returns (peak live, peak used) as well.
-fn w4(device: &Device, config: &MappedPoolConfig, sample: bool) -> (f64, usize, usize) {
+/// One W4 pass (the workloads' shared `footprint`) on a fresh pool; with `sample`, device
+/// memory in use above what it was before the pool is read after every allocation.
+fn w4(device: &Device, config: &MappedPoolConfig, sample: bool) -> FootprintRun {
     let before = used(device);
     let mr = MappedPoolResource::with_config(device, config.clone()).unwrap();
     let s = Stream::new(device).unwrap();
-    let mut rng = SplitMix64(9);
-    let mut expiring: BTreeMap<u64, Vec<(DevicePtr, usize)>> = BTreeMap::new();
-    let (mut live, mut peak_live, mut peak_used) = (0usize, 0usize, 0usize);
-    let steps = 20_000u64;
-    let start = Instant::now();
-    for i in 0..steps {
-        let k = rng.next() % 100;
-        let block = if k < 50 {
-            Some((1 + (rng.next() % 65_536) as usize, 1 + rng.next() % 1_000))
-        } else if k < 55 {
-            Some((
-                (1 << 20) + (rng.next() % (63 << 20)) as usize,
-                1 + rng.next() % 50,
-            ))
-        } else {
-            None
-        };
-        if let Some((size, lifetime)) = block {
-            let p = mr.try_allocate(size, &s).unwrap();
-            if sample {
-                live += size;
-                peak_live = peak_live.max(live);
-                peak_used = peak_used.max(used(device).saturating_sub(before));
-            }
-            expiring.entry(i + lifetime).or_default().push((p, size));
-        }
-        for (p, size) in expiring.remove(&i).unwrap_or_default() {
-            // SAFETY: a live allocation of `mr` with its size, used by nothing.
-            unsafe { mr.deallocate(p, size, &s) };
-            live = live.saturating_sub(size);
-        }
-    }
-    for (p, size) in expiring.into_values().flatten() {
-        // SAFETY: as above.
-        unsafe { mr.deallocate(p, size, &s) };
-    }
-    let ns = start.elapsed().as_nanos() as f64 / steps as f64;
+    let read = || used(device).saturating_sub(before);
+    let run = footprint(
+        &mr,
+        &s,
+        FOOTPRINT_STEPS,
+        sample.then_some(&read as &dyn Fn() -> usize),
+    )
+    .unwrap();
     s.synchronize_blocking().unwrap();
-    (ns, peak_live, peak_used)
+    run
 }
 
 fn w1(device: &Device, mr: &impl MemoryResource) -> f64 {
@@ -112,8 +83,9 @@ fn main() {
     let case = std::env::var("MAPPED_POOL_CASE").ok();
     let run = |workload: &str| case.as_deref().is_none_or(|c| c == workload);
     for (name, config) in configs.iter().filter(|_| run("W4")) {
-        let (ns, _, _) = w4(&device, config, false);
-        let (_, live, peak) = w4(&device, config, true);
+        let ns = w4(&device, config, false).ns_per_step;
+        let sampled = w4(&device, config, true);
+        let (live, peak) = (sampled.peak_live, sampled.peak_used);
         println!(
             "W4 {name:<24} {ns:>9.0} ns/step  peak live {:>8.1} MiB  peak device {:>8.1} MiB  ratio {:.3}",
             live as f64 / (1 << 20) as f64,
