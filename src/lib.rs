@@ -125,6 +125,10 @@ pub use resource::{
     HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
     PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
 };
+pub use resource::{
+    Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment, SeriesPoint,
+    Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS,
+};
 pub use resource::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
 pub use stream::{Event, Stream, StreamPool};
 

@@ -38,7 +38,9 @@
 //! [`CudaAsyncResource`]: crate::CudaAsyncResource
 
 use crate::error::Result;
-use crate::resource::{Availability, DevicePtr, MemoryResource, MemoryStats, Properties};
+use crate::resource::{
+    Availability, DevicePtr, Fragmentation, MemoryResource, MemorySnapshot, MemoryStats, Properties,
+};
 use crate::stream::Stream;
 
 /// The shared state's upstream: `memory_resource!(shared ..)` implements it from the state's
@@ -94,6 +96,15 @@ pub(crate) trait Forward: Wraps {
     /// Resets the peaks below; a layer with peaks of its own resets them too.
     fn reset_peak(&self) {
         self.upstream().reset_peak()
+    }
+
+    /// The upstream's picture; a sub-allocator gives its own, a tracking layer adds sites.
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        self.upstream().snapshot()
+    }
+
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        self.upstream().fragmentation()
     }
 }
 
@@ -156,8 +167,8 @@ macro_rules! memory_resource {
             use $crate::resource::forward::Forward as _;
             use $crate::error::Result;
             use $crate::resource::{
-                Availability, DevicePtr, MemoryResource, MemoryStats, Properties,
-                ResourceIdentity,
+                Availability, DevicePtr, Fragmentation, MemoryResource, MemoryStats,
+                MemorySnapshot, Properties, ResourceIdentity,
             };
             use $crate::stream::Stream;
 
@@ -213,6 +224,16 @@ macro_rules! memory_resource {
                 fn reset_peak(&self) {
                     let $this = self;
                     $to.reset_peak()
+                }
+
+                fn snapshot(&self) -> Option<MemorySnapshot> {
+                    let $this = self;
+                    $to.snapshot()
+                }
+
+                fn fragmentation(&self) -> Option<Fragmentation> {
+                    let $this = self;
+                    $to.fragmentation()
                 }
             }
         };

@@ -22,6 +22,7 @@ pub(crate) mod pool;
 pub(crate) mod registry;
 pub(crate) mod scoped;
 mod size;
+pub(crate) mod snapshot;
 mod stats;
 pub(crate) mod stream_order;
 
@@ -48,6 +49,10 @@ pub use pinned_host::PinnedHostResource;
 pub use pool::{PoolResource, PoolStatistics, ReleasePolicy};
 pub(crate) use size::align_up;
 pub use size::ALLOCATION_ALIGNMENT;
+pub use snapshot::{
+    Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment, SeriesPoint,
+    Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS,
+};
 pub(crate) use stats::Allocated;
 pub use stats::{MemoryStats, WaitQueueStats};
 
@@ -315,6 +320,51 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     fn reset_peak(&self) {}
+
+    /// A picture of the resource's memory now: its segments and their blocks (live, free,
+    /// pending, with streams), or `None` for a resource that does not sub-allocate (the
+    /// driver's resources). Adaptors pass their upstream's through; a
+    /// [`TrackingAdaptor`](crate::TrackingAdaptor) adds where live blocks were allocated.
+    ///
+    /// It takes the resource's locks for as long as it copies its blocks: a tool for looking,
+    /// not for a hot path.
+    ///
+    /// ```
+    /// use streamalloc::{BlockState, CudaResource, Device, MemoryResource, PoolResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// assert!(CudaResource::new(&device)?.snapshot().is_none());
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
+    /// let p = pool.try_allocate(4096, &stream)?;
+    /// if let Some(snap) = pool.snapshot() {
+    ///     assert_eq!(snap.reserved_bytes(), 1 << 20);
+    ///     assert!(snap.blocks().any(|(_, b)| b.state == BlockState::Live && b.bytes == 4096));
+    /// }
+    /// unsafe { pool.deallocate(p, 4096, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        None
+    }
+
+    /// The fragmentation figures of [`snapshot`](MemoryResource::snapshot): largest free
+    /// extent (now, and after other streams' frees), free bytes per stream, pending frees, a
+    /// histogram of free extents. A resource may answer it without building a whole snapshot.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource};
+    ///
+    /// let device = Device::host();
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
+    /// if let Some(f) = pool.fragmentation() {
+    ///     assert_eq!(f.largest_free_block, 1 << 20);
+    /// }
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        self.snapshot().map(|s| s.fragmentation())
+    }
 
     /// Allocates `bytes` for use on `stream`; a future whose first poll is the synchronous
     /// fast path ([`try_allocate`](MemoryResource::try_allocate)).
