@@ -71,7 +71,7 @@
 
 // The floors, bottom to top; each module imports only those below it (no circle):
 // `ids`, `sync` → `error` → `backend` (host/, cuda/) → `device` (config, completion driver) →
-// `stream` → `resource` → `adaptor`, `buffer` → `replay`. The flat re-exports below are the
+// `stream` → `resource` → `adaptor`, `buffer` → `replay`, `report`. The flat re-exports below are the
 // public API; the module paths are not.
 mod adaptor;
 mod backend;
@@ -80,6 +80,7 @@ mod device;
 mod error;
 mod ids;
 pub mod replay;
+pub mod report;
 mod resource;
 mod stream;
 mod sync;
