@@ -95,6 +95,7 @@ mod index;
 #[cfg(test)]
 mod invariants;
 mod live;
+mod snapshot;
 mod streams;
 
 use std::collections::BTreeMap;
@@ -265,6 +266,9 @@ impl PoolCore {
             self.resize(idx, rest);
             used
         };
+        // The block's class-list links are unused while it is allocated: they keep the stream
+        // it was allocated for (for snapshots; two stores to a line written just above).
+        self.blocks[used as usize].set_allocated_for(stream);
         self.sub_free_bytes(slot, size);
         let addr = self.blocks[used as usize].start;
         self.live.insert(addr, used);
@@ -428,6 +432,8 @@ impl PoolCore {
         if block.next_phys != NIL {
             self.blocks[block.next_phys as usize].prev_phys = rest;
         }
+        let owner = block.allocated_for();
+        self.blocks[rest as usize].set_allocated_for(owner);
         self.live.insert(addr + head, rest);
         let slot = self.slot_or_insert(stream);
         let b = &mut self.blocks[idx as usize];
