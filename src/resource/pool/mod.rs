@@ -93,6 +93,43 @@ use crate::stream::Stream;
 /// once may leave pieces of one shard's sub-chunk that no other free memory joins; see the
 /// book's pool chapter.
 ///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) (resource name `"pool"`, capacity the maximum)
+/// shows each chunk held from the upstream as a segment, tiled by its blocks: live ones with
+/// the stream they were allocated for, free ones [`Free`](crate::BlockState::Free) when any
+/// stream may use them without waiting (their stream has passed an event the pool recorded
+/// after the frees) or [`FreeOnStream`](crate::BlockState::FreeOnStream) on the stream that
+/// freed them (the pool records such events only when memory crosses streams, so a stream
+/// that frees and synchronizes still owns its free blocks). Blocks of different streams
+/// stay apart until a request needs them joined, so
+/// [`fragmentation`](MemoryResource::fragmentation) merges adjacent free blocks of any
+/// streams into one extent, as [`PoolStatistics::largest_free_block`] does: a wholly free
+/// pool reads as one block.
+///
+/// ```
+/// use streamalloc::{BlockState, CudaResource, Device, MemoryResource, PoolResource, Stream};
+///
+/// let device = Device::host();
+/// let (s, t) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 4 << 20, Some(4 << 20))?;
+/// let a = pool.try_allocate(2 << 20, &s)?;
+/// let b = pool.try_allocate(2 << 20, &t)?;
+/// unsafe { pool.deallocate(a, 2 << 20, &s) };
+/// unsafe { pool.deallocate(b, 2 << 20, &t) };
+/// let snap = pool.snapshot().unwrap();
+/// assert_eq!((snap.segments.len(), snap.reserved_bytes()), (1, 4 << 20));
+/// let states: Vec<_> = snap.blocks().map(|(_, b)| (b.state, b.stream)).collect();
+/// assert_eq!(states, [
+///     (BlockState::FreeOnStream, Some(t.id())),
+///     (BlockState::FreeOnStream, Some(s.id())),
+/// ]);
+/// let f = snap.fragmentation();
+/// assert_eq!(f.largest_free_block, 4 << 20); // one extent, after the frees' events
+/// assert_eq!(f.largest_free_for(s.id()), 2 << 20); // what `s` gets without waiting
+/// assert_eq!(pool.statistics().largest_free_block, 4 << 20);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+///
 /// # Awaiting memory
 /// The pool has a wait queue ([`Availability`]): an awaited [`allocate`](MemoryResource::allocate)
 /// that finds the pool at its maximum (or the upstream exhausted) waits for a free instead of
