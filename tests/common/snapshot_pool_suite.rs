@@ -171,6 +171,28 @@ pub fn wholly_free_pool_over_streams_is_one_extent(device: Device) {
     let live = BTreeMap::from([(p.addr(), (64 * MIB, s[4].id()))]);
     assert_live(&snap, &live);
     unsafe { pool.deallocate(p, 64 * MIB, &s[4]) };
+
+    // With one 8 MiB block live at the top, a 64 MiB request fails; its details name the
+    // free memory below as one 56 MiB block, as the snapshot does, not one stream's 8 MiB.
+    let top: Vec<DevicePtr> = (0..8)
+        .map(|i| pool.try_allocate(8 * MIB, &s[i % 4]).unwrap())
+        .collect();
+    for (i, &q) in top.iter().enumerate().skip(1) {
+        unsafe { pool.deallocate(q, 8 * MIB, &s[i % 4]) };
+    }
+    let e = pool.try_allocate(64 * MIB, &s[4]).unwrap_err();
+    let d = e.out_of_memory_details().expect("the pool gives details");
+    assert_eq!(d.free_bytes, Some(56 * MIB), "{e}");
+    assert_eq!(d.largest_free_block, Some(56 * MIB), "{e}");
+    assert_eq!(pool.fragmentation().unwrap().largest_free_block, 56 * MIB);
+    assert_eq!(pool.statistics().largest_free_block, 56 * MIB);
+    unsafe { pool.deallocate(top[0], 8 * MIB, &s[0]) };
+    let p = pool.try_allocate(64 * MIB, &s[4]).unwrap();
+    let snap = pool.snapshot().unwrap();
+    assert_tiled(&snap);
+    let live = BTreeMap::from([(p.addr(), (64 * MIB, s[4].id()))]);
+    assert_live(&snap, &live);
+    unsafe { pool.deallocate(p, 64 * MIB, &s[4]) };
 }
 
 /// A fresh pool's initial chunk is one segment, one block free for every stream (it is

@@ -994,7 +994,8 @@ impl<R: MemoryResource> Inner<R> {
     /// largest free block of any level (the pool hands any of them to any stream, after a
     /// wait where it crosses streams), the free and reserved bytes, and, as pending frees,
     /// the free bytes of every other stream (usable by `stream` only in stream order after
-    /// that stream's frees). O(levels × streams): one lock per level, no scan of blocks.
+    /// that stream's frees). One lock per level; O(blocks) for the largest free block, on
+    /// this failure path only.
     fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
         Error::out_of_memory_with(requested, self.device.id(), self.details(stream))
             .never_fitting(self.capacity_limit())
@@ -1026,7 +1027,10 @@ impl<R: MemoryResource> Inner<R> {
         let mut pending: Vec<(StreamId, usize)> = Vec::new();
         let mut count = |level: &Level| {
             free += level.core.free_bytes();
-            largest = largest.max(level.core.largest_free_block());
+            // Runs of free blocks of any streams: the pool joins them for a request (after
+            // waiting for their streams' frees), so one stream's largest block would
+            // understate what fits and read as fragmentation.
+            largest = largest.max(level.core.largest_free_extent());
             for (id, bytes) in level.free_by_stream() {
                 if id == stream.id() {
                     continue;
