@@ -81,6 +81,7 @@
 //! | [`merge_stream`](PoolCore::merge_stream) | O(k), k = free blocks of the source stream |
 //! | [`release_empty_chunks`](PoolCore::release_empty_chunks) | O(chunks) |
 //! | [`largest_free_block`](PoolCore::largest_free_block) | O(streams + blocks in each stream's largest class) |
+//! | [`largest_free_extent`](PoolCore::largest_free_extent), [`chunks_and_blocks`](PoolCore::chunks_and_blocks) (snapshots) | O(blocks) |
 //! | the other statistics | O(1) |
 //!
 //! # Files
