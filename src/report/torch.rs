@@ -123,7 +123,7 @@ pub fn write_torch_snapshot<W: Write>(
                 let events = trace.filter(|_| i == ordinal).into_iter();
                 p.list(
                     events.flat_map(|t| t.events()).flat_map(torch_entries),
-                    |p, e| write_entry(p, e),
+                    write_entry,
                 )
             })
         })?;
@@ -306,10 +306,23 @@ fn frames(bt: &Backtrace) -> Vec<Frame> {
         return Vec::new();
     }
     let mut frames = parse_frames(&bt.to_string());
+    // The adaptor's frames, and the std helpers between them (`bool::then` around the
+    // capture), up to the last of the adaptor's: the caller comes first.
+    const TRACKING: &str = "streamalloc::adaptor::tracking";
+    let helper = |n: &str| {
+        [
+            "core::", "std::", "alloc::", "<core::", "<std::", "<alloc::",
+        ]
+        .iter()
+        .any(|p| n.starts_with(p))
+    };
     let own = frames
         .iter()
-        .take_while(|f| f.name.contains("streamalloc::adaptor::tracking"))
-        .count();
+        .take_while(|f| f.name.contains(TRACKING) || helper(&f.name))
+        .enumerate()
+        .filter(|(_, f)| f.name.contains(TRACKING))
+        .last()
+        .map_or(0, |(i, _)| i + 1);
     frames.drain(..own);
     frames
 }
