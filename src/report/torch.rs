@@ -292,11 +292,16 @@ struct Frame {
     line: u64,
 }
 
+/// A frame, written once per file and fetched from the pickle's memo after: the same frames
+/// (the program's entry, its runtime) appear in every site.
 fn write_frame<W: Write>(p: &mut Pickler<W>, f: &Frame) -> io::Result<()> {
-    p.dict(|d| {
-        d.entry("filename", |p| p.str(&f.filename))?;
-        d.entry("line", |p| p.uint(f.line))?;
-        d.entry("name", |p| p.str(&f.name))
+    let key = format!("{}\0{}\0{}", f.name, f.filename, f.line);
+    p.memoized(&key, |p| {
+        p.dict(|d| {
+            d.entry("filename", |p| p.str(&f.filename))?;
+            d.entry("line", |p| p.uint(f.line))?;
+            d.entry("name", |p| p.str(&f.name))
+        })
     })
 }
 
