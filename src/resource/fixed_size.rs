@@ -16,7 +16,8 @@ use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
-    align_up, is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
+    align_up, is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr,
+    Fragmentation, FreeExtentBucket, MemoryResource, MemorySnapshot, MemoryStats, Segment,
     SharedResource,
 };
 use crate::stream::Stream;
@@ -317,6 +318,64 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 peak: None,
                 allocations: Some(live),
             })
+    }
+
+    /// One segment per chunk taken from the upstream, whose blocks never join
+    /// ([`Segment::coalesces`] is `false`): each block is [`Live`](BlockState::Live) (its
+    /// stream is not kept) or [`FreeOnStream`](BlockState::FreeOnStream) on the stream whose
+    /// free list holds it — the stream that freed it, or that a fresh chunk was taken for, or
+    /// that took it over from another stream's list. That stream reuses it at once; another
+    /// takes it (with half of that list) only after waiting for an event of that stream.
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        let layout = self.state.lock().layout();
+        let mut snap = MemorySnapshot::new(self.device.id(), "fixed-size");
+        let size = self.block_size;
+        for (base, uses) in layout {
+            let base = DevicePtr::from_raw(base);
+            let mut segment = Segment::new(base, size * uses.len());
+            segment.coalesces = false;
+            segment.blocks = uses
+                .into_iter()
+                .enumerate()
+                .map(|(i, stream)| {
+                    let at = base.offset(i * size);
+                    match stream {
+                        None => Block::new(at, size, BlockState::Live),
+                        Some(s) => Block::new(at, size, BlockState::FreeOnStream).on_stream(s),
+                    }
+                })
+                .collect();
+            snap.segments.push(segment);
+        }
+        Some(snap)
+    }
+
+    /// The figures of [`snapshot`](Forward::snapshot), from the counts alone (no block list):
+    /// every free extent is one block.
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        let (chunks, live, free_by_stream) = {
+            let state = self.state.lock();
+            (state.chunk_count(), state.live(), state.free_by_stream())
+        };
+        let size = self.block_size;
+        let free_blocks: usize = free_by_stream.iter().map(|&(_, n)| n).sum();
+        let mut f = Fragmentation {
+            reserved_bytes: chunks * self.blocks_per_chunk * size,
+            live_bytes: live * size,
+            free_on_stream: free_by_stream.iter().map(|&(s, n)| (s, n * size)).collect(),
+            live_by_stream: if live > 0 { vec![(None, live * size)] } else { Vec::new() },
+            largest_free_by_stream: free_by_stream.iter().map(|&(s, _)| (s, size)).collect(),
+            ..Fragmentation::default()
+        };
+        if free_blocks > 0 {
+            f.largest_free_block = size;
+            f.free_extents = vec![FreeExtentBucket {
+                min_bytes: 1 << (usize::BITS - 1 - size.leading_zeros()),
+                count: free_blocks,
+                bytes: free_blocks * size,
+            }];
+        }
+        Some(f)
     }
 
     /// While a block is in use, a free brings one back; else only the upstream could give the

@@ -14,6 +14,7 @@ pub mod huge_sizes;
 pub mod multi_device_suite;
 pub mod pool_suite;
 pub mod pressure_suite;
+pub mod snapshot_arena_suite;
 mod rng;
 pub mod stress;
 pub mod suite;

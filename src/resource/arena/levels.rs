@@ -278,9 +278,13 @@ impl<R: MemoryResource> Inner<R> {
                 self.reclaim(&mut state)?;
             }
             if let Some(p) = state.core.allocate(size) {
+                let home = record.stream_id();
                 if let Err(e) = self.counters.wait_fences(&me, &[Fence(record)]) {
                     state.core.free(p, size);
                     return Err(e);
+                }
+                if home != stream.id() {
+                    state.core.mark_borrowed(p, Fence(me));
                 }
                 return Ok(Some(p));
             }

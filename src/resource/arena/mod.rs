@@ -11,6 +11,7 @@ mod extents;
 mod levels;
 mod lookup;
 mod slots;
+mod snapshot;
 mod stats;
 
 use std::fmt;
@@ -33,8 +34,8 @@ use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::{Fence, OrderCounters};
 use crate::resource::{
-    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
-    SharedResource,
+    is_empty_request, Allocated, Availability, DevicePtr, Fragmentation, MemoryResource,
+    MemorySnapshot, MemoryStats, SharedResource,
 };
 use crate::stream::Stream;
 
@@ -443,6 +444,15 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 peak: None,
                 allocations: Some(stats.live_allocations),
             })
+    }
+
+    /// See [`ArenaResource`]'s section on snapshots.
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(self.take_snapshot())
+    }
+
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        Some(self.take_snapshot().fragmentation())
     }
 
     /// Only a live allocation or a pending free can bring memory back (a growing arena that

@@ -254,6 +254,11 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         self.free.max_size()
     }
 
+    /// The large blocks as `(first page, pages)`, in no order.
+    pub(crate) fn large_blocks(&self) -> Vec<(u64, u64)> {
+        self.large.iter().map(|(&s, &n)| (s, n)).collect()
+    }
+
     /// The free ranges as `(first page, pages, fences)`, in address order.
     pub(crate) fn free_ranges(&self) -> Vec<(u64, u64, &[F])> {
         self.free
