@@ -49,6 +49,35 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// free. Requests larger than the block size fail at once
 /// ([`capacity_limit`](MemoryResource::capacity_limit) is the block size).
 ///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) shows one [`Segment`](crate::Segment) per chunk
+/// taken from the upstream, whose blocks never join
+/// ([`coalesces`](crate::Segment::coalesces) is `false`, so the largest free extent is one
+/// block). Each block is [`Live`](crate::BlockState::Live) (with no stream: the resource does
+/// not keep it) or [`FreeOnStream`](crate::BlockState::FreeOnStream) on the stream whose free
+/// list holds it: the stream that freed it, that a new chunk was taken on, or that took it
+/// over from another list. That stream reuses it at once, another after waiting for an event
+/// of it. [`fragmentation`](MemoryResource::fragmentation) is read from the counts alone.
+///
+/// ```
+/// use streamalloc::{BlockState, CudaResource, Device, FixedSizeResource, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = FixedSizeResource::new(CudaResource::new(&device)?, 64 << 10, 4)?;
+/// let p = mr.try_allocate(1000, &stream)?;
+/// let q = mr.try_allocate(1000, &stream)?;
+/// unsafe { mr.deallocate(p, 1000, &stream) };
+/// let snap = mr.snapshot().unwrap();
+/// assert_eq!((snap.segments.len(), snap.segments[0].coalesces), (1, false));
+/// let (_, block) = snap.blocks().find(|(_, b)| b.address == p).unwrap();
+/// assert_eq!((block.state, block.stream), (BlockState::FreeOnStream, Some(stream.id())));
+/// let f = mr.fragmentation().unwrap();
+/// assert_eq!((f.free_bytes(), f.largest_free_block), (3 << 16, 64 << 10));
+/// unsafe { mr.deallocate(q, 1000, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+///
 /// # Errors
 /// [`Error::InvalidArgument`] from the constructors for a block size or count of 0 or a chunk
 /// size that overflows; [`Error::OutOfMemory`] for requests larger than the block size and when
@@ -363,7 +392,11 @@ impl<R: MemoryResource> Forward for Inner<R> {
             reserved_bytes: chunks * self.blocks_per_chunk * size,
             live_bytes: live * size,
             free_on_stream: free_by_stream.iter().map(|&(s, n)| (s, n * size)).collect(),
-            live_by_stream: if live > 0 { vec![(None, live * size)] } else { Vec::new() },
+            live_by_stream: if live > 0 {
+                vec![(None, live * size)]
+            } else {
+                Vec::new()
+            },
             largest_free_by_stream: free_by_stream.iter().map(|&(s, _)| (s, size)).collect(),
             ..Fragmentation::default()
         };

@@ -8,9 +8,8 @@
 use std::collections::BTreeMap;
 
 use streamalloc::{
-    ArenaResource, BinningResource, BlockState, CudaResource, Device, DevicePtr,
-    FixedSizeResource, MemoryResource, MemorySnapshot, PoolResource, StatisticsAdaptor, Stream,
-    StreamId,
+    ArenaResource, BinningResource, BlockState, CudaResource, Device, DevicePtr, FixedSizeResource,
+    MemoryResource, MemorySnapshot, PoolResource, StatisticsAdaptor, Stream, StreamId,
 };
 
 const KIB: usize = 1 << 10;
@@ -83,7 +82,10 @@ pub fn arena_blocks_tile_and_match_allocations(device: Device) {
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let mr = arena(&device, 8 * MIB);
     let mut made = Vec::new();
-    for (i, bytes) in [1000, 256, 4 * KIB, 70 * KIB, 1, 3 * MIB].into_iter().enumerate() {
+    for (i, bytes) in [1000, 256, 4 * KIB, 70 * KIB, 1, 3 * MIB]
+        .into_iter()
+        .enumerate()
+    {
         let s = if i % 2 == 0 { &a } else { &b };
         made.push((mr.try_allocate(bytes, s).unwrap(), bytes, s.clone()));
     }
@@ -140,7 +142,8 @@ pub fn arena_frees_on_own_and_other_streams(device: Device) {
     assert_eq!(mr.defragment(), MIB);
     let snap = mr.snapshot().unwrap();
     assert!(
-        snap.blocks().all(|(_, b)| b.state == BlockState::Free && b.stream.is_none()),
+        snap.blocks()
+            .all(|(_, b)| b.state == BlockState::Free && b.stream.is_none()),
         "{:?}",
         rows(&snap)
     );
@@ -206,28 +209,43 @@ pub fn fixed_size_blocks_never_merge(device: Device) {
     free(&mr, blocks[0], 1000, &a);
     free(&mr, blocks[1], 1000, &a);
     free(&mr, blocks[2], 1000, &b);
-    let snap = mr.snapshot().expect("a fixed-size resource answers snapshot");
+    let snap = mr
+        .snapshot()
+        .expect("a fixed-size resource answers snapshot");
     assert_eq!(snap.resource, "fixed-size");
     assert_eq!(snap.segments.len(), 1);
     assert!(!snap.segments[0].coalesces);
     assert_eq!(snap.reserved_bytes(), 8 * 64 * KIB);
     check_layout(&snap, true);
     assert!(snap.blocks().all(|(_, b)| b.bytes == 64 * KIB));
-    assert_eq!(state_at(&snap, blocks[0]), (BlockState::FreeOnStream, Some(a.id())));
-    assert_eq!(state_at(&snap, blocks[2]), (BlockState::FreeOnStream, Some(b.id())));
+    assert_eq!(
+        state_at(&snap, blocks[0]),
+        (BlockState::FreeOnStream, Some(a.id()))
+    );
+    assert_eq!(
+        state_at(&snap, blocks[2]),
+        (BlockState::FreeOnStream, Some(b.id()))
+    );
     assert_eq!(state_at(&snap, blocks[3]).0, BlockState::Live);
     let f = snap.fragmentation();
     assert_eq!(f.largest_free_block, 64 * KIB, "{f}");
     assert_eq!(f.free_bytes(), 7 * 64 * KIB);
     // The fresh chunk's blocks were on the list of the stream it was taken on; `a` took
     // some over and freed two; `b` freed one.
-    let on = |s: &Stream| f.free_on_stream.iter().find(|(id, _)| *id == s.id()).map(|x| x.1);
+    let on = |s: &Stream| {
+        f.free_on_stream
+            .iter()
+            .find(|(id, _)| *id == s.id())
+            .map(|x| x.1)
+    };
     assert!(on(&a).unwrap() >= 2 * 64 * KIB, "{f:?}");
     assert_eq!(on(&b), Some(64 * KIB));
     assert_eq!(f.largest_free_for(b.id()), 64 * KIB);
     assert_eq!(mr.fragmentation().unwrap(), f);
     // A second chunk: a second segment.
-    let more: Vec<DevicePtr> = (0..8).map(|_| mr.try_allocate(64 * KIB, &a).unwrap()).collect();
+    let more: Vec<DevicePtr> = (0..8)
+        .map(|_| mr.try_allocate(64 * KIB, &a).unwrap())
+        .collect();
     let snap = mr.snapshot().unwrap();
     assert_eq!(snap.segments.len(), 2);
     check_layout(&snap, true);
@@ -304,7 +322,10 @@ pub fn snapshot_through_an_adaptor_is_the_resources(device: Device) {
     let own = mr.upstream().snapshot().unwrap();
     let through = mr.snapshot().unwrap();
     assert_eq!(rows(&through), rows(&own));
-    assert_eq!((through.resource.as_str(), through.capacity), ("arena", Some(4 * MIB)));
+    assert_eq!(
+        (through.resource.as_str(), through.capacity),
+        ("arena", Some(4 * MIB))
+    );
     assert_eq!(mr.fragmentation(), mr.upstream().fragmentation());
     let fixed = StatisticsAdaptor::new(
         FixedSizeResource::new(CudaResource::new(&device).unwrap(), 4 * KIB, 4).unwrap(),

@@ -88,7 +88,8 @@ impl<R: MemoryResource> Inner<R> {
             let first = busy.partition_point(|&(b, _, _)| b < base);
             for &(sb, size, stream) in busy[first..].iter().take_while(|&&(b, _, _)| b < end) {
                 if sb > at {
-                    snap.segments.push(Segment::new(DevicePtr::from_raw(at), (sb - at) as usize));
+                    snap.segments
+                        .push(Segment::new(DevicePtr::from_raw(at), (sb - at) as usize));
                 }
                 let mut s = Segment::new(DevicePtr::from_raw(sb), size as usize);
                 s.stream = Some(stream);
@@ -96,7 +97,8 @@ impl<R: MemoryResource> Inner<R> {
                 at = sb + size;
             }
             if at < end {
-                snap.segments.push(Segment::new(DevicePtr::from_raw(at), (end - at) as usize));
+                snap.segments
+                    .push(Segment::new(DevicePtr::from_raw(at), (end - at) as usize));
             }
         }
         // Blocks into their segments (both in address order).

@@ -245,19 +245,19 @@ impl<F: Clone + PartialEq> StreamArena<F> {
 
     /// Every block, free, live or pending, as `(start, size, what)`, in address order.
     pub(crate) fn pieces(&self) -> Vec<(u64, u64, Piece<F>)> {
-        let mut out: Vec<(u64, u64, Piece<F>)> = self
-            .free
-            .iter()
-            .map(|(start, n, _)| (start, n, Piece::Free))
-            .chain(self.live.iter().map(|(&start, &n)| {
-                (start, n, Piece::Live(self.borrowed.get(&start).cloned()))
-            }))
-            .chain(
-                self.pending
-                    .iter()
-                    .map(|p| (p.addr, p.size, Piece::Pending(p.fence.clone()))),
-            )
-            .collect();
+        let mut out: Vec<(u64, u64, Piece<F>)> =
+            self.free
+                .iter()
+                .map(|(start, n, _)| (start, n, Piece::Free))
+                .chain(self.live.iter().map(|(&start, &n)| {
+                    (start, n, Piece::Live(self.borrowed.get(&start).cloned()))
+                }))
+                .chain(
+                    self.pending
+                        .iter()
+                        .map(|p| (p.addr, p.size, Piece::Pending(p.fence.clone()))),
+                )
+                .collect();
         out.sort_unstable_by_key(|&(start, _, _)| start);
         out
     }
@@ -436,7 +436,10 @@ impl<F: Clone + PartialEq> StreamArena<F> {
             "bytes lost"
         );
         for addr in self.borrowed.keys() {
-            assert!(self.live.contains_key(addr), "borrowed {addr:#x} is not live");
+            assert!(
+                self.live.contains_key(addr),
+                "borrowed {addr:#x} is not live"
+            );
         }
         let counted: usize = self
             .superblocks()
