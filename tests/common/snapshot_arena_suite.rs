@@ -76,8 +76,8 @@ fn state_at(snap: &MemorySnapshot, addr: DevicePtr) -> (BlockState, Option<Strea
     (b.state, b.stream)
 }
 
-/// The arena's blocks tile its memory, and its live blocks are the allocations: small ones on
-/// the stream that made them, large ones whole pages.
+/// The arena's blocks tile its memory, and its live blocks are the allocations, on the stream
+/// that made them (large ones in whole pages).
 pub fn arena_blocks_tile_and_match_allocations(device: Device) {
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let mr = arena(&device, 8 * MIB);
@@ -100,9 +100,8 @@ pub fn arena_blocks_tile_and_match_allocations(device: Device) {
     for (p, bytes, s) in &made {
         let (held, stream) = live[&p.addr()];
         assert!(held >= *bytes && held % 256 == 0, "{p}: {held} for {bytes}");
-        if *bytes <= MIB {
-            assert_eq!(stream, Some(s.id()), "{p}");
-        } else {
+        assert_eq!(stream, Some(s.id()), "{p}");
+        if *bytes > MIB {
             assert_eq!(held, 3 * MIB, "a large block is whole pages");
         }
     }

@@ -99,9 +99,8 @@ use crate::stream::Stream;
 /// superblock is a [`Segment`](crate::Segment) of its own, on its arena's stream, since free
 /// memory never joins across its edges while it stays in that arena. Every byte is in one
 /// block:
-/// - [`Live`](crate::BlockState::Live): a small block on the stream it was allocated on (a
-///   block borrowed from another stream's arena on the borrower's); a large block with no
-///   stream (the global arena does not keep it).
+/// - [`Live`](crate::BlockState::Live): on the stream it was allocated on (a block borrowed
+///   from another stream's arena, on the borrower's).
 /// - [`Free`](crate::BlockState::Free): a free range of the global arena, usable by a request
 ///   on any stream (which first waits, without blocking the host, for the streams that freed
 ///   into it).

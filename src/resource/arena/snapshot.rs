@@ -63,13 +63,17 @@ impl<R: MemoryResource> Inner<R> {
                 .find(|&&(_, _, first, pages)| p >= first && p < first + pages)
                 .map(|&(base, _, first, _)| base + (p - first) * page)
         };
-        for (start, pages, state) in ranges
+        for (start, pages, state, stream) in ranges
             .iter()
-            .map(|&(s, n)| (s, n, BlockState::Free))
-            .chain(large.iter().map(|&(s, n)| (s, n, BlockState::Live)))
+            .map(|&(s, n)| (s, n, BlockState::Free, None))
+            .chain(
+                large
+                    .iter()
+                    .map(|&(s, n, by)| (s, n, BlockState::Live, Some(StreamId(by)))),
+            )
         {
             if let Some(at) = addr_of(start) {
-                blocks.push((at, pages * page, state, None));
+                blocks.push((at, pages * page, state, stream));
             }
         }
         blocks.sort_unstable_by_key(|b| b.0);
