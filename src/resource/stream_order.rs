@@ -95,6 +95,29 @@ impl FreeOrder {
         }
     }
 
+    /// Whether the device has passed every free so far: an event recorded after them has
+    /// completed, so another stream may use the memory without waiting (for snapshots; a
+    /// query, never a record).
+    pub(crate) fn passed(&self) -> bool {
+        match &self.event {
+            Some((event, covered)) if *covered == self.frees => {
+                event.is_complete().unwrap_or(false)
+            }
+            _ => false,
+        }
+    }
+
+    /// Records the covering event now, so that a snapshot sees the frees passed once the
+    /// stream reaches them (the pool's own stream of its initial chunk, which no user sees).
+    ///
+    /// # Errors
+    /// A driver error recording the event; nothing is changed then.
+    pub(crate) fn record(&mut self) -> Result<()> {
+        self.event = Some((self.stream.record()?, self.frees));
+        self.waiters.clear();
+        Ok(())
+    }
+
     pub(crate) fn wait_cost(&self, waiter: StreamId) -> WaitCost {
         match &self.event {
             Some((_, covered)) if *covered == self.frees => {

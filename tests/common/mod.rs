@@ -16,6 +16,7 @@ pub mod pool_suite;
 pub mod pressure_suite;
 mod rng;
 pub mod snapshot_arena_suite;
+pub mod snapshot_pool_suite;
 pub mod stress;
 pub mod suite;
 pub mod sync_suite;

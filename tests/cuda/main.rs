@@ -110,6 +110,7 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 pool_suite!(pools, gpu(), #[ignore = "needs a CUDA device"]);
+snapshot_pool_suite!(pool_snapshots, gpu(), #[ignore = "needs a CUDA device"]);
 pressure_suites!(gpu(), #[ignore = "needs a CUDA device"]);
 resource_suite!(limiting_over_host_resource, gpu(), |d| {
     Arc::new(LimitingAdaptor::new(HostResource::new(d).unwrap(), usize::MAX))

@@ -84,6 +84,7 @@ resource_suite!(mapped_pool_keeping_free_pages, host(), |d| {
     )
 });
 pool_suite!(pools, host());
+snapshot_pool_suite!(pool_snapshots, host());
 pressure_suites!(host());
 resource_suite!(limiting_over_host_resource, host(), |d| {
     Arc::new(LimitingAdaptor::new(

@@ -82,7 +82,8 @@ pub(crate) struct FreeList {
     nonempty: [u64; CLASSES / 64],
     free_bytes: u64,
     /// Live allocations: start to length.
-    live: FxHashMap<u64, u64>,
+    /// Live allocations: start to length and the owner they were allocated for.
+    live: FxHashMap<u64, (u64, Owner)>,
     live_bytes: u64,
 }
 
@@ -191,7 +192,14 @@ impl FreeList {
     /// Allocates `size` bytes at the start of the free block that starts at `start` (one
     /// [`find`](Self::find) returned); the rest of the block stays free with the same owners.
     /// Returns the block's owners, whose frees the caller must order after.
+    #[cfg(test)]
     pub(crate) fn allocate_at(&mut self, start: u64, size: u64) -> Owners {
+        self.allocate_for(start, size, 0)
+    }
+
+    /// [`allocate_at`](Self::allocate_at) for `owner`, whom a snapshot names as the stream
+    /// the allocation was made on.
+    pub(crate) fn allocate_for(&mut self, start: u64, size: u64, owner: Owner) -> Owners {
         let block = self.remove(start);
         assert!(
             size > 0 && size <= block.len,
@@ -201,7 +209,7 @@ impl FreeList {
         if size < block.len {
             self.insert(start + size, block.len - size, block.owners.clone());
         }
-        self.live.insert(start, size);
+        self.live.insert(start, (size, owner));
         self.live_bytes += size;
         block.owners
     }
@@ -215,8 +223,8 @@ impl FreeList {
         owner: Owner,
     ) -> Result<(u64, u64), BadFree> {
         match self.live.get(&start) {
-            Some(&len) if len == size => {}
-            Some(&len) => return Err(BadFree::WrongSize(len)),
+            Some(&(len, _)) if len == size => {}
+            Some(&(len, _)) => return Err(BadFree::WrongSize(len)),
             None => return Err(BadFree::Unknown),
         }
         self.live.remove(&start);
@@ -274,8 +282,12 @@ impl FreeList {
         self.live_bytes
     }
 
+    /// The live allocations, in no order: start, length, the owner they were made for.
+    pub(crate) fn live(&self) -> impl Iterator<Item = (u64, u64, Owner)> + '_ {
+        self.live.iter().map(|(&s, &(len, o))| (s, len, o))
+    }
+
     /// The free blocks, in address order: start, length, owners.
-    #[cfg(test)]
     pub(crate) fn blocks(&self) -> impl Iterator<Item = (u64, u64, &Owners)> + '_ {
         self.blocks.iter().map(|(&s, b)| (s, b.len, &b.owners))
     }
@@ -300,7 +312,7 @@ impl FreeList {
         assert_eq!(sum, self.free_bytes);
         let indexed: usize = self.classes.iter().map(BTreeSet::len).sum();
         assert_eq!(indexed, self.blocks.len());
-        for (&start, &len) in &self.live {
+        for (&start, &(len, _)) in &self.live {
             if let Some((s, l, _)) = self.block_containing(start) {
                 panic!("live {start}+{len} inside free {s}+{l}");
             }

@@ -15,8 +15,8 @@ use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::BackendKind;
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
-    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats, Properties,
-    ResourceIdentity,
+    is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr, MemoryResource,
+    MemorySnapshot, MemoryStats, Properties, ResourceIdentity, Segment,
 };
 use crate::stream::{Event, Stream, StreamId};
 
@@ -490,6 +490,58 @@ impl Inner {
         self.capacity
     }
 
+    /// [`MemoryResource::snapshot`]: a segment per run of mapped pages, its blocks the live
+    /// allocations and free blocks of the range clipped to it. A free block is
+    /// [`Free`](BlockState::Free) when every stream that freed into it has passed an event
+    /// recorded after its frees (or none did), else
+    /// [`FreeOnStream`](BlockState::FreeOnStream) on the first that has not.
+    fn snapshot(&self, state: &State) -> MemorySnapshot {
+        let passed: Vec<bool> = state.orders.iter().map(FreeOrder::passed).collect();
+        let stream_of = |o: Owner| state.orders.get(o as usize).map(|o| o.stream().id());
+        let mut blocks: Vec<(u64, u64, BlockState, Option<StreamId>)> = state
+            .list
+            .live()
+            .map(|(start, len, o)| (start, len, BlockState::Live, stream_of(o)))
+            .collect();
+        for (start, len, owners) in state.list.blocks() {
+            let waiting = owners
+                .iter()
+                .find(|&o| !passed.get(o as usize).copied().unwrap_or(true));
+            let (state, stream) = match waiting {
+                None => (BlockState::Free, None),
+                Some(o) => (BlockState::FreeOnStream, stream_of(o)),
+            };
+            blocks.push((start, len, state, stream));
+        }
+        blocks.sort_unstable_by_key(|b| b.0);
+        let mut snapshot = MemorySnapshot::new(self.device.id(), "mapped-pool");
+        snapshot.capacity = Some(self.capacity());
+        let g = self.granularity as u64;
+        let mut page = 0;
+        while page < state.pages.len() {
+            if state.pages[page] == Page::Unmapped {
+                page += 1;
+                continue;
+            }
+            let first = page;
+            while page < state.pages.len() && state.pages[page] != Page::Unmapped {
+                page += 1;
+            }
+            let (lo, hi) = (first as u64 * g, page as u64 * g);
+            let mut segment = Segment::new(DevicePtr::from_raw(self.base + lo), (hi - lo) as usize);
+            let from = blocks.partition_point(|b| b.0 + b.1 <= lo);
+            for &(start, len, state, stream) in blocks[from..].iter().take_while(|b| b.0 < hi) {
+                let (s, e) = (start.max(lo), (start + len).min(hi));
+                let mut block =
+                    Block::new(DevicePtr::from_raw(self.base + s), (e - s) as usize, state);
+                block.stream = stream;
+                segment.blocks.push(block);
+            }
+            snapshot.segments.push(segment);
+        }
+        snapshot
+    }
+
     fn owner(state: &mut State, stream: &Stream) -> Owner {
         if let Some(&o) = state.owner_of.get(&stream.id()) {
             return o;
@@ -741,7 +793,7 @@ impl Inner {
             fresh.extend(run_start..i);
         }
         state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
-        state.list.allocate_at(start, size);
+        state.list.allocate_for(start, size, me);
         Ok(Some(self.base + start))
     }
 
@@ -949,6 +1001,34 @@ impl MemoryResource for MappedPoolResource {
 
     fn identity(&self) -> ResourceIdentity {
         ResourceIdentity::of_shared(&self.inner)
+    }
+
+    /// A segment per run of mapped pages (reserved address space that is not mapped is no
+    /// segment), with the live and free blocks in it. Pages waiting for their streams to pass
+    /// frees before they are unmapped hold free blocks like any other: a request takes them
+    /// (after waiting for those frees), so they are not [`BlockState::Pending`]. A free block
+    /// is [`Free`](BlockState::Free) once every stream that freed into it has passed an event
+    /// recorded after its frees (the pool records one when another stream takes the memory),
+    /// else [`FreeOnStream`](BlockState::FreeOnStream) on one such stream that has not (free
+    /// blocks of several streams coalesce here, so a request on that stream may still wait
+    /// for another's).
+    ///
+    /// ```
+    /// use streamalloc::{BlockState, Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(3 << 20, &stream)?; // two 2 MiB pages are mapped
+    /// let snap = pool.snapshot().unwrap();
+    /// assert_eq!((snap.segments.len(), snap.reserved_bytes()), (1, 4 << 20));
+    /// let blocks: Vec<_> = snap.blocks().map(|(_, b)| (b.bytes, b.state)).collect();
+    /// assert_eq!(blocks, [(3 << 20, BlockState::Live), (1 << 20, BlockState::Free)]);
+    /// unsafe { pool.deallocate(p, 3 << 20, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(self.inner.snapshot(&self.inner.state.lock()))
     }
 
     fn properties(&self) -> Properties {

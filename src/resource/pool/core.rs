@@ -81,6 +81,7 @@
 //! | [`merge_stream`](PoolCore::merge_stream) | O(k), k = free blocks of the source stream |
 //! | [`release_empty_chunks`](PoolCore::release_empty_chunks) | O(chunks) |
 //! | [`largest_free_block`](PoolCore::largest_free_block) | O(streams + blocks in each stream's largest class) |
+//! | [`largest_free_extent`](PoolCore::largest_free_extent), [`chunks_and_blocks`](PoolCore::chunks_and_blocks) (snapshots) | O(blocks) |
 //! | the other statistics | O(1) |
 //!
 //! # Files
@@ -95,6 +96,7 @@ mod index;
 #[cfg(test)]
 mod invariants;
 mod live;
+mod snapshot;
 mod streams;
 
 use std::collections::BTreeMap;
@@ -265,6 +267,9 @@ impl PoolCore {
             self.resize(idx, rest);
             used
         };
+        // The block's class-list links are unused while it is allocated: they keep the stream
+        // it was allocated for (for snapshots; two stores to a line written just above).
+        self.blocks[used as usize].set_allocated_for(stream);
         self.sub_free_bytes(slot, size);
         let addr = self.blocks[used as usize].start;
         self.live.insert(addr, used);
@@ -428,6 +433,8 @@ impl PoolCore {
         if block.next_phys != NIL {
             self.blocks[block.next_phys as usize].prev_phys = rest;
         }
+        let owner = block.allocated_for();
+        self.blocks[rest as usize].set_allocated_for(owner);
         self.live.insert(addr + head, rest);
         let slot = self.slot_or_insert(stream);
         let b = &mut self.blocks[idx as usize];

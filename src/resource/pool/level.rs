@@ -7,6 +7,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::core::{PoolCore, StreamKey, ALIGN};
 use crate::error::Result;
+use crate::ids::StreamId;
+use crate::resource::snapshot::BlockState;
 use crate::resource::stream_order::FreeOrder;
 use crate::stream::Stream;
 
@@ -44,6 +46,16 @@ pub(super) struct Level {
     /// its events lazy, as a per-free record would cost its fast path (streams that share a
     /// shard and take from each other).
     eager_after_crossing: bool,
+}
+
+/// A block of a level's [`snapshot`](Level::snapshot).
+pub(super) struct SnapshotBlock {
+    pub(super) start: u64,
+    pub(super) size: usize,
+    pub(super) state: BlockState,
+    pub(super) stream: Option<StreamId>,
+    /// A sub-chunk the global level lent to a shard: the shard's blocks describe it.
+    pub(super) lent: bool,
 }
 
 /// How many streams a level remembers in `crossed`.
@@ -218,6 +230,9 @@ impl Level {
             self.order_after(slot, stream)?;
             let p = self.core.allocate(size, victim);
             debug_assert!(p.is_some(), "the victim had a block that fits");
+            if let Some(p) = p {
+                self.core.set_allocated_for(p, me);
+            }
             self.forget_idle_streams(Some(me));
             return Ok(p);
         }
@@ -385,6 +400,64 @@ impl Level {
             let bytes = self.core.free_bytes_of(key(order.stream()));
             (bytes > 0).then(|| (order.stream().id(), bytes))
         })
+    }
+
+    /// Records an event on `stream` after its frees (and chunks) so far, for other streams
+    /// to wait on (see [`FreeOrder::record`]).
+    ///
+    /// # Errors
+    /// A driver error recording the event.
+    pub(super) fn record_frees(&mut self, stream: &Stream) -> Result<()> {
+        match self.core.stream_slot(key(stream)) {
+            Some(slot) => self.slot_at(slot, stream).record(),
+            None => Ok(()),
+        }
+    }
+
+    /// The level's chunks and their blocks in address order, for a snapshot: each chunk with
+    /// the size it came with, each block with its stream and state. A free block is
+    /// [`Free`](BlockState::Free) once its stream has passed an event recorded after its
+    /// frees (the level records one lazily, when another stream takes that stream's memory,
+    /// or at each free once it has), else [`FreeOnStream`](BlockState::FreeOnStream).
+    /// Blocks lent to shards (global level) are marked `lent`.
+    pub(super) fn snapshot(&self) -> Vec<(u64, usize, Vec<SnapshotBlock>)> {
+        let passed: FxHashMap<u64, bool> = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|order| (order.stream().id().0, order.passed()))
+            .collect();
+        self.core
+            .chunks_and_blocks()
+            .into_iter()
+            .map(|chunk| {
+                let size = self
+                    .chunks
+                    .get(&chunk.base)
+                    .copied()
+                    .unwrap_or(chunk.size as usize);
+                let blocks = chunk
+                    .blocks
+                    .iter()
+                    .map(|b| {
+                        let stream = StreamId(b.stream.0);
+                        let (state, stream) = match (b.free, passed.get(&b.stream.0)) {
+                            (false, _) => (BlockState::Live, Some(stream)),
+                            (true, Some(true)) => (BlockState::Free, None),
+                            (true, _) => (BlockState::FreeOnStream, Some(stream)),
+                        };
+                        SnapshotBlock {
+                            start: b.start,
+                            size: b.size as usize,
+                            state,
+                            stream,
+                            lent: !b.free && self.lent.contains(&b.start),
+                        }
+                    })
+                    .collect();
+                (chunk.base, size, blocks)
+            })
+            .collect()
     }
 
     /// The stream of the core's slot `slot`.

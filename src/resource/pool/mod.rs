@@ -10,17 +10,18 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
+use rustc_hash::FxHashMap;
 
 use self::core::{align_up, ALIGN};
-use self::level::{Level, Released};
+use self::level::{Level, Released, SnapshotBlock};
 pub use self::release::ReleasePolicy;
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::StreamId;
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{
-    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
-    SharedResource,
+    is_empty_request, Allocated, Availability, Block, DevicePtr, Fragmentation, MemoryResource,
+    MemorySnapshot, MemoryStats, Segment, SharedResource,
 };
 use crate::stream::Stream;
 
@@ -91,6 +92,43 @@ use crate::stream::Stream;
 /// several streams at once, grown from empty or not. A mix of sizes from several streams at
 /// once may leave pieces of one shard's sub-chunk that no other free memory joins; see the
 /// book's pool chapter.
+///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) (resource name `"pool"`, capacity the maximum)
+/// shows each chunk held from the upstream as a segment, tiled by its blocks: live ones with
+/// the stream they were allocated for, free ones [`Free`](crate::BlockState::Free) when any
+/// stream may use them without waiting (their stream has passed an event the pool recorded
+/// after the frees) or [`FreeOnStream`](crate::BlockState::FreeOnStream) on the stream that
+/// freed them (the pool records such events only when memory crosses streams, so a stream
+/// that frees and synchronizes still owns its free blocks). Blocks of different streams
+/// stay apart until a request needs them joined, so
+/// [`fragmentation`](MemoryResource::fragmentation) merges adjacent free blocks of any
+/// streams into one extent, as [`PoolStatistics::largest_free_block`] does: a wholly free
+/// pool reads as one block.
+///
+/// ```
+/// use streamalloc::{BlockState, CudaResource, Device, MemoryResource, PoolResource, Stream};
+///
+/// let device = Device::host();
+/// let (s, t) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 4 << 20, Some(4 << 20))?;
+/// let a = pool.try_allocate(2 << 20, &s)?;
+/// let b = pool.try_allocate(2 << 20, &t)?;
+/// unsafe { pool.deallocate(a, 2 << 20, &s) };
+/// unsafe { pool.deallocate(b, 2 << 20, &t) };
+/// let snap = pool.snapshot().unwrap();
+/// assert_eq!((snap.segments.len(), snap.reserved_bytes()), (1, 4 << 20));
+/// let states: Vec<_> = snap.blocks().map(|(_, b)| (b.state, b.stream)).collect();
+/// assert_eq!(states, [
+///     (BlockState::FreeOnStream, Some(t.id())),
+///     (BlockState::FreeOnStream, Some(s.id())),
+/// ]);
+/// let f = snap.fragmentation();
+/// assert_eq!(f.largest_free_block, 4 << 20); // one extent, after the frees' events
+/// assert_eq!(f.largest_free_for(s.id()), 2 << 20); // what `s` gets without waiting
+/// assert_eq!(pool.statistics().largest_free_block, 4 << 20);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 ///
 /// # Awaiting memory
 /// The pool has a wait queue ([`Availability`]): an awaited [`allocate`](MemoryResource::allocate)
@@ -195,7 +233,13 @@ pub struct PoolStatistics {
     pub pool_size: usize,
     /// Bytes free in the pool.
     pub free_bytes: usize,
-    /// The largest single free block.
+    /// The largest free block once the pool gathers the free memory of every stream: the
+    /// largest run of address-adjacent free blocks of one level, whichever streams freed
+    /// them. (The pool keeps blocks freed on different streams apart until a request needs
+    /// them joined; it then makes the requesting stream wait for the others' frees and
+    /// joins them. So a wholly free pool reads as one block, not as fragmentation.) Reading
+    /// it walks the blocks; [`MemoryResource::fragmentation`] tells what is usable now by
+    /// which stream.
     pub largest_free_block: usize,
     /// How many free blocks there are.
     pub free_blocks: usize,
@@ -213,6 +257,12 @@ fn check_size(what: &str, bytes: usize) -> Result<()> {
             "{what} ({bytes}) must be a multiple of {ALIGN} bytes"
         )))
     }
+}
+
+fn snapshot_block(b: SnapshotBlock) -> Block {
+    let mut block = Block::new(DevicePtr::from_raw(b.start), b.size, b.state);
+    block.stream = b.stream;
+    block
 }
 
 /// Pools that may hold less than this have no shards.
@@ -324,6 +374,11 @@ impl<R: MemoryResource> PoolResource<R> {
             let mut global = pool.inner.global.lock();
             pool.inner
                 .expand(&mut global, initial_size, initial_size, &home)?;
+            // The initial chunk is ordered on a stream of the pool's own that runs nothing
+            // else: its event, recorded now, has passed by the time anyone looks, so
+            // snapshots show the chunk free for every stream (and the first stream to take
+            // from it need not record one).
+            global.record_frees(&home)?;
         }
         Ok(pool)
     }
@@ -509,6 +564,20 @@ impl<R: MemoryResource> Inner<R> {
 
     /// [`PoolResource::statistics`].
     fn statistics(&self) -> PoolStatistics {
+        self.statistics_with(true)
+    }
+
+    /// [`statistics`](Self::statistics); with `extents`, `largest_free_block` is the largest
+    /// run of free blocks of any streams (O(blocks)), else only the largest of one stream's
+    /// (O(streams)), for callers that do not read it.
+    fn statistics_with(&self, extents: bool) -> PoolStatistics {
+        let largest = |core: &self::core::PoolCore| {
+            if extents {
+                core.largest_free_extent()
+            } else {
+                core.largest_free_block()
+            }
+        };
         // Every level at once, so that no sub-chunk moves while it is counted: the shards in
         // order, then the global level. (Nothing else holds two shards, and the global level is
         // only ever locked after a shard, so this cannot deadlock.)
@@ -519,27 +588,58 @@ impl<R: MemoryResource> Inner<R> {
         let mut stats = PoolStatistics {
             pool_size: global.chunk_bytes + large.chunk_bytes,
             free_bytes: core.free_bytes(),
-            largest_free_block: core.largest_free_block(),
+            largest_free_block: largest(core),
             free_blocks: core.free_block_count(),
             live_allocations: core.allocation_count(),
             upstream_chunks: core.chunk_count(),
         };
         let core = &large.core;
         stats.free_bytes += core.free_bytes();
-        stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
+        stats.largest_free_block = stats.largest_free_block.max(largest(core));
         stats.free_blocks += core.free_block_count();
         stats.live_allocations += core.allocation_count();
         stats.upstream_chunks += core.chunk_count();
         for shard in &shards {
             let core = &shard.level.core;
             stats.free_bytes += core.free_bytes();
-            stats.largest_free_block = stats.largest_free_block.max(core.largest_free_block());
+            stats.largest_free_block = stats.largest_free_block.max(largest(core));
             stats.free_blocks += core.free_block_count();
             // The shard's sub-chunks are allocations of the global level, not of the user.
             stats.live_allocations += core.allocation_count();
             stats.live_allocations -= core.chunk_count();
         }
         stats
+    }
+
+    /// [`MemoryResource::snapshot`]: every level's chunks, each a segment; a sub-chunk the
+    /// global level lent to a shard is described by the shard's blocks. Every level is locked
+    /// at once (in [`statistics`](Self::statistics)' order), so no sub-chunk moves while the
+    /// blocks are copied.
+    fn take_snapshot(&self) -> MemorySnapshot {
+        let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let global = self.global.lock();
+        let large = self.large.lock();
+        let mut lent: FxHashMap<u64, Vec<SnapshotBlock>> = FxHashMap::default();
+        for shard in &shards {
+            for (base, _, blocks) in shard.level.snapshot() {
+                lent.insert(base, blocks);
+            }
+        }
+        let mut snapshot = MemorySnapshot::new(self.device.id(), "pool");
+        snapshot.capacity = self.maximum;
+        for (base, bytes, blocks) in global.snapshot().into_iter().chain(large.snapshot()) {
+            let mut segment = Segment::new(DevicePtr::from_raw(base), bytes);
+            for b in blocks {
+                match lent.remove(&b.start).filter(|_| b.lent) {
+                    Some(sub) => segment.blocks.extend(sub.into_iter().map(snapshot_block)),
+                    None => segment.blocks.push(snapshot_block(b)),
+                }
+            }
+            snapshot.segments.push(segment);
+        }
+        drop((shards, global, large));
+        snapshot.sort();
+        snapshot
     }
 
     /// Takes at least `min_size` more bytes from the upstream, trying `try_size` first and
@@ -894,7 +994,8 @@ impl<R: MemoryResource> Inner<R> {
     /// largest free block of any level (the pool hands any of them to any stream, after a
     /// wait where it crosses streams), the free and reserved bytes, and, as pending frees,
     /// the free bytes of every other stream (usable by `stream` only in stream order after
-    /// that stream's frees). O(levels × streams): one lock per level, no scan of blocks.
+    /// that stream's frees). One lock per level; O(blocks) for the largest free block, on
+    /// this failure path only.
     fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
         Error::out_of_memory_with(requested, self.device.id(), self.details(stream))
             .never_fitting(self.capacity_limit())
@@ -926,7 +1027,10 @@ impl<R: MemoryResource> Inner<R> {
         let mut pending: Vec<(StreamId, usize)> = Vec::new();
         let mut count = |level: &Level| {
             free += level.core.free_bytes();
-            largest = largest.max(level.core.largest_free_block());
+            // Runs of free blocks of any streams: the pool joins them for a request (after
+            // waiting for their streams' frees), so one stream's largest block would
+            // understate what fits and read as fragmentation.
+            largest = largest.max(level.core.largest_free_extent());
             for (id, bytes) in level.free_by_stream() {
                 if id == stream.id() {
                     continue;
@@ -1086,7 +1190,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
     /// (A request that fails has first made the pool give back its wholly free chunks, so the
     /// upstream's outstanding memory is not only the pool's own free memory.)
     fn may_regain_memory(&self, bytes: usize) -> bool {
-        self.statistics().live_allocations > 0 || self.upstream.may_regain_memory(bytes)
+        self.statistics_with(false).live_allocations > 0 || self.upstream.may_regain_memory(bytes)
     }
 
     /// Reserved: the bytes held from the upstream; allocated: the live allocations, as the
@@ -1094,7 +1198,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
     ///
     /// [`StatisticsAdaptor`]: crate::StatisticsAdaptor
     fn memory_stats(&self) -> MemoryStats {
-        let stats = self.statistics();
+        let stats = self.statistics_with(false);
         self.upstream
             .memory_stats()
             .with_reserved(stats.pool_size, self.peak_reserved.load(Ordering::Relaxed))
@@ -1111,6 +1215,16 @@ impl<R: MemoryResource> Forward for Inner<R> {
             .store(self.held.load(Ordering::Relaxed), Ordering::Relaxed);
         drop(global);
         self.upstream.reset_peak();
+    }
+
+    /// The pool's chunks (see [`PoolResource::snapshot`]).
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(self.take_snapshot())
+    }
+
+    /// Read from the snapshot (its free extents merge the streams' free memory).
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        Some(self.take_snapshot().fragmentation())
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -617,3 +617,37 @@ fn the_newest_allocation_freed_twice_or_with_a_wrong_size_is_caught() {
         assert!(device.take_deferred_error().is_none());
     }
 }
+
+/// Issue 15: a wholly free 64 MiB pool whose blocks were freed on 4 streams read as a largest
+/// free block of 8 MiB (the largest block one stream owned), which looks like fragmentation
+/// although a 64 MiB request then succeeds. The statistics now say 64 MiB (the per-stream
+/// figure, `statistics_with(false)`, is what they said before).
+#[test]
+fn statistics_of_a_pool_freed_on_several_streams_read_one_block() {
+    let device = host();
+    let pool = PoolResource::new(
+        CudaResource::new(&device).unwrap(),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&device).unwrap()).collect();
+    let blocks: Vec<(DevicePtr, usize)> = (0..8)
+        .map(|i| (pool.try_allocate(8 * MIB, &streams[i % 4]).unwrap(), i % 4))
+        .collect();
+    for (p, i) in blocks {
+        free(&pool, p, 8 * MIB, &streams[i]);
+    }
+    assert_eq!(
+        pool.inner.statistics_with(false).largest_free_block,
+        8 * MIB
+    );
+    let stats = pool.statistics();
+    assert_eq!(
+        (stats.largest_free_block, stats.free_bytes),
+        (64 * MIB, 64 * MIB)
+    );
+    let t = Stream::new(&device).unwrap();
+    let p = pool.try_allocate(64 * MIB, &t).unwrap();
+    free(&pool, p, 64 * MIB, &t);
+}

@@ -3,7 +3,7 @@
 //! "Blocks" in the [core's documentation](super)).
 
 use super::classes::same_class;
-use super::PoolCore;
+use super::{PoolCore, StreamKey};
 
 /// The null slab index (also [`Block::stream`] of a vacant slot).
 pub(super) const NIL: u32 = u32::MAX;
@@ -21,9 +21,10 @@ pub(super) struct Block {
     /// [`USED`]); [`USED`] for an allocated block; [`NIL`] for a vacant slab slot.
     pub(super) stream: u32,
     /// Free blocks: the previous block of the same class list ([`NIL`] at the head).
+    /// Allocated blocks: the low half of the key of the stream they were allocated for.
     pub(super) prev: u32,
     /// Free blocks: the next block of the same class list ([`NIL`] at the tail). Vacant
-    /// slots: the next vacant slot.
+    /// slots: the next vacant slot. Allocated blocks: the high half of that key.
     pub(super) next: u32,
     /// The block just below in the same chunk ([`NIL`] for the chunk's first block):
     /// `blocks[prev_phys].start + blocks[prev_phys].size == start`.
@@ -44,6 +45,22 @@ impl Block {
 
     pub(super) fn is_free(&self) -> bool {
         self.stream < USED
+    }
+
+    /// Allocated blocks: notes the stream the block was allocated for, in its class-list
+    /// links (unused while it is allocated; [`link`](PoolCore::link) sets them when it is
+    /// freed).
+    #[inline]
+    pub(super) fn set_allocated_for(&mut self, stream: StreamKey) {
+        debug_assert_eq!(self.stream, USED);
+        self.prev = stream.0 as u32;
+        self.next = (stream.0 >> 32) as u32;
+    }
+
+    /// Allocated blocks: the stream they were allocated for.
+    pub(super) fn allocated_for(&self) -> StreamKey {
+        debug_assert_eq!(self.stream, USED);
+        StreamKey(u64::from(self.prev) | u64::from(self.next) << 32)
     }
 }
 
