@@ -305,12 +305,21 @@ pub fn binning_over_a_pool(device: Device) {
         Some(under) => {
             assert_eq!(snap.reserved_bytes(), under.reserved_bytes());
             assert!(live(&snap).contains_key(&large.addr()));
+            // The bins' chunks, nested where the pool has them live.
+            let chunks: Vec<_> = snap.segments.iter().filter(|s| !s.coalesces).collect();
+            assert_eq!(chunks.iter().map(|s| s.bytes).sum::<usize>(), bins);
+            assert_eq!(snap.live_bytes(), 4 * KIB + under_live(&under, large));
         }
         None => assert_eq!(snap.reserved_bytes(), bins),
     }
     assert!(live(&snap).contains_key(&small.addr()));
     free(&mr, small, 100, &s);
     free(&mr, large, MIB, &s);
+}
+
+/// The bytes of `under`'s live block at `p`.
+fn under_live(under: &MemorySnapshot, p: DevicePtr) -> usize {
+    live(under)[&p.addr()].0
 }
 
 /// An adaptor passes the resource's snapshot through unchanged.
