@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::{Allocated, MemoryStats};
+use crate::resource::{Allocated, Fragmentation, MemorySnapshot, MemoryStats};
 use crate::resource::{Availability, DevicePtr, FixedSizeResource, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
@@ -37,6 +37,30 @@ const BIN_BLOCKS: usize = 128;
 /// routed to a bin while the bin has blocks in use, one routed to the upstream as the upstream
 /// would let it wait. Over plain device memory (which makes nobody wait) a refused large
 /// request fails at once, as it would on the upstream itself.
+///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) is the upstream's snapshot with the bins' in it,
+/// each byte once: a bin's chunk is a live block of the upstream (when the bin takes its
+/// memory there), so the bin's segment (blocks that never join) takes the place of that
+/// block, and the upstream's segment is cut around it. Bins over another resource show their
+/// own segments beside the upstream's. Over an upstream without a snapshot (plain device
+/// memory) it shows the bins alone: the large requests served there are not in it.
+///
+/// ```
+/// use streamalloc::{ArenaResource, BinningResource, CudaResource, Device, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let arena = ArenaResource::new(CudaResource::new(&device)?, Some(16 << 20))?;
+/// let mr = BinningResource::with_range(arena.clone(), 12, 14)?; // 4, 8 and 16 KiB bins
+/// let p = mr.try_allocate(3000, &stream)?;
+/// let snap = mr.snapshot().unwrap();
+/// assert_eq!(snap.reserved_bytes(), 16 << 20); // the arena's memory, each byte once
+/// assert_eq!(snap.segments.iter().filter(|s| !s.coalesces).count(), 3); // the bins' chunks
+/// assert_eq!(snap.live_bytes(), 4096); // the request's block, not the chunks
+/// unsafe { mr.deallocate(p, 3000, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 ///
 /// # Examples
 ///
@@ -265,6 +289,28 @@ impl<R: MemoryResource + Clone> Forward for Inner<R> {
         })
     }
 
+    /// See [`BinningResource`]'s section on snapshots. The bins are read before the upstream,
+    /// so that every bin chunk they show is already in the upstream's picture (chunks go back
+    /// only when a bin is dropped).
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        let bins: Vec<MemorySnapshot> = self
+            .bins
+            .iter()
+            .filter_map(|b| b.resource.resource().snapshot())
+            .collect();
+        let upstream = self.upstream.snapshot();
+        if bins.is_empty() && upstream.is_none() {
+            return None;
+        }
+        let device = self.upstream.properties().device;
+        let segments = bins.into_iter().flat_map(|s| s.segments).collect();
+        Some(snapshot::nest(device, upstream, segments))
+    }
+
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        self.snapshot().map(|s| s.fragmentation())
+    }
+
     /// As the bin or the upstream that serves `bytes`.
     fn may_regain_memory(&self, bytes: usize) -> bool {
         match self.bin(bytes) {
@@ -283,5 +329,6 @@ impl<R: MemoryResource + Clone> fmt::Debug for BinningResource<R> {
     }
 }
 
+mod snapshot;
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,8 @@ use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::FreeOrder;
 use crate::resource::{
-    align_up, is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
+    align_up, is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr,
+    Fragmentation, FreeExtentBucket, MemoryResource, MemorySnapshot, MemoryStats, Segment,
     SharedResource,
 };
 use crate::stream::Stream;
@@ -47,6 +48,35 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// upstream refuses to grow it, an awaited [`allocate`](MemoryResource::allocate) waits for a
 /// free. Requests larger than the block size fail at once
 /// ([`capacity_limit`](MemoryResource::capacity_limit) is the block size).
+///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) shows one [`Segment`](crate::Segment) per chunk
+/// taken from the upstream, whose blocks never join
+/// ([`coalesces`](crate::Segment::coalesces) is `false`, so the largest free extent is one
+/// block). Each block is [`Live`](crate::BlockState::Live) (with no stream: the resource does
+/// not keep it) or [`FreeOnStream`](crate::BlockState::FreeOnStream) on the stream whose free
+/// list holds it: the stream that freed it, that a new chunk was taken on, or that took it
+/// over from another list. That stream reuses it at once, another after waiting for an event
+/// of it. [`fragmentation`](MemoryResource::fragmentation) is read from the counts alone.
+///
+/// ```
+/// use streamalloc::{BlockState, CudaResource, Device, FixedSizeResource, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = FixedSizeResource::new(CudaResource::new(&device)?, 64 << 10, 4)?;
+/// let p = mr.try_allocate(1000, &stream)?;
+/// let q = mr.try_allocate(1000, &stream)?;
+/// unsafe { mr.deallocate(p, 1000, &stream) };
+/// let snap = mr.snapshot().unwrap();
+/// assert_eq!((snap.segments.len(), snap.segments[0].coalesces), (1, false));
+/// let (_, block) = snap.blocks().find(|(_, b)| b.address == p).unwrap();
+/// assert_eq!((block.state, block.stream), (BlockState::FreeOnStream, Some(stream.id())));
+/// let f = mr.fragmentation().unwrap();
+/// assert_eq!((f.free_bytes(), f.largest_free_block), (3 << 16, 64 << 10));
+/// unsafe { mr.deallocate(q, 1000, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] from the constructors for a block size or count of 0 or a chunk
@@ -317,6 +347,68 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 peak: None,
                 allocations: Some(live),
             })
+    }
+
+    /// One segment per chunk taken from the upstream, whose blocks never join
+    /// ([`Segment::coalesces`] is `false`): each block is [`Live`](BlockState::Live) (its
+    /// stream is not kept) or [`FreeOnStream`](BlockState::FreeOnStream) on the stream whose
+    /// free list holds it — the stream that freed it, or that a fresh chunk was taken for, or
+    /// that took it over from another stream's list. That stream reuses it at once; another
+    /// takes it (with half of that list) only after waiting for an event of that stream.
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        let layout = self.state.lock().layout();
+        let mut snap = MemorySnapshot::new(self.device.id(), "fixed-size");
+        let size = self.block_size;
+        for (base, uses) in layout {
+            let base = DevicePtr::from_raw(base);
+            let mut segment = Segment::new(base, size * uses.len());
+            segment.coalesces = false;
+            segment.blocks = uses
+                .into_iter()
+                .enumerate()
+                .map(|(i, stream)| {
+                    let at = base.offset(i * size);
+                    match stream {
+                        None => Block::new(at, size, BlockState::Live),
+                        Some(s) => Block::new(at, size, BlockState::FreeOnStream).on_stream(s),
+                    }
+                })
+                .collect();
+            snap.segments.push(segment);
+        }
+        Some(snap)
+    }
+
+    /// The figures of [`snapshot`](Forward::snapshot), from the counts alone (no block list):
+    /// every free extent is one block.
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        let (chunks, live, free_by_stream) = {
+            let state = self.state.lock();
+            (state.chunk_count(), state.live(), state.free_by_stream())
+        };
+        let size = self.block_size;
+        let free_blocks: usize = free_by_stream.iter().map(|&(_, n)| n).sum();
+        let mut f = Fragmentation {
+            reserved_bytes: chunks * self.blocks_per_chunk * size,
+            live_bytes: live * size,
+            free_on_stream: free_by_stream.iter().map(|&(s, n)| (s, n * size)).collect(),
+            live_by_stream: if live > 0 {
+                vec![(None, live * size)]
+            } else {
+                Vec::new()
+            },
+            largest_free_by_stream: free_by_stream.iter().map(|&(s, _)| (s, size)).collect(),
+            ..Fragmentation::default()
+        };
+        if free_blocks > 0 {
+            f.largest_free_block = size;
+            f.free_extents = vec![FreeExtentBucket {
+                min_bytes: 1 << (usize::BITS - 1 - size.leading_zeros()),
+                count: free_blocks,
+                bytes: free_blocks * size,
+            }];
+        }
+        Some(f)
     }
 
     /// While a block is in use, a free brings one back; else only the upstream could give the

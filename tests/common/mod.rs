@@ -15,6 +15,7 @@ pub mod multi_device_suite;
 pub mod pool_suite;
 pub mod pressure_suite;
 mod rng;
+pub mod snapshot_arena_suite;
 pub mod snapshot_pool_suite;
 pub mod stress;
 pub mod suite;

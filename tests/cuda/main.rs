@@ -257,3 +257,4 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 arena_suite!(arenas, gpu(), #[ignore = "needs a CUDA device"]);
+snapshot_arena_suite!(snapshot_arena, gpu(), #[ignore = "needs a CUDA device"]);

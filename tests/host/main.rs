@@ -154,6 +154,7 @@ resource_suite!(arena_over_cuda_resource, host(), |d| {
     Arc::new(ArenaResource::new(CudaResource::new(d).unwrap(), None).unwrap())
 });
 arena_suite!(arenas, host());
+snapshot_arena_suite!(snapshot_arena, host());
 
 deferred_suite!(cuda_resource_errors, host(), |d| Arc::new(
     CudaResource::new(d).unwrap()

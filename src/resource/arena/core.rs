@@ -44,7 +44,7 @@ mod tree;
 pub(crate) use self::global::{GlobalArena, Use};
 #[cfg(test)]
 use self::stream::Released;
-pub(crate) use self::stream::StreamArena;
+pub(crate) use self::stream::{Piece, StreamArena};
 pub(crate) use crate::resource::size::{
     align_to_size_class, align_up, largest_size_class_within, ALIGN,
 };

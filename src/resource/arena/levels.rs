@@ -234,7 +234,7 @@ impl<R: MemoryResource> Inner<R> {
             if let Some(c) = global.find_below(Use::Superblock, 0, limit) {
                 let me = state.record.as_ref().expect("a live arena has a stream");
                 self.counters.wait_fences(me, global.fences(&c))?;
-                global.take(c);
+                global.take(c, 0);
                 drop(global);
                 let (base, bytes) = (self.page_addr(c.start), c.pages * PAGE_SIZE as u64);
                 self.set_owner(base, bytes, slot);
@@ -278,9 +278,13 @@ impl<R: MemoryResource> Inner<R> {
                 self.reclaim(&mut state)?;
             }
             if let Some(p) = state.core.allocate(size) {
+                let home = record.stream_id();
                 if let Err(e) = self.counters.wait_fences(&me, &[Fence(record)]) {
                     state.core.free(p, size);
                     return Err(e);
+                }
+                if home != stream.id() {
+                    state.core.mark_borrowed(p, Fence(me));
                 }
                 return Ok(Some(p));
             }
@@ -302,7 +306,7 @@ impl<R: MemoryResource> Inner<R> {
                 let mut global = self.global.lock();
                 if let Some(c) = global.find(Use::Large, pages) {
                     self.counters.wait_fences(&me, global.fences(&c))?;
-                    global.take(c);
+                    global.take(c, stream.id().0);
                     return Ok(DevicePtr::from_raw(self.page_addr(c.start)));
                 }
             }

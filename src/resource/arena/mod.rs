@@ -11,6 +11,7 @@ mod extents;
 mod levels;
 mod lookup;
 mod slots;
+mod snapshot;
 mod stats;
 
 use std::fmt;
@@ -33,8 +34,8 @@ use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::stream_order::{Fence, OrderCounters};
 use crate::resource::{
-    is_empty_request, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats,
-    SharedResource,
+    is_empty_request, Allocated, Availability, DevicePtr, Fragmentation, MemoryResource,
+    MemorySnapshot, MemoryStats, SharedResource,
 };
 use crate::stream::Stream;
 
@@ -91,6 +92,56 @@ use crate::stream::Stream;
 /// The resource has a wait queue ([`Availability`]): an awaited
 /// [`allocate`](MemoryResource::allocate) that finds the arena exhausted waits for a free.
 /// Requests larger than the arena fail at once ([`capacity_limit`](MemoryResource::capacity_limit)).
+///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) shows the arena's extents (what it holds from the
+/// upstream), each cut at the edges of every superblock that holds a live block: such a
+/// superblock is a [`Segment`](crate::Segment) of its own, on its arena's stream, since free
+/// memory never joins across its edges while it stays in that arena. Every byte is in one
+/// block:
+/// - [`Live`](crate::BlockState::Live): on the stream it was allocated on (a block borrowed
+///   from another stream's arena, on the borrower's).
+/// - [`Free`](crate::BlockState::Free): a free range of the global arena, usable by a request
+///   on any stream (which first waits, without blocking the host, for the streams that freed
+///   into it).
+/// - [`FreeOnStream`](crate::BlockState::FreeOnStream): a free block of a stream arena, on that
+///   arena's stream, which reuses it at once. This includes the blocks other streams freed
+///   into that arena ([`ArenaStatistics::pending_bytes`]): the arena's stream reclaims them,
+///   after waiting for the freeing stream, when it needs them. Another stream gets them only
+///   on exhaustion, after an event of the arena's stream: a wholly free superblock goes back
+///   to the global arena, where it joins its free neighbours; a block of a superblock in use
+///   may be borrowed as the last resort.
+///
+/// No block is [`Pending`](crate::BlockState::Pending). So a wholly free arena reads as one
+/// free extent of its size whichever streams freed it, as a request of that size gets it
+/// ([`Fragmentation::largest_free_block`](crate::Fragmentation::largest_free_block)). Two
+/// limits the figures do not show: a superblock that holds live blocks serves requests of up
+/// to 1 MiB only (larger ones come from the global arena), and a free range of the global
+/// arena below 1 MiB serves no request until a neighbour joins it.
+/// [`capacity`](crate::MemorySnapshot::capacity) is the arena's size, or a growing arena's
+/// maximum. A snapshot takes every stream arena's lock and the global arena's at once, for as
+/// long as it copies their blocks.
+///
+/// ```
+/// use streamalloc::{ArenaResource, BlockState, CudaResource, Device, MemoryResource, Stream};
+///
+/// let device = Device::host();
+/// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let arena = ArenaResource::new(CudaResource::new(&device)?, Some(4 << 20))?;
+/// let p = arena.try_allocate(1000, &a)?; // from `a`'s arena, in a superblock of its own
+/// let snap = arena.snapshot().unwrap();
+/// assert_eq!((snap.resource.as_str(), snap.reserved_bytes()), ("arena", 4 << 20));
+/// let (_, block) = snap.blocks().find(|(_, blk)| blk.address == p).unwrap();
+/// assert_eq!((block.state, block.bytes, block.stream), (BlockState::Live, 1024, Some(a.id())));
+///
+/// b.wait(&a.record()?)?;
+/// unsafe { arena.deallocate(p, 1000, &b) }; // freed on `b`: `a` reclaims it when it needs it
+/// let f = arena.fragmentation().unwrap();
+/// assert_eq!(f.largest_free_block, 4 << 20); // one extent, whichever streams freed it
+/// assert_eq!(f.largest_free_now, 3 << 20); // any stream, now: the global arena's
+/// assert_eq!(f.largest_free_for(a.id()), 4 << 20);
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] from construction when the arena would be smaller than one
@@ -443,6 +494,15 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 peak: None,
                 allocations: Some(stats.live_allocations),
             })
+    }
+
+    /// See [`ArenaResource`]'s section on snapshots.
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(self.take_snapshot())
+    }
+
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        Some(self.take_snapshot().fragmentation())
     }
 
     /// Only a live allocation or a pending free can bring memory back (a growing arena that

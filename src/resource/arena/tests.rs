@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::device::Device;
 use crate::device::HostConfig;
-use crate::resource::CudaResource;
+use crate::resource::{BlockState, CudaResource};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -592,6 +592,14 @@ fn run_resource_ops(ops: Vec<Op>) {
                         global.largest_free_pages()
                     );
                     drop(global);
+                    // The snapshot agrees: outside the superblocks that hold live blocks
+                    // (which serve small requests only), no free extent holds a large one.
+                    if size > SUPERBLOCK_SIZE {
+                        let mut snap = mr.snapshot().unwrap();
+                        snap.segments.retain(|s| s.stream.is_none());
+                        let f = snap.fragmentation();
+                        assert!(f.largest_free_block < size, "{bytes} failed, but {f}");
+                    }
                     // ...and, for a small one, no stream arena has a free block for it.
                     if size <= SUPERBLOCK_SIZE {
                         mr.inner.for_each_arena(|_, core| {
@@ -620,6 +628,7 @@ fn run_resource_ops(ops: Vec<Op>) {
         );
         mr.inner.for_each_arena(|_, core| core.check_invariants());
         mr.inner.global.lock().check_invariants();
+        check_snapshot(&mr, &live, SIZE);
     }
     for (p, (bytes, _)) in live {
         free(&mr, DevicePtr::from_raw(p), bytes, &streams[0]);
@@ -627,6 +636,102 @@ fn run_resource_ops(ops: Vec<Op>) {
     mr.defragment();
     let stats = assert_accounted(&mr);
     assert_eq!(stats.free_bytes + stats.pending_bytes, SIZE);
+}
+
+/// The snapshot tiles the arena with blocks, its live blocks are `live` (start → (requested,
+/// charged)), and its free bytes are the arena's free and pending ones.
+fn check_snapshot(
+    mr: &ArenaResource<CudaResource>,
+    live: &BTreeMap<u64, (usize, usize)>,
+    size: usize,
+) {
+    let snap = mr.snapshot().unwrap();
+    assert_eq!(snap.reserved_bytes(), size);
+    let mut at = None;
+    for segment in &snap.segments {
+        let mut next = segment.address.addr();
+        if let Some(end) = at {
+            assert_eq!(
+                next, end,
+                "segments of the one extent do not follow each other"
+            );
+        }
+        for b in &segment.blocks {
+            assert_eq!(b.address.addr(), next, "gap or overlap in {segment:?}");
+            next = b.end();
+        }
+        assert_eq!(next, segment.address.addr() + segment.bytes as u64);
+        at = Some(next);
+    }
+    let seen: BTreeMap<u64, usize> = snap
+        .blocks()
+        .filter(|(_, b)| b.state == BlockState::Live)
+        .map(|(_, b)| (b.address.addr(), b.bytes))
+        .collect();
+    let want: BTreeMap<u64, usize> = live.iter().map(|(&p, &(_, n))| (p, n)).collect();
+    assert_eq!(seen, want);
+    let stats = mr.statistics();
+    let f = snap.fragmentation();
+    assert_eq!(f.free_bytes(), stats.free_bytes + stats.pending_bytes);
+    assert_eq!(f.live_bytes, stats.live_bytes);
+}
+
+/// A block another stream borrowed from an exhausted arena reads as live on the borrower's
+/// stream, though it lies in the lender's superblock (failed before borrowed blocks were
+/// noted: it read as the lender's).
+#[test]
+fn a_borrowed_block_reads_as_the_borrowers() {
+    let d = device();
+    let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mr = arena(&d, MIB); // one superblock: `a`'s arena takes it
+    let p = mr.try_allocate(KIB, &a).unwrap();
+    let q = mr.try_allocate(KIB, &b).unwrap(); // borrowed from `a`'s arena
+    let snap = mr.snapshot().unwrap();
+    let stream_of = |x: DevicePtr| {
+        snap.blocks()
+            .find(|(_, blk)| blk.address == x)
+            .map(|(_, blk)| (blk.state, blk.stream))
+            .unwrap()
+    };
+    assert_eq!(stream_of(p), (BlockState::Live, Some(a.id())));
+    assert_eq!(stream_of(q), (BlockState::Live, Some(b.id())));
+    assert_eq!(snap.segments.len(), 1);
+    assert_eq!(snap.segments[0].stream, Some(a.id()));
+    free(&mr, q, KIB, &b);
+    free(&mr, p, KIB, &a);
+    let snap = mr.snapshot().unwrap();
+    // Both free now, in `a`'s arena (`b`'s free is reclaimed by `a` when it needs it).
+    assert!(snap
+        .blocks()
+        .all(|(_, blk)| blk.state == BlockState::FreeOnStream && blk.stream == Some(a.id())));
+    assert_eq!(snap.fragmentation().largest_free_block, MIB);
+}
+
+/// A growing arena: one segment per extent taken (none before the first request), and its
+/// capacity is its maximum.
+#[test]
+fn a_growing_arenas_snapshot_follows_its_extents() {
+    let d = device();
+    let s = Stream::new(&d).unwrap();
+    let config = ArenaConfig::default().maximum_size(64 * MIB);
+    let mr = ArenaResource::with_config(CudaResource::new(&d).unwrap(), config).unwrap();
+    let snap = mr.snapshot().unwrap();
+    assert_eq!((snap.segments.len(), snap.capacity), (0, Some(64 * MIB)));
+    let small = mr.try_allocate(KIB, &s).unwrap();
+    let large = mr.try_allocate(8 * MIB, &s).unwrap();
+    let snap = mr.snapshot().unwrap();
+    assert_eq!(snap.reserved_bytes(), mr.arena_size());
+    let live: Vec<_> = snap
+        .blocks()
+        .filter(|(_, b)| b.state == BlockState::Live)
+        .map(|(_, b)| (b.address, b.bytes))
+        .collect();
+    assert_eq!(live.len(), 2);
+    assert!(live.contains(&(small, KIB)) && live.contains(&(large, 8 * MIB)));
+    free(&mr, large, 8 * MIB, &s);
+    free(&mr, small, KIB, &s);
+    mr.trim();
+    assert_eq!(mr.snapshot().unwrap().reserved_bytes(), 0);
 }
 
 proptest! {

@@ -298,3 +298,92 @@ fn a_bins_out_of_memory_keeps_its_details() {
         free(&mr, p, 256 * KIB, &s);
     }
 }
+
+/// The bins' segments take the place of the parts of the upstream's live blocks they cover;
+/// what they leave stays live, the upstream's segment is cut around them, a bin segment in no
+/// live block is added as it is, and no byte is counted twice.
+#[test]
+fn bin_segments_nest_into_the_upstreams_live_blocks() {
+    use crate::{Block, BlockState, MemorySnapshot, Segment, StreamId};
+    let at = DevicePtr::from_raw;
+    let block = |a: u64, n: usize, state| Block::new(at(a), n, state);
+    let mut up = MemorySnapshot::new(host().id(), "pool");
+    let mut seg = Segment::new(at(0x10000), 0x10000);
+    seg.stream = Some(StreamId(7));
+    seg.blocks = vec![
+        block(0x10000, 0x1000, BlockState::Free),
+        block(0x11000, 0x4000, BlockState::Live).on_stream(StreamId(1)),
+        block(0x15000, 0xb000, BlockState::Free),
+    ];
+    up.segments.push(seg);
+    up.capacity = Some(1 << 20);
+    let bin = |a: u64, n: usize| {
+        let mut s = Segment::new(at(a), n);
+        s.coalesces = false;
+        s.blocks = vec![block(a, n, BlockState::Live)];
+        s
+    };
+    let bins = vec![
+        bin(0x13800, 0x1000),
+        bin(0x40000, 0x1000),
+        bin(0x11000, 0x2000),
+    ];
+    let snap = super::snapshot::nest(host().id(), Some(up), bins);
+    type Layout = (u64, usize, bool, Vec<(u64, usize, BlockState)>);
+    let layout: Vec<Layout> = snap
+        .segments
+        .iter()
+        .map(|s| {
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|b| (b.address.addr(), b.bytes, b.state))
+                .collect();
+            (s.address.addr(), s.bytes, s.coalesces, blocks)
+        })
+        .collect();
+    use BlockState::{Free, Live};
+    assert_eq!(
+        layout,
+        vec![
+            (0x10000, 0x1000, true, vec![(0x10000, 0x1000, Free)]),
+            (0x11000, 0x2000, false, vec![(0x11000, 0x2000, Live)]),
+            (0x13000, 0x800, true, vec![(0x13000, 0x800, Live)]),
+            (0x13800, 0x1000, false, vec![(0x13800, 0x1000, Live)]),
+            (
+                0x14800,
+                0xb800,
+                true,
+                vec![(0x14800, 0x800, Live), (0x15000, 0xb000, Free)]
+            ),
+            (0x40000, 0x1000, false, vec![(0x40000, 0x1000, Live)]),
+        ]
+    );
+    assert_eq!(snap.reserved_bytes(), 0x11000);
+    assert_eq!(
+        (snap.resource.as_str(), snap.capacity),
+        ("binning", Some(1 << 20))
+    );
+    // The upstream's pieces keep its stream, the live remainders theirs.
+    assert!(snap
+        .segments
+        .iter()
+        .filter(|s| s.coalesces)
+        .all(|s| s.stream == Some(StreamId(7))));
+    assert_eq!(snap.segments[2].blocks[0].stream, Some(StreamId(1)));
+}
+
+/// Binning over an upstream without a snapshot shows the bins alone; with no bins either, it
+/// has none.
+#[test]
+fn binning_over_plain_memory_shows_its_bins() {
+    let device = host();
+    let up = CudaResource::new(&device).unwrap();
+    assert!(BinningResource::new(up.clone()).snapshot().is_none());
+    let mr = BinningResource::with_range(up, 10, 11).unwrap();
+    let snap = mr.snapshot().unwrap();
+    assert_eq!(snap.segments.len(), 2);
+    assert_eq!(snap.reserved_bytes(), 128 * (1 + 2) * KIB);
+    assert!(snap.segments.iter().all(|s| !s.coalesces));
+    assert_eq!(mr.fragmentation().unwrap(), snap.fragmentation());
+}

@@ -267,6 +267,48 @@ impl<O> FixedSizeCore<O> {
         self.free_blocks
     }
 
+    /// Every chunk's base, in address order, with each of its blocks' use, in address order:
+    /// `None` for a block in use, `Some(stream)` for a block on `stream`'s free list.
+    pub(crate) fn layout(&self) -> Vec<(u64, Vec<Option<StreamId>>)> {
+        let on_list: FxHashMap<u64, StreamId> = self
+            .lists
+            .iter()
+            .flatten()
+            .flat_map(|l| l.blocks.iter().map(move |&b| (b, l.stream)))
+            .collect();
+        let size = self.geometry.block_size;
+        self.chunks
+            .iter()
+            .map(|c| {
+                let uses = (0..self.blocks_per_chunk)
+                    .map(|i| {
+                        if c.in_use[i / 64] & (1 << (i % 64)) != 0 {
+                            None
+                        } else {
+                            let stream = on_list.get(&(c.base + i as u64 * size));
+                            debug_assert!(stream.is_some(), "a free block on no list");
+                            stream.copied()
+                        }
+                    })
+                    .collect();
+                (c.base, uses)
+            })
+            .collect()
+    }
+
+    /// Each stream's free blocks, by stream, lists without blocks left out.
+    pub(crate) fn free_by_stream(&self) -> Vec<(StreamId, usize)> {
+        let mut out: Vec<(StreamId, usize)> = self
+            .lists
+            .iter()
+            .flatten()
+            .filter(|l| !l.blocks.is_empty())
+            .map(|l| (l.stream, l.blocks.len()))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// How many chunks the core holds.
     pub(crate) fn chunk_count(&self) -> usize {
         self.chunks.len()

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::FixedSizeResource;
 use crate::test_support::{device as host, free, reached, when};
-use crate::{CudaResource, DevicePtr, Error, LimitingAdaptor, MemoryResource, Stream};
+use crate::{BlockState, CudaResource, DevicePtr, Error, LimitingAdaptor, MemoryResource, Stream};
 
 const KIB: usize = 1 << 10;
 
@@ -275,6 +275,20 @@ proptest! {
                 }
             }
             prop_assert_eq!(mr.free_blocks() + live.len(), mr.total_blocks());
+            // The snapshot: its live blocks are the model's, and the figures read from the
+            // counts are the snapshot's.
+            let snap = mr.snapshot().unwrap();
+            let mut seen: Vec<u64> = snap
+                .blocks()
+                .filter(|(_, b)| b.state == BlockState::Live)
+                .map(|(_, b)| b.address.addr())
+                .collect();
+            let mut want: Vec<u64> = live.iter().filter(|(p, _)| !p.is_null()).map(|(p, _)| p.addr()).collect();
+            seen.sort_unstable();
+            want.sort_unstable();
+            prop_assert_eq!(seen, want);
+            prop_assert_eq!(snap.reserved_bytes(), mr.total_blocks() * KIB);
+            prop_assert_eq!(mr.fragmentation().unwrap(), snap.fragmentation());
         }
         for (p, size) in live {
             free(&mr, p, size, &streams[0]);

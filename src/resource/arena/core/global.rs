@@ -36,8 +36,9 @@ pub(crate) struct GlobalArena<F> {
     end: u64,
     /// Free page ranges, coalesced: no two are adjacent.
     free: FitTree<Vec<F>>,
-    /// First page → pages, of every large block handed out.
-    large: FxHashMap<u64, u64>,
+    /// First page → (pages, the caller's tag: the wrapper's allocating stream), of every large
+    /// block handed out.
+    large: FxHashMap<u64, (u64, u64)>,
     free_pages: u64,
     large_pages: u64,
     /// Pages lent to stream arenas as superblocks.
@@ -173,9 +174,10 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         self.free.value(c.pos)
     }
 
-    /// Hands out the pages of `c`, found by [`find`](Self::find) with no change since. The
-    /// rest of the range keeps its fences.
-    pub(crate) fn take(&mut self, c: Candidate) {
+    /// Hands out the pages of `c`, found by [`find`](Self::find) with no change since, a large
+    /// block with `tag` (kept for [`large_blocks`](Self::large_blocks)). The rest of the range
+    /// keeps its fences.
+    pub(crate) fn take(&mut self, c: Candidate, tag: u64) {
         let (start, size) = self.free.entry(c.pos);
         debug_assert_eq!(start, c.start, "stale candidate");
         if size == c.pages {
@@ -187,7 +189,7 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
         match c.what {
             Use::Superblock => self.lent_pages += c.pages,
             Use::Large => {
-                self.large.insert(c.start, c.pages);
+                self.large.insert(c.start, (c.pages, tag));
                 self.large_pages += c.pages;
             }
         }
@@ -195,7 +197,7 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
 
     /// Whether a large block of `pages` pages starts at page `start`.
     pub(crate) fn is_large(&self, start: u64, pages: u64) -> bool {
-        self.large.get(&start) == Some(&pages)
+        self.large.get(&start).is_some_and(|&(n, _)| n == pages)
     }
 
     /// Takes back the large block at page `start`, freed behind `fence`.
@@ -203,7 +205,7 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
     /// # Panics
     /// When no large block starts there or it has another number of pages.
     pub(crate) fn free_large(&mut self, start: u64, pages: u64, fence: F) {
-        let allocated = self.large.remove(&start).unwrap_or_else(|| {
+        let (allocated, _) = self.large.remove(&start).unwrap_or_else(|| {
             panic!("page {start} does not start a large block of this arena (double free?)")
         });
         assert_eq!(
@@ -252,6 +254,11 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
     /// The longest free range, in pages. O(1).
     pub(crate) fn largest_free_pages(&self) -> u64 {
         self.free.max_size()
+    }
+
+    /// The large blocks as `(first page, pages, tag)`, in no order.
+    pub(crate) fn large_blocks(&self) -> Vec<(u64, u64, u64)> {
+        self.large.iter().map(|(&s, &(n, t))| (s, n, t)).collect()
     }
 
     /// The free ranges as `(first page, pages, fences)`, in address order.
@@ -326,9 +333,9 @@ impl<F: Clone + PartialEq> GlobalArena<F> {
             pieces.insert(start, pages);
         }
         assert_eq!(total, self.free_pages, "free pages");
-        let large: u64 = self.large.values().sum();
+        let large: u64 = self.large.values().map(|&(n, _)| n).sum();
         assert_eq!(large, self.large_pages, "large pages");
-        for (&start, &pages) in &self.large {
+        for (&start, &(pages, _)) in &self.large {
             assert!(
                 pieces.insert(start, pages).is_none(),
                 "large block at free page {start}"

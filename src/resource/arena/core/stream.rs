@@ -24,6 +24,17 @@ struct Pending<F> {
     fence: F,
 }
 
+/// What a block of a [`StreamArena`] is ([`StreamArena::pieces`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Piece<F> {
+    /// Free, reusable by the arena's stream.
+    Free,
+    /// Allocated: by the arena's stream, or (`Some`) borrowed by the stream of that fence.
+    Live(Option<F>),
+    /// Freed behind the fence of another stream.
+    Pending(F),
+}
+
 /// One stream's arena: superblocks lent by the global arena, cut into blocks by
 /// address-ordered first fit. See the [core's documentation](super).
 pub(crate) struct StreamArena<F> {
@@ -36,6 +47,10 @@ pub(crate) struct StreamArena<F> {
     superblocks: FxHashMap<u64, u64>,
     /// Blocks freed on other streams.
     pending: Vec<Pending<F>>,
+    /// Start → the fence of the stream that borrowed it, of every live block another stream
+    /// borrowed (so that a picture of the arena names the stream it was allocated on). Empty
+    /// but for the last resort of an exhausted arena.
+    borrowed: FxHashMap<u64, F>,
     superblock_bytes: u64,
     free_bytes: u64,
     live_bytes: u64,
@@ -49,6 +64,7 @@ impl<F> Default for StreamArena<F> {
             live: FxHashMap::default(),
             superblocks: FxHashMap::default(),
             pending: Vec::new(),
+            borrowed: FxHashMap::default(),
             superblock_bytes: 0,
             free_bytes: 0,
             live_bytes: 0,
@@ -206,6 +222,46 @@ impl<F: Clone + PartialEq> StreamArena<F> {
         released
     }
 
+    /// Notes that the live block at `addr` was borrowed by the stream of `fence`.
+    pub(crate) fn mark_borrowed(&mut self, addr: u64, fence: F) {
+        debug_assert!(self.live.contains_key(&addr), "{addr:#x} is not live");
+        self.borrowed.insert(addr, fence);
+    }
+
+    /// The superblocks as `(base, size, holds a live block)`, in address order.
+    pub(crate) fn superblock_uses(&self) -> Vec<(u64, u64, bool)> {
+        let mut out: Vec<(u64, u64, bool)> = self
+            .superblocks
+            .iter()
+            .map(|(&b, &s)| (b, s, false))
+            .collect();
+        out.sort_unstable();
+        for &addr in self.live.keys() {
+            let i = out.partition_point(|&(b, _, _)| b <= addr) - 1;
+            out[i].2 = true;
+        }
+        out
+    }
+
+    /// Every block, free, live or pending, as `(start, size, what)`, in address order.
+    pub(crate) fn pieces(&self) -> Vec<(u64, u64, Piece<F>)> {
+        let mut out: Vec<(u64, u64, Piece<F>)> =
+            self.free
+                .iter()
+                .map(|(start, n, _)| (start, n, Piece::Free))
+                .chain(self.live.iter().map(|(&start, &n)| {
+                    (start, n, Piece::Live(self.borrowed.get(&start).cloned()))
+                }))
+                .chain(
+                    self.pending
+                        .iter()
+                        .map(|p| (p.addr, p.size, Piece::Pending(p.fence.clone()))),
+                )
+                .collect();
+        out.sort_unstable_by_key(|&(start, _, _)| start);
+        out
+    }
+
     /// Whether `addr` is a live block of this arena.
     #[cfg(test)]
     pub(crate) fn is_live(&self, addr: u64) -> bool {
@@ -277,6 +333,9 @@ impl<F: Clone + PartialEq> StreamArena<F> {
             "{addr:#x} was allocated with {allocated} bytes, freed with {size}"
         );
         self.live_bytes -= size;
+        if !self.borrowed.is_empty() {
+            self.borrowed.remove(&addr);
+        }
     }
 
     /// Adds `[addr, addr + size)` to the free blocks, merged with its free neighbours unless a
@@ -376,6 +435,12 @@ impl<F: Clone + PartialEq> StreamArena<F> {
             self.superblock_bytes,
             "bytes lost"
         );
+        for addr in self.borrowed.keys() {
+            assert!(
+                self.live.contains_key(addr),
+                "borrowed {addr:#x} is not live"
+            );
+        }
         let counted: usize = self
             .superblocks()
             .iter()

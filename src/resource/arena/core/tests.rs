@@ -700,7 +700,7 @@ const PAGES_PER_MIB: u64 = SUPERBLOCK_PAGES;
 fn take(g: &mut GlobalArena<Fence>, what: Use, pages: u64) -> Option<(u64, u64, Vec<Fence>)> {
     let c = g.find(what, pages)?;
     let fences = g.fences(&c).to_vec();
-    g.take(c);
+    g.take(c, 0);
     g.check_invariants();
     Some((c.start, c.pages, fences))
 }
