@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 /// Records every allocation, free and out-of-memory refusal through it into a [`Timeline`], so
 /// that a running program gets the same reports as a replay: an HTML page
 /// ([`HtmlReport`](crate::report::html::HtmlReport)) or PyTorch's trace
-/// ([`write_torch_snapshot`](crate::report::torch::write_torch_snapshot)).
+/// (`report::torch::write_torch_snapshot`).
 ///
 /// - A successful allocation is [`TraceAction::Alloc`] of the requested bytes on its stream; a
 ///   free is [`TraceAction::Free`]; an allocation the upstream refused for lack of memory is
