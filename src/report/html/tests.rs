@@ -276,39 +276,172 @@ fn pictures_stay_bounded() {
     assert!(picture.pixmap.height() < 1000);
 }
 
-/// Writes the pictures of the render tests where `STREAMALLOC_SVG_OUT` says (for the book).
-#[test]
-fn writes_example_pictures_when_asked() {
-    let Some(dir) = std::env::var_os("STREAMALLOC_SVG_OUT") else {
-        return;
+/// A run the book can show: three streams whose live bytes rise to a peak and fall, in a
+/// pool that grows by 64 MiB chunks and keeps them. Deterministic.
+fn example_timeline() -> Timeline {
+    let streams = [
+        (StreamId(1), "compute"),
+        (StreamId(2), "copy in"),
+        (StreamId(3), "copy out"),
+    ];
+    let mut t = Timeline::new();
+    for (s, name) in streams {
+        t.name_stream(s, name);
+    }
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
     };
-    let dir = std::path::PathBuf::from(dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("timeline.svg"),
-        timeline_svg(&known_timeline(), 800, 320),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("segment-map.svg"),
-        segment_map_svg(&known_snapshot(), 800),
-    )
-    .unwrap();
-    let page = HtmlReport::new("Example")
-        .note("2 lines skipped: frees of unknown pointers".to_owned())
-        .table(
-            vec![
-                "resource".into(),
-                "peak live".into(),
-                "peak reserved".into(),
+    let mut live: Vec<Vec<(DevicePtr, usize)>> = vec![Vec::new(); 3];
+    let (mut reserved, mut address) = (0usize, 0x7f00_0000_0000u64);
+    for step in 0..600u64 {
+        let k = (next() % 3) as usize;
+        // Allocations held per stream rise to a plateau around step 300, then fall.
+        let target = (14.0 * (1.0 - ((step as f64 - 300.0) / 300.0).powi(2))) as usize + 1;
+        let time = std::time::Duration::from_millis(step * 5);
+        if live[k].len() < target * (k + 1) / 2 + 1 && next() % 4 != 0 {
+            let bytes = (1usize << (next() % 5)) * MIB;
+            let ptr = DevicePtr::from_raw(address);
+            address += bytes as u64;
+            live[k].push((ptr, bytes));
+            let total: usize = live.iter().flatten().map(|&(_, b)| b).sum();
+            reserved = reserved.max(total.div_ceil(64 * MIB) * 64 * MIB);
+            t.set_reserved(reserved);
+            t.record_at(time, TraceAction::Alloc, ptr, bytes, streams[k].0);
+        } else if !live[k].is_empty() {
+            let at = (next() as usize) % live[k].len();
+            let (ptr, bytes) = live[k].remove(at);
+            t.record_at(time, TraceAction::Free, ptr, bytes, streams[k].0);
+        }
+    }
+    t
+}
+
+/// A pool at its peak: a 128 MiB and a 64 MiB chunk, live blocks of three streams between
+/// free ones, memory free on the copy stream and a pending free. Deterministic.
+fn example_snapshot() -> MemorySnapshot {
+    use BlockState::{Free, FreeOnStream, Live, Pending};
+    let (compute, copy_in, copy_out) = (StreamId(1), StreamId(2), StreamId(3));
+    let chunks: [(u64, &[(usize, BlockState, Option<StreamId>)]); 2] = [
+        (
+            0x7f00_0000_0000,
+            &[
+                (16, Live, Some(compute)),
+                (8, Live, Some(copy_in)),
+                (4, Free, None),
+                (24, Live, Some(compute)),
+                (8, FreeOnStream, Some(copy_in)),
+                (16, Live, Some(copy_out)),
+                (8, Free, None),
+                (32, Live, Some(compute)),
+                (4, Pending, Some(copy_out)),
+                (8, Free, None),
             ],
-            vec![vec!["pool".into(), "8 MiB".into(), "10 MiB".into()]],
-        )
-        .section(ReportSection {
-            name: "pool".into(),
-            timeline: known_timeline(),
-            peak: Some(known_snapshot()),
-        })
-        .render();
-    std::fs::write(dir.join("report.html"), page).unwrap();
+        ),
+        (
+            0x7f00_1000_0000,
+            &[
+                (8, Live, Some(copy_in)),
+                (16, FreeOnStream, Some(copy_out)),
+                (8, Live, Some(compute)),
+                (32, Free, None),
+            ],
+        ),
+    ];
+    let mut snap = MemorySnapshot::new(Device::host().id(), "pool");
+    snap.capacity = Some(256 * MIB);
+    for (at, blocks) in chunks {
+        let base = DevicePtr::from_raw(at);
+        let total = blocks.iter().map(|b| b.0).sum::<usize>() * MIB;
+        let mut seg = Segment::new(base, total);
+        let mut offset = 0;
+        for &(mib, state, stream) in blocks {
+            let mut b = Block::new(base.offset(offset), mib * MIB, state);
+            b.stream = stream;
+            seg.blocks.push(b);
+            offset += mib * MIB;
+        }
+        snap.segments.push(seg);
+    }
+    snap
+}
+
+/// The example pictures in `src/report/html/examples/` (which the book can show) are what the
+/// code draws; `STREAMALLOC_SVG_OUT=src/report/html/examples cargo test --lib
+/// example_pictures` writes them anew, with a whole example page.
+#[test]
+fn example_pictures_are_current() {
+    let mut colours = StreamColours::named(example_timeline().streams());
+    let timeline = timeline_svg::draw(&example_timeline(), 800, 320, &mut colours, None).0;
+    let map = segment_map::draw(&example_snapshot(), 800, &mut colours, "").0;
+    Picture::render(&timeline);
+    Picture::render(&map);
+    match std::env::var_os("STREAMALLOC_SVG_OUT") {
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("timeline.svg"), &timeline).unwrap();
+            std::fs::write(dir.join("segment-map.svg"), &map).unwrap();
+            let page = HtmlReport::new("Example: a pool under three streams")
+                .note("an example: a generated run, not a measurement".to_owned())
+                .table(
+                    vec![
+                        "resource".into(),
+                        "peak live".into(),
+                        "peak reserved".into(),
+                    ],
+                    vec![vec!["pool".into(), "example".into(), "example".into()]],
+                )
+                .section(ReportSection {
+                    name: "pool".into(),
+                    timeline: example_timeline(),
+                    peak: Some(example_snapshot()),
+                })
+                .render();
+            std::fs::write(dir.join("report.html"), page).unwrap();
+        }
+        None => {
+            let stale = "stale: regenerate with STREAMALLOC_SVG_OUT=src/report/html/examples \
+                         cargo test --lib example_pictures";
+            assert!(timeline == include_str!("examples/timeline.svg"), "{stale}");
+            assert!(map == include_str!("examples/segment-map.svg"), "{stale}");
+        }
+    }
+}
+
+/// Degenerate inputs still draw a picture that parses: nothing recorded, sizes at
+/// `usize::MAX`, empty and zero-byte segments, blocks outside their segment, tiny widths.
+#[test]
+fn degenerate_inputs_draw_parseable_pictures() {
+    let mut huge = Timeline::with_limits(0, 4);
+    huge.set_reserved(usize::MAX);
+    huge.record(
+        TraceAction::Alloc,
+        DevicePtr::NULL,
+        usize::MAX,
+        StreamId(u64::MAX),
+    );
+    huge.record(TraceAction::Oom, DevicePtr::NULL, usize::MAX, StreamId(0));
+    for (t, w, h) in [(Timeline::new(), 0, 0), (huge, 1, 1)] {
+        let svg = timeline_svg(&t, w, h);
+        Picture::render(&svg);
+    }
+    let mut snap = MemorySnapshot::new(Device::host().id(), "odd");
+    assert!(segment_map_svg(&snap, 0).contains("no segments"));
+    let base = DevicePtr::from_raw(u64::MAX - 4096);
+    let mut seg = Segment::new(base, 0);
+    seg.blocks
+        .push(Block::new(base, usize::MAX, BlockState::Live).on_stream(StreamId(3)));
+    seg.blocks.push(Block::new(
+        DevicePtr::from_raw(1),
+        4096,
+        BlockState::Pending,
+    ));
+    snap.segments.push(seg);
+    snap.segments
+        .push(Segment::new(DevicePtr::from_raw(0x1000), usize::MAX));
+    Picture::render(&segment_map_svg(&snap, 10));
 }
