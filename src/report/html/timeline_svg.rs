@@ -162,10 +162,18 @@ pub(crate) fn draw(
     let _ = writeln!(
         svg,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#404040\">event \
-         ({} recorded{})</text>",
+         ({} recorded{}{})</text>",
         LEFT + frame.width / 2.0,
         axis_y + 31.0,
         timeline.recorded_events(),
+        match (series.first(), series.last()) {
+            (Some(a), Some(b)) if b.time > a.time => format!(
+                ", {} to {}",
+                seconds(a.time.as_secs_f64()),
+                seconds(b.time.as_secs_f64())
+            ),
+            _ => String::new(),
+        },
         if series.len() as u64 + 1 < timeline.recorded_events() {
             format!(
                 ", drawn as {} points keeping each window's peak",
@@ -331,4 +339,35 @@ fn steps(series: &[SeriesPoint], values: &[f64], frame: &Frame) -> Vec<(f64, f64
     }
     out.push((frame.x(frame.end_seq), frame.y(values[values.len() - 1])));
     out
+}
+
+/// `s` seconds with three significant digits: "0 s", "12.3 ms", "4.56 s", "1234 s".
+fn seconds(s: f64) -> String {
+    let (value, unit) = if s == 0.0 || s >= 1.0 {
+        (s, "s")
+    } else if s >= 1e-3 {
+        (s * 1e3, "ms")
+    } else {
+        (s * 1e6, "µs")
+    };
+    let digits = if value >= 100.0 || value == 0.0 {
+        0
+    } else if value >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{value:.digits$} {unit}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seconds_read_in_their_unit() {
+        assert_eq!(super::seconds(0.0), "0 s");
+        assert_eq!(super::seconds(0.0123), "12.3 ms");
+        assert_eq!(super::seconds(4.567), "4.57 s");
+        assert_eq!(super::seconds(0.000_05), "50.0 µs");
+        assert_eq!(super::seconds(1234.0), "1234 s");
+    }
 }
