@@ -3,9 +3,9 @@
 
 use std::fmt::Write as _;
 
-use super::colours::{hex, StreamColours, GRID, PEAK, RESERVED};
+use super::colours::{hex, StreamColours, GRID, OOM, PEAK, RESERVED};
 use super::text::{byte_step, bytes, bytes_f, escape, number_step};
-use crate::resource::{SeriesPoint, Timeline};
+use crate::resource::{SeriesPoint, Timeline, TraceAction};
 
 const LEFT: f64 = 76.0;
 const RIGHT: f64 = 16.0;
@@ -82,6 +82,14 @@ pub(crate) fn draw(
     }
     let reserved_at = place("reserved".len());
     let peak_at = place("peak".len());
+    // Refused allocations among the kept events, one mark per pixel column at most.
+    let first_kept = timeline.series().first().map_or(0, |p| p.seq);
+    let oom_seqs: Vec<u64> = timeline
+        .events()
+        .filter(|e| e.action == TraceAction::Oom && e.seq >= first_kept)
+        .map(|e| e.seq)
+        .collect();
+    let oom_at = (!oom_seqs.is_empty()).then(|| place("out of memory".len()));
     let legend_height = (row + 1) as f64 * LEGEND_ROW + 8.0;
     let height = f64::from(height.max(160)).max(TOP + 80.0 + X_AXIS + legend_height);
     let plot_height = height - TOP - X_AXIS - legend_height;
@@ -267,6 +275,22 @@ pub(crate) fn draw(
         );
     }
 
+    // Out-of-memory marks under the axis, one per pixel column.
+    let mut last_column = None;
+    for &seq in &oom_seqs {
+        let x = frame.x(seq as f64 + 0.5);
+        if last_column == Some(x.round() as i64) {
+            continue;
+        }
+        last_column = Some(x.round() as i64);
+        let _ = writeln!(
+            svg,
+            "<path d=\"M{x:.1},{axis_y:.1} l-4,8 h8 z\" fill=\"{}\"><title>out of memory at \
+             event {seq}</title></path>",
+            hex(OOM)
+        );
+    }
+
     // Axis lines over the areas.
     let _ = writeln!(
         svg,
@@ -318,6 +342,18 @@ pub(crate) fn draw(
         hex(PEAK),
         x + 18.0
     );
+    if let Some((x, row)) = oom_at {
+        let y = legend_top + row as f64 * LEGEND_ROW;
+        let _ = writeln!(
+            svg,
+            "<path d=\"M{:.1},{:.1} l-4,8 h8 z\" fill=\"{}\"/><text x=\"{:.1}\" \
+             y=\"{y:.1}\">out of memory</text>",
+            x + 7.0,
+            y - 9.0,
+            hex(OOM),
+            x + 18.0
+        );
+    }
     svg.push_str("</svg>\n");
     (svg, frame)
 }
