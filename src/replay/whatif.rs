@@ -719,3 +719,6 @@ pub fn replay_log<B: BufRead, R: MemoryResource + ?Sized>(
     run.synchronize(reader.line())?;
     Ok(run.out)
 }
+
+#[cfg(test)]
+mod tests;
