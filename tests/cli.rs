@@ -208,3 +208,26 @@ fn help_describes_the_options_and_columns() {
     let out = streamalloc(&["--help"]);
     assert!(out.status.success() && text(&out.stdout).contains("replay"));
 }
+
+#[test]
+fn torch_snapshot_is_written() {
+    let dir = std::env::temp_dir().join(format!("streamalloc-cli-torch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("snapshot.pickle");
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool,arena",
+        "--device",
+        "host",
+        "--torch-snapshot",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pickle = std::fs::read(&path).unwrap();
+    assert!(pickle.len() > 1000, "{} bytes", pickle.len());
+    assert_eq!(&pickle[..2], b"\x80\x04", "pickle protocol 4");
+    assert_eq!(pickle.last(), Some(&b'.'));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

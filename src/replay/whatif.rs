@@ -330,6 +330,9 @@ pub struct WhatIf {
     pub peak_fragmentation: Option<Fragmentation>,
     /// The timeline (recording pass only).
     pub timeline: Option<Timeline>,
+    /// The timeline up to the snapshot (recording pass only): the trace that goes with
+    /// `peak_snapshot` (PyTorch's viewer replays a trace backwards from its snapshot).
+    pub timeline_at_peak: Option<Timeline>,
 }
 
 impl WhatIf {
@@ -481,6 +484,7 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
                 Some(s) => Some(s.fragmentation()),
                 None => self.mr.fragmentation(),
             };
+            self.out.timeline_at_peak = self.out.timeline.clone();
         }
         Ok(())
     }

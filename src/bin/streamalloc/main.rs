@@ -285,7 +285,7 @@ fn replay(args: &ReplayArgs) -> Result<(), Failed> {
         })?;
     }
     if let Some(path) = &args.torch_snapshot {
-        exports::torch(path, &rows).map_err(|e| {
+        exports::torch(path, &device, &rows).map_err(|e| {
             (
                 EXIT_EXPORT,
                 format!("writing the torch snapshot {}: {e}", path.display()),

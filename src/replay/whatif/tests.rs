@@ -327,6 +327,7 @@ fn the_peak_is_found_and_recorded() {
     if let Some(snap) = &w.peak_snapshot {
         assert_eq!(snap.live_bytes(), 4096, "rounded to 256 B: 1024 + 3072");
     }
+    assert_eq!(w.timeline_at_peak.as_ref().unwrap().recorded_events(), 2);
     let t = w.timeline.unwrap();
     assert_eq!(t.peak_live_bytes(), 4000);
     assert_eq!(t.recorded_events(), 5);
