@@ -87,6 +87,7 @@ mod sync;
 #[cfg(test)]
 mod test_support;
 
+pub use adaptor::TimelineAdaptor;
 pub use adaptor::{
     AlignedAdaptor, Allocation, AllocationFailure, Counter, Counters, FailureCallbackAdaptor,
     LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,

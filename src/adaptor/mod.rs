@@ -10,6 +10,7 @@ mod limiting;
 pub(crate) mod logging;
 mod prefetch;
 mod statistics;
+mod timeline;
 mod tracing_adaptor;
 mod tracking;
 
@@ -19,5 +20,6 @@ pub use limiting::LimitingAdaptor;
 pub use logging::{LoggingAdaptor, LoggingAdaptorBuilder};
 pub use prefetch::PrefetchAdaptor;
 pub use statistics::{Counter, Counters, StatisticsAdaptor};
+pub use timeline::TimelineAdaptor;
 pub use tracing_adaptor::TracingAdaptor;
 pub use tracking::{Allocation, LeakReport, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES};

@@ -172,6 +172,12 @@ resource_suite!(
     #[ignore = "needs a CUDA device"]
 );
 resource_suite!(
+    timeline_adaptor,
+    gpu(),
+    |d| Arc::new(TimelineAdaptor::new(CudaResource::new(d).unwrap())),
+    #[ignore = "needs a CUDA device"]
+);
+resource_suite!(
     tracking_adaptor,
     gpu(),
     |d| Arc::new(TrackingAdaptor::new(CudaResource::new(d).unwrap())),

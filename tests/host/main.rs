@@ -128,6 +128,9 @@ resource_suite!(tracing_adaptor, host(), |d| {
 resource_suite!(statistics_adaptor, host(), |d| Arc::new(
     StatisticsAdaptor::new(CudaResource::new(d).unwrap())
 ));
+resource_suite!(timeline_adaptor, host(), |d| Arc::new(
+    TimelineAdaptor::new(CudaResource::new(d).unwrap())
+));
 resource_suite!(tracking_adaptor, host(), |d| Arc::new(
     TrackingAdaptor::new(CudaResource::new(d).unwrap())
 ));

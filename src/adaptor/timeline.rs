@@ -1,0 +1,162 @@
+//! `TimelineAdaptor`: records a running program's allocations and frees into a [`Timeline`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::{DevicePtr, MemoryResource, SharedResource, Timeline, TraceAction};
+use crate::stream::Stream;
+use parking_lot::Mutex;
+
+/// Records every allocation, free and out-of-memory refusal through it into a [`Timeline`], so
+/// that a running program gets the same reports as a replay: an HTML page
+/// ([`HtmlReport`](crate::report::html::HtmlReport)) or PyTorch's trace
+/// (`report::torch::write_torch_snapshot`).
+///
+/// - A successful allocation is [`TraceAction::Alloc`] of the requested bytes on its stream; a
+///   free is [`TraceAction::Free`]; an allocation the upstream refused for lack of memory is
+///   [`TraceAction::Oom`] (null address). An awaited allocation that waits is refused, and
+///   recorded, at each try that finds no memory.
+/// - Reserved bytes come from the upstream's
+///   [`memory_stats`](MemoryResource::memory_stats)`().reserved_bytes` (0 where it keeps none),
+///   read when live bytes reach a new peak, on a refusal, and at least every
+///   [`RESERVED_SAMPLE_EVERY`](TimelineAdaptor::RESERVED_SAMPLE_EVERY) events, so that the peak's point carries them while most
+///   events read nothing from the upstream.
+/// - The timeline is bounded ([`Timeline::with_limits`]): a long run keeps its latest events
+///   and a downsampled series that keeps the peak.
+///
+/// Each event takes a lock (after the upstream's call), so the adaptor serialises the record,
+/// not the allocations. A clone shares the timeline.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource, Stream, TimelineAdaptor};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, Some(1 << 20))?;
+/// let mr = TimelineAdaptor::new(pool);
+///
+/// let p = mr.try_allocate(4096, &stream)?;
+/// assert!(mr.try_allocate(2 << 20, &stream).is_err()); // recorded as out of memory
+/// unsafe { mr.deallocate(p, 4096, &stream) };
+///
+/// let t = mr.timeline();
+/// assert_eq!((t.recorded_events(), t.live_bytes(), t.peak_live_bytes()), (3, 0, 4096));
+/// assert_eq!(t.series()[0].reserved_bytes, 1 << 20); // the pool's first chunk
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub struct TimelineAdaptor<R: MemoryResource = SharedResource> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
+    upstream: R,
+    record: Mutex<Record>,
+}
+
+struct Record {
+    timeline: Timeline,
+    /// Events since reserved bytes were last read.
+    since_sample: u64,
+}
+
+impl<R: MemoryResource> TimelineAdaptor<R> {
+    /// Reserved bytes are read from the upstream at least once every this many events.
+    pub const RESERVED_SAMPLE_EVERY: u64 = 64;
+
+    /// Records what goes through `upstream` into a [`Timeline::new`] (the latest 100,000
+    /// events, 2,048 series points).
+    pub fn new(upstream: R) -> Self {
+        TimelineAdaptor::with_timeline(upstream, Timeline::new())
+    }
+
+    /// Records into a timeline keeping the latest `max_events` events and about `max_points`
+    /// series points ([`Timeline::with_limits`]).
+    pub fn with_limits(upstream: R, max_events: usize, max_points: usize) -> Self {
+        TimelineAdaptor::with_timeline(upstream, Timeline::with_limits(max_events, max_points))
+    }
+
+    fn with_timeline(upstream: R, timeline: Timeline) -> Self {
+        TimelineAdaptor {
+            inner: Arc::new(Inner {
+                upstream,
+                record: Mutex::new(Record {
+                    timeline,
+                    since_sample: u64::MAX,
+                }),
+            }),
+        }
+    }
+
+    /// A copy of the timeline so far.
+    pub fn timeline(&self) -> Timeline {
+        self.inner.record.lock().timeline.clone()
+    }
+
+    /// Names `stream` in the timeline (and so in reports).
+    pub fn name_stream(&self, stream: &Stream, name: impl Into<String>) {
+        self.inner
+            .record
+            .lock()
+            .timeline
+            .name_stream(stream.id(), name);
+    }
+}
+
+impl<R: MemoryResource> Inner<R> {
+    fn record(&self, action: TraceAction, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        let mut record = self.record.lock();
+        let t = &record.timeline;
+        let new_peak = action == TraceAction::Alloc
+            && t.live_bytes().saturating_add(bytes) > t.peak_live_bytes();
+        record.since_sample = record.since_sample.saturating_add(1);
+        if new_peak
+            || action == TraceAction::Oom
+            || record.since_sample >= TimelineAdaptor::<R>::RESERVED_SAMPLE_EVERY
+        {
+            let reserved = self.upstream.memory_stats().reserved_bytes.unwrap_or(0);
+            record.timeline.set_reserved(reserved);
+            record.since_sample = 0;
+        }
+        record.timeline.record(action, ptr, bytes, stream.id());
+    }
+}
+
+memory_resource!(shared [R: MemoryResource] TimelineAdaptor<R>);
+
+impl<R: MemoryResource> Forward for Inner<R> {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        let result = self.upstream.try_allocate(bytes, stream);
+        match &result {
+            Ok(ptr) => self.record(TraceAction::Alloc, *ptr, bytes, stream),
+            Err(e) if e.is_out_of_memory() => {
+                self.record(TraceAction::Oom, DevicePtr::NULL, bytes, stream)
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) };
+        self.record(TraceAction::Free, ptr, bytes, stream);
+    }
+}
+
+impl<R: MemoryResource> fmt::Debug for TimelineAdaptor<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let record = self.inner.record.lock();
+        f.debug_struct("TimelineAdaptor")
+            .field("events", &record.timeline.recorded_events())
+            .field("live", &record.timeline.live_bytes())
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

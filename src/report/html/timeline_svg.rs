@@ -1,0 +1,334 @@
+//! The timeline picture: live bytes per stream as stacked areas, reserved bytes as a line over
+//! them, the peak marked.
+
+use std::fmt::Write as _;
+
+use super::colours::{hex, StreamColours, GRID, PEAK, RESERVED};
+use super::text::{byte_step, bytes, bytes_f, escape, number_step};
+use crate::resource::{SeriesPoint, Timeline};
+
+const LEFT: f64 = 76.0;
+const RIGHT: f64 = 16.0;
+const TOP: f64 = 30.0;
+const X_AXIS: f64 = 38.0;
+const LEGEND_ROW: f64 = 18.0;
+/// Legend names longer than this are cut (the hover title has them whole).
+const LEGEND_NAME: usize = 32;
+
+/// Where the plot lies in the picture: what the render test reads pixels against.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Frame {
+    pub(crate) left: f64,
+    pub(crate) top: f64,
+    pub(crate) width: f64,
+    pub(crate) height: f64,
+    pub(crate) first_seq: f64,
+    pub(crate) end_seq: f64,
+    pub(crate) max_bytes: f64,
+}
+
+impl Frame {
+    pub(crate) fn x(&self, seq: f64) -> f64 {
+        self.left + (seq - self.first_seq) / (self.end_seq - self.first_seq) * self.width
+    }
+
+    pub(crate) fn y(&self, bytes: f64) -> f64 {
+        self.top + self.height - bytes / self.max_bytes * self.height
+    }
+}
+
+struct Entry {
+    name: String,
+    colour: (u8, u8, u8),
+}
+
+/// Draws `timeline` in `colours` (streams it lacks get the next ones), headed by `title`.
+/// Also returns the plot's frame.
+pub(crate) fn draw(
+    timeline: &Timeline,
+    width: u32,
+    height: u32,
+    colours: &mut StreamColours,
+    title: Option<&str>,
+) -> (String, Frame) {
+    let width = f64::from(width.max(320));
+    let series = timeline.series();
+    let streams: Vec<(usize, String)> = timeline
+        .streams()
+        .map(|(s, name)| (colours.index(s), name.to_owned()))
+        .collect();
+    let entries: Vec<Entry> = streams
+        .iter()
+        .map(|(i, name)| Entry {
+            name: name.clone(),
+            colour: StreamColours::of_index(*i),
+        })
+        .collect();
+    // The legend: stream swatches, then the reserved line and the peak, flowing in rows.
+    let mut legend = Vec::new();
+    let (mut lx, mut row) = (LEFT, 0usize);
+    let mut place = |label_chars: usize| {
+        let w = 26.0 + 6.5 * label_chars.min(LEGEND_NAME + 1) as f64;
+        if lx + w > width - RIGHT && lx > LEFT {
+            lx = LEFT;
+            row += 1;
+        }
+        let at = (lx, row);
+        lx += w;
+        at
+    };
+    for e in &entries {
+        legend.push(place(e.name.chars().count()));
+    }
+    let reserved_at = place("reserved".len());
+    let peak_at = place("peak".len());
+    let legend_height = (row + 1) as f64 * LEGEND_ROW + 8.0;
+    let height = f64::from(height.max(160)).max(TOP + 80.0 + X_AXIS + legend_height);
+    let plot_height = height - TOP - X_AXIS - legend_height;
+
+    let max_bytes = series
+        .iter()
+        .map(|p| p.live_bytes.max(p.reserved_bytes))
+        .max()
+        .unwrap_or(0) as f64;
+    let step = byte_step(max_bytes.max(1.0), 4);
+    // Headroom, so that a flat reserved line does not run along the frame.
+    let top_bytes = ((max_bytes * 1.05 / step).ceil().max(1.0)) * step;
+    let first_seq = series.first().map_or(0, |p| p.seq) as f64;
+    let end_seq = series.last().map_or(1, |p| p.seq + 1) as f64;
+    let frame = Frame {
+        left: LEFT,
+        top: TOP,
+        width: width - LEFT - RIGHT,
+        height: plot_height,
+        first_seq,
+        end_seq,
+        max_bytes: top_bytes,
+    };
+
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
+         viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"11\">"
+    );
+    let heading = match title {
+        Some(t) => format!("{}: live bytes per stream, reserved bytes", escape(t)),
+        None => "Live bytes per stream, reserved bytes".to_owned(),
+    };
+    let _ = writeln!(svg, "<title>{heading}</title>");
+    let _ = writeln!(
+        svg,
+        "<rect width=\"{width:.0}\" height=\"{height:.0}\" fill=\"#ffffff\"/>"
+    );
+    let _ = writeln!(
+        svg,
+        "<text x=\"{LEFT}\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{heading}</text>"
+    );
+
+    // Grid and byte axis.
+    let mut tick = 0.0;
+    while tick <= top_bytes + step / 2.0 {
+        let y = frame.y(tick);
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{}\" \
+             stroke-width=\"1\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            LEFT,
+            LEFT + frame.width,
+            hex(GRID),
+            LEFT - 6.0,
+            y + 4.0,
+            bytes_f(tick)
+        );
+        tick += step;
+    }
+    // Event axis.
+    let span = end_seq - first_seq;
+    let xstep = number_step(span, 6);
+    let mut seq = (first_seq / xstep).ceil() * xstep;
+    let axis_y = TOP + plot_height;
+    while seq <= end_seq {
+        let x = frame.x(seq);
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{x:.1}\" y1=\"{axis_y:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#606060\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{seq:.0}</text>",
+            axis_y + 4.0,
+            axis_y + 16.0
+        );
+        seq += xstep;
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#404040\">event \
+         ({} recorded{})</text>",
+        LEFT + frame.width / 2.0,
+        axis_y + 31.0,
+        timeline.recorded_events(),
+        if series.len() as u64 + 1 < timeline.recorded_events() {
+            format!(
+                ", drawn as {} points keeping each window's peak",
+                series.len()
+            )
+        } else {
+            String::new()
+        }
+    );
+
+    if series.is_empty() {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no events recorded</text>",
+            LEFT + frame.width / 2.0,
+            TOP + plot_height / 2.0
+        );
+    }
+
+    // Stacked areas, bottom stream first.
+    let mut below = vec![0f64; series.len()];
+    for (column, ((_, name), entry)) in streams.iter().zip(&entries).enumerate() {
+        let values: Vec<f64> = series
+            .iter()
+            .map(|p| p.live_by_stream.get(column).copied().unwrap_or(0) as f64)
+            .collect();
+        let peak = values.iter().copied().fold(0.0, f64::max);
+        let above: Vec<f64> = below.iter().zip(&values).map(|(b, v)| b + v).collect();
+        if peak > 0.0 {
+            let mut points = steps(&series, &above, &frame);
+            let mut lower = steps(&series, &below, &frame);
+            lower.reverse();
+            points.extend(lower);
+            let _ = write!(svg, "<polygon fill=\"{}\" points=\"", hex(entry.colour));
+            for (x, y) in points {
+                let _ = write!(svg, "{x:.1},{y:.1} ");
+            }
+            let _ = writeln!(
+                svg,
+                "\"><title>{}: up to {} live</title></polygon>",
+                escape(name),
+                bytes_f(peak)
+            );
+        }
+        below = above;
+    }
+
+    // Reserved bytes over the areas.
+    if !series.is_empty() {
+        let reserved: Vec<f64> = series.iter().map(|p| p.reserved_bytes as f64).collect();
+        let _ = write!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"",
+            hex(RESERVED)
+        );
+        for (x, y) in steps(&series, &reserved, &frame) {
+            let _ = write!(svg, "{x:.1},{y:.1} ");
+        }
+        let _ = writeln!(
+            svg,
+            "\"><title>reserved: up to {}</title></polyline>",
+            bytes_f(reserved.iter().copied().fold(0.0, f64::max))
+        );
+    }
+
+    // The peak: the first point with the most live bytes.
+    if let Some(peak) = series
+        .iter()
+        .rev()
+        .max_by_key(|p| p.live_bytes)
+        .filter(|p| p.live_bytes > 0)
+    {
+        let x = frame.x(peak.seq as f64);
+        let y = frame.y(peak.live_bytes as f64);
+        let label = format!("peak {} live at event {}", bytes(peak.live_bytes), peak.seq);
+        let anchor = if x > LEFT + frame.width * 0.7 {
+            ("end", x - 8.0)
+        } else {
+            ("start", x + 8.0)
+        };
+        let _ = writeln!(
+            svg,
+            "<g><title>{label}</title><line x1=\"{x:.1}\" y1=\"{TOP:.1}\" x2=\"{x:.1}\" \
+             y2=\"{axis_y:.1}\" stroke=\"{c}\" stroke-width=\"1\" stroke-dasharray=\"4 3\"/>\
+             <circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{c}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{}\" fill=\"{c}\">{label}</text></g>",
+            anchor.1,
+            (y - 8.0).max(TOP + 10.0),
+            anchor.0,
+            c = hex(PEAK)
+        );
+    }
+
+    // Axis lines over the areas.
+    let _ = writeln!(
+        svg,
+        "<path d=\"M{LEFT:.1},{TOP:.1} V{axis_y:.1} H{:.1}\" fill=\"none\" stroke=\"#606060\"/>",
+        LEFT + frame.width
+    );
+
+    // Legend.
+    let legend_top = axis_y + X_AXIS + 4.0;
+    for (e, (x, row)) in entries.iter().zip(&legend) {
+        let y = legend_top + *row as f64 * LEGEND_ROW;
+        let shown: String = if e.name.chars().count() > LEGEND_NAME {
+            e.name.chars().take(LEGEND_NAME).chain(['…']).collect()
+        } else {
+            e.name.clone()
+        };
+        let _ = writeln!(
+            svg,
+            "<g><title>{}</title><rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"10\" \
+             fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text></g>",
+            escape(&e.name),
+            y - 9.0,
+            hex(e.colour),
+            x + 18.0,
+            y,
+            escape(&shown)
+        );
+    }
+    let (x, row) = reserved_at;
+    let y = legend_top + row as f64 * LEGEND_ROW;
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{}\" \
+         stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{y:.1}\">reserved</text>",
+        y - 4.0,
+        x + 14.0,
+        y - 4.0,
+        hex(RESERVED),
+        x + 18.0
+    );
+    let (x, row) = peak_at;
+    let y = legend_top + row as f64 * LEGEND_ROW;
+    let _ = writeln!(
+        svg,
+        "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{}\"/><text x=\"{:.1}\" \
+         y=\"{y:.1}\">peak</text>",
+        x + 7.0,
+        y - 4.0,
+        hex(PEAK),
+        x + 18.0
+    );
+    svg.push_str("</svg>\n");
+    (svg, frame)
+}
+
+/// The step line through `values` (one per point of `series`, holding until the next point),
+/// left to right, as picture coordinates; only the corners.
+fn steps(series: &[SeriesPoint], values: &[f64], frame: &Frame) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let Some(&first) = values.first() else {
+        return out;
+    };
+    out.push((frame.x(series[0].seq as f64), frame.y(first)));
+    for i in 1..values.len() {
+        if values[i] != values[i - 1] {
+            let x = frame.x(series[i].seq as f64);
+            out.push((x, frame.y(values[i - 1])));
+            out.push((x, frame.y(values[i])));
+        }
+    }
+    out.push((frame.x(frame.end_seq), frame.y(values[values.len() - 1])));
+    out
+}
