@@ -210,10 +210,11 @@ fn help_describes_the_options_and_columns() {
 }
 
 #[test]
-fn torch_snapshot_is_written() {
+fn both_exports_are_written() {
     let dir = std::env::temp_dir().join(format!("streamalloc-cli-torch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("snapshot.pickle");
+    let html = dir.join("report.html");
     let out = streamalloc(&[
         "replay",
         EXCERPT,
@@ -223,11 +224,23 @@ fn torch_snapshot_is_written() {
         "host",
         "--torch-snapshot",
         path.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let pickle = std::fs::read(&path).unwrap();
     assert!(pickle.len() > 1000, "{} bytes", pickle.len());
     assert_eq!(&pickle[..2], b"\x80\x04", "pickle protocol 4");
     assert_eq!(pickle.last(), Some(&b'.'));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("<svg") && page.contains("</html>"),
+        "{} bytes",
+        page.len()
+    );
+    // The table, both resources' sections and the logged streams' names are in it.
+    for word in ["peak reserved", "pool", "arena", "stream 0x5560f4acda50"] {
+        assert!(page.contains(word), "{word}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,25 +5,35 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use streamalloc::replay::WhatIf;
+use streamalloc::report::html::{HtmlReport, ReportSection};
 use streamalloc::report::torch::write_torch_snapshot;
 use streamalloc::{Device, MemorySnapshot};
 
 use crate::resources::ResourceKind;
 use crate::table::Report;
 
-// EXPORT WIRING (issue 15): `torch` calls helper 3's `report::torch::write_torch_snapshot`
-// (merged); `html` is to call helper 4's `report::html::HtmlReport` (feat/html-report): until
-// it is merged it refuses with a clear error, so the option already parses and everything else
-// is written.
+// EXPORT WIRING (issue 15): `html` calls helper 4's `report::html::HtmlReport`, `torch` helper
+// 3's `report::torch::write_torch_snapshot`; each export is this one function.
 
 /// Writes the HTML report: the table, the notes, and one section per resource (its timeline
 /// and its snapshot at the log's peak).
 pub(crate) fn html(path: &Path, report: &Report<'_>) -> io::Result<()> {
-    let _ = (path, report.header(), report.rows(), report.notes());
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "the HTML export (streamalloc::report::html) is not in this build yet",
-    ))
+    let mut page = HtmlReport::new(format!("streamalloc replay of {}", report.log.display()))
+        .table(report.header(), report.rows());
+    for note in report.notes() {
+        page = page.note(note);
+    }
+    for (kind, row) in report.rows {
+        let Ok(w) = row else { continue };
+        page = page.section(ReportSection {
+            name: kind.name(),
+            timeline: w.timeline.clone().unwrap_or_default(),
+            peak: w.peak_snapshot.clone(),
+        });
+    }
+    let mut file = io::BufWriter::new(File::create(path)?);
+    page.write_to(&mut file)?;
+    file.flush()
 }
 
 /// Writes PyTorch's memory snapshot of the first resource that gave a snapshot at the peak,
