@@ -558,7 +558,15 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
         };
         if held.bytes != e.bytes {
             let allocated = held.bytes;
-            self.skip(e, ReplayFailureKind::SizeMismatch { allocated })?;
+            if let Err(refused) = self.skip(e, ReplayFailureKind::SizeMismatch { allocated }) {
+                // Strict: the allocation stays live, so that the end frees it.
+                if e.ptr.is_null() {
+                    self.live_null.push(held);
+                } else {
+                    self.live.insert(e.ptr.addr(), held);
+                }
+                return Err(refused);
+            }
         }
         let stream = self.stream(e.stream, e.line)?;
         self.out.operations += 1;

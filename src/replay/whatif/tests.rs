@@ -86,6 +86,15 @@ fn inconsistent_events_are_counted_or_refused_with_their_line() {
          with another size (freed with the allocated size)"
     );
 
+    // Strict mode leaves nothing allocated: a free refused for its size is freed at the end.
+    let stats = crate::StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
+    let mismatch = log(&[
+        "1,00:00:00.000001,allocate,0x1000,256,0x5",
+        "1,00:00:00.000004,free,0x1000,100,0x5",
+    ]);
+    run(&mismatch, &stats, &device, &strict()).unwrap_err();
+    assert_eq!(stats.bytes_counter().value, 0, "nothing leaks");
+
     for (row, line) in [(1, 3), (2, 4), (3, 5)] {
         let rows = [
             "1,00:00:00.000001,allocate,0x1000,256,0x5",
