@@ -8,7 +8,10 @@ use rustc_hash::FxHashMap;
 
 use crate::error::Result;
 use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::{DevicePtr, MemoryResource, SharedResource};
+use crate::resource::{
+    Block, BlockState, DevicePtr, Fragmentation, MemoryResource, MemorySnapshot, Segment,
+    SharedResource,
+};
 use crate::stream::{Stream, StreamId};
 
 use table::{Insert, Table};
@@ -249,6 +252,35 @@ impl fmt::Display for LeakReport {
 /// # Stream ordering
 /// The records follow the host's calls: an allocation is outstanding from `try_allocate`'s
 /// return until `deallocate` is called, whatever the device has reached by then.
+///
+/// # Snapshots
+/// [`snapshot`](MemoryResource::snapshot) gives the upstream's picture with the bytes each
+/// live block's caller asked for ([`Block::requested`](crate::Block::requested)) and, with
+/// backtraces, where it was allocated ([`Block::site`](crate::Block::site)), so an export
+/// ([`report::torch`](crate::report::torch)) shows call sites. Over an upstream that keeps
+/// no picture (the driver's resources), it builds one from its records: a segment per
+/// outstanding allocation, holding one live block. Records and the upstream's blocks are
+/// read one after the other: under concurrent calls each is seen at its own moment. Taking
+/// a snapshot changes nothing on the allocation path.
+///
+/// ```
+/// use streamalloc::report::torch::write_torch_snapshot;
+/// use streamalloc::{BlockState, CudaResource, Device, MemoryResource, Stream, TrackingAdaptor};
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = TrackingAdaptor::with_backtraces(CudaResource::new(&device)?);
+/// let p = mr.try_allocate(1000, &stream)?;
+/// let snap = mr.snapshot().expect("built from the records: CudaResource keeps none");
+/// assert_eq!(snap.resource, "tracking");
+/// let block = &snap.segments[0].blocks[0];
+/// assert_eq!((block.address, block.state, block.requested), (p, BlockState::Live, Some(1000)));
+/// assert!(block.site.is_some()); // becomes the block's frames in memory_viz
+/// let mut pickle = Vec::new(); // a file to drop on pytorch.org/memory_viz
+/// write_torch_snapshot(&mut pickle, &snap, None)?;
+/// # unsafe { mr.deallocate(p, 1000, &stream) };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Examples
 ///
@@ -609,6 +641,69 @@ impl<R: MemoryResource> Forward for Inner<R> {
         }
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
+    }
+
+    /// The upstream's snapshot, each live block the adaptor recorded given its requested
+    /// size and site; over an upstream that keeps none, one built from the records.
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        let mut records: FxHashMap<DevicePtr, (usize, StreamId, Option<Arc<Backtrace>>)> =
+            FxHashMap::default();
+        self.for_each(|ptr, bytes, stream, site| {
+            records.insert(ptr, (bytes, stream, site.cloned()));
+        });
+        let Some(mut snap) = self.upstream.snapshot() else {
+            return Some(self.records_snapshot(records));
+        };
+        for seg in &mut snap.segments {
+            for block in seg
+                .blocks
+                .iter_mut()
+                .filter(|b| b.state == BlockState::Live)
+            {
+                // A record and a block at one address are one allocation: the upstream
+                // cannot hand an address out twice.
+                if let Some((bytes, stream, site)) = records.remove(&block.address) {
+                    block.requested = Some(bytes);
+                    block.stream = block.stream.or(Some(stream));
+                    block.site = site.or(block.site.take());
+                }
+            }
+        }
+        Some(snap)
+    }
+
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        // Requested sizes and sites change no figure: the upstream's, when it has them.
+        self.upstream
+            .fragmentation()
+            .or_else(|| self.snapshot().map(|s| s.fragmentation()))
+    }
+}
+
+impl<R: MemoryResource> Inner<R> {
+    /// A snapshot of the outstanding allocations alone, for an upstream that keeps none: one
+    /// segment per allocation (what the upstream handed out), holding one live block.
+    fn records_snapshot(
+        &self,
+        records: FxHashMap<DevicePtr, (usize, StreamId, Option<Arc<Backtrace>>)>,
+    ) -> MemorySnapshot {
+        let mut snap = MemorySnapshot::new(self.upstream.properties().device, "tracking");
+        snap.segments = records
+            .into_iter()
+            .map(|(ptr, (bytes, stream, site))| {
+                let mut block = Block::new(ptr, bytes, BlockState::Live)
+                    .on_stream(stream)
+                    .with_requested(bytes);
+                block.site = site;
+                let mut seg = Segment::new(ptr, bytes);
+                seg.stream = Some(stream);
+                seg.coalesces = false; // each is its own upstream allocation
+                seg.blocks.push(block);
+                seg
+            })
+            .collect();
+        snap.sort();
+        snap
     }
 }
 

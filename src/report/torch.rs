@@ -123,7 +123,7 @@ pub fn write_torch_snapshot<W: Write>(
                 let events = trace.filter(|_| i == ordinal).into_iter();
                 p.list(
                     events.flat_map(|t| t.events()).flat_map(torch_entries),
-                    |p, e| write_entry(p, e),
+                    write_entry,
                 )
             })
         })?;
@@ -292,11 +292,16 @@ struct Frame {
     line: u64,
 }
 
+/// A frame, written once per file and fetched from the pickle's memo after: the same frames
+/// (the program's entry, its runtime) appear in every site.
 fn write_frame<W: Write>(p: &mut Pickler<W>, f: &Frame) -> io::Result<()> {
-    p.dict(|d| {
-        d.entry("filename", |p| p.str(&f.filename))?;
-        d.entry("line", |p| p.uint(f.line))?;
-        d.entry("name", |p| p.str(&f.name))
+    let key = format!("{}\0{}\0{}", f.name, f.filename, f.line);
+    p.memoized(&key, |p| {
+        p.dict(|d| {
+            d.entry("filename", |p| p.str(&f.filename))?;
+            d.entry("line", |p| p.uint(f.line))?;
+            d.entry("name", |p| p.str(&f.name))
+        })
     })
 }
 
@@ -306,10 +311,23 @@ fn frames(bt: &Backtrace) -> Vec<Frame> {
         return Vec::new();
     }
     let mut frames = parse_frames(&bt.to_string());
+    // The adaptor's frames, and the std helpers between them (`bool::then` around the
+    // capture), up to the last of the adaptor's: the caller comes first.
+    const TRACKING: &str = "streamalloc::adaptor::tracking";
+    let helper = |n: &str| {
+        [
+            "core::", "std::", "alloc::", "<core::", "<std::", "<alloc::",
+        ]
+        .iter()
+        .any(|p| n.starts_with(p))
+    };
     let own = frames
         .iter()
-        .take_while(|f| f.name.contains("streamalloc::adaptor::tracking"))
-        .count();
+        .take_while(|f| f.name.contains(TRACKING) || helper(&f.name))
+        .enumerate()
+        .filter(|(_, f)| f.name.contains(TRACKING))
+        .last()
+        .map_or(0, |(i, _)| i + 1);
     frames.drain(..own);
     frames
 }

@@ -676,3 +676,184 @@ fn many_threads_with_cross_thread_frees_leave_an_exact_snapshot() {
         assert_eq!((mr.outstanding_count(), mr.allocated_bytes()), (0, 0));
     }
 }
+
+/// Snapshots: the tracked request size and site on the upstream's live blocks, or a
+/// snapshot of its own over an upstream that keeps none.
+mod snapshot {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::resource::{Block, BlockState, Properties, Segment};
+    use crate::MemorySnapshot;
+
+    const BASE: u64 = 0x7f00_0000_0000;
+    const SLOTS: u64 = 8;
+
+    /// An upstream that carves 4 KiB blocks out of one segment at `BASE` and answers
+    /// `snapshot` (no memory behind it: the tests never touch it).
+    #[derive(Debug)]
+    struct Carving {
+        properties: Properties,
+        live: Mutex<BTreeMap<u64, StreamId>>,
+    }
+
+    impl Carving {
+        fn new(device: &Device) -> Self {
+            Carving {
+                properties: CudaResource::new(device).unwrap().properties(),
+                live: Mutex::default(),
+            }
+        }
+    }
+
+    impl MemoryResource for Carving {
+        fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+            assert!(bytes <= 4096);
+            let mut live = self.live.lock();
+            let slot = (0..SLOTS)
+                .map(|k| BASE + k * 4096)
+                .find(|a| !live.contains_key(a))
+                .expect("a free slot");
+            live.insert(slot, stream.id());
+            Ok(DevicePtr::from_raw(slot))
+        }
+
+        unsafe fn deallocate(&self, ptr: DevicePtr, _bytes: usize, _stream: &Stream) {
+            self.live.lock().remove(&ptr.addr());
+        }
+
+        fn properties(&self) -> Properties {
+            self.properties
+        }
+
+        fn snapshot(&self) -> Option<MemorySnapshot> {
+            let mut snap = MemorySnapshot::new(self.properties.device, "carving");
+            let mut seg = Segment::new(DevicePtr::from_raw(BASE), (SLOTS * 4096) as usize);
+            let live = self.live.lock();
+            for k in 0..SLOTS {
+                let a = BASE + k * 4096;
+                let block = match live.get(&a) {
+                    Some(&s) => {
+                        Block::new(DevicePtr::from_raw(a), 4096, BlockState::Live).on_stream(s)
+                    }
+                    None => Block::new(DevicePtr::from_raw(a), 4096, BlockState::Free),
+                };
+                seg.blocks.push(block);
+            }
+            snap.segments.push(seg);
+            Some(snap)
+        }
+    }
+
+    fn live_blocks(snap: &MemorySnapshot) -> Vec<&Block> {
+        snap.blocks()
+            .map(|(_, b)| b)
+            .filter(|b| b.state == BlockState::Live)
+            .collect()
+    }
+
+    #[test]
+    fn live_blocks_of_the_upstream_get_the_tracked_size_and_site() {
+        let (device, s) = host();
+        let mr = TrackingAdaptor::with_backtraces(Carving::new(&device));
+        let a = mr.try_allocate(1000, &s).unwrap();
+        let b = mr.try_allocate(4096, &s).unwrap();
+        // Allocated behind the adaptor's back: live upstream, but nothing to add.
+        let c = mr.upstream().try_allocate(100, &s).unwrap();
+        let snap = mr.snapshot().expect("the upstream's snapshot");
+        assert_eq!(snap.resource, "carving");
+        assert_eq!(snap.reserved_bytes(), (SLOTS * 4096) as usize);
+        let live = live_blocks(&snap);
+        let got: Vec<_> = live
+            .iter()
+            .map(|b| (b.address, b.bytes, b.requested, b.site.is_some()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (a, 4096, Some(1000), true),
+                (b, 4096, Some(4096), true),
+                (c, 4096, None, false),
+            ]
+        );
+        let site = live[0].site.as_ref().unwrap().to_string();
+        assert!(
+            site.contains("live_blocks_of_the_upstream_get_the_tracked_size_and_site"),
+            "{site}"
+        );
+        // Free blocks are the upstream's, untouched.
+        assert!(snap
+            .blocks()
+            .filter(|(_, b)| b.state == BlockState::Free)
+            .all(|(_, b)| b.requested.is_none() && b.site.is_none()));
+        free(&mr, a, 1000, &s);
+        free(&mr, b, 4096, &s);
+        free(mr.upstream(), c, 100, &s);
+        assert!(live_blocks(&mr.snapshot().unwrap()).is_empty());
+    }
+
+    #[test]
+    fn over_an_upstream_without_snapshots_each_allocation_is_a_segment() {
+        let (device, s) = host();
+        let [t] = test_support::streams(&device);
+        let cuda = CudaResource::new(&device).unwrap();
+        assert!(cuda.snapshot().is_none());
+        let mr = TrackingAdaptor::with_backtraces(cuda);
+        assert_eq!(mr.snapshot().map(|s| s.segments.len()), Some(0));
+        let a = mr.try_allocate(3 * KIB, &s).unwrap();
+        let b = mr.try_allocate(MIB, &t).unwrap();
+        let snap = mr.snapshot().expect("one built from the records");
+        assert_eq!(
+            (snap.resource.as_str(), snap.device),
+            ("tracking", device.id())
+        );
+        let mut expected = vec![(a, 3 * KIB, s.id()), (b, MIB, t.id())];
+        expected.sort_unstable_by_key(|e| e.0);
+        let got: Vec<_> = snap
+            .segments
+            .iter()
+            .map(|seg| {
+                assert_eq!(seg.blocks.len(), 1);
+                let block = &seg.blocks[0];
+                assert_eq!((block.address, block.bytes), (seg.address, seg.bytes));
+                assert_eq!(block.state, BlockState::Live);
+                assert_eq!(block.requested, Some(block.bytes));
+                assert!(block.site.is_some());
+                (block.address, block.bytes, block.stream.unwrap())
+            })
+            .collect();
+        assert_eq!(got, expected);
+        assert_eq!(snap.live_bytes(), 3 * KIB + MIB);
+        let f = mr.fragmentation().expect("figures of that snapshot");
+        assert_eq!(f.largest_free_block, 0);
+        free(&mr, a, 3 * KIB, &s);
+        free(&mr, b, MIB, &t);
+        assert!(mr.snapshot().unwrap().segments.is_empty());
+    }
+
+    #[test]
+    fn without_backtraces_snapshots_leave_the_fast_path_as_it_was() {
+        let (device, s) = host();
+        let (up, _) = fake(&device);
+        let mr = TrackingAdaptor::new(up);
+        let ptrs: Vec<_> = (0..100)
+            .map(|_| mr.try_allocate(KIB, &s).unwrap())
+            .collect();
+        let snap = mr.snapshot().unwrap();
+        assert_eq!(snap.segments.len(), 100);
+        assert!(snap
+            .blocks()
+            .all(|(_, b)| b.site.is_none() && b.requested == Some(KIB)));
+        // Taking it moved no record out of the lock-free table, and the records still count.
+        assert_eq!(mr.inner.overflow_len(), 0);
+        assert_eq!(
+            (mr.outstanding_count(), mr.allocated_bytes()),
+            (100, 100 * KIB)
+        );
+        for p in ptrs {
+            free(&mr, p, KIB, &s);
+        }
+        assert_eq!(mr.issue_count(), 0);
+        assert_eq!(mr.inner.overflow_len(), 0);
+    }
+}

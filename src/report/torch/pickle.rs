@@ -44,7 +44,11 @@ pub(crate) struct Pickler<W: Write> {
     out: W,
     /// Strings written once and fetched from the memo after: the dict keys and the few
     /// fixed values (states, actions) that repeat in every segment, block and event.
-    memo: HashMap<&'static str, u32>,
+    names: HashMap<&'static str, u32>,
+    /// Other memoized objects, by a key their writer gives ([`Pickler::memoized`]).
+    objects: HashMap<Box<str>, u32>,
+    /// Memo slots used.
+    memo_len: u32,
 }
 
 impl<W: Write> Pickler<W> {
@@ -53,7 +57,9 @@ impl<W: Write> Pickler<W> {
         out.write_all(&[PROTO, 4])?;
         Ok(Pickler {
             out,
-            memo: HashMap::new(),
+            names: HashMap::new(),
+            objects: HashMap::new(),
+            memo_len: 0,
         })
     }
 
@@ -128,25 +134,56 @@ impl<W: Write> Pickler<W> {
 
     /// A string that repeats (a key, a state's name): written once, fetched from the memo after.
     pub(crate) fn name(&mut self, s: &'static str) -> io::Result<()> {
-        if let Some(&i) = self.memo.get(s) {
-            return match u8::try_from(i) {
-                Ok(i) => self.out.write_all(&[BINGET, i]),
-                Err(_) => {
-                    self.out.write_all(&[LONG_BINGET])?;
-                    self.out.write_all(&i.to_le_bytes())
-                }
-            };
+        if let Some(&i) = self.names.get(s) {
+            return self.get(i);
         }
         self.str(s)?;
-        let i = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
-        if i == u32::MAX {
-            return Ok(()); // memo full (never, with fixed names): just don't memoize
+        if let Some(i) = self.put()? {
+            self.names.insert(s, i);
         }
-        self.memo.insert(s, i);
+        Ok(())
+    }
+
+    /// An object that `key` identifies, which `write` writes the first time; later ones fetch
+    /// it from the memo (the frames of allocation sites: the same few repeat in every block).
+    /// The reader gets one shared object.
+    pub(crate) fn memoized(
+        &mut self,
+        key: &str,
+        write: impl FnOnce(&mut Self) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if let Some(&i) = self.objects.get(key) {
+            return self.get(i);
+        }
+        write(self)?;
+        if let Some(i) = self.put()? {
+            self.objects.insert(key.into(), i);
+        }
+        Ok(())
+    }
+
+    /// Stores the object on top of the stack in the next memo slot, and returns the slot.
+    fn put(&mut self) -> io::Result<Option<u32>> {
+        let i = self.memo_len;
+        let Some(next) = i.checked_add(1) else {
+            return Ok(None); // memo full: later copies are written out again
+        };
+        self.memo_len = next;
         match u8::try_from(i) {
-            Ok(i) => self.out.write_all(&[BINPUT, i]),
+            Ok(i) => self.out.write_all(&[BINPUT, i])?,
             Err(_) => {
                 self.out.write_all(&[LONG_BINPUT])?;
+                self.out.write_all(&i.to_le_bytes())?;
+            }
+        }
+        Ok(Some(i))
+    }
+
+    fn get(&mut self, i: u32) -> io::Result<()> {
+        match u8::try_from(i) {
+            Ok(i) => self.out.write_all(&[BINGET, i]),
+            Err(_) => {
+                self.out.write_all(&[LONG_BINGET])?;
                 self.out.write_all(&i.to_le_bytes())
             }
         }
@@ -343,6 +380,26 @@ mod tests {
                 STOP
             ]
         );
+    }
+
+    #[test]
+    fn memoized_objects_are_written_once_and_slots_past_255_take_four_bytes() {
+        let keys: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+        let bytes = pickled(|p| {
+            p.list(keys.iter().chain(&keys), |p, k| {
+                p.memoized(k, |p| p.int(k.parse::<i128>().unwrap() << 40))
+            })
+        });
+        assert_eq!(first_foreign_opcode(&bytes), None);
+        let count = |op: u8, arg: &[u8]| {
+            bytes
+                .windows(1 + arg.len())
+                .filter(|w| w[0] == op && &w[1..] == arg)
+                .count()
+        };
+        assert_eq!(count(BINGET, &[0]), 1);
+        assert_eq!(count(LONG_BINPUT, &299u32.to_le_bytes()), 1);
+        assert_eq!(count(LONG_BINGET, &299u32.to_le_bytes()), 1);
     }
 
     #[test]

@@ -440,3 +440,28 @@ fn an_absurd_device_ordinal_is_an_error_not_a_huge_file() {
     assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("4294967295"), "{err}");
 }
+
+#[test]
+fn a_tracked_allocation_shows_its_caller_first_not_the_tracking_adaptor() {
+    use crate::{CudaResource, Device, MemoryResource, Stream, TrackingAdaptor};
+    let device = Device::host();
+    let stream = Stream::new(&device).unwrap();
+    let mr = TrackingAdaptor::with_backtraces(CudaResource::new(&device).unwrap());
+    let p = mr.try_allocate(1000, &stream).unwrap();
+    let snap = mr.snapshot().unwrap();
+    crate::test_support::free(&mr, p, 1000, &stream);
+    let bytes = pickled(&snap, None);
+    let d = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
+    let block = &list(get(&list(get(&d, "segments"))[0], "blocks"))[0];
+    let names: Vec<_> = list(get(block, "frames"))
+        .iter()
+        .map(|f| repr(get(f, "name")))
+        .collect();
+    assert!(!names[0].contains("adaptor::tracking"), "{names:?}");
+    assert!(
+        names[..3]
+            .iter()
+            .any(|n| n.contains("a_tracked_allocation_shows_its_caller_first")),
+        "{names:?}"
+    );
+}
