@@ -1,11 +1,14 @@
 //! `TimelineAdaptor`: records a running program's allocations and frees into a [`Timeline`].
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::Result;
 use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::{DevicePtr, MemoryResource, SharedResource, Timeline, TraceAction};
+use crate::resource::{
+    DevicePtr, MemoryResource, MemorySnapshot, SharedResource, Timeline, TraceAction,
+};
 use crate::stream::Stream;
 use parking_lot::Mutex;
 
@@ -25,6 +28,10 @@ use parking_lot::Mutex;
 ///   events read nothing from the upstream.
 /// - The timeline is bounded ([`Timeline::with_limits`]): a long run keeps its latest events
 ///   and a downsampled series that keeps the peak.
+///
+/// - With [`snapshot_peaks`](TimelineAdaptor::snapshot_peaks) on, it keeps the upstream's
+///   snapshot near the peak ([`peak_snapshot`](TimelineAdaptor::peak_snapshot)): the two
+///   together are a [`ReportSection`](crate::report::html::ReportSection).
 ///
 /// Each event takes a lock (after the upstream's call), so the adaptor serialises the record,
 /// not the allocations. A clone shares the timeline.
@@ -55,12 +62,16 @@ pub struct TimelineAdaptor<R: MemoryResource = SharedResource> {
 struct Inner<R> {
     upstream: R,
     record: Mutex<Record>,
+    /// Whether to keep a snapshot near the peak ([`TimelineAdaptor::snapshot_peaks`]).
+    snapshot_peaks: AtomicBool,
 }
 
 struct Record {
     timeline: Timeline,
     /// Events since reserved bytes were last read.
     since_sample: u64,
+    /// The upstream's snapshot near the peak, and the live bytes when it was taken.
+    peak: Option<(MemorySnapshot, usize)>,
 }
 
 impl<R: MemoryResource> TimelineAdaptor<R> {
@@ -86,7 +97,9 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
                 record: Mutex::new(Record {
                     timeline,
                     since_sample: u64::MAX,
+                    peak: None,
                 }),
+                snapshot_peaks: AtomicBool::new(false),
             }),
         }
     }
@@ -94,6 +107,28 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
     /// A copy of the timeline so far.
     pub fn timeline(&self) -> Timeline {
         self.inner.record.lock().timeline.clone()
+    }
+
+    /// Keeps (`true`) or stops keeping the upstream's [`snapshot`](MemoryResource::snapshot)
+    /// near the peak, for [`peak_snapshot`](TimelineAdaptor::peak_snapshot). A snapshot is
+    /// taken when live bytes pass the last snapshot's by more than 1/16, so the one kept has
+    /// at least 16/17 of the peak's live bytes, and a run takes a few hundred at most (one
+    /// per 6% of growth), not one per allocation. Off by default: a snapshot walks every
+    /// block of the upstream.
+    pub fn snapshot_peaks(&self, on: bool) {
+        self.inner.snapshot_peaks.store(on, Ordering::Relaxed);
+    }
+
+    /// The upstream's snapshot near the peak (see
+    /// [`snapshot_peaks`](TimelineAdaptor::snapshot_peaks)); `None` before one was taken or
+    /// when the upstream gives none.
+    pub fn peak_snapshot(&self) -> Option<MemorySnapshot> {
+        self.inner
+            .record
+            .lock()
+            .peak
+            .as_ref()
+            .map(|(s, _)| s.clone())
     }
 
     /// Names `stream` in the timeline (and so in reports).
@@ -122,6 +157,18 @@ impl<R: MemoryResource> Inner<R> {
             record.since_sample = 0;
         }
         record.timeline.record(action, ptr, bytes, stream.id());
+        let live = record.timeline.live_bytes();
+        if action == TraceAction::Alloc
+            && self.snapshot_peaks.load(Ordering::Relaxed)
+            && record
+                .peak
+                .as_ref()
+                .is_none_or(|&(_, at)| live > at.saturating_add(at / 16))
+        {
+            if let Some(snapshot) = self.upstream.snapshot() {
+                record.peak = Some((snapshot, live));
+            }
+        }
     }
 }
 
@@ -141,9 +188,11 @@ impl<R: MemoryResource> Forward for Inner<R> {
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        // Recorded before the memory can be reused: another thread's allocation of the same
+        // address then comes after this free in the trace.
+        self.record(TraceAction::Free, ptr, bytes, stream);
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
-        self.record(TraceAction::Free, ptr, bytes, stream);
     }
 }
 

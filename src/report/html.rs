@@ -60,7 +60,7 @@ enum Item {
 /// # Examples
 ///
 /// A running program's report: a [`TimelineAdaptor`](crate::TimelineAdaptor) over a pool
-/// records the allocations, and the pool's snapshot at the peak shows where they lay.
+/// records the allocations and keeps the pool's snapshot near the peak.
 ///
 /// ```
 /// use streamalloc::report::html::{HtmlReport, ReportSection};
@@ -70,21 +70,27 @@ enum Item {
 /// let (s1, s2) = (Stream::new(&device)?, Stream::new(&device)?);
 /// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, Some(4 << 20))?;
 /// let mr = TimelineAdaptor::new(pool);
+/// mr.snapshot_peaks(true);
+/// mr.name_stream(&s2, "copy");
 ///
 /// let a = mr.try_allocate(256 << 10, &s1)?;
 /// let b = mr.try_allocate(512 << 10, &s2)?;
-/// let peak = mr.snapshot(); // None where the resource gives no snapshot
 /// unsafe { mr.deallocate(a, 256 << 10, &s1) };
 /// unsafe { mr.deallocate(b, 512 << 10, &s2) };
 ///
+/// let section = ReportSection {
+///     name: "pool".into(),
+///     timeline: mr.timeline(),
+///     peak: mr.peak_snapshot(), // None where the resource gives no snapshot
+/// };
 /// let mut page = Vec::new();
 /// HtmlReport::new("My service")
 ///     .note("recorded by a TimelineAdaptor".to_owned())
-///     .section(ReportSection { name: "pool".into(), timeline: mr.timeline(), peak })
+///     .section(section)
 ///     .write_to(&mut page)?;
 /// let page = String::from_utf8(page).unwrap();
 /// assert!(page.starts_with("<!DOCTYPE html>") && page.contains("<svg"));
-/// assert!(!page.contains("<script"));
+/// assert!(page.contains("copy") && !page.contains("<script"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]

@@ -1,6 +1,8 @@
+use std::sync::atomic::Ordering;
+
 use crate::{
-    CudaResource, Device, DevicePtr, HostConfig, MemoryResource, PoolResource, Stream,
-    TimelineAdaptor, TraceAction,
+    Block, BlockState, CudaResource, Device, DevicePtr, HostConfig, MemoryResource, MemorySnapshot,
+    PoolResource, Segment, Stream, TimelineAdaptor, TraceAction,
 };
 
 fn device() -> Device {
@@ -132,4 +134,80 @@ fn with_limits_bounds_the_record() {
     assert_eq!((t.events().count(), t.recorded_events()), (10, 2000));
     assert!(t.series().len() <= 10);
     assert_eq!(t.peak_live_bytes(), 256);
+}
+
+/// An upstream whose snapshot is one segment holding one live block of its live bytes: enough
+/// to see which moment a snapshot was taken at.
+#[derive(Debug)]
+struct Snapshotting {
+    inner: CudaResource,
+    live: std::sync::atomic::AtomicUsize,
+    snapshots: std::sync::atomic::AtomicUsize,
+}
+
+impl MemoryResource for Snapshotting {
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> crate::Result<DevicePtr> {
+        let p = self.inner.try_allocate(bytes, stream)?;
+        self.live.fetch_add(bytes, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+        self.live.fetch_sub(bytes, Ordering::Relaxed);
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.inner.deallocate(ptr, bytes, stream) }
+    }
+
+    fn properties(&self) -> crate::Properties {
+        self.inner.properties()
+    }
+
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        self.snapshots.fetch_add(1, Ordering::Relaxed);
+        let live = self.live.load(Ordering::Relaxed);
+        let at = DevicePtr::from_raw(0x1000);
+        let mut segment = Segment::new(at, live);
+        segment.blocks.push(Block::new(at, live, BlockState::Live));
+        let mut s = MemorySnapshot::new(self.inner.properties().device, "test");
+        s.segments.push(segment);
+        Some(s)
+    }
+}
+
+/// With peak snapshots on, the adaptor keeps a snapshot within 1/16 of the peak, taken once
+/// per 1/16 of growth rather than at every allocation; off, it takes none.
+#[test]
+fn keeps_a_snapshot_near_the_peak() {
+    let device = device();
+    let s = Stream::new(&device).unwrap();
+    let upstream = Snapshotting {
+        inner: CudaResource::new(&device).unwrap(),
+        live: 0.into(),
+        snapshots: 0.into(),
+    };
+    let mr = TimelineAdaptor::new(upstream);
+    let first = mr.try_allocate(4096, &s).unwrap();
+    assert!(mr.peak_snapshot().is_none()); // off by default
+    mr.snapshot_peaks(true);
+    let mut held = vec![first];
+    for _ in 0..1000 {
+        held.push(mr.try_allocate(4096, &s).unwrap());
+    }
+    let peak = 1001 * 4096;
+    for p in held.drain(500..) {
+        // SAFETY: allocated through `mr` with these bytes, freed once.
+        unsafe { mr.deallocate(p, 4096, &s) };
+    }
+    for _ in 0..400 {
+        held.push(mr.try_allocate(4096, &s).unwrap()); // below the peak: no new snapshot
+    }
+    let snapshot = mr.peak_snapshot().unwrap();
+    let live = snapshot.live_bytes();
+    assert!(live <= peak && live >= peak / 17 * 16, "{live} of {peak}");
+    let taken = mr.upstream().snapshots.load(Ordering::Relaxed);
+    assert!((2..=100).contains(&taken), "{taken} snapshots");
+    for p in held {
+        // SAFETY: allocated through `mr` with these bytes, freed once.
+        unsafe { mr.deallocate(p, 4096, &s) };
+    }
 }

@@ -26,6 +26,8 @@ pub(crate) const PENDING: (u8, u8, u8) = (0x8a, 0x8a, 0x8a);
 pub(crate) const RESERVED: (u8, u8, u8) = (0x20, 0x20, 0x20);
 /// The peak marker.
 pub(crate) const PEAK: (u8, u8, u8) = (0xc0, 0x00, 0x00);
+/// Out-of-memory marks.
+pub(crate) const OOM: (u8, u8, u8) = (0xa0, 0x00, 0x7a);
 /// Axes and grid.
 pub(crate) const GRID: (u8, u8, u8) = (0xd0, 0xd0, 0xd0);
 

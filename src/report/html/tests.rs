@@ -3,7 +3,7 @@
 
 use resvg::{tiny_skia, usvg};
 
-use super::colours::{hex, StreamColours, FREE, PALETTE, PENDING, RESERVED};
+use super::colours::{hex, StreamColours, FREE, OOM, PALETTE, PENDING, RESERVED};
 use super::{segment_map, segment_map_svg, timeline_svg, HtmlReport, ReportSection};
 use crate::{
     Block, BlockState, Device, DevicePtr, MemorySnapshot, Segment, StreamId, Timeline, TraceAction,
@@ -50,7 +50,7 @@ impl Picture {
 }
 
 /// Stream 1 holds 2, then 4 MiB; stream 2 holds 4 MiB only at event 2 (the peak, 8 MiB);
-/// 10 MiB reserved throughout.
+/// 10 MiB reserved throughout; a request of 16 MiB refused at event 5.
 fn known_timeline() -> Timeline {
     let mut t = Timeline::new();
     let (a, b) = (StreamId(1), StreamId(2));
@@ -62,6 +62,7 @@ fn known_timeline() -> Timeline {
     t.record(TraceAction::Alloc, at(2), 4 * MIB, b);
     t.record(TraceAction::Free, at(2), 4 * MIB, b);
     t.record(TraceAction::Free, at(1), 2 * MIB, a);
+    t.record(TraceAction::Oom, DevicePtr::NULL, 16 * MIB, a);
     t
 }
 
@@ -79,8 +80,9 @@ fn the_timeline_renders_the_expected_series() {
     let px_per_mib = frame.height / (frame.max_bytes / MIB as f64);
     assert_eq!(frame.max_bytes, 15.0 * MIB as f64);
 
-    // Before the peak (event 0) and after it (event 4): stream 1's 2 MiB, nothing of stream 2.
-    for seq in [0.5, 4.5] {
+    // Before the peak (event 0) and after it (events 4, 5): stream 1's 2 MiB, nothing of
+    // stream 2.
+    for seq in [0.5, 4.5, 5.5] {
         let x = frame.x(seq);
         let rows_a = picture.rows_of(x, top, bottom, a);
         assert!(
@@ -119,6 +121,14 @@ fn the_timeline_renders_the_expected_series() {
     );
     assert!(line < *rows_b.iter().min().unwrap());
     assert_eq!(hex(RESERVED), "#202020");
+    // The refusal is marked under the axis at its event, and nowhere else.
+    let marked = |seq: f64| {
+        picture
+            .rows_of(frame.x(seq), bottom, bottom + 8.0, OOM)
+            .len()
+    };
+    assert!(marked(5.5) >= 3, "{}", marked(5.5));
+    assert_eq!(marked(2.5), 0);
 }
 
 /// One 16 MiB segment: 8 MiB live on stream 1, 4 MiB free, 4 MiB live on stream 2; one of

@@ -3,9 +3,9 @@
 
 use std::fmt::Write as _;
 
-use super::colours::{hex, StreamColours, GRID, PEAK, RESERVED};
+use super::colours::{hex, StreamColours, GRID, OOM, PEAK, RESERVED};
 use super::text::{byte_step, bytes, bytes_f, escape, number_step};
-use crate::resource::{SeriesPoint, Timeline};
+use crate::resource::{SeriesPoint, Timeline, TraceAction};
 
 const LEFT: f64 = 76.0;
 const RIGHT: f64 = 16.0;
@@ -82,6 +82,14 @@ pub(crate) fn draw(
     }
     let reserved_at = place("reserved".len());
     let peak_at = place("peak".len());
+    // Refused allocations among the kept events, one mark per pixel column at most.
+    let first_kept = timeline.series().first().map_or(0, |p| p.seq);
+    let oom_seqs: Vec<u64> = timeline
+        .events()
+        .filter(|e| e.action == TraceAction::Oom && e.seq >= first_kept)
+        .map(|e| e.seq)
+        .collect();
+    let oom_at = (!oom_seqs.is_empty()).then(|| place("out of memory".len()));
     let legend_height = (row + 1) as f64 * LEGEND_ROW + 8.0;
     let height = f64::from(height.max(160)).max(TOP + 80.0 + X_AXIS + legend_height);
     let plot_height = height - TOP - X_AXIS - legend_height;
@@ -162,10 +170,18 @@ pub(crate) fn draw(
     let _ = writeln!(
         svg,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#404040\">event \
-         ({} recorded{})</text>",
+         ({} recorded{}{})</text>",
         LEFT + frame.width / 2.0,
         axis_y + 31.0,
         timeline.recorded_events(),
+        match (series.first(), series.last()) {
+            (Some(a), Some(b)) if b.time > a.time => format!(
+                ", {} to {}",
+                seconds(a.time.as_secs_f64()),
+                seconds(b.time.as_secs_f64())
+            ),
+            _ => String::new(),
+        },
         if series.len() as u64 + 1 < timeline.recorded_events() {
             format!(
                 ", drawn as {} points keeping each window's peak",
@@ -259,6 +275,22 @@ pub(crate) fn draw(
         );
     }
 
+    // Out-of-memory marks under the axis, one per pixel column.
+    let mut last_column = None;
+    for &seq in &oom_seqs {
+        let x = frame.x(seq as f64 + 0.5);
+        if last_column == Some(x.round() as i64) {
+            continue;
+        }
+        last_column = Some(x.round() as i64);
+        let _ = writeln!(
+            svg,
+            "<path d=\"M{x:.1},{axis_y:.1} l-4,8 h8 z\" fill=\"{}\"><title>out of memory at \
+             event {seq}</title></path>",
+            hex(OOM)
+        );
+    }
+
     // Axis lines over the areas.
     let _ = writeln!(
         svg,
@@ -310,6 +342,18 @@ pub(crate) fn draw(
         hex(PEAK),
         x + 18.0
     );
+    if let Some((x, row)) = oom_at {
+        let y = legend_top + row as f64 * LEGEND_ROW;
+        let _ = writeln!(
+            svg,
+            "<path d=\"M{:.1},{:.1} l-4,8 h8 z\" fill=\"{}\"/><text x=\"{:.1}\" \
+             y=\"{y:.1}\">out of memory</text>",
+            x + 7.0,
+            y - 9.0,
+            hex(OOM),
+            x + 18.0
+        );
+    }
     svg.push_str("</svg>\n");
     (svg, frame)
 }
@@ -331,4 +375,35 @@ fn steps(series: &[SeriesPoint], values: &[f64], frame: &Frame) -> Vec<(f64, f64
     }
     out.push((frame.x(frame.end_seq), frame.y(values[values.len() - 1])));
     out
+}
+
+/// `s` seconds with three significant digits: "0 s", "12.3 ms", "4.56 s", "1234 s".
+fn seconds(s: f64) -> String {
+    let (value, unit) = if s == 0.0 || s >= 1.0 {
+        (s, "s")
+    } else if s >= 1e-3 {
+        (s * 1e3, "ms")
+    } else {
+        (s * 1e6, "µs")
+    };
+    let digits = if value >= 100.0 || value == 0.0 {
+        0
+    } else if value >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{value:.digits$} {unit}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seconds_read_in_their_unit() {
+        assert_eq!(super::seconds(0.0), "0 s");
+        assert_eq!(super::seconds(0.0123), "12.3 ms");
+        assert_eq!(super::seconds(4.567), "4.57 s");
+        assert_eq!(super::seconds(0.000_05), "50.0 µs");
+        assert_eq!(super::seconds(1234.0), "1234 s");
+    }
 }
