@@ -28,6 +28,41 @@ pub enum ReplayError {
         /// What is wrong with it.
         message: String,
     },
+    /// An event that cannot be replayed as logged (a free of a pointer that is not live, an
+    /// allocation of a pointer that is live, a free with another size), refused in strict mode
+    /// ([`WhatIfOptions::strict`](super::WhatIfOptions::strict)); counted and skipped otherwise.
+    #[error("event log line {line}: {message}")]
+    #[non_exhaustive]
+    Inconsistent {
+        /// The event's line.
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The log names more distinct streams than a replay creates
+    /// ([`WhatIfOptions::max_streams`](super::WhatIfOptions::max_streams)): each is a real
+    /// stream (a worker thread on the host backend, a driver stream on CUDA).
+    #[error(
+        "event log line {line}: more than {limit} distinct streams (each logged stream is \
+         replayed on a stream of its own)"
+    )]
+    #[non_exhaustive]
+    TooManyStreams {
+        /// The line of the first event on a stream past the limit.
+        line: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The device or the resource failed (not a refused allocation, which is a counted
+    /// failure): creating or synchronising a stream, a resource for another device.
+    #[error("replaying event log line {line}: {error}")]
+    #[non_exhaustive]
+    Resource {
+        /// The line being replayed (0: before the first event, or after the last).
+        line: usize,
+        /// The error.
+        error: crate::Error,
+    },
     /// Opening or reading the log failed.
     #[error("{context}: {message}")]
     #[non_exhaustive]

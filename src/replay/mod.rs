@@ -48,6 +48,7 @@
 
 mod error;
 mod parser;
+mod whatif;
 
 use std::fmt;
 
@@ -56,6 +57,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
 pub use error::{ReplayError, ReplayResult};
 pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
+pub use whatif::{replay_log, scan_log, LogSummary, Skipped, WhatIf, WhatIfOptions};
 
 use crate::device::Device;
 use crate::error::{Error, Result};

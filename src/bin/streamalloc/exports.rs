@@ -1,0 +1,71 @@
+//! `--html` and `--torch-snapshot`: the two exports, each in one function.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use streamalloc::replay::WhatIf;
+use streamalloc::report::html::{HtmlReport, ReportSection};
+use streamalloc::report::torch::write_torch_snapshot;
+use streamalloc::{Device, MemorySnapshot};
+
+use crate::resources::ResourceKind;
+use crate::table::Report;
+
+// EXPORT WIRING (issue 15): `html` calls helper 4's `report::html::HtmlReport`, `torch` helper
+// 3's `report::torch::write_torch_snapshot`; each export is this one function.
+
+/// Writes the HTML report: the table, the notes, and one section per resource (its timeline
+/// and its snapshot at the log's peak).
+pub(crate) fn html(path: &Path, report: &Report<'_>) -> io::Result<()> {
+    let mut page = HtmlReport::new(format!("streamalloc replay of {}", report.log.display()))
+        .table(report.header(), report.rows());
+    for note in report.notes() {
+        page = page.note(note);
+    }
+    for (kind, row) in report.rows {
+        let Ok(w) = row else { continue };
+        page = page.section(ReportSection {
+            name: kind.name(),
+            timeline: w.timeline.clone().unwrap_or_default(),
+            peak: w.peak_snapshot.clone(),
+        });
+    }
+    let mut file = io::BufWriter::new(File::create(path)?);
+    page.write_to(&mut file)?;
+    file.flush()
+}
+
+/// Writes PyTorch's memory snapshot of the first resource that gave a snapshot at the peak,
+/// with its timeline up to the peak as the trace; where none gave one, the first resource's trace alone
+/// (an empty snapshot), said on stderr.
+pub(crate) fn torch(
+    path: &Path,
+    device: &Device,
+    rows: &[(ResourceKind, Result<WhatIf, String>)],
+) -> io::Result<()> {
+    let ok = || rows.iter().filter_map(|(k, r)| Some((k, r.as_ref().ok()?)));
+    let (snapshot, timeline) = match ok().find(|(_, w)| w.peak_snapshot.is_some()) {
+        Some((_, w)) => (
+            w.peak_snapshot.clone().expect("found above"),
+            w.timeline_at_peak.as_ref(),
+        ),
+        None => {
+            let (kind, w) = ok().next().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "no resource replayed the log")
+            })?;
+            eprintln!(
+                "streamalloc: no resource gave a snapshot at the peak; {} holds {}'s trace only",
+                path.display(),
+                kind.name()
+            );
+            (
+                MemorySnapshot::new(device.id(), kind.name()),
+                w.timeline_at_peak.as_ref(),
+            )
+        }
+    };
+    let mut file = io::BufWriter::new(File::create(path)?);
+    write_torch_snapshot(&mut file, &snapshot, timeline)?;
+    file.flush()
+}

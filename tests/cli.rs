@@ -1,0 +1,246 @@
+//! The `streamalloc` binary (feature `cli`): the what-if table on a real RMM log excerpt, exit
+//! codes on bad input, `--help`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const EXCERPT: &str = "tests/data/rmm_26.10_5streams_excerpt.csv";
+
+fn streamalloc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_streamalloc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The log's peak of live bytes and its line, computed here independently of the crate.
+fn peak_of(log: &str) -> (usize, usize) {
+    let mut live: HashMap<&str, usize> = HashMap::new();
+    let (mut now, mut peak, mut at) = (0usize, 0usize, 0usize);
+    for (i, line) in log.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let bytes: usize = f[4].parse().unwrap();
+        match f[2] {
+            "allocate" => {
+                live.insert(f[3], bytes);
+                now += bytes;
+                if now > peak {
+                    (peak, at) = (now, i + 1);
+                }
+            }
+            "free" => now -= live.remove(f[3]).unwrap(),
+            _ => {}
+        }
+    }
+    (peak, at)
+}
+
+/// As the table prints bytes: `369.6 MiB`.
+fn human(n: usize) -> String {
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", ["KiB", "MiB", "GiB", "TiB"][unit])
+}
+
+#[test]
+fn the_table_lists_each_resource_with_the_logs_peak() {
+    let log =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(EXCERPT)).unwrap();
+    let (peak, line) = peak_of(&log);
+    assert!(peak > 100 << 20, "the excerpt's peak is {peak}");
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool,cuda",
+        "--device",
+        "host",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("resource") && lines[0].contains("peak live"),
+        "{stdout}"
+    );
+    for (row, name) in [(1, "pool"), (2, "cuda")] {
+        let cells: Vec<&str> = lines[row].split_whitespace().collect();
+        assert_eq!(cells[0], name, "{stdout}");
+        assert_eq!(
+            format!("{} {}", cells[1], cells[2]),
+            human(peak),
+            "{stdout}"
+        );
+        assert_eq!(cells[6..8], ["0", "0"], "no failures, no waits: {stdout}");
+    }
+    assert!(
+        stdout.contains(&format!(
+            "1768 events (1249 allocations, 519 frees, 0 logged failures) on 5 threads and 5 \
+             streams; peak live {peak} B at line {line}"
+        )),
+        "{stdout}"
+    );
+    // Nothing but the table goes to stdout when it is not a terminal: no progress bar.
+    assert!(
+        !stdout.contains('\r') && !stdout.contains('\u{1b}'),
+        "{stdout:?}"
+    );
+}
+
+#[test]
+fn an_unknown_resource_is_refused_with_the_valid_names() {
+    let out = streamalloc(&["replay", EXCERPT, "--resource", "pool,slab"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    for name in [
+        "cuda",
+        "managed",
+        "pool",
+        "arena",
+        "binning",
+        "cuda-async",
+        "fixed-size",
+        "mapped-pool",
+    ] {
+        assert!(stderr.contains(name), "{name}: {stderr}");
+    }
+    assert!(stderr.contains("'slab'"), "{stderr}");
+}
+
+#[test]
+fn bad_input_exits_2_with_the_line_or_is_counted() {
+    let dir = std::env::temp_dir().join(format!("streamalloc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.csv");
+    let mut bytes = b"Thread,Time,Action,Pointer,Size,Stream\n\
+        1,00:00:00.000001,allocate,0x1000,256,0x5\n\
+        1,00:00:00.000002,free,0x9000,256,0x5\n\
+        1,00:00:00.000003,allocate,0x2000\n"
+        .to_vec();
+    bytes.extend_from_slice(b"1,00:00:00.000004,free,0x1000,256,\xff\n");
+    std::fs::write(&bad, &bytes).unwrap();
+    let bad = bad.to_str().unwrap();
+
+    let out = streamalloc(&["replay", bad, "--resource", "pool", "--device", "host"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("log: 2 malformed lines skipped, 1 frees of pointers not live skipped"),
+        "{stdout}"
+    );
+
+    let out = streamalloc(&[
+        "replay",
+        bad,
+        "--resource",
+        "pool",
+        "--device",
+        "host",
+        "--strict",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("event log line 3: free of 0x9000"),
+        "{stderr}"
+    );
+
+    let missing = dir.join("missing.csv");
+    let out = streamalloc(&["replay", missing.to_str().unwrap(), "--resource", "pool"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("missing.csv"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let headless = dir.join("headless.csv");
+    std::fs::write(&headless, "1,00:00:00.000001,allocate,0x1000,256,0\n").unwrap();
+    let out = streamalloc(&["replay", headless.to_str().unwrap(), "--resource", "pool"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("event log line 1"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool",
+        "--device",
+        "sideways",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn help_describes_the_options_and_columns() {
+    let out = streamalloc(&["replay", "--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for word in [
+        "--resource",
+        "--device",
+        "--html",
+        "--torch-snapshot",
+        "--strict",
+        "peak reserved",
+        "ns/op",
+        "binning",
+        "2^18..2^22",
+        "waits",
+    ] {
+        assert!(help.contains(word), "{word}: {help}");
+    }
+    let out = streamalloc(&["--help"]);
+    assert!(out.status.success() && text(&out.stdout).contains("replay"));
+}
+
+#[test]
+fn both_exports_are_written() {
+    let dir = std::env::temp_dir().join(format!("streamalloc-cli-torch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("snapshot.pickle");
+    let html = dir.join("report.html");
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool,arena",
+        "--device",
+        "host",
+        "--torch-snapshot",
+        path.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pickle = std::fs::read(&path).unwrap();
+    assert!(pickle.len() > 1000, "{} bytes", pickle.len());
+    assert_eq!(&pickle[..2], b"\x80\x04", "pickle protocol 4");
+    assert_eq!(pickle.last(), Some(&b'.'));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("<svg") && page.contains("</html>"),
+        "{} bytes",
+        page.len()
+    );
+    // The table, both resources' sections and the logged streams' names are in it.
+    for word in ["peak reserved", "pool", "arena", "stream 0x5560f4acda50"] {
+        assert!(page.contains(word), "{word}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
