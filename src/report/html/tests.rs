@@ -78,7 +78,7 @@ fn the_timeline_renders_the_expected_series() {
     let (a, b) = (PALETTE[0], PALETTE[1]);
     let (top, bottom) = (frame.top, frame.top + frame.height);
     let px_per_mib = frame.height / (frame.max_bytes / MIB as f64);
-    assert_eq!(frame.max_bytes, 15.0 * MIB as f64);
+    assert_eq!(frame.max_bytes, 12.0 * MIB as f64); // 10 MiB reserved + 5%, in 4 MiB steps
 
     // Before the peak (event 0) and after it (events 4, 5): stream 1's 2 MiB, nothing of
     // stream 2.

@@ -56,22 +56,11 @@ fn trim(s: String) -> String {
     }
 }
 
-/// A tick step for an axis up to `max` bytes with about `ticks` ticks: 1, 2 or 5 times a power
-/// of 1024 times a power of ten, so that labels read "256 MiB", "1 GiB".
+/// A byte step for about `ticks` ticks up to `max`: a power of two (256 MiB, 512 MiB, 1 GiB,
+/// …), so that every tick reads as a round figure in binary units.
 pub(crate) fn byte_step(max: f64, ticks: usize) -> f64 {
     let raw = (max / ticks.max(1) as f64).max(1.0);
-    let mut unit = 1.0;
-    while raw >= unit * 1024.0 {
-        unit *= 1024.0;
-    }
-    let in_unit = raw / unit;
-    let magnitude = 10f64.powf(in_unit.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .into_iter()
-        .map(|m| m * magnitude)
-        .find(|&s| s >= in_unit)
-        .unwrap_or(10.0 * magnitude);
-    step * unit
+    2f64.powf(raw.log2().ceil())
 }
 
 /// A plain number step (1, 2, 5 × 10ⁿ) for about `ticks` ticks up to `max`.
@@ -111,7 +100,8 @@ mod tests {
 
     #[test]
     fn byte_steps_are_round_in_their_unit() {
-        assert_eq!(byte_step(64.0 * 1048576.0, 4), 20.0 * 1048576.0);
+        assert_eq!(byte_step(64.0 * 1048576.0, 4), 16.0 * 1048576.0);
+        assert_eq!(byte_step(2.4 * 1073741824.0, 4), 1073741824.0);
         assert_eq!(byte_step(4096.0, 4), 1024.0);
         assert_eq!(byte_step(0.0, 4), 1.0);
         assert_eq!(number_step(1000.0, 5), 200.0);
