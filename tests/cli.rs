@@ -210,7 +210,7 @@ fn help_describes_the_options_and_columns() {
 }
 
 #[test]
-fn both_exports_are_written() {
+fn every_export_is_written() {
     let dir = std::env::temp_dir().join(format!("streamalloc-cli-torch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("snapshot.pickle");
@@ -226,8 +226,23 @@ fn both_exports_are_written() {
         path.to_str().unwrap(),
         "--html",
         html.to_str().unwrap(),
+        "--svg",
+        dir.join("svg").to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // Standalone pictures: both resources' timelines and segment maps.
+    for name in [
+        "pool-timeline",
+        "pool-segments",
+        "arena-timeline",
+        "arena-segments",
+    ] {
+        let svg = std::fs::read_to_string(dir.join("svg").join(format!("{name}.svg"))).unwrap();
+        assert!(
+            svg.starts_with("<svg xmlns=") && svg.trim_end().ends_with("</svg>"),
+            "{name}"
+        );
+    }
     let pickle = std::fs::read(&path).unwrap();
     assert!(pickle.len() > 1000, "{} bytes", pickle.len());
     assert_eq!(&pickle[..2], b"\x80\x04", "pickle protocol 4");

@@ -1,19 +1,16 @@
-//! `--html` and `--torch-snapshot`: the two exports, each in one function.
+//! `--html`, `--svg` and `--torch-snapshot`: the exports, each in one function.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
 use streamalloc::replay::WhatIf;
-use streamalloc::report::html::{HtmlReport, ReportSection};
+use streamalloc::report::html::{segment_map_svg, timeline_svg, HtmlReport, ReportSection};
 use streamalloc::report::torch::write_torch_snapshot;
 use streamalloc::{Device, MemorySnapshot};
 
 use crate::resources::ResourceKind;
 use crate::table::Report;
-
-// EXPORT WIRING (issue 15): `html` calls helper 4's `report::html::HtmlReport`, `torch` helper
-// 3's `report::torch::write_torch_snapshot`; each export is this one function.
 
 /// Writes the HTML report: the table, the notes, and one section per resource (its timeline
 /// and its snapshot at the log's peak).
@@ -34,6 +31,29 @@ pub(crate) fn html(path: &Path, report: &Report<'_>) -> io::Result<()> {
     let mut file = io::BufWriter::new(File::create(path)?);
     page.write_to(&mut file)?;
     file.flush()
+}
+
+/// Writes each resource's timeline and, where it gave one, its segment map at the peak as
+/// standalone SVG files into `dir`.
+pub(crate) fn svg(dir: &Path, rows: &[(ResourceKind, Result<WhatIf, String>)]) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (kind, row) in rows {
+        let Ok(w) = row else { continue };
+        let name = kind.name();
+        if let Some(timeline) = &w.timeline {
+            std::fs::write(
+                dir.join(format!("{name}-timeline.svg")),
+                timeline_svg(timeline, 960, 380),
+            )?;
+        }
+        if let Some(peak) = &w.peak_snapshot {
+            std::fs::write(
+                dir.join(format!("{name}-segments.svg")),
+                segment_map_svg(peak, 960),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes PyTorch's memory snapshot of the first resource that gave a snapshot at the peak,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! streamalloc replay LOG --resource pool,arena,binning,cuda-async [--device host|cuda|N]
-//!                        [--html PATH] [--torch-snapshot PATH] [--strict]
+//!                        [--html PATH] [--svg DIR] [--torch-snapshot PATH] [--strict]
 //! ```
 //!
 //! Built with the `cli` feature: `cargo install streamalloc --features cli`.
@@ -79,6 +79,12 @@ struct ReplayArgs {
     /// per stream, and each resource's segment map at the log's peak.
     #[arg(long, value_name = "PATH")]
     html: Option<PathBuf>,
+
+    /// Write each resource's pictures as standalone SVG files into this directory (created if
+    /// missing): `<resource>-timeline.svg` and, where it gives a snapshot,
+    /// `<resource>-segments.svg` (the same pictures as the HTML report's).
+    #[arg(long, value_name = "DIR")]
+    svg: Option<PathBuf>,
 
     /// Write PyTorch's memory snapshot (a pickle that pytorch.org/memory_viz opens) of the
     /// first resource at the log's peak, with its trace, here.
@@ -281,6 +287,14 @@ fn replay(args: &ReplayArgs) -> Result<(), Failed> {
             (
                 EXIT_EXPORT,
                 format!("writing the HTML report {}: {e}", path.display()),
+            )
+        })?;
+    }
+    if let Some(dir) = &args.svg {
+        exports::svg(dir, &rows).map_err(|e| {
+            (
+                EXIT_EXPORT,
+                format!("writing the SVG pictures into {}: {e}", dir.display()),
             )
         })?;
     }
