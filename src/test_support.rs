@@ -175,3 +175,12 @@ pub(crate) fn a_waiting_allocation_resumes_after_a_free<R: MemoryResource>(
     assert!(e.is_out_of_memory(), "{e}");
     s.synchronize_blocking().unwrap();
 }
+
+/// Whether captured backtraces name their functions: not in a stripped binary (the GPU
+/// bundle's), where tests of allocation sites can only check that frames are there.
+#[inline(never)]
+pub(crate) fn backtraces_have_symbols() -> bool {
+    std::backtrace::Backtrace::force_capture()
+        .to_string()
+        .contains("backtraces_have_symbols")
+}

@@ -51,7 +51,14 @@ pub(crate) fn allocate_zeroed_aligned(bytes: usize) -> Option<(u64, RawBlock)> {
         return None;
     }
     let aligned = (ptr as u64 + 8).next_multiple_of(ALIGNMENT as u64);
-    Some((aligned, RawBlock { ptr, layout, mapped }))
+    Some((
+        aligned,
+        RawBlock {
+            ptr,
+            layout,
+            mapped,
+        },
+    ))
 }
 
 /// Fresh zeroed pages for a block of `bytes` ≥ [`MMAP_THRESHOLD`]; `None` for smaller blocks,
@@ -146,7 +153,13 @@ mod tests {
     /// block's dirty memory is reused, and free through the path they were made by.
     #[test]
     fn blocks_are_zeroed_aligned_and_freed_by_their_own_path() {
-        for bytes in [1, 4096, MMAP_THRESHOLD - HEADROOM - 1, MMAP_THRESHOLD, 3 << 20] {
+        for bytes in [
+            1,
+            4096,
+            MMAP_THRESHOLD - HEADROOM - 1,
+            MMAP_THRESHOLD,
+            3 << 20,
+        ] {
             for _ in 0..3 {
                 let p = system_allocate(bytes).expect("memory");
                 assert_eq!(p % ALIGNMENT as u64, 0);
@@ -154,7 +167,7 @@ mod tests {
                 let block = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, bytes) };
                 assert!(block.iter().all(|&b| b == 0), "{bytes} B not zeroed");
                 block.fill(0xA5); // dirty it, so a reuse that is not zeroed shows
-                // SAFETY: `p` came from `system_allocate(bytes)`; nothing uses it any more.
+                                  // SAFETY: `p` came from `system_allocate(bytes)`; nothing uses it any more.
                 unsafe { system_free(p, bytes) };
             }
         }

@@ -778,7 +778,8 @@ mod snapshot {
         );
         let site = live[0].site.as_ref().unwrap().to_string();
         assert!(
-            site.contains("live_blocks_of_the_upstream_get_the_tracked_size_and_site"),
+            site.contains("live_blocks_of_the_upstream_get_the_tracked_size_and_site")
+                || !crate::test_support::backtraces_have_symbols(),
             "{site}"
         );
         // Free blocks are the upstream's, untouched.

@@ -49,6 +49,9 @@ pub(crate) struct Pickler<W: Write> {
     objects: HashMap<Box<str>, u32>,
     /// Memo slots used.
     memo_len: u32,
+    /// How many [`memoized`](Pickler::memoized) writers are running: inside one, names are
+    /// written out, not fetched from the memo.
+    inside_memoized: u32,
 }
 
 impl<W: Write> Pickler<W> {
@@ -60,6 +63,7 @@ impl<W: Write> Pickler<W> {
             names: HashMap::new(),
             objects: HashMap::new(),
             memo_len: 0,
+            inside_memoized: 0,
         })
     }
 
@@ -134,6 +138,12 @@ impl<W: Write> Pickler<W> {
 
     /// A string that repeats (a key, a state's name): written once, fetched from the memo after.
     pub(crate) fn name(&mut self, s: &'static str) -> io::Result<()> {
+        if self.inside_memoized > 0 {
+            // A memoized object holds no references into the memo: a reader that counts
+            // references (serde-pickle) visits the object's contents once per reference to it,
+            // more often than the stream names them, and runs out of a shared name.
+            return self.str(s);
+        }
         if let Some(&i) = self.names.get(s) {
             return self.get(i);
         }
@@ -155,7 +165,10 @@ impl<W: Write> Pickler<W> {
         if let Some(&i) = self.objects.get(key) {
             return self.get(i);
         }
-        write(self)?;
+        self.inside_memoized += 1;
+        let written = write(self);
+        self.inside_memoized -= 1;
+        written?;
         if let Some(i) = self.put()? {
             self.objects.insert(key.into(), i);
         }
@@ -354,6 +367,33 @@ mod tests {
             pickled(|p| p.int(i128::from(i64::MIN))),
             [PROTO, 4, LONG1, 8, 0, 0, 0, 0, 0, 0, 0, 0x80, STOP]
         );
+    }
+
+    /// A memoized dict fetched several times, after its keys were used elsewhere, reads back
+    /// whole in serde-pickle, which visits a shared object's contents once per reference: its
+    /// keys are written out, not fetched from the memo (fetched, the second visit failed with
+    /// `Recursive`, as the stripped GPU test binary's repeated `<unknown>` frames showed).
+    #[test]
+    fn a_memoized_object_read_several_times_reads_whole_each_time() {
+        let bytes = pickled(|p| {
+            p.list(0..4, |p, _| {
+                p.dict(|d| d.entry("name", |p| p.int(1)))?;
+                p.memoized("frame", |p| p.dict(|d| d.entry("name", |p| p.int(7))))
+            })
+        });
+        let v = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
+        let serde_pickle::Value::List(items) = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(items.len(), 8);
+        for (i, item) in items.iter().enumerate() {
+            let serde_pickle::Value::Dict(d) = item else {
+                panic!("{item:?}")
+            };
+            let want = if i % 2 == 0 { 1 } else { 7 };
+            let key = serde_pickle::HashableValue::String("name".into());
+            assert_eq!(d.get(&key), Some(&serde_pickle::Value::I64(want)), "{i}");
+        }
     }
 
     #[test]

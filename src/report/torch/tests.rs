@@ -316,6 +316,11 @@ fn a_live_blocks_site_becomes_its_frames() {
     let segments = list(get(&d, "segments"));
     let blocks = list(get(&segments[0], "blocks"));
     let frames = list(get(&blocks[0], "frames"));
+    assert!(!frames.is_empty());
+    if !crate::test_support::backtraces_have_symbols() {
+        eprintln!("frame names not checked: this binary's backtraces have no symbols");
+        return;
+    }
     let site = frames
         .iter()
         .find(|f| repr(get(f, "name")).contains("allocation_site_for_the_test"))
@@ -457,6 +462,11 @@ fn a_tracked_allocation_shows_its_caller_first_not_the_tracking_adaptor() {
         .iter()
         .map(|f| repr(get(f, "name")))
         .collect();
+    assert!(!names.is_empty());
+    if !crate::test_support::backtraces_have_symbols() {
+        eprintln!("frame names not checked: this binary's backtraces have no symbols");
+        return;
+    }
     assert!(!names[0].contains("adaptor::tracking"), "{names:?}");
     assert!(
         names[..3]
