@@ -30,6 +30,15 @@ pub(crate) fn bytes(n: usize) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// A count of distinct threads or streams: exact, or `>N` past the scan's limit.
+fn distinct(n: usize) -> String {
+    if n > LogSummary::COUNT_LIMIT {
+        format!(">{}", LogSummary::COUNT_LIMIT)
+    } else {
+        n.to_string()
+    }
+}
+
 impl Report<'_> {
     pub(crate) fn header(&self) -> Vec<String> {
         [
@@ -85,8 +94,8 @@ impl Report<'_> {
             s.allocations,
             s.frees,
             s.logged_failures,
-            s.threads,
-            s.streams,
+            distinct(s.threads),
+            distinct(s.streams),
             s.peak_live,
             s.peak_line,
             self.device
@@ -159,3 +168,4 @@ impl Report<'_> {
         Ok(())
     }
 }
+
