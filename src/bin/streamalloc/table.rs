@@ -74,9 +74,10 @@ impl Report<'_> {
                         frag.map_or("-".into(), |f| bytes(f.free_bytes())),
                     ]
                 }
-                Err(e) => {
-                    let mut cells = vec![kind.name(), format!("unavailable: {e}")];
-                    cells.resize(9, String::new());
+                // The error goes in the notes: a cell holds a figure.
+                Err(_) => {
+                    let mut cells = vec![kind.name()];
+                    cells.resize(self.header().len(), "-".to_owned());
                     cells
                 }
             })
@@ -104,7 +105,13 @@ impl Report<'_> {
             notes.push(format!("log: {}", s.skipped));
         }
         for (kind, row) in self.rows {
-            let Ok(w) = row else { continue };
+            let w = match row {
+                Ok(w) => w,
+                Err(e) => {
+                    notes.push(format!("{}: unavailable: {e}", kind.name()));
+                    continue;
+                }
+            };
             if w.skipped.streams_over_limit > 0 {
                 notes.push(format!(
                     "{}: {} events on streams past the limit ran on one shared stream",
@@ -169,3 +176,34 @@ impl Report<'_> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resource that cannot be built gets "-" cells and its error in the notes.
+    #[test]
+    fn a_resource_that_cannot_be_built_has_dashes_and_a_note() {
+        let summary = LogSummary::default();
+        let rows = [(
+            ResourceKind::Managed,
+            Err("no managed memory here".to_owned()),
+        )];
+        let report = Report {
+            log: Path::new("x.csv"),
+            device: "host",
+            summary: &summary,
+            rows: &rows,
+        };
+        let cells = &report.rows()[0];
+        assert_eq!(cells.len(), report.header().len());
+        assert_eq!(cells[0], "managed");
+        assert!(cells[1..].iter().all(|c| c == "-"), "{cells:?}");
+        assert!(
+            report
+                .notes()
+                .contains(&"managed: unavailable: no managed memory here".to_owned()),
+            "{:?}",
+            report.notes()
+        );
+    }
+}
