@@ -253,7 +253,7 @@ impl<B: BufRead> EventReader<B> {
             return Err(ReplayError::parse(
                 line,
                 format!(
-                    "longer than {} KiB (the most a line may hold); skipped",
+                    "longer than {} KiB (the most a line may hold)",
                     MAX_LINE >> 10
                 ),
             ));
