@@ -222,13 +222,12 @@ pub fn scan_log<B: BufRead>(
             Err(e) => return Err(e),
         };
         s.events += 1;
-        if streams.len() <= LogSummary::COUNT_LIMIT && streams.insert(e.stream) {
-            if options.strict && streams.len() > options.max_streams {
-                return Err(ReplayError::TooManyStreams {
-                    line: e.line,
-                    limit: options.max_streams,
-                });
-            }
+        let new_stream = streams.len() <= LogSummary::COUNT_LIMIT && streams.insert(e.stream);
+        if new_stream && options.strict && streams.len() > options.max_streams {
+            return Err(ReplayError::TooManyStreams {
+                line: e.line,
+                limit: options.max_streams,
+            });
         }
         if threads.len() <= LogSummary::COUNT_LIMIT {
             threads.insert(e.thread);
