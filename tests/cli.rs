@@ -202,6 +202,13 @@ fn help_describes_the_options_and_columns() {
         "binning",
         "2^18..2^22",
         "waits",
+        "first resource that gives a snapshot",
+        "regular file",
+        "Exit codes",
+        "0: ",
+        "1: ",
+        "2: ",
+        "3: ",
     ] {
         assert!(help.contains(word), "{word}: {help}");
     }
@@ -257,5 +264,153 @@ fn every_export_is_written() {
     for word in ["peak reserved", "pool", "arena", "stream 0x5560f4acda50"] {
         assert!(page.contains(word), "{word}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("streamalloc-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A log whose peak is a TiB finishes at once on every resource: the host device's capacity is
+/// clamped to something real, so the request is a counted failure, not a TiB mapped page by
+/// page.
+#[test]
+fn a_hostile_tib_log_is_a_counted_failure_on_every_resource() {
+    let dir = scratch("tib");
+    let log = dir.join("tib.csv");
+    std::fs::write(
+        &log,
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,00:00:00.000001,allocate,0x7f0000000000,1099511627776,0\n\
+         1,00:00:00.000002,free,0x7f0000000000,1099511627776,0\n",
+    )
+    .unwrap();
+    let names = [
+        "cuda",
+        "managed",
+        "pool",
+        "arena",
+        "binning",
+        "cuda-async",
+        "fixed-size",
+        "mapped-pool",
+    ];
+    let out = streamalloc(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--resource",
+        &names.join(","),
+        "--device",
+        "host",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for name in names {
+        let row = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name}: {stdout}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // resource, peak live (2 cells), peak reserved (2), ratio, failures, waits, ...
+        assert_eq!((cells[1], cells[6]), ("0", "1"), "{name}: {stdout}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A LOG that is not a regular file (a pipe, a device) is refused up front with exit code 2:
+/// the log is read once per pass.
+#[cfg(unix)]
+#[test]
+fn a_log_that_is_not_a_regular_file_is_refused() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let log = std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(EXCERPT)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_streamalloc"))
+        .args([
+            "replay",
+            "/dev/stdin",
+            "--resource",
+            "pool",
+            "--device",
+            "host",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // The binary may exit before reading it all: a broken pipe is fine.
+    let _ = stdin.write_all(&log);
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+    let out = streamalloc(&["replay", "/dev/null", "--resource", "pool"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not a regular file"));
+}
+
+/// An export that cannot be created fails before the replay (exit 3, no table), naming its
+/// path.
+#[test]
+fn an_export_that_cannot_be_created_fails_before_the_replay() {
+    let dir = scratch("nodir");
+    let html = dir.join("missing-dir").join("report.html");
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool",
+        "--device",
+        "host",
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "", "no replay, no table");
+    assert!(
+        text(&out.stderr).contains("report.html"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An export that fails while being written does not stop the others: every one is
+/// attempted, and the exit code is 3.
+#[cfg(target_os = "linux")]
+#[test]
+fn every_export_is_attempted_when_one_fails() {
+    let dir = scratch("full");
+    let pickle = dir.join("snapshot.pickle");
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool",
+        "--device",
+        "host",
+        "--html",
+        "/dev/full",
+        "--torch-snapshot",
+        pickle.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("/dev/full"),
+        "{}",
+        text(&out.stderr)
+    );
+    let bytes = std::fs::read(&pickle).unwrap();
+    assert_eq!(
+        bytes.last(),
+        Some(&b'.'),
+        "the snapshot was written in full"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::time::Duration;
 
@@ -99,6 +99,10 @@ pub struct Event {
     pub stream: u64,
 }
 
+/// The longest line the reader takes, line end excluded: an RMM log line is under 120 bytes,
+/// so a longer one is not a log line, and reading it whole would cost its length in memory.
+const MAX_LINE: usize = 64 << 10;
+
 /// The header's column names, in the order `Columns::at` keeps them.
 const NAMES: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"];
 const THREAD: usize = 0;
@@ -124,7 +128,9 @@ struct Columns {
 /// `logging_resource_adaptor` write it. Columns are found by name, in any order, as RMM's
 /// parser finds them: `Thread`, `Action`, `Pointer`, `Size` and `Stream` are required, `Time` is
 /// read when present, others are ignored. Fields may be padded with spaces; blank lines are
-/// skipped; `\r\n` line ends and a UTF-8 byte-order mark are accepted.
+/// skipped; `\r\n` line ends and a UTF-8 byte-order mark are accepted. A line (the header
+/// included) may hold at most 64 KiB: a longer one is a parse error with its number, read in
+/// bounded memory (the rest of it is skipped up to its newline).
 ///
 /// | column | accepted |
 /// |---|---|
@@ -206,33 +212,80 @@ impl<B: BufRead> EventReader<B> {
     }
 
     /// The next line without its line end, and its number; `None` at the end of the input.
+    ///
+    /// At most [`MAX_LINE`] bytes of a line are kept: a longer one is a parse error with its
+    /// number, and the rest of it is skipped up to its newline without being stored.
     fn next_line(&mut self) -> ReplayResult<Option<(usize, &str)>> {
         self.buf.clear();
         let line = self.line + 1;
-        let n = match self.input.read_until(b'\n', &mut self.buf) {
+        let io_error =
+            |e: std::io::Error| ReplayError::io(format!("reading event log line {line}"), &e);
+        // One byte past the cap, so that a line of exactly MAX_LINE bytes and its newline
+        // (or a last line of MAX_LINE bytes) are told apart from a longer one.
+        let limit = (MAX_LINE + 2) as u64;
+        let n = match (&mut self.input)
+            .take(limit)
+            .read_until(b'\n', &mut self.buf)
+        {
             Ok(n) => n,
             Err(e) => {
                 self.failed = true;
-                return Err(ReplayError::io(
-                    format!("reading event log line {line}"),
-                    &e,
-                ));
+                return Err(io_error(e));
             }
         };
         if n == 0 {
             return Ok(None);
         }
         self.line = line;
-        let mut bytes = &self.buf[..];
-        if let Some(rest) = bytes.strip_suffix(b"\n") {
-            bytes = rest;
+        let ended = self.buf.ends_with(b"\n");
+        let mut len = self.buf.len() - usize::from(ended);
+        if self.buf[..len].ends_with(b"\r") {
+            len -= 1;
         }
-        if let Some(rest) = bytes.strip_suffix(b"\r") {
-            bytes = rest;
+        if len > MAX_LINE {
+            if !ended {
+                if let Err(e) = skip_line(&mut self.input) {
+                    self.failed = true;
+                    return Err(io_error(e));
+                }
+            }
+            self.buf.clear();
+            return Err(ReplayError::parse(
+                line,
+                format!(
+                    "longer than {} KiB (the most a line may hold)",
+                    MAX_LINE >> 10
+                ),
+            ));
         }
+        let bytes = &self.buf[..len];
         std::str::from_utf8(bytes)
             .map(|text| Some((line, text)))
             .map_err(|e| ReplayError::parse(line, format!("not UTF-8 text ({e})")))
+    }
+}
+
+/// Consumes `input` up to and including its next newline (or its end), storing nothing.
+fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
+    loop {
+        let available = match input.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok(());
+        }
+        match available.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                input.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = available.len();
+                input.consume(n);
+            }
+        }
     }
 }
 

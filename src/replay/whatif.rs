@@ -146,11 +146,14 @@ pub struct LogSummary {
     pub frees: u64,
     /// `allocate failure` events.
     pub logged_failures: u64,
-    /// Distinct streams (counted up to one past [`WhatIfOptions::max_streams`]).
+    /// Distinct streams, exactly up to [`LogSummary::COUNT_LIMIT`]; `COUNT_LIMIT + 1` means
+    /// more.
     pub streams: usize,
-    /// Distinct threads (counted up to one past [`WhatIfOptions::max_streams`]).
+    /// Distinct threads, exactly up to [`LogSummary::COUNT_LIMIT`]; `COUNT_LIMIT + 1` means
+    /// more.
     pub threads: usize,
-    /// The most bytes the log has live at once (logged sizes).
+    /// The most bytes the log has live at once (logged sizes). An `allocate` of `(nil)` counts
+    /// as the replay makes it: its logged size is live until the next free of `(nil)`.
     pub peak_live: usize,
     /// The line of the event that first reaches `peak_live` (0: none).
     pub peak_line: usize,
@@ -158,6 +161,20 @@ pub struct LogSummary {
     pub lines: usize,
     /// What the scan skipped (malformed lines, inconsistent events).
     pub skipped: Skipped,
+}
+
+impl LogSummary {
+    /// Distinct streams and threads are counted exactly up to this many (a set of a million
+    /// handles is 16 MiB at most); a log with more reads as `COUNT_LIMIT + 1`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use streamalloc::replay::LogSummary;
+    ///
+    /// assert_eq!(LogSummary::COUNT_LIMIT, 1 << 20);
+    /// ```
+    pub const COUNT_LIMIT: usize = 1 << 20;
 }
 
 /// Reads a whole log once, keeping only its live set: its peak of live bytes and where it
@@ -192,6 +209,8 @@ pub fn scan_log<B: BufRead>(
     let mut live: FxHashMap<u64, usize> = FxHashMap::default();
     let mut streams: FxHashSet<u64> = FxHashSet::default();
     let mut threads: FxHashSet<u64> = FxHashSet::default();
+    // Allocations logged with the null pointer, latest last (see `Run::free`).
+    let mut live_null: Vec<usize> = Vec::new();
     let mut live_bytes = 0usize;
     for item in reader.by_ref() {
         let e = match item {
@@ -203,16 +222,14 @@ pub fn scan_log<B: BufRead>(
             Err(e) => return Err(e),
         };
         s.events += 1;
-        if streams.len() <= options.max_streams {
-            streams.insert(e.stream);
-            if options.strict && streams.len() > options.max_streams {
-                return Err(ReplayError::TooManyStreams {
-                    line: e.line,
-                    limit: options.max_streams,
-                });
-            }
+        let new_stream = streams.len() <= LogSummary::COUNT_LIMIT && streams.insert(e.stream);
+        if new_stream && options.strict && streams.len() > options.max_streams {
+            return Err(ReplayError::TooManyStreams {
+                line: e.line,
+                limit: options.max_streams,
+            });
         }
-        if threads.len() <= options.max_streams {
+        if threads.len() <= LogSummary::COUNT_LIMIT {
             threads.insert(e.thread);
         }
         match e.action {
@@ -220,7 +237,11 @@ pub fn scan_log<B: BufRead>(
             Action::Allocate => {
                 s.allocations += 1;
                 if e.ptr.is_null() {
-                    continue; // 0 bytes: nothing live
+                    // As the replay does: live until the next free of `(nil)` (0 bytes as a
+                    // rule; a logged size is counted all the same).
+                    live_null.push(e.bytes);
+                    add_live(&mut s, &mut live_bytes, e.bytes, e.line);
+                    continue;
                 }
                 if live.contains_key(&e.ptr.addr()) {
                     let kind = ReplayFailureKind::PointerAlreadyLive { allocated_at: 0 };
@@ -229,18 +250,19 @@ pub fn scan_log<B: BufRead>(
                     continue;
                 }
                 live.insert(e.ptr.addr(), e.bytes);
-                live_bytes = live_bytes.saturating_add(e.bytes);
-                if live_bytes > s.peak_live {
-                    s.peak_live = live_bytes;
-                    s.peak_line = e.line;
-                }
+                add_live(&mut s, &mut live_bytes, e.bytes, e.line);
             }
             Action::Free => {
                 s.frees += 1;
-                if e.ptr.is_null() {
-                    continue;
-                }
-                match live.remove(&e.ptr.addr()) {
+                let held = if e.ptr.is_null() {
+                    match live_null.pop() {
+                        Some(bytes) => Some(bytes),
+                        None => continue, // as the replay: a free of nothing, no skip
+                    }
+                } else {
+                    live.remove(&e.ptr.addr())
+                };
+                match held {
                     Some(bytes) => {
                         if bytes != e.bytes {
                             let kind = ReplayFailureKind::SizeMismatch { allocated: bytes };
@@ -262,6 +284,15 @@ pub fn scan_log<B: BufRead>(
     s.threads = threads.len();
     s.lines = reader.line();
     Ok(s)
+}
+
+/// Counts `bytes` more live at `line`, and the peak.
+fn add_live(s: &mut LogSummary, live_bytes: &mut usize, bytes: usize, line: usize) {
+    *live_bytes = live_bytes.saturating_add(bytes);
+    if *live_bytes > s.peak_live {
+        s.peak_live = *live_bytes;
+        s.peak_line = line;
+    }
 }
 
 fn inconsistent(options: &WhatIfOptions, e: &Event, kind: &ReplayFailureKind) -> ReplayResult<()> {

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use streamalloc::replay::WhatIf;
 use streamalloc::report::html::{segment_map_svg, timeline_svg, HtmlReport, ReportSection};
@@ -14,7 +14,7 @@ use crate::table::Report;
 
 /// Writes the HTML report: the table, the notes, and one section per resource (its timeline
 /// and its snapshot at the log's peak).
-pub(crate) fn html(path: &Path, report: &Report<'_>) -> io::Result<()> {
+pub(crate) fn html(file: File, report: &Report<'_>) -> io::Result<()> {
     let mut page = HtmlReport::new(format!("streamalloc replay of {}", report.log.display()))
         .table(report.header(), report.rows());
     for note in report.notes() {
@@ -28,15 +28,14 @@ pub(crate) fn html(path: &Path, report: &Report<'_>) -> io::Result<()> {
             peak: w.peak_snapshot.clone(),
         });
     }
-    let mut file = io::BufWriter::new(File::create(path)?);
+    let mut file = io::BufWriter::new(file);
     page.write_to(&mut file)?;
     file.flush()
 }
 
 /// Writes each resource's timeline and, where it gave one, its segment map at the peak as
-/// standalone SVG files into `dir`.
+/// standalone SVG files into `dir` (made before the replay: [`open`]).
 pub(crate) fn svg(dir: &Path, rows: &[(ResourceKind, Result<WhatIf, String>)]) -> io::Result<()> {
-    std::fs::create_dir_all(dir)?;
     for (kind, row) in rows {
         let Ok(w) = row else { continue };
         let name = kind.name();
@@ -60,6 +59,7 @@ pub(crate) fn svg(dir: &Path, rows: &[(ResourceKind, Result<WhatIf, String>)]) -
 /// with its timeline up to the peak as the trace; where none gave one, the first resource's trace alone
 /// (an empty snapshot), said on stderr.
 pub(crate) fn torch(
+    file: File,
     path: &Path,
     device: &Device,
     rows: &[(ResourceKind, Result<WhatIf, String>)],
@@ -85,7 +85,53 @@ pub(crate) fn torch(
             )
         }
     };
-    let mut file = io::BufWriter::new(File::create(path)?);
+    let mut file = io::BufWriter::new(file);
     write_torch_snapshot(&mut file, &snapshot, timeline)?;
     file.flush()
+}
+
+/// The exports asked for, created before the replay so that a path that cannot be written
+/// fails at once, not after minutes of replay.
+#[derive(Debug, Default)]
+pub(crate) struct Outputs {
+    pub(crate) html: Option<(PathBuf, File)>,
+    pub(crate) svg: Option<PathBuf>,
+    pub(crate) torch: Option<(PathBuf, File)>,
+}
+
+/// Creates every export's file (and the SVG directory); the errors of all that fail, each
+/// naming its path.
+pub(crate) fn open(
+    html: Option<&Path>,
+    svg: Option<&Path>,
+    torch: Option<&Path>,
+) -> Result<Outputs, Vec<String>> {
+    let mut errors = Vec::new();
+    let mut create = |what: &str, path: Option<&Path>| {
+        let path = path?;
+        match File::create(path) {
+            Ok(file) => Some((path.to_owned(), file)),
+            Err(e) => {
+                errors.push(format!("cannot create the {what} {}: {e}", path.display()));
+                None
+            }
+        }
+    };
+    let html = create("HTML report", html);
+    let torch = create("torch snapshot", torch);
+    let svg = svg.and_then(|dir| match std::fs::create_dir_all(dir) {
+        Ok(()) => Some(dir.to_owned()),
+        Err(e) => {
+            errors.push(format!(
+                "cannot create the SVG directory {}: {e}",
+                dir.display()
+            ));
+            None
+        }
+    });
+    if errors.is_empty() {
+        Ok(Outputs { html, svg, torch })
+    } else {
+        Err(errors)
+    }
 }

@@ -52,14 +52,26 @@ enum Command {
     /// (bytes the resource held from upstream, from its memory_stats; bytes live where it
     /// reports none), reserved/live, failures, waits, ns/op (timed pass: resource calls and the
     /// pointer map, reading excluded), largest free extent and free bytes at the log's peak
-    /// (from the resource's snapshot; "-" where it gives none).
+    /// (from the resource's snapshot; "-" where it gives none). A resource that cannot be built
+    /// on the device has "-" cells and its error under the table.
+    ///
+    /// On the host backend the emulated device holds 4 times the log's peak, at least 16 GiB
+    /// and at most 64 GiB or the machine's memory, whichever is less: larger requests are
+    /// counted failures.
+    ///
+    /// Exit codes: 0: done (refused allocations are figures in the table, not errors); 1: a
+    /// device or resource error; 2: bad input (the log cannot be read, is not a regular file,
+    /// or is refused with --strict; bad arguments); 3: an export or the table cannot be
+    /// written (export files are created before the replay, and every export is attempted).
     Replay(ReplayArgs),
 }
 
 #[derive(Debug, clap::Args)]
 struct ReplayArgs {
-    /// The log (CSV). Lines that do not parse and events that do not add up (frees of
-    /// pointers not live, ...) are counted and skipped, unless --strict.
+    /// The log (CSV), a regular file: it is read once per pass (1 + 2 per resource), so a pipe
+    /// or a device is refused; save a pipe's output to a file first. Lines that do not parse
+    /// (lines over 64 KiB included) and events that do not add up (frees of pointers not live,
+    /// ...) are counted and skipped, unless --strict.
     log: PathBuf,
 
     /// Resources to compare, comma-separated. As RMM's replay benchmark builds them: `pool`
@@ -86,8 +98,10 @@ struct ReplayArgs {
     #[arg(long, value_name = "DIR")]
     svg: Option<PathBuf>,
 
-    /// Write PyTorch's memory snapshot (a pickle that pytorch.org/memory_viz opens) of the
-    /// first resource at the log's peak, with its trace, here.
+    /// Write PyTorch's memory snapshot (a pickle that pytorch.org/memory_viz opens) here: the
+    /// snapshot at the log's peak of the first resource that gives a snapshot (in --resource
+    /// order), with its trace up to the peak; where none gives one, the first resource's trace
+    /// with an empty snapshot.
     #[arg(long, value_name = "PATH")]
     torch_snapshot: Option<PathBuf>,
 
@@ -124,8 +138,9 @@ impl FromStr for DeviceChoice {
     }
 }
 
-/// Exit codes: 0 done, 1 a device or resource error, 2 bad input (unreadable or refused log,
-/// bad arguments: clap's own code), 3 an export could not be written.
+/// Exit codes (also in `replay --help`): 0 done, 1 a device or resource error, 2 bad input
+/// (unreadable, non-regular or refused log, bad arguments: clap's own code), 3 an export or
+/// the table could not be written.
 const EXIT_DEVICE: u8 = 1;
 const EXIT_INPUT: u8 = 2;
 const EXIT_EXPORT: u8 = 3;
@@ -152,6 +167,28 @@ fn input_error(e: ReplayError) -> Failed {
     }
 }
 
+/// Refuses a log that is not a regular file, before opening it (opening a FIFO would block):
+/// the log is read once per pass, and a pipe gives its lines to the first pass only.
+fn check_regular(path: &Path) -> Result<(), Failed> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        (
+            EXIT_INPUT,
+            format!("cannot open the log {}: {e}", path.display()),
+        )
+    })?;
+    if meta.is_file() {
+        return Ok(());
+    }
+    Err((
+        EXIT_INPUT,
+        format!(
+            "the log {} is not a regular file (a pipe, a device or a directory): it is read \
+             once per pass, so save it to a file first",
+            path.display()
+        ),
+    ))
+}
+
 fn open(path: &Path) -> Result<EventReader<BufReader<File>>, Failed> {
     let file = File::open(path).map_err(|e| {
         (
@@ -162,13 +199,35 @@ fn open(path: &Path) -> Result<EventReader<BufReader<File>>, Failed> {
     EventReader::new(BufReader::with_capacity(1 << 16, file)).map_err(input_error)
 }
 
+/// The most memory the host device emulates for a replay. Nothing touches the memory, but
+/// resources map what they are given (`mapped-pool` page by page), so a hostile log's peak
+/// must not make the device as large as it asks: a 1 TiB request took 15 s to map.
+const HOST_CAPACITY_LIMIT: usize = 64 << 30;
+
+/// The host device's capacity for a log peaking at `peak_live`: room for every resource's
+/// overhead (a pool may hold about twice its live bytes), at least the default, at most
+/// [`HOST_CAPACITY_LIMIT`] or the machine's memory, whichever is less.
+fn host_capacity(peak_live: usize, physical: Option<usize>) -> usize {
+    let limit = physical.map_or(HOST_CAPACITY_LIMIT, |ram| ram.min(HOST_CAPACITY_LIMIT));
+    peak_live
+        .saturating_mul(4)
+        .max(DEFAULT_HOST_CAPACITY)
+        .min(limit)
+}
+
+/// The machine's memory (`MemTotal` of /proc/meminfo), where known.
+fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// The device to replay on: as asked, or CUDA device 0 when there is one, else the host
-/// backend with room for the log's peak several times over.
+/// backend with room for the log's peak several times over (bounded: [`host_capacity`]).
 fn device(choice: Option<DeviceChoice>, summary: &LogSummary) -> Result<Device, Failed> {
     let host = || {
-        // Room for every resource's overhead over the log's peak (a pool may hold about twice
-        // its live bytes); the host backend takes untouched memory lazily.
-        let capacity = DEFAULT_HOST_CAPACITY.max(summary.peak_live.saturating_mul(4).min(1 << 40));
+        let capacity = host_capacity(summary.peak_live, physical_memory());
         Device::host_with(HostConfig::default().capacity(capacity))
     };
     match choice {
@@ -224,6 +283,13 @@ fn replay(args: &ReplayArgs) -> Result<(), Failed> {
         max_streams: args.max_streams,
         ..WhatIfOptions::default()
     };
+    check_regular(&args.log)?;
+    let outputs = exports::open(
+        args.html.as_deref(),
+        args.svg.as_deref(),
+        args.torch_snapshot.as_deref(),
+    )
+    .map_err(|errors| (EXIT_EXPORT, errors.join("\nstreamalloc: ")))?;
     let summary = scan_log(open(&args.log)?, &options).map_err(input_error)?;
     let device = device(args.device, &summary)?;
     let mut resources = args.resource.clone();
@@ -277,34 +343,53 @@ fn replay(args: &ReplayArgs) -> Result<(), Failed> {
         summary: &summary,
         rows: &rows,
     };
-    report
-        .write(&mut out)
-        .and_then(|()| out.flush())
-        .map_err(|e| (EXIT_EXPORT, format!("writing the table: {e}")))?;
+    // Every output is attempted, whichever fails.
+    let mut errors = Vec::new();
+    if let Err(e) = report.write(&mut out).and_then(|()| out.flush()) {
+        errors.push(format!("writing the table: {e}"));
+    }
+    if let Some((path, file)) = outputs.html {
+        if let Err(e) = exports::html(file, &report) {
+            errors.push(format!("writing the HTML report {}: {e}", path.display()));
+        }
+    }
+    if let Some(dir) = &outputs.svg {
+        if let Err(e) = exports::svg(dir, &rows) {
+            errors.push(format!(
+                "writing the SVG pictures into {}: {e}",
+                dir.display()
+            ));
+        }
+    }
+    if let Some((path, file)) = outputs.torch {
+        if let Err(e) = exports::torch(file, &path, &device, &rows) {
+            errors.push(format!(
+                "writing the torch snapshot {}: {e}",
+                path.display()
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err((EXIT_EXPORT, errors.join("\nstreamalloc: ")))
+    }
+}
 
-    if let Some(path) = &args.html {
-        exports::html(path, &report).map_err(|e| {
-            (
-                EXIT_EXPORT,
-                format!("writing the HTML report {}: {e}", path.display()),
-            )
-        })?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host device's capacity follows the peak between the default and the limit, and
+    /// never exceeds the machine's memory.
+    #[test]
+    fn the_host_capacity_is_bounded() {
+        const GIB: usize = 1 << 30;
+        assert_eq!(host_capacity(0, None), DEFAULT_HOST_CAPACITY);
+        assert_eq!(host_capacity(10 * GIB, None), 40 * GIB);
+        assert_eq!(host_capacity(1 << 40, None), HOST_CAPACITY_LIMIT);
+        assert_eq!(host_capacity(usize::MAX, None), HOST_CAPACITY_LIMIT);
+        assert_eq!(host_capacity(1 << 40, Some(23 * GIB)), 23 * GIB);
+        assert_eq!(host_capacity(0, Some(8 * GIB)), 8 * GIB);
     }
-    if let Some(dir) = &args.svg {
-        exports::svg(dir, &rows).map_err(|e| {
-            (
-                EXIT_EXPORT,
-                format!("writing the SVG pictures into {}: {e}", dir.display()),
-            )
-        })?;
-    }
-    if let Some(path) = &args.torch_snapshot {
-        exports::torch(path, &device, &rows).map_err(|e| {
-            (
-                EXIT_EXPORT,
-                format!("writing the torch snapshot {}: {e}", path.display()),
-            )
-        })?;
-    }
-    Ok(())
 }

@@ -30,6 +30,15 @@ pub(crate) fn bytes(n: usize) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// A count of distinct threads or streams: exact, or `>N` past the scan's limit.
+fn distinct(n: usize) -> String {
+    if n > LogSummary::COUNT_LIMIT {
+        format!(">{}", LogSummary::COUNT_LIMIT)
+    } else {
+        n.to_string()
+    }
+}
+
 impl Report<'_> {
     pub(crate) fn header(&self) -> Vec<String> {
         [
@@ -65,9 +74,10 @@ impl Report<'_> {
                         frag.map_or("-".into(), |f| bytes(f.free_bytes())),
                     ]
                 }
-                Err(e) => {
-                    let mut cells = vec![kind.name(), format!("unavailable: {e}")];
-                    cells.resize(9, String::new());
+                // The error goes in the notes: a cell holds a figure.
+                Err(_) => {
+                    let mut cells = vec![kind.name()];
+                    cells.resize(self.header().len(), "-".to_owned());
                     cells
                 }
             })
@@ -85,8 +95,8 @@ impl Report<'_> {
             s.allocations,
             s.frees,
             s.logged_failures,
-            s.threads,
-            s.streams,
+            distinct(s.threads),
+            distinct(s.streams),
             s.peak_live,
             s.peak_line,
             self.device
@@ -95,7 +105,13 @@ impl Report<'_> {
             notes.push(format!("log: {}", s.skipped));
         }
         for (kind, row) in self.rows {
-            let Ok(w) = row else { continue };
+            let w = match row {
+                Ok(w) => w,
+                Err(e) => {
+                    notes.push(format!("{}: unavailable: {e}", kind.name()));
+                    continue;
+                }
+            };
             if w.skipped.streams_over_limit > 0 {
                 notes.push(format!(
                     "{}: {} events on streams past the limit ran on one shared stream",
@@ -157,5 +173,37 @@ impl Report<'_> {
             writeln!(out, "{note}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resource that cannot be built gets "-" cells and its error in the notes.
+    #[test]
+    fn a_resource_that_cannot_be_built_has_dashes_and_a_note() {
+        let summary = LogSummary::default();
+        let rows = [(
+            ResourceKind::Managed,
+            Err("no managed memory here".to_owned()),
+        )];
+        let report = Report {
+            log: Path::new("x.csv"),
+            device: "host",
+            summary: &summary,
+            rows: &rows,
+        };
+        let cells = &report.rows()[0];
+        assert_eq!(cells.len(), report.header().len());
+        assert_eq!(cells[0], "managed");
+        assert!(cells[1..].iter().all(|c| c == "-"), "{cells:?}");
+        assert!(
+            report
+                .notes()
+                .contains(&"managed: unavailable: no managed memory here".to_owned()),
+            "{:?}",
+            report.notes()
+        );
     }
 }

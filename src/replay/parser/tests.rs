@@ -449,3 +449,46 @@ fn random_bytes_in_a_reader_do_not_panic() {
         }
     }
 }
+
+/// A line longer than [`MAX_LINE`] is a parse error with its number, read in bounded memory:
+/// the reader keeps at most [`MAX_LINE`] bytes of it and skips the rest up to its newline, then
+/// goes on with the next line.
+#[test]
+fn a_line_longer_than_the_cap_is_an_error_with_its_number_in_bounded_memory() {
+    let mut log = format!("{HEADER}\n1,00:00:00.000001,allocate,0x100,256,0\n");
+    log.push_str(&"7".repeat(4 << 20)); // 4 MiB, no comma: line 3
+    log.push_str("\n1,00:00:00.000002,free,0x100,256,0\n");
+    let mut reader = EventReader::new(log.as_bytes()).unwrap();
+    assert_eq!(reader.next().unwrap().unwrap().line, 2);
+    let e = reader.next().unwrap().unwrap_err();
+    assert_eq!(error_line(&e), 3);
+    assert_eq!(
+        e.to_string(),
+        "event log line 3: longer than 64 KiB (the most a line may hold)"
+    );
+    assert!(
+        reader.buf.capacity() <= 2 * (MAX_LINE + 2),
+        "the reader held {} bytes for the long line",
+        reader.buf.capacity()
+    );
+    let next = reader.next().unwrap().unwrap();
+    assert_eq!((next.line, next.action), (4, Action::Free));
+    assert!(reader.next().is_none());
+
+    // A long last line without a newline, and a long header, likewise.
+    let tail = format!("{HEADER}\n{}", "x".repeat(MAX_LINE + 1));
+    let e = parse_log_str(&tail).unwrap_err();
+    assert_eq!(error_line(&e), 2);
+    let header = format!("{HEADER},{}\n", "y".repeat(1 << 20));
+    let e = parse_log_str(&header).unwrap_err();
+    assert_eq!(error_line(&e), 1);
+    assert!(e.to_string().contains("longer than 64 KiB"), "{e}");
+
+    // A line of exactly the cap, newline excluded, is read.
+    let pad = MAX_LINE - "1,00:00:00.000001,allocate,0x100,256,0".len();
+    let exact = format!(
+        "Thread,Time,Action,Pointer,Size,Stream,Note\n1,00:00:00.000001,allocate,0x100,256,0,{}\n",
+        "z".repeat(pad - 1)
+    );
+    assert_eq!(parse_log_str(&exact).unwrap().len(), 1);
+}

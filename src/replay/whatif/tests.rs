@@ -483,3 +483,60 @@ fn ten_million_rows_stream_through() {
     assert_eq!((w.events, w.failures, w.frees), (rows, 0, rows / 2));
     assert_eq!(w.peak_live, s.peak_live);
 }
+
+/// A long line is one malformed line, counted and skipped by the scan and the replay, refused
+/// with its line in strict mode.
+#[test]
+fn a_long_line_is_a_counted_malformed_line_or_refused() {
+    let long = "9".repeat(200 << 10);
+    let text = log(&[
+        "1,00:00:00.000001,allocate,0x1000,256,0x5",
+        &long,
+        "1,00:00:00.000002,free,0x1000,256,0x5",
+    ]);
+    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    assert_eq!((s.events, s.skipped.malformed, s.lines), (2, 1, 4));
+    let device = Device::host();
+    let mr = CudaResource::new(&device).unwrap();
+    let w = run(&text, &mr, &device, &WhatIfOptions::default()).unwrap();
+    assert_eq!((w.allocations, w.frees, w.skipped.malformed), (1, 1, 1));
+    let e = scan_log(reader(&text), &strict()).unwrap_err();
+    assert_eq!(error_line(&e), 3);
+    assert!(e.to_string().contains("longer than 64 KiB"), "{e}");
+}
+
+/// Threads and streams are counted exactly, whatever `max_streams` (which bounds only the
+/// streams a replay creates).
+#[test]
+fn threads_and_streams_are_counted_exactly() {
+    let rows: Vec<String> = (1..=5000u64)
+        .map(|i| format!("{i},00:00:00.000001,allocate failure,(nil),256,{i:#x}"))
+        .collect();
+    let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+    let s = scan_log(reader(&log(&rows)), &WhatIfOptions::default()).unwrap();
+    assert_eq!((s.threads, s.streams), (5000, 5000));
+    let one = WhatIfOptions {
+        max_streams: 1,
+        ..WhatIfOptions::default()
+    };
+    let s = scan_log(reader(&log(&rows[..10])), &one).unwrap();
+    assert_eq!((s.threads, s.streams), (10, 10));
+}
+
+/// `allocate,(nil),N` with N > 0 is replayed as logged (N bytes, freed by the next free of
+/// `(nil)`), and the scan counts it in the log's peak the same way: both peaks agree.
+#[test]
+fn null_allocations_count_the_same_in_the_scan_and_the_replay() {
+    let text = log(&[
+        "1,00:00:00.000001,allocate,(nil),1000,0",
+        "1,00:00:00.000002,allocate,0x2000,500,0",
+        "1,00:00:00.000003,free,(nil),1000,0",
+        "1,00:00:00.000004,free,0x2000,500,0",
+    ]);
+    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    let device = Device::host();
+    let mr = CudaResource::new(&device).unwrap();
+    let w = run(&text, &mr, &device, &WhatIfOptions::default()).unwrap();
+    assert_eq!((s.peak_live, s.peak_line), (1500, 3));
+    assert_eq!((w.peak_live, w.unfreed), (1500, 0));
+}
