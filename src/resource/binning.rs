@@ -43,8 +43,11 @@ const BIN_BLOCKS: usize = 128;
 /// each byte once: a bin's chunk is a live block of the upstream (when the bin takes its
 /// memory there), so the bin's segment (blocks that never join) takes the place of that
 /// block, and the upstream's segment is cut around it. Bins over another resource show their
-/// own segments beside the upstream's. Over an upstream without a snapshot (plain device
-/// memory) it shows the bins alone: the large requests served there are not in it.
+/// own segments beside the upstream's. A bin served by the upstream itself (or by the same
+/// resource as another bin) adds nothing: its memory is already there; likewise a bin
+/// segment that overlaps the upstream's memory outside its live blocks (a view of the
+/// upstream). Over an upstream without a snapshot (plain device memory) it shows the bins
+/// alone: the large requests served there are not in it.
 ///
 /// ```
 /// use streamalloc::{ArenaResource, BinningResource, CudaResource, Device, MemoryResource, Stream};
@@ -293,11 +296,18 @@ impl<R: MemoryResource + Clone> Forward for Inner<R> {
     /// so that every bin chunk they show is already in the upstream's picture (chunks go back
     /// only when a bin is dropped).
     fn snapshot(&self) -> Option<MemorySnapshot> {
-        let bins: Vec<MemorySnapshot> = self
-            .bins
-            .iter()
-            .filter_map(|b| b.resource.resource().snapshot())
-            .collect();
+        // A bin served by the upstream itself, or by the resource of an earlier bin, would
+        // show the same memory again.
+        let mut seen: Vec<&dyn MemoryResource> = vec![&self.upstream];
+        let mut bins = Vec::new();
+        for bin in &self.bins {
+            let r = bin.resource.resource();
+            if seen.iter().any(|s| s.is_equal(r)) {
+                continue;
+            }
+            seen.push(r);
+            bins.extend(r.snapshot());
+        }
         let upstream = self.upstream.snapshot();
         if bins.is_empty() && upstream.is_none() {
             return None;

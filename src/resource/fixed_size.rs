@@ -20,7 +20,7 @@ use crate::resource::{
     Fragmentation, FreeExtentBucket, MemoryResource, MemorySnapshot, MemoryStats, Segment,
     SharedResource,
 };
-use crate::stream::Stream;
+use crate::stream::{Stream, StreamId};
 
 /// RMM's default block size for a fixed-size resource.
 const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -54,10 +54,15 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// taken from the upstream, whose blocks never join
 /// ([`coalesces`](crate::Segment::coalesces) is `false`, so the largest free extent is one
 /// block). Each block is [`Live`](crate::BlockState::Live) (with no stream: the resource does
-/// not keep it) or [`FreeOnStream`](crate::BlockState::FreeOnStream) on the stream whose free
-/// list holds it: the stream that freed it, that a new chunk was taken on, or that took it
-/// over from another list. That stream reuses it at once, another after waiting for an event
-/// of it. [`fragmentation`](MemoryResource::fragmentation) is read from the counts alone.
+/// not keep it) or free on the free list of one stream (lists are per stream): the stream
+/// that freed it, that a new chunk was taken on, or that took it over from another list. That
+/// stream reuses it at once; another stream, whose own list is empty, takes half the list
+/// after its stream waits (on the device) for an event of the list's stream recorded after
+/// the frees. So a block is [`FreeOnStream`](crate::BlockState::FreeOnStream) on the list's
+/// stream until that stream has passed such an event (recorded when another stream takes
+/// from the list, and at each free after that), then [`Free`](crate::BlockState::Free): the
+/// wait is then on work already done. [`fragmentation`](MemoryResource::fragmentation) is
+/// read from the counts alone.
 ///
 /// ```
 /// use streamalloc::{BlockState, CudaResource, Device, FixedSizeResource, MemoryResource, Stream};
@@ -351,12 +356,16 @@ impl<R: MemoryResource> Forward for Inner<R> {
 
     /// One segment per chunk taken from the upstream, whose blocks never join
     /// ([`Segment::coalesces`] is `false`): each block is [`Live`](BlockState::Live) (its
-    /// stream is not kept) or [`FreeOnStream`](BlockState::FreeOnStream) on the stream whose
+    /// stream is not kept), [`FreeOnStream`](BlockState::FreeOnStream) on the stream whose
     /// free list holds it — the stream that freed it, or that a fresh chunk was taken for, or
-    /// that took it over from another stream's list. That stream reuses it at once; another
-    /// takes it (with half of that list) only after waiting for an event of that stream.
+    /// that took it over from another stream's list — or [`Free`](BlockState::Free) once that
+    /// stream has passed an event recorded after its frees. The list's stream reuses it at
+    /// once; another takes it (with half of that list) after waiting for that event.
     fn snapshot(&self) -> Option<MemorySnapshot> {
-        let layout = self.state.lock().layout();
+        let (layout, passed) = {
+            let state = self.state.lock();
+            (state.layout(), passed_lists(&state))
+        };
         let mut snap = MemorySnapshot::new(self.device.id(), "fixed-size");
         let size = self.block_size;
         for (base, uses) in layout {
@@ -370,6 +379,7 @@ impl<R: MemoryResource> Forward for Inner<R> {
                     let at = base.offset(i * size);
                     match stream {
                         None => Block::new(at, size, BlockState::Live),
+                        Some(s) if passed.contains(&s) => Block::new(at, size, BlockState::Free),
                         Some(s) => Block::new(at, size, BlockState::FreeOnStream).on_stream(s),
                     }
                 })
@@ -382,15 +392,30 @@ impl<R: MemoryResource> Forward for Inner<R> {
     /// The figures of [`snapshot`](Forward::snapshot), from the counts alone (no block list):
     /// every free extent is one block.
     fn fragmentation(&self) -> Option<Fragmentation> {
-        let (chunks, live, free_by_stream) = {
+        let (chunks, live, mut free_by_stream, passed) = {
             let state = self.state.lock();
-            (state.chunk_count(), state.live(), state.free_by_stream())
+            let passed = passed_lists(&state);
+            (
+                state.chunk_count(),
+                state.live(),
+                state.free_by_stream(),
+                passed,
+            )
         };
         let size = self.block_size;
         let free_blocks: usize = free_by_stream.iter().map(|&(_, n)| n).sum();
+        // Lists whose stream has passed its frees are free for every stream.
+        let free_now: usize = free_by_stream
+            .iter()
+            .filter(|(s, _)| passed.contains(s))
+            .map(|&(_, n)| n)
+            .sum();
+        free_by_stream.retain(|(s, _)| !passed.contains(s));
         let mut f = Fragmentation {
             reserved_bytes: chunks * self.blocks_per_chunk * size,
             live_bytes: live * size,
+            free_now_bytes: free_now * size,
+            largest_free_now: if free_now > 0 { size } else { 0 },
             free_on_stream: free_by_stream.iter().map(|&(s, n)| (s, n * size)).collect(),
             live_by_stream: if live > 0 {
                 vec![(None, live * size)]
@@ -420,6 +445,17 @@ impl<R: MemoryResource> Forward for Inner<R> {
                 .upstream
                 .may_regain_memory(self.block_size.saturating_mul(self.blocks_per_chunk))
     }
+}
+
+/// The streams whose free lists are free for every stream: each has passed an event recorded
+/// after its frees ([`FreeOrder::passed`]), so another stream that takes from the list waits
+/// for nothing left to run.
+fn passed_lists(state: &FixedSizeCore<FreeOrder>) -> Vec<StreamId> {
+    state
+        .orders()
+        .filter(|(_, order)| order.passed())
+        .map(|(s, _)| s)
+        .collect()
 }
 
 impl<R: MemoryResource> fmt::Debug for FixedSizeResource<R> {

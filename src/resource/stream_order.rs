@@ -191,6 +191,16 @@ impl SharedFreeOrder {
         self.stream.id()
     }
 
+    /// Whether the device has passed every free on the stream so far: no free came since the
+    /// latest event, which has completed (for snapshots; a query, never a record).
+    pub(crate) fn passed(&self) -> bool {
+        let cached = self.event.lock();
+        !self.dirty.load(Ordering::Acquire)
+            && cached
+                .as_ref()
+                .is_some_and(|(e, _)| e.is_complete().unwrap_or(false))
+    }
+
     /// Notes a free on the stream, before the freed block becomes visible to anyone else.
     pub(crate) fn note_free(&self) {
         self.dirty.store(true, Ordering::Release);

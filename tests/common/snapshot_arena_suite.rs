@@ -113,10 +113,13 @@ pub fn arena_blocks_tile_and_match_allocations(device: Device) {
 
 /// A block freed on its arena's stream is free on that stream; one freed on another stream
 /// stays in the arena it lies in, free on that arena's stream (which reclaims it after waiting
-/// for the freeing stream); a large block freed on any stream is free for every stream; after
-/// `defragment` everything is free for every stream.
+/// for the freeing stream); a large block goes back to the global arena, free on the stream
+/// that freed it until that stream passes an event recorded after the free (the arena records
+/// one when another stream takes the memory); after `defragment` everything is free, and for
+/// every stream once those events have passed.
 pub fn arena_frees_on_own_and_other_streams(device: Device) {
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let c = Stream::new(&device).unwrap();
     let mr = arena(&device, 8 * MIB);
     let p = mr.try_allocate(4 * KIB, &a).unwrap();
     let q = mr.try_allocate(4 * KIB, &a).unwrap();
@@ -131,7 +134,10 @@ pub fn arena_frees_on_own_and_other_streams(device: Device) {
     assert_eq!(state_at(&snap, p), (BlockState::FreeOnStream, Some(a.id())));
     assert_eq!(state_at(&snap, q), (BlockState::FreeOnStream, Some(a.id())));
     assert_eq!(state_at(&snap, keep), (BlockState::Live, Some(a.id())));
-    assert_eq!(state_at(&snap, large), (BlockState::Free, None));
+    assert_eq!(
+        state_at(&snap, large),
+        (BlockState::FreeOnStream, Some(b.id()))
+    );
     // Nothing is lost: live, free and free-on-a-stream make up the arena.
     let f = snap.fragmentation();
     assert_eq!(f.live_bytes + f.free_bytes(), 8 * MIB);
@@ -141,11 +147,32 @@ pub fn arena_frees_on_own_and_other_streams(device: Device) {
     assert_eq!(mr.defragment(), MIB);
     let snap = mr.snapshot().unwrap();
     assert!(
-        snap.blocks()
-            .all(|(_, b)| b.state == BlockState::Free && b.stream.is_none()),
+        snap.blocks().all(|(_, blk)| blk.state.is_free()),
         "{:?}",
         rows(&snap)
     );
+    // `c` takes a superblock: the arena records events on `a` and `b` and makes `c` wait for
+    // them; once they have passed, the rest is free for every stream.
+    let small = mr.try_allocate(4 * KIB, &c).unwrap();
+    a.synchronize_blocking().unwrap();
+    b.synchronize_blocking().unwrap();
+    let all_free = |snap: &MemorySnapshot| {
+        snap.blocks()
+            .filter(|(_, blk)| blk.state != BlockState::Live)
+            .all(|(seg, blk)| {
+                seg.stream == Some(c.id())
+                    || (blk.state == BlockState::Free && blk.stream.is_none())
+            })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !all_free(&mr.snapshot().unwrap()) {
+        let rows = rows(&mr.snapshot().unwrap());
+        assert!(std::time::Instant::now() < deadline, "{rows:?}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let f = mr.fragmentation().unwrap();
+    assert_eq!(f.largest_free_now, 7 * MIB, "{f}");
+    free(&mr, small, 4 * KIB, &c);
 }
 
 /// An arena wholly free, its superblocks freed on four streams (some into other streams'

@@ -101,16 +101,24 @@ use crate::stream::Stream;
 /// block:
 /// - [`Live`](crate::BlockState::Live): on the stream it was allocated on (a block borrowed
 ///   from another stream's arena, on the borrower's).
-/// - [`Free`](crate::BlockState::Free): a free range of the global arena, usable by a request
-///   on any stream (which first waits, without blocking the host, for the streams that freed
-///   into it).
-/// - [`FreeOnStream`](crate::BlockState::FreeOnStream): a free block of a stream arena, on that
-///   arena's stream, which reuses it at once. This includes the blocks other streams freed
-///   into that arena ([`ArenaStatistics::pending_bytes`]): the arena's stream reclaims them,
-///   after waiting for the freeing stream, when it needs them. Another stream gets them only
-///   on exhaustion, after an event of the arena's stream: a wholly free superblock goes back
-///   to the global arena, where it joins its free neighbours; a block of a superblock in use
-///   may be borrowed as the last resort.
+/// - [`Free`](crate::BlockState::Free): a free range of the global arena whose freeing streams
+///   (if any: fresh memory has none) have all passed an event recorded after their frees, so
+///   a request on any stream takes it with nothing left to wait for.
+/// - [`FreeOnStream`](crate::BlockState::FreeOnStream), on the range's stream: a free range of
+///   the global arena that a stream freed into (a large block, or a superblock given back)
+///   and has not passed yet (the arena records the event lazily, when another stream takes
+///   that memory, so a stream that frees and synchronizes still reads as the owner). A request
+///   on another stream takes it at once, its stream made to wait, on the device and without
+///   blocking the host, for that stream's event; where several streams freed into one range,
+///   the first that has not passed is named, and a request on it still waits for the others.
+/// - [`FreeOnStream`](crate::BlockState::FreeOnStream), on the arena's stream: a free block of
+///   a stream arena, which that stream reuses at once. This includes the blocks other streams
+///   freed into that arena ([`ArenaStatistics::pending_bytes`]): the arena's stream reclaims
+///   them when its free blocks no longer serve a request, then waiting (on the device) for
+///   the freeing streams' events, which costs nothing once they have passed. Another stream
+///   gets them only on exhaustion, after an event of the arena's stream: a wholly free
+///   superblock goes back to the global arena, where it joins its free neighbours; a block of
+///   a superblock in use may be borrowed as the last resort.
 ///
 /// No block is [`Pending`](crate::BlockState::Pending). So a wholly free arena reads as one
 /// free extent of its size whichever streams freed it, as a request of that size gets it

@@ -39,7 +39,8 @@ impl<R: MemoryResource> Inner<R> {
                 for (start, size, piece) in state.core.pieces() {
                     let (what, stream) = match piece {
                         // A pending block (freed on another stream) is the arena stream's too:
-                        // it reclaims it, after waiting for the freeing stream, when it needs it.
+                        // it reclaims it when it needs it, its stream waiting (on the device)
+                        // for the freeing stream's event; no other stream gets it before.
                         Piece::Free | Piece::Pending(_) => (BlockState::FreeOnStream, home),
                         Piece::Live(None) => (BlockState::Live, home),
                         Piece::Live(Some(Fence(by))) => (BlockState::Live, by.stream_id()),
@@ -48,10 +49,10 @@ impl<R: MemoryResource> Inner<R> {
                 }
             }
             let global = self.global.lock();
-            let ranges: Vec<(u64, u64)> = global
+            let ranges: Vec<(u64, u64, Vec<Fence>)> = global
                 .free_ranges()
                 .iter()
-                .map(|&(start, pages, _)| (start, pages))
+                .map(|&(start, pages, fences)| (start, pages, fences.to_vec()))
                 .collect();
             (ranges, global.large_blocks(), self.extents.list())
         };
@@ -63,9 +64,19 @@ impl<R: MemoryResource> Inner<R> {
                 .find(|&&(_, _, first, pages)| p >= first && p < first + pages)
                 .map(|&(base, _, first, _)| base + (p - first) * page)
         };
+        // A global range is free for every stream once each stream that freed into it has
+        // passed its frees; until then another stream's request waits for the free's event
+        // (`wait_fences`), so the range is free on the first stream that has not.
+        let global_free = |fences: &[Fence]| match fences.iter().find(|f| !f.0.passed()) {
+            Some(Fence(by)) => (BlockState::FreeOnStream, Some(by.stream_id())),
+            None => (BlockState::Free, None),
+        };
         for (start, pages, state, stream) in ranges
             .iter()
-            .map(|&(s, n)| (s, n, BlockState::Free, None))
+            .map(|(s, n, fences)| {
+                let (state, stream) = global_free(fences);
+                (*s, *n, state, stream)
+            })
             .chain(
                 large
                     .iter()

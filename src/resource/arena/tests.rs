@@ -870,3 +870,78 @@ fn out_of_memory_details_name_the_largest_block_what_is_held_and_the_pending_fre
     free(&mr, q1, 1000, &a);
     free(&mr, large, 3 * MIB, &a);
 }
+
+/// The state and stream of the block at `p` in `mr`'s snapshot.
+fn block_state(mr: &impl MemoryResource, p: DevicePtr) -> (BlockState, Option<crate::StreamId>) {
+    let snap = mr.snapshot().unwrap();
+    let (_, b) = snap
+        .blocks()
+        .find(|(_, b)| b.address == p)
+        .unwrap_or_else(|| panic!("no block at {p}"));
+    (b.state, b.stream)
+}
+
+/// A global range freed on a stream that has not passed the free reads free on that stream,
+/// as the pool's block does: another stream gets it at once, but its work waits (on the
+/// device) for the free's event. Once every freeing stream has passed an event recorded after
+/// its frees (the arena records one when another stream takes that memory), it reads free for
+/// every stream.
+#[test]
+fn a_global_range_is_free_for_all_only_once_its_frees_have_passed() {
+    let d = device();
+    let [s, t] = crate::test_support::streams::<2>(&d);
+    let mr = arena(&d, 4 * MIB);
+    let pool =
+        crate::PoolResource::new(CudaResource::new(&d).unwrap(), 4 * MIB, Some(4 * MIB)).unwrap();
+    let gate = crate::test_support::gate(&s); // `s` is busy until the gate is dropped
+    let p = mr.try_allocate(3 * MIB, &s).unwrap();
+    let q = pool.try_allocate(3 * MIB, &s).unwrap();
+    free(&mr, p, 3 * MIB, &s);
+    free(&pool, q, 3 * MIB, &s);
+    assert_eq!(
+        block_state(&pool, q),
+        (BlockState::FreeOnStream, Some(s.id()))
+    );
+    assert_eq!(
+        block_state(&mr, p),
+        (BlockState::FreeOnStream, Some(s.id()))
+    );
+    let f = mr.fragmentation().unwrap();
+    assert_eq!(
+        (f.largest_free_now, f.largest_free_block),
+        (0, 4 * MIB),
+        "{f}"
+    );
+
+    // `t` takes the whole arena (the freed range joined with the fresh rest) at once, its
+    // stream waiting for `s`'s free.
+    let all = mr.try_allocate(4 * MIB, &t).unwrap();
+    let after = t.record().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(!after.is_complete().unwrap(), "t waits for s's free");
+    drop(gate);
+    after.synchronize_blocking().unwrap();
+
+    // Freed on `t`, which no one waited for yet: free on `t`. `s` takes a superblock of it
+    // (recording an event on `t`); once `t` passes it, the rest is free for every stream.
+    free(&mr, all, 4 * MIB, &t);
+    assert_eq!(
+        block_state(&mr, all),
+        (BlockState::FreeOnStream, Some(t.id()))
+    );
+    let small = mr.try_allocate(KIB, &s).unwrap();
+    let rest = DevicePtr::from_raw(all.addr() + MIB as u64);
+    assert!(small < rest, "the superblock is the range's first MiB");
+    t.synchronize_blocking().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while block_state(&mr, rest) != (BlockState::Free, None) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            block_state(&mr, rest)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(mr.fragmentation().unwrap().largest_free_now, 3 * MIB);
+    free(&mr, small, KIB, &s);
+}

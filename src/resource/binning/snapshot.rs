@@ -8,9 +8,11 @@ use crate::resource::{Block, BlockState, DevicePtr, MemorySnapshot, Segment};
 /// that holds bin segments (a bin's chunk, taken from the same upstream) is cut there, the bin
 /// segments take the place of what they cover, and what the bin segments leave of the block
 /// stays live. The upstream segment is cut with it (its pieces keep its stream and whether it
-/// coalesces: nothing free joins across a live chunk anyway). Bin segments that lie in no
-/// live block of the upstream (a bin over another resource, or an upstream without a
-/// snapshot) are added as they are.
+/// coalesces: nothing free joins across a live chunk anyway). Bin segments outside every
+/// upstream segment (a bin over another resource, or an upstream without a snapshot) are added
+/// as they are; those that overlap an upstream segment without lying inside one of its live
+/// blocks (or overlap a bin segment placed before them) are the upstream's own memory seen
+/// again, through a bin served by the upstream or a view of it, and are dropped.
 pub(super) fn nest(
     device: DeviceId,
     upstream: Option<MemorySnapshot>,
@@ -26,6 +28,11 @@ pub(super) fn nest(
     snap.device = upstream.device;
     snap.capacity = upstream.capacity;
     let end_of = |s: &Segment| s.address.addr().saturating_add(s.bytes as u64);
+    let held: Vec<(u64, u64)> = upstream
+        .segments
+        .iter()
+        .map(|u| (u.address.addr(), end_of(u)))
+        .collect();
     for u in upstream.segments {
         let u_end = end_of(&u);
         let piece = |at: u64| {
@@ -60,6 +67,9 @@ pub(super) fn nest(
             };
             for i in inside {
                 let start = bins[i].address.addr();
+                if start < at {
+                    continue; // overlaps the bin segment placed before it: dropped below
+                }
                 if start > at {
                     current.blocks.push(rest(at, start));
                 }
@@ -75,10 +85,15 @@ pub(super) fn nest(
         }
         close(&mut current, u_end, &mut snap.segments, u_end);
     }
+    let overlaps_upstream = |s: &Segment| {
+        let (start, end) = (s.address.addr(), end_of(s));
+        held.iter()
+            .any(|&(a, b)| start < b && a < end.max(start + 1))
+    };
     snap.segments.extend(
         bins.into_iter()
             .zip(placed)
-            .filter(|(_, placed)| !placed)
+            .filter(|(s, placed)| !placed && !overlaps_upstream(s))
             .map(|(s, _)| s),
     );
     snap.sort();

@@ -387,3 +387,68 @@ fn binning_over_plain_memory_shows_its_bins() {
     assert!(snap.segments.iter().all(|s| !s.coalesces));
     assert_eq!(mr.fragmentation().unwrap(), snap.fragmentation());
 }
+
+/// A bin served by the upstream itself (`add_bin(size, Some(upstream))`) is the upstream's
+/// memory: its snapshot is the upstream's, so the binning snapshot is the upstream's once.
+#[test]
+fn a_bin_served_by_the_upstream_counts_each_byte_once() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 4 * MIB, None).unwrap();
+    let mut mr = BinningResource::new(pool.clone());
+    mr.add_bin(KIB, Some(Arc::new(pool.clone()))).unwrap();
+    let p = mr.try_allocate(1000, &s).unwrap();
+    let snap = mr.snapshot().unwrap();
+    let up = pool.snapshot().unwrap();
+    assert_eq!((snap.reserved_bytes(), snap.live_bytes()), (4 * MIB, KIB));
+    assert_eq!(snap.segments.len(), up.segments.len());
+    assert_eq!(mr.fragmentation().unwrap(), up.fragmentation());
+    // SAFETY: allocated above with this size.
+    unsafe { mr.deallocate(p, 1000, &s) };
+}
+
+/// A bin whose segments overlap the upstream's without lying inside one of its live blocks
+/// (a bin over a view of the upstream that is not `is_equal` to it: the same memory seen
+/// twice) adds nothing: those bytes are the upstream's, counted there.
+#[test]
+fn bin_segments_overlapping_the_upstream_outside_its_live_blocks_are_dropped() {
+    use crate::{Block, BlockState, MemorySnapshot, Segment};
+    let at = DevicePtr::from_raw;
+    let mut up = MemorySnapshot::new(host().id(), "pool");
+    let mut seg = Segment::new(at(0x10000), 0x10000);
+    seg.blocks = vec![
+        Block::new(at(0x10000), 0x1000, BlockState::Live),
+        Block::new(at(0x11000), 0xf000, BlockState::Free),
+    ];
+    up.segments.push(seg.clone());
+    let mut part = Segment::new(at(0x10800), 0x1000); // straddles the live block's end
+    part.blocks = vec![Block::new(at(0x10800), 0x1000, BlockState::Live)];
+    let mut apart = Segment::new(at(0x40000), 0x1000); // outside: a bin of its own
+    apart.blocks = vec![Block::new(at(0x40000), 0x1000, BlockState::Free)];
+    let snap = super::snapshot::nest(host().id(), Some(up), vec![seg, part, apart]);
+    let layout: Vec<(u64, usize)> = snap
+        .segments
+        .iter()
+        .map(|s| (s.address.addr(), s.bytes))
+        .collect();
+    assert_eq!(layout, vec![(0x10000, 0x10000), (0x40000, 0x1000)]);
+    let free: usize = snap.segments.iter().map(|s| s.free_bytes()).sum();
+    assert_eq!((snap.live_bytes(), free), (0x1000, 0xf000 + 0x1000));
+}
+
+/// Two bins served by one resource of yours (a pool over the upstream) show its chunk once.
+#[test]
+fn bins_sharing_a_resource_show_it_once() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let up = PoolResource::new(CudaResource::new(&device).unwrap(), 4 * MIB, None).unwrap();
+    let bins = PoolResource::new(up.clone(), MIB, None).unwrap();
+    let mut mr = BinningResource::new(up.clone());
+    mr.add_bin(KIB, Some(Arc::new(bins.clone()))).unwrap();
+    mr.add_bin(2 * KIB, Some(Arc::new(bins.clone()))).unwrap();
+    let p = mr.try_allocate(1500, &s).unwrap();
+    let snap = mr.snapshot().unwrap();
+    assert_eq!((snap.reserved_bytes(), snap.live_bytes()), (4 * MIB, 1536));
+    // SAFETY: allocated above with this size.
+    unsafe { mr.deallocate(p, 1500, &s) };
+}

@@ -241,6 +241,11 @@ impl<O> FixedSizeCore<O> {
     }
 
     /// The payloads of every list.
+    /// Every list's stream and payload.
+    pub(crate) fn orders(&self) -> impl Iterator<Item = (StreamId, &O)> {
+        self.lists.iter().flatten().map(|l| (l.stream, &l.order))
+    }
+
     pub(crate) fn orders_mut(&mut self) -> impl Iterator<Item = &mut O> {
         self.lists.iter_mut().flatten().map(|l| &mut l.order)
     }

@@ -327,3 +327,57 @@ fn out_of_memory_says_nothing_is_free_and_what_is_held() {
         free(&mr, p, 4 * KIB, &s);
     }
 }
+
+/// A free list's blocks read free on its stream until that stream has passed an event
+/// recorded after its frees (recorded when another stream takes from the list), then free for
+/// every stream: another stream's request then gets them without waiting for anything left.
+/// The count-based fragmentation agrees with the snapshot's.
+#[test]
+fn free_blocks_are_free_for_all_once_their_streams_frees_have_passed() {
+    let device = host();
+    let [s, t] = crate::test_support::streams::<2>(&device);
+    let mr = FixedSizeResource::new(CudaResource::new(&device).unwrap(), 64 << 10, 4).unwrap();
+    let gate = crate::test_support::gate(&s);
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| mr.try_allocate(1, &s).unwrap()).collect();
+    for &p in &blocks[..2] {
+        free(&mr, p, 1, &s);
+    }
+    let state_of = |p: DevicePtr| {
+        let snap = mr.snapshot().unwrap();
+        let (_, b) = snap.blocks().find(|(_, b)| b.address == p).unwrap();
+        (b.state, b.stream)
+    };
+    assert_eq!(
+        state_of(blocks[0]),
+        (BlockState::FreeOnStream, Some(s.id()))
+    );
+    assert_eq!(
+        mr.fragmentation().unwrap(),
+        mr.snapshot().unwrap().fragmentation()
+    );
+    // `t` takes half of `s`'s list (one block), after an event of `s`; `s` then passes it.
+    let taken = mr.try_allocate(1, &t).unwrap();
+    drop(gate);
+    s.synchronize_blocking().unwrap();
+    let left = if taken == blocks[0] {
+        blocks[1]
+    } else {
+        blocks[0]
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state_of(left) != (BlockState::Free, None) {
+        assert!(Instant::now() < deadline, "{:?}", state_of(left));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let f = mr.fragmentation().unwrap();
+    assert_eq!(f, mr.snapshot().unwrap().fragmentation());
+    assert_eq!(
+        (f.free_now_bytes, f.largest_free_now),
+        (64 << 10, 64 << 10),
+        "{f}"
+    );
+    free(&mr, taken, 1, &t);
+    for &p in &blocks[2..] {
+        free(&mr, p, 1, &s);
+    }
+}
