@@ -614,7 +614,9 @@ impl<R: MemoryResource> Inner<R> {
     /// [`MemoryResource::snapshot`]: every level's chunks, each a segment; a sub-chunk the
     /// global level lent to a shard is described by the shard's blocks. Every level is locked
     /// at once (in [`statistics`](Self::statistics)' order), so no sub-chunk moves while the
-    /// blocks are copied.
+    /// blocks are copied; and a shard gives sub-chunks back under its own lock
+    /// ([`return_to_global`](Self::return_to_global)), so every lent block has a shard that
+    /// describes it (else the lent block would read as one live block).
     fn take_snapshot(&self) -> MemorySnapshot {
         let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let global = self.global.lock();
@@ -632,7 +634,10 @@ impl<R: MemoryResource> Inner<R> {
             for b in blocks {
                 match lent.remove(&b.start).filter(|_| b.lent) {
                     Some(sub) => segment.blocks.extend(sub.into_iter().map(snapshot_block)),
-                    None => segment.blocks.push(snapshot_block(b)),
+                    None => {
+                        debug_assert!(!b.lent, "a lent block no shard describes: {:#x}", b.start);
+                        segment.blocks.push(snapshot_block(b));
+                    }
                 }
             }
             snapshot.segments.push(segment);
@@ -916,8 +921,11 @@ impl<R: MemoryResource> Inner<R> {
         let released = shard.level.release_empty_chunks(false);
         let free = shard.level.core.free_bytes();
         shard.release_above = (2 * self.shard_chunk).max(free + self.shard_chunk);
+        let returned = self.return_to_global(&mut shard, released);
         drop(shard);
-        self.return_to_global(released);
+        if returned {
+            self.returned_to_global();
+        }
     }
 
     /// Frees `addr` on `stream` into the large level if it holds it.
@@ -925,11 +933,15 @@ impl<R: MemoryResource> Inner<R> {
         self.granular && self.large.lock().try_free(addr, bytes, stream)
     }
 
-    /// Gives sub-chunks a shard released back to the global level, and wakes a waiting
-    /// allocation: one that retried while they were on their way found them in neither level.
-    fn return_to_global(&self, released: Vec<Released>) {
+    /// Gives sub-chunks a shard released back to the global level, locking it while the
+    /// shard's lock (`_held`) is still held (a shard, then the global level: the pool's lock order), so
+    /// that every sub-chunk is at all times either described by a shard or free in the global
+    /// level: a snapshot or statistics taken in between would otherwise find the global
+    /// level's lent block described by no shard. True when there were any: the caller then
+    /// calls [`returned_to_global`](Self::returned_to_global) once the shard is unlocked.
+    fn return_to_global(&self, _held: &mut Shard, released: Vec<Released>) -> bool {
         if released.is_empty() {
-            return;
+            return false;
         }
         let mut global = self.global.lock();
         for (base, size, stream) in released {
@@ -938,7 +950,13 @@ impl<R: MemoryResource> Inner<R> {
                 "a shard's sub-chunk {base:#x} is not lent by the global level"
             );
         }
-        drop(global);
+        true
+    }
+
+    /// After sub-chunks came back to the global level (no lock held): wakes a waiting
+    /// allocation (one that retried while they were on their way found them in neither
+    /// level) and applies the release policy.
+    fn returned_to_global(&self) {
         self.availability.notify();
         self.apply_keep_free();
     }
@@ -947,14 +965,15 @@ impl<R: MemoryResource> Inner<R> {
     /// free memory on one stream (which records events and waits) so that sub-chunks freed
     /// piecewise on several streams count.
     fn reclaim(&self) {
+        let mut returned = false;
         for shard in self.shards.iter() {
-            let released = {
-                let mut shard = shard.lock();
-                let released = shard.level.release_empty_chunks(true);
-                shard.release_above = 2 * self.shard_chunk;
-                released
-            };
-            self.return_to_global(released);
+            let mut shard = shard.lock();
+            let released = shard.level.release_empty_chunks(true);
+            shard.release_above = 2 * self.shard_chunk;
+            returned |= self.return_to_global(&mut shard, released);
+        }
+        if returned {
+            self.returned_to_global();
         }
     }
 

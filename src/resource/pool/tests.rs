@@ -651,3 +651,64 @@ fn statistics_of_a_pool_freed_on_several_streams_read_one_block() {
     let p = pool.try_allocate(64 * MIB, &t).unwrap();
     free(&pool, p, 64 * MIB, &t);
 }
+
+/// A snapshot taken while a shard hands wholly free sub-chunks back to the global level shows
+/// each sub-chunk as the shard's free blocks or the global level's free block, never as a
+/// live block: the reviewer's case (two threads allocating and freeing 256 KiB blocks on a
+/// sharded pool) read a whole 4 MiB sub-chunk as `Live` after some 3,000 snapshots, taken
+/// between the shard's letting go of it and the global level's taking it back.
+#[test]
+fn snapshots_never_show_a_sub_chunk_on_its_way_back_as_live() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const BLOCK: usize = 256 * KIB;
+    let device = host();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), SHARDED, Some(SHARDED)).unwrap();
+    assert!(!pool.inner.shards.is_empty());
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            let (pool, stop, device) = (pool.clone(), stop.clone(), device.clone());
+            std::thread::spawn(move || {
+                let s = Stream::new(&device).unwrap();
+                let mut round = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    // More than a shard keeps free (two sub-chunks' worth), so that the
+                    // frees hand its wholly free sub-chunks back.
+                    let blocks: Vec<_> = (0..48)
+                        .map(|_| pool.try_allocate(BLOCK, &s).unwrap())
+                        .collect();
+                    for p in blocks {
+                        free(&pool, p, BLOCK, &s);
+                    }
+                    round += 1;
+                    if (round + i) % 4 == 0 {
+                        pool.inner.reclaim();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut result = Ok(());
+    let limit = Instant::now() + Duration::from_secs(60);
+    for n in 0..20_000 {
+        let snap = pool.snapshot().unwrap();
+        if let Some((_, b)) = snap
+            .blocks()
+            .find(|(_, b)| b.state == crate::BlockState::Live && b.bytes != BLOCK)
+        {
+            result = Err(format!("snapshot {n}: {b:?}"));
+            break;
+        }
+        if Instant::now() > limit {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    result.unwrap();
+}
