@@ -141,7 +141,15 @@ use crate::stream::Stream;
 /// [`OutOfMemoryDetails`] (largest free block, free and reserved bytes, other streams' free
 /// bytes) when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
 /// maximum for a request above the pool's maximum (or its upstream's capacity limit), which
-/// can never fit. A pool dropped (its last clone)
+/// can never fit. The details' largest free block joins address-adjacent free blocks of any
+/// streams, as [`fragmentation`](MemoryResource::fragmentation) and
+/// [`PoolStatistics::largest_free_block`] do (finding it walks every block, O(blocks)),
+/// except while an allocation waits on the pool (or on a resource over it) and a free may
+/// still come: a failed try then gives the largest block of one stream (O(streams)), since
+/// it is most likely the waiter's retry at a free, whose error nobody reads, and a walk at
+/// every free would hold the pool's locks O(frees × blocks). Read
+/// [`fragmentation`](MemoryResource::fragmentation) for the joined figure at any time.
+/// A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
 /// [`Error::Leaked`] with their number and bytes on its device: take it with
 /// [`Device::take_deferred_error`]. A free of a pointer the pool does not hold as allocated
@@ -1010,13 +1018,22 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// Out-of-memory for `requested` bytes on `stream`, with [`OutOfMemoryDetails`]: the
-    /// largest free block of any level (the pool hands any of them to any stream, after a
-    /// wait where it crosses streams), the free and reserved bytes, and, as pending frees,
-    /// the free bytes of every other stream (usable by `stream` only in stream order after
-    /// that stream's frees). One lock per level; O(blocks) for the largest free block, on
-    /// this failure path only.
+    /// largest free block, the free and reserved bytes, and, as pending frees, the free bytes
+    /// of every other stream (usable by `stream` only in stream order after that stream's
+    /// frees). One lock per level.
+    ///
+    /// The largest free block joins free blocks of any streams (the pool hands any of them to
+    /// any stream, after a wait where it crosses streams), which walks every block (O(blocks)),
+    /// unless an allocation waits on the pool (or on a resource over it) and a free may still
+    /// come: then the failed try is most likely the waiter's retry at a free, whose error is
+    /// dropped, and walking every block at each of N frees would cost O(N × blocks) under the
+    /// pool's locks. Such details give the largest block of one stream (O(streams)), as
+    /// before snapshots. A waiter's retry whose error ends its wait (nothing live, so no free
+    /// can come) joins them again.
     fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
-        Error::out_of_memory_with(requested, self.device.id(), self.details(stream))
+        let joined =
+            !self.availability.anyone_waiting() || !Forward::may_regain_memory(self, requested);
+        Error::out_of_memory_with(requested, self.device.id(), self.details(stream, joined))
             .never_fitting(self.capacity_limit())
     }
 
@@ -1039,8 +1056,10 @@ impl<R: MemoryResource> Inner<R> {
         size > free.saturating_add(room)
     }
 
-    /// [`out_of_memory`](Self::out_of_memory)'s details.
-    fn details(&self, stream: &Stream) -> OutOfMemoryDetails {
+    /// [`out_of_memory`](Self::out_of_memory)'s details; with `joined`, the largest free block
+    /// is the largest run of free blocks of any streams (O(blocks)), else the largest block of
+    /// one stream (O(streams)).
+    fn details(&self, stream: &Stream, joined: bool) -> OutOfMemoryDetails {
         let mut details = OutOfMemoryDetails::default();
         let (mut free, mut largest) = (0, 0);
         let mut pending: Vec<(StreamId, usize)> = Vec::new();
@@ -1049,7 +1068,11 @@ impl<R: MemoryResource> Inner<R> {
             // Runs of free blocks of any streams: the pool joins them for a request (after
             // waiting for their streams' frees), so one stream's largest block would
             // understate what fits and read as fragmentation.
-            largest = largest.max(level.core.largest_free_extent());
+            largest = largest.max(if joined {
+                level.core.largest_free_extent()
+            } else {
+                level.core.largest_free_block()
+            });
             for (id, bytes) in level.free_by_stream() {
                 if id == stream.id() {
                     continue;

@@ -712,3 +712,69 @@ fn snapshots_never_show_a_sub_chunk_on_its_way_back_as_live() {
     }
     result.unwrap();
 }
+
+/// Out-of-memory details: the largest free block joins free blocks of any streams (O(blocks))
+/// when the error goes to a caller, but not for a failed try while an allocation waits on the
+/// pool and a free may still come: such a try is most likely the waiter's retry at a free,
+/// whose error nobody reads, and a walk of every block at every free would cost O(frees ×
+/// blocks) under the pool's locks. Those details give the largest block of one stream
+/// (O(streams)), as before snapshots; `fragmentation()` gives the joined figure.
+#[test]
+fn out_of_memory_details_join_streams_unless_a_waiter_retries() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    let device = host();
+    let pool = PoolResource::new(
+        CudaResource::new(&device).unwrap(),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    let s: Vec<Stream> = (0..5).map(|_| Stream::new(&device).unwrap()).collect();
+    let blocks: Vec<DevicePtr> = (0..8)
+        .map(|i| pool.try_allocate(8 * MIB, &s[i % 4]).unwrap())
+        .collect();
+    for (i, &p) in blocks.iter().enumerate().skip(1) {
+        free(&pool, p, 8 * MIB, &s[i % 4]);
+    }
+    let largest = |e: crate::Error| {
+        let d = e.out_of_memory_details().expect("the pool gives details");
+        assert_eq!(d.free_bytes, Some(56 * MIB), "{e}");
+        d.largest_free_block
+            .expect("the pool names its largest free block")
+    };
+    // No one waits: the error goes to the caller, with the joined figure.
+    assert_eq!(
+        largest(pool.try_allocate(64 * MIB, &s[4]).unwrap_err()),
+        56 * MIB
+    );
+
+    // An awaited request waits (queued, at the head); a try now is what its retry at each
+    // free does: one stream's largest block.
+    let mut waiting = Box::pin(pool.allocate(64 * MIB, &s[4]));
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(
+        largest(pool.try_allocate(64 * MIB, &s[4]).unwrap_err()),
+        8 * MIB
+    );
+    // The figures that join the streams' free memory are still there to read.
+    assert_eq!(pool.fragmentation().unwrap().largest_free_block, 56 * MIB);
+    assert_eq!(pool.statistics().largest_free_block, 56 * MIB);
+
+    // With nothing live, no free can come for the waiter: its retry's error is the one it
+    // returns, so it joins the streams again.
+    free(&pool, blocks[0], 8 * MIB, &s[0]);
+    let e = pool.inner.out_of_memory(64 * MIB, &s[4]);
+    let d = e.out_of_memory_details().unwrap();
+    assert_eq!(d.largest_free_block, Some(64 * MIB), "{e}");
+
+    // The waiter is served once polled.
+    let p = match waiting.as_mut().poll(&mut cx) {
+        Poll::Ready(p) => p.unwrap(),
+        Poll::Pending => panic!("the wholly free pool serves the waiter"),
+    };
+    drop(waiting);
+    free(&pool, p, 64 * MIB, &s[4]);
+}
