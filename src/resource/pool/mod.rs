@@ -141,7 +141,15 @@ use crate::stream::Stream;
 /// [`OutOfMemoryDetails`] (largest free block, free and reserved bytes, other streams' free
 /// bytes) when neither the pool nor its upstream can serve a request; [`Error::TooLarge`] with the
 /// maximum for a request above the pool's maximum (or its upstream's capacity limit), which
-/// can never fit. A pool dropped (its last clone)
+/// can never fit. The details' largest free block joins address-adjacent free blocks of any
+/// streams, as [`fragmentation`](MemoryResource::fragmentation) and
+/// [`PoolStatistics::largest_free_block`] do (finding it walks every block, O(blocks)),
+/// except while an allocation waits on the pool (or on a resource over it) and a free may
+/// still come: a failed try then gives the largest block of one stream (O(streams)), since
+/// it is most likely the waiter's retry at a free, whose error nobody reads, and a walk at
+/// every free would hold the pool's locks O(frees × blocks). Read
+/// [`fragmentation`](MemoryResource::fragmentation) for the joined figure at any time.
+/// A pool dropped (its last clone)
 /// while allocations are still out leaks the chunks under them and records an
 /// [`Error::Leaked`] with their number and bytes on its device: take it with
 /// [`Device::take_deferred_error`]. A free of a pointer the pool does not hold as allocated
@@ -614,7 +622,9 @@ impl<R: MemoryResource> Inner<R> {
     /// [`MemoryResource::snapshot`]: every level's chunks, each a segment; a sub-chunk the
     /// global level lent to a shard is described by the shard's blocks. Every level is locked
     /// at once (in [`statistics`](Self::statistics)' order), so no sub-chunk moves while the
-    /// blocks are copied.
+    /// blocks are copied; and a shard gives sub-chunks back under its own lock
+    /// ([`return_to_global`](Self::return_to_global)), so every lent block has a shard that
+    /// describes it (else the lent block would read as one live block).
     fn take_snapshot(&self) -> MemorySnapshot {
         let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let global = self.global.lock();
@@ -632,7 +642,10 @@ impl<R: MemoryResource> Inner<R> {
             for b in blocks {
                 match lent.remove(&b.start).filter(|_| b.lent) {
                     Some(sub) => segment.blocks.extend(sub.into_iter().map(snapshot_block)),
-                    None => segment.blocks.push(snapshot_block(b)),
+                    None => {
+                        debug_assert!(!b.lent, "a lent block no shard describes: {:#x}", b.start);
+                        segment.blocks.push(snapshot_block(b));
+                    }
                 }
             }
             snapshot.segments.push(segment);
@@ -916,8 +929,11 @@ impl<R: MemoryResource> Inner<R> {
         let released = shard.level.release_empty_chunks(false);
         let free = shard.level.core.free_bytes();
         shard.release_above = (2 * self.shard_chunk).max(free + self.shard_chunk);
+        let returned = self.return_to_global(&mut shard, released);
         drop(shard);
-        self.return_to_global(released);
+        if returned {
+            self.returned_to_global();
+        }
     }
 
     /// Frees `addr` on `stream` into the large level if it holds it.
@@ -925,11 +941,15 @@ impl<R: MemoryResource> Inner<R> {
         self.granular && self.large.lock().try_free(addr, bytes, stream)
     }
 
-    /// Gives sub-chunks a shard released back to the global level, and wakes a waiting
-    /// allocation: one that retried while they were on their way found them in neither level.
-    fn return_to_global(&self, released: Vec<Released>) {
+    /// Gives sub-chunks a shard released back to the global level, locking it while the
+    /// shard's lock (`_held`) is still held (a shard, then the global level: the pool's lock order), so
+    /// that every sub-chunk is at all times either described by a shard or free in the global
+    /// level: a snapshot or statistics taken in between would otherwise find the global
+    /// level's lent block described by no shard. True when there were any: the caller then
+    /// calls [`returned_to_global`](Self::returned_to_global) once the shard is unlocked.
+    fn return_to_global(&self, _held: &mut Shard, released: Vec<Released>) -> bool {
         if released.is_empty() {
-            return;
+            return false;
         }
         let mut global = self.global.lock();
         for (base, size, stream) in released {
@@ -938,7 +958,13 @@ impl<R: MemoryResource> Inner<R> {
                 "a shard's sub-chunk {base:#x} is not lent by the global level"
             );
         }
-        drop(global);
+        true
+    }
+
+    /// After sub-chunks came back to the global level (no lock held): wakes a waiting
+    /// allocation (one that retried while they were on their way found them in neither
+    /// level) and applies the release policy.
+    fn returned_to_global(&self) {
         self.availability.notify();
         self.apply_keep_free();
     }
@@ -947,14 +973,15 @@ impl<R: MemoryResource> Inner<R> {
     /// free memory on one stream (which records events and waits) so that sub-chunks freed
     /// piecewise on several streams count.
     fn reclaim(&self) {
+        let mut returned = false;
         for shard in self.shards.iter() {
-            let released = {
-                let mut shard = shard.lock();
-                let released = shard.level.release_empty_chunks(true);
-                shard.release_above = 2 * self.shard_chunk;
-                released
-            };
-            self.return_to_global(released);
+            let mut shard = shard.lock();
+            let released = shard.level.release_empty_chunks(true);
+            shard.release_above = 2 * self.shard_chunk;
+            returned |= self.return_to_global(&mut shard, released);
+        }
+        if returned {
+            self.returned_to_global();
         }
     }
 
@@ -991,13 +1018,22 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// Out-of-memory for `requested` bytes on `stream`, with [`OutOfMemoryDetails`]: the
-    /// largest free block of any level (the pool hands any of them to any stream, after a
-    /// wait where it crosses streams), the free and reserved bytes, and, as pending frees,
-    /// the free bytes of every other stream (usable by `stream` only in stream order after
-    /// that stream's frees). One lock per level; O(blocks) for the largest free block, on
-    /// this failure path only.
+    /// largest free block, the free and reserved bytes, and, as pending frees, the free bytes
+    /// of every other stream (usable by `stream` only in stream order after that stream's
+    /// frees). One lock per level.
+    ///
+    /// The largest free block joins free blocks of any streams (the pool hands any of them to
+    /// any stream, after a wait where it crosses streams), which walks every block (O(blocks)),
+    /// unless an allocation waits on the pool (or on a resource over it) and a free may still
+    /// come: then the failed try is most likely the waiter's retry at a free, whose error is
+    /// dropped, and walking every block at each of N frees would cost O(N × blocks) under the
+    /// pool's locks. Such details give the largest block of one stream (O(streams)), as
+    /// before snapshots. A waiter's retry whose error ends its wait (nothing live, so no free
+    /// can come) joins them again.
     fn out_of_memory(&self, requested: usize, stream: &Stream) -> Error {
-        Error::out_of_memory_with(requested, self.device.id(), self.details(stream))
+        let joined =
+            !self.availability.anyone_waiting() || !Forward::may_regain_memory(self, requested);
+        Error::out_of_memory_with(requested, self.device.id(), self.details(stream, joined))
             .never_fitting(self.capacity_limit())
     }
 
@@ -1020,8 +1056,10 @@ impl<R: MemoryResource> Inner<R> {
         size > free.saturating_add(room)
     }
 
-    /// [`out_of_memory`](Self::out_of_memory)'s details.
-    fn details(&self, stream: &Stream) -> OutOfMemoryDetails {
+    /// [`out_of_memory`](Self::out_of_memory)'s details; with `joined`, the largest free block
+    /// is the largest run of free blocks of any streams (O(blocks)), else the largest block of
+    /// one stream (O(streams)).
+    fn details(&self, stream: &Stream, joined: bool) -> OutOfMemoryDetails {
         let mut details = OutOfMemoryDetails::default();
         let (mut free, mut largest) = (0, 0);
         let mut pending: Vec<(StreamId, usize)> = Vec::new();
@@ -1030,7 +1068,11 @@ impl<R: MemoryResource> Inner<R> {
             // Runs of free blocks of any streams: the pool joins them for a request (after
             // waiting for their streams' frees), so one stream's largest block would
             // understate what fits and read as fragmentation.
-            largest = largest.max(level.core.largest_free_extent());
+            largest = largest.max(if joined {
+                level.core.largest_free_extent()
+            } else {
+                level.core.largest_free_block()
+            });
             for (id, bytes) in level.free_by_stream() {
                 if id == stream.id() {
                     continue;

@@ -651,3 +651,130 @@ fn statistics_of_a_pool_freed_on_several_streams_read_one_block() {
     let p = pool.try_allocate(64 * MIB, &t).unwrap();
     free(&pool, p, 64 * MIB, &t);
 }
+
+/// A snapshot taken while a shard hands wholly free sub-chunks back to the global level shows
+/// each sub-chunk as the shard's free blocks or the global level's free block, never as a
+/// live block: the reviewer's case (two threads allocating and freeing 256 KiB blocks on a
+/// sharded pool) read a whole 4 MiB sub-chunk as `Live` after some 3,000 snapshots, taken
+/// between the shard's letting go of it and the global level's taking it back.
+#[test]
+fn snapshots_never_show_a_sub_chunk_on_its_way_back_as_live() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const BLOCK: usize = 256 * KIB;
+    let device = host();
+    let pool =
+        PoolResource::new(CudaResource::new(&device).unwrap(), SHARDED, Some(SHARDED)).unwrap();
+    assert!(!pool.inner.shards.is_empty());
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            let (pool, stop, device) = (pool.clone(), stop.clone(), device.clone());
+            std::thread::spawn(move || {
+                let s = Stream::new(&device).unwrap();
+                let mut round = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    // More than a shard keeps free (two sub-chunks' worth), so that the
+                    // frees hand its wholly free sub-chunks back.
+                    let blocks: Vec<_> = (0..48)
+                        .map(|_| pool.try_allocate(BLOCK, &s).unwrap())
+                        .collect();
+                    for p in blocks {
+                        free(&pool, p, BLOCK, &s);
+                    }
+                    round += 1;
+                    if (round + i) % 4 == 0 {
+                        pool.inner.reclaim();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut result = Ok(());
+    let limit = Instant::now() + Duration::from_secs(60);
+    for n in 0..20_000 {
+        let snap = pool.snapshot().unwrap();
+        if let Some((_, b)) = snap
+            .blocks()
+            .find(|(_, b)| b.state == crate::BlockState::Live && b.bytes != BLOCK)
+        {
+            result = Err(format!("snapshot {n}: {b:?}"));
+            break;
+        }
+        if Instant::now() > limit {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    result.unwrap();
+}
+
+/// Out-of-memory details: the largest free block joins free blocks of any streams (O(blocks))
+/// when the error goes to a caller, but not for a failed try while an allocation waits on the
+/// pool and a free may still come: such a try is most likely the waiter's retry at a free,
+/// whose error nobody reads, and a walk of every block at every free would cost O(frees ×
+/// blocks) under the pool's locks. Those details give the largest block of one stream
+/// (O(streams)), as before snapshots; `fragmentation()` gives the joined figure.
+#[test]
+fn out_of_memory_details_join_streams_unless_a_waiter_retries() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    let device = host();
+    let pool = PoolResource::new(
+        CudaResource::new(&device).unwrap(),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    let s: Vec<Stream> = (0..5).map(|_| Stream::new(&device).unwrap()).collect();
+    let blocks: Vec<DevicePtr> = (0..8)
+        .map(|i| pool.try_allocate(8 * MIB, &s[i % 4]).unwrap())
+        .collect();
+    for (i, &p) in blocks.iter().enumerate().skip(1) {
+        free(&pool, p, 8 * MIB, &s[i % 4]);
+    }
+    let largest = |e: crate::Error| {
+        let d = e.out_of_memory_details().expect("the pool gives details");
+        assert_eq!(d.free_bytes, Some(56 * MIB), "{e}");
+        d.largest_free_block
+            .expect("the pool names its largest free block")
+    };
+    // No one waits: the error goes to the caller, with the joined figure.
+    assert_eq!(
+        largest(pool.try_allocate(64 * MIB, &s[4]).unwrap_err()),
+        56 * MIB
+    );
+
+    // An awaited request waits (queued, at the head); a try now is what its retry at each
+    // free does: one stream's largest block.
+    let mut waiting = Box::pin(pool.allocate(64 * MIB, &s[4]));
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(
+        largest(pool.try_allocate(64 * MIB, &s[4]).unwrap_err()),
+        8 * MIB
+    );
+    // The figures that join the streams' free memory are still there to read.
+    assert_eq!(pool.fragmentation().unwrap().largest_free_block, 56 * MIB);
+    assert_eq!(pool.statistics().largest_free_block, 56 * MIB);
+
+    // With nothing live, no free can come for the waiter: its retry's error is the one it
+    // returns, so it joins the streams again.
+    free(&pool, blocks[0], 8 * MIB, &s[0]);
+    let e = pool.inner.out_of_memory(64 * MIB, &s[4]);
+    let d = e.out_of_memory_details().unwrap();
+    assert_eq!(d.largest_free_block, Some(64 * MIB), "{e}");
+
+    // The waiter is served once polled.
+    let p = match waiting.as_mut().poll(&mut cx) {
+        Poll::Ready(p) => p.unwrap(),
+        Poll::Pending => panic!("the wholly free pool serves the waiter"),
+    };
+    drop(waiting);
+    free(&pool, p, 64 * MIB, &s[4]);
+}
