@@ -560,9 +560,11 @@ impl<R: MemoryResource> Inner<R> {
         if got < excess {
             released.extend(global.release_empty_chunks_upto(false, excess - got));
         }
+        // Given back under the levels' locks, so that what they hold and `held` agree for a
+        // level that grows meanwhile (else it sees room the maximum does not leave).
+        let bytes = self.give_back(released);
         drop(large);
         drop(global);
-        let bytes = self.give_back(released);
         if free - bytes.min(free) > keep {
             // Too few wholly free chunks: look again only once more memory is free.
             self.release_scan_above
@@ -989,10 +991,19 @@ impl<R: MemoryResource> Inner<R> {
     /// that owns its free memory, and wakes a waiting allocation (the pool may now grow by
     /// more); returns the bytes released.
     fn release_empty_chunks(&self) -> usize {
-        let released = self.global.lock().release_empty_chunks(true);
-        let mut bytes = self.give_back(released);
-        let released = self.large.lock().release_empty_chunks(true);
-        bytes += self.give_back(released);
+        // Each level gives its chunks back under its lock: released but not yet subtracted
+        // from `held`, a chunk would let a growing level see room the maximum does not leave
+        // (an H100 soak once held more than its pool's maximum).
+        let mut bytes = {
+            let mut global = self.global.lock();
+            let released = global.release_empty_chunks(true);
+            self.give_back(released)
+        };
+        bytes += {
+            let mut large = self.large.lock();
+            let released = large.release_empty_chunks(true);
+            self.give_back(released)
+        };
         if bytes > 0 {
             self.availability.notify();
         }
