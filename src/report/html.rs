@@ -314,3 +314,28 @@ pub fn timeline_svg(timeline: &Timeline, width: u32, height: u32) -> String {
 pub fn segment_map_svg(snapshot: &MemorySnapshot, width: u32) -> String {
     segment_map::draw(snapshot, width, &mut StreamColours::default(), "").0
 }
+
+/// [`segment_map_svg`] with the streams named, and coloured, as in `timeline`'s picture
+/// ([`timeline_svg`]): a replay's logged stream handles, a [`Timeline::name_stream`] name.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::report::html::segment_map_svg_named;
+/// use streamalloc::{Block, BlockState, Device, DevicePtr, MemorySnapshot, Segment, StreamId,
+///                   Timeline};
+///
+/// let base = DevicePtr::from_raw(0x10000);
+/// let mut seg = Segment::new(base, 8192);
+/// seg.blocks.push(Block::new(base, 4096, BlockState::Live).on_stream(StreamId(1)));
+/// let mut snap = MemorySnapshot::new(Device::host().id(), "pool");
+/// snap.segments.push(seg);
+/// let mut timeline = Timeline::new();
+/// timeline.name_stream(StreamId(1), "copy stream");
+/// assert!(segment_map_svg_named(&snap, &timeline, 800).contains("copy stream"));
+/// assert!(!segment_map_svg(&snap, 800).contains("copy stream"));
+/// ```
+pub fn segment_map_svg_named(snapshot: &MemorySnapshot, timeline: &Timeline, width: u32) -> String {
+    let mut colours = StreamColours::named(timeline.streams());
+    segment_map::draw(snapshot, width, &mut colours, "").0
+}

@@ -5,7 +5,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use streamalloc::replay::WhatIf;
-use streamalloc::report::html::{segment_map_svg, timeline_svg, HtmlReport, ReportSection};
+use streamalloc::report::html::{
+    segment_map_svg, segment_map_svg_named, timeline_svg, HtmlReport, ReportSection,
+};
 use streamalloc::report::torch::write_torch_snapshot;
 use streamalloc::{Device, MemorySnapshot};
 
@@ -46,10 +48,12 @@ pub(crate) fn svg(dir: &Path, rows: &[(ResourceKind, Result<WhatIf, String>)]) -
             )?;
         }
         if let Some(peak) = &w.peak_snapshot {
-            std::fs::write(
-                dir.join(format!("{name}-segments.svg")),
-                segment_map_svg(peak, 960),
-            )?;
+            // The streams named and coloured as in the timeline.
+            let map = match &w.timeline {
+                Some(timeline) => segment_map_svg_named(peak, timeline, 960),
+                None => segment_map_svg(peak, 960),
+            };
+            std::fs::write(dir.join(format!("{name}-segments.svg")), map)?;
         }
     }
     Ok(())
