@@ -321,7 +321,7 @@ pub fn segment_map_svg(snapshot: &MemorySnapshot, width: u32) -> String {
 /// # Examples
 ///
 /// ```
-/// use streamalloc::report::html::segment_map_svg_named;
+/// use streamalloc::report::html::{segment_map_svg, segment_map_svg_named};
 /// use streamalloc::{Block, BlockState, Device, DevicePtr, MemorySnapshot, Segment, StreamId,
 ///                   Timeline};
 ///
