@@ -104,18 +104,25 @@ impl<R: MemoryResource> Inner<R> {
     /// takes an extent from the upstream on `stream`, so that it is ready for `stream` at once
     /// and other streams wait for `stream` before they use it: one growth step for superblocks,
     /// exactly `pages` for a large request (`large`), in the large area.
-    /// Returns whether it grew: not for an arena of a fixed size, nor when the maximum or the
-    /// upstream's out-of-memory stops it.
-    pub(super) fn grow(&self, pages: u64, large: bool, stream: &Stream) -> Result<bool> {
+    /// Returns the pages it took for the request (first page, pages, their fences), already
+    /// handed out (lent as a superblock, or a large block of `stream`); `None` when it did not
+    /// grow: for an arena of a fixed size, or when the maximum or the upstream's out-of-memory
+    /// stops it.
+    pub(super) fn grow(
+        &self,
+        pages: u64,
+        large: bool,
+        stream: &Stream,
+    ) -> Result<Option<(u64, u64, Vec<Fence>)>> {
         let Some(growth) = self.growth else {
-            return Ok(false);
+            return Ok(None);
         };
         self.release_free_extents();
         let need = pages as usize * PAGE_SIZE;
         let held = self.extents.held();
         let room = growth.maximum.saturating_sub(held);
         if need > room {
-            return Ok(false);
+            return Ok(None);
         }
         let bytes = if large {
             need
@@ -124,7 +131,7 @@ impl<R: MemoryResource> Inner<R> {
         };
         let base = match self.upstream.try_allocate(bytes, stream) {
             Ok(p) => p.addr(),
-            Err(e) if e.is_out_of_memory() => return Ok(false),
+            Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e),
         };
         let record = self.record_of(stream);
@@ -133,7 +140,18 @@ impl<R: MemoryResource> Inner<R> {
         let mut global = self.global.lock();
         let first = self.extents.add(base, bytes, large);
         global.add_range(first, (bytes / PAGE_SIZE) as u64, vec![Fence(record)]);
-        Ok(true)
+        // Taken for the caller under the lock that added it: released, another request could
+        // take it (or another `grow` give the still wholly free extent back) before the caller
+        // looks again, and the caller would fail with the arena just grown.
+        let (c, tag) = if large {
+            (global.find(Use::Large, pages), stream.id().0)
+        } else {
+            (global.find_below(Use::Superblock, 0, LARGE_AREA), 0)
+        };
+        let c = c.expect("the fresh extent serves the request it was grown for");
+        let fences = global.fences(&c).to_vec();
+        global.take(c, tag);
+        Ok(Some((c.start, c.pages, fences)))
     }
 
     /// Gives every wholly free extent of a growing arena back to the upstream, on the home
@@ -181,7 +199,9 @@ impl<R: MemoryResource> Inner<R> {
         stream: &Stream,
     ) -> Result<DevicePtr> {
         let key = self.key(stream);
-        for attempt in 0..2 {
+        // A superblock `grow` took for this request, to add to the stream's arena.
+        let mut grown: Option<(u64, u64, Vec<Fence>)> = None;
+        for attempt in 0..3 {
             loop {
                 let index = self.arena_slot(stream, key);
                 let mut state = self.slots.get(index).state.lock();
@@ -191,6 +211,16 @@ impl<R: MemoryResource> Inner<R> {
                     cache_forget(self.uid, stream.id().0);
                     continue;
                 }
+                if let Some((start, pages, fences)) = grown.take() {
+                    let me = state.record.as_ref().expect("a live arena has a stream");
+                    if let Err(e) = self.counters.wait_fences(me, &fences) {
+                        self.global.lock().return_superblock(start, pages, fences);
+                        return Err(e);
+                    }
+                    let (base, bytes) = (self.page_addr(start), pages * PAGE_SIZE as u64);
+                    self.set_owner(base, bytes, index);
+                    state.core.add_superblock(base, bytes);
+                }
                 if let Some(p) = state.core.allocate(size) {
                     return Ok(DevicePtr::from_raw(p));
                 }
@@ -199,12 +229,17 @@ impl<R: MemoryResource> Inner<R> {
                 }
                 break;
             }
-            if attempt == 0 {
-                // Exhausted: gather every wholly free superblock and retry once, after growing
-                // when that did not free a superblock.
-                if self.defragment() == 0 {
-                    self.grow(SUPERBLOCK_PAGES, false, stream)?;
+            // Exhausted: gather every wholly free superblock and retry; still exhausted (another
+            // request may have taken what that gathered), grow by a superblock of our own.
+            match attempt {
+                0 => {
+                    self.defragment();
                 }
+                1 => match self.grow(SUPERBLOCK_PAGES, false, stream)? {
+                    Some(superblock) => grown = Some(superblock),
+                    None => break,
+                },
+                _ => {}
             }
         }
         if let Some(p) = self.borrow(size, stream)? {
@@ -312,8 +347,14 @@ impl<R: MemoryResource> Inner<R> {
             }
             if attempt == 0 {
                 self.defragment();
-                self.grow(pages, true, stream)?;
             }
+        }
+        if let Some((start, _, fences)) = self.grow(pages, true, stream)? {
+            if let Err(e) = self.counters.wait_fences(&me, &fences) {
+                self.global.lock().free_large(start, pages, Fence(me));
+                return Err(e);
+            }
+            return Ok(DevicePtr::from_raw(self.page_addr(start)));
         }
         Err(self.out_of_memory(bytes, size as usize, stream))
     }

@@ -945,3 +945,81 @@ fn a_global_range_is_free_for_all_only_once_its_frees_have_passed() {
     assert_eq!(mr.fragmentation().unwrap().largest_free_now, 3 * MIB);
     free(&mr, small, KIB, &s);
 }
+
+/// The shared suite's `four_threads` flake, made deterministic: the superblock a request grows
+/// the arena by is its own. Here a request on `a` grows the arena while another stream takes
+/// every free superblock before `a` looks again (the test holds `a`'s arena). It failed before
+/// (out of memory with the arena just grown): `grow` left the new extent in the global arena
+/// for anyone, and `a` found it empty.
+#[test]
+fn a_request_keeps_the_superblock_it_grew_the_arena_by() {
+    use std::sync::mpsc;
+    type Hook = Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>;
+    let d = device();
+    let (a, c) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let cuda = CudaResource::new(&d).unwrap();
+    let hook: Arc<StdMutex<Hook>> = Arc::default();
+    let (up_cuda, up_hook) = (cuda.clone(), hook.clone());
+    let up = crate::resource::CallbackResource::new(
+        cuda.properties(),
+        move |bytes, s| {
+            // The armed growth stops here until the test holds `a`'s arena.
+            if let Some((growing, go)) = up_hook.lock().unwrap().take() {
+                growing.send(()).unwrap();
+                go.recv().unwrap();
+            }
+            up_cuda.try_allocate(bytes, s)
+        },
+        // SAFETY: frees what the allocate closure got from `cuda`, as the arena gives it back.
+        move |p, bytes, s| unsafe { cuda.deallocate(p, bytes, s) },
+    );
+    let mr = ArenaResource::new(up, None).unwrap();
+    let big = MIB - 4 * KIB;
+    // `a`'s arena (slot 0) holds both superblocks of the first growth step, each nearly full.
+    let mut mine = vec![
+        mr.try_allocate(big, &a).unwrap(),
+        mr.try_allocate(big, &a).unwrap(),
+    ];
+    assert_eq!(mr.arena_size(), 2 * MIB);
+    let (growing_tx, growing_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    *hook.lock().unwrap() = Some((growing_tx, go_rx));
+    let mut thief = Vec::new();
+    let got = std::thread::scope(|scope| {
+        let victim = scope.spawn(|| mr.try_allocate(big, &a));
+        growing_rx.recv().unwrap();
+        let slot = mr.inner.slots.get(0).state.lock();
+        go_tx.send(()).unwrap();
+        while mr.arena_size() == 2 * MIB {
+            std::thread::yield_now();
+        }
+        // Another stream takes every superblock free in the global arena.
+        while mr
+            .inner
+            .global
+            .lock()
+            .find_below(super::core::Use::Superblock, 0, super::extents::LARGE_AREA)
+            .is_some()
+        {
+            thief.push(mr.try_allocate(big, &c).unwrap());
+        }
+        drop(slot);
+        victim.join().unwrap()
+    });
+    mine.push(got.expect("the request that grew the arena is served"));
+    for p in mine {
+        free(&mr, p, big, &a);
+    }
+    for q in thief {
+        free(&mr, q, big, &c);
+    }
+    let s = mr.statistics();
+    assert_eq!(
+        s.free_bytes + s.pending_bytes + s.live_bytes,
+        s.arena_size,
+        "{s:?}"
+    );
+    a.synchronize_blocking().unwrap();
+    c.synchronize_blocking().unwrap();
+    assert!(d.take_deferred_error().is_none());
+}
