@@ -148,7 +148,11 @@ impl<R: MemoryResource> Inner<R> {
         } else {
             (global.find_below(Use::Superblock, 0, LARGE_AREA), 0)
         };
-        let c = c.expect("the fresh extent serves the request it was grown for");
+        // The fresh extent serves the request it was grown for; were it not found, the caller
+        // goes on as if the arena had not grown (the extent stays free for everyone).
+        let Some(c) = c else {
+            return Ok(None);
+        };
         let fences = global.fences(&c).to_vec();
         global.take(c, tag);
         Ok(Some((c.start, c.pages, fences)))
