@@ -173,6 +173,7 @@ mod book {
         Binning => "binning.md",
         MoreAdaptors => "more-adaptors.md",
         Adaptors => "adaptors.md",
+        SeeingMemory => "seeing-memory.md",
         Backends => "backends.md",
         Completion => "completion.md",
         Performance => "performance.md",
