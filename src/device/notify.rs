@@ -355,7 +355,7 @@ fn poll_loop(shared: &PollerShared, backoff: Backoff) {
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if complete_oldest(&mut queues) {
+        if complete_oldest(shared, &mut queues) {
             active_at = Instant::now();
             park = backoff.first_park;
         }
@@ -391,10 +391,17 @@ fn take_inbox(shared: &PollerShared, queues: &mut Queues) -> bool {
 /// Completes, stream by stream and in record order, every event the device has passed;
 /// queries only the oldest pending event of each stream (events on a stream complete in
 /// order). Returns whether any completed.
-fn complete_oldest(queues: &mut Queues) -> bool {
+///
+/// A completion (or dropping it) may release the device's last handle on this thread; the
+/// driver's drop then sets `shutdown` without joining (it cannot join its own thread), and the
+/// poller queries nothing more: a query would be a driver call after the device is gone.
+fn complete_oldest(shared: &PollerShared, queues: &mut Queues) -> bool {
     let mut progressed = false;
     queues.retain(|_, queue| {
         while let Some(entry) = queue.first_entry() {
+            if shared.shutdown.load(Ordering::Acquire) {
+                return true;
+            }
             let (event, completion) = entry.get();
             match event.query() {
                 Ok(false) => break,
