@@ -153,12 +153,17 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host<B: HostBuffer>(&self, host: B) -> CopyToHost<B> {
-        let uses = self.uses.lock();
+        let mut uses = self.uses.lock();
+        let owner = match uses.ready() {
+            Ok(owner) => owner,
+            Err(e) => return CopyToHost::failed(e),
+        };
         // SAFETY: `ptr..ptr + len` lies in the allocation, which is freed, and written by other
         // streams, only after a point of the owner that follows this copy (the free is on the
         // owner, or on a later owner that waits for the old owner's work); the owner's own
-        // later writes are stream-ordered after it. The lock keeps the owner fixed meanwhile.
-        unsafe { CopyToHost::start(uses.owner(), self.ptr, self.len, host) }
+        // later writes are stream-ordered after it, and its earlier owners' writes before it
+        // (`ready`). The lock keeps the owner fixed meanwhile.
+        unsafe { CopyToHost::start(owner, self.ptr, self.len, host) }
     }
 
     /// Copies all of `host` into the start of the buffer, and hands `host` back when done.
@@ -241,10 +246,14 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host_slice<'a, T: Pod>(&self, dst: &'a mut [T]) -> CopyToSlice<'a> {
-        let uses = self.uses.lock();
+        let mut uses = self.uses.lock();
+        let owner = match uses.ready() {
+            Ok(owner) => owner,
+            Err(e) => return CopyToSlice::failed(e),
+        };
         // SAFETY: as in `copy_to_host`: the range lies in the allocation, which is freed, and
         // written by other streams, only after a point of the owner that follows this copy.
-        unsafe { CopyToSlice::start("copy_to_host_slice", uses.owner(), self.ptr, self.len, dst) }
+        unsafe { CopyToSlice::start("copy_to_host_slice", owner, self.ptr, self.len, dst) }
     }
 
     /// Copies all of the borrowed slice `src` into the start of the buffer, staged through an

@@ -146,6 +146,10 @@ impl DeviceBuffer {
                 Err(e) => refuse(&self.device, cs, e),
             },
             Ok(User::Unknown) => {
+                // `cs` joins the owner: the owner first takes over a pending hand-off.
+                if let Err(e) = self.uses.lock().ready() {
+                    return refuse(&self.device, cs, e);
+                }
                 let owner = match self.owner_ref().cudarc_stream_ref() {
                     Ok(owner) => owner,
                     Err(e) => return refuse(&self.device, cs, e),
@@ -172,7 +176,7 @@ impl DeviceBuffer {
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         let addr = self.ptr.offset(offset).addr();
         match self.cudarc_user(cs) {
-            Ok(User::Known(stream)) => match self.set_stream(&stream) {
+            Ok(User::Known(stream)) => match self.take_for(&stream) {
                 Ok(()) => (addr, SyncOnDrop::Record(None)),
                 Err(e) => refuse(&self.device, cs, e),
             },
@@ -204,6 +208,9 @@ impl DeviceBuffer {
     /// given a host-emulation address would fault.
     pub(crate) fn kernel_arg_ptr(&self) -> &DevicePtr {
         assert_device_memory(&self.device);
+        // A kernel reads it on the owner (or under a read guard): the owner takes over a
+        // pending hand-off first.
+        self.ready_for_raw_use();
         &self.ptr
     }
 
@@ -434,6 +441,7 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecView<'c, T>> for La
     #[inline(always)]
     fn arg(&mut self, arg: &'b VecView<'c, T>) -> &mut Self {
         assert_device_memory(arg.device());
+        arg.as_buffer().ready_for_raw_use();
         self.arg(arg.addr_ref())
     }
 }
@@ -456,6 +464,7 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecViewMut<'c, T>> for
     #[inline(always)]
     fn arg(&mut self, arg: &'b VecViewMut<'c, T>) -> &mut Self {
         assert_device_memory(arg.device());
+        arg.as_view().as_buffer().ready_for_raw_use();
         self.arg(arg.addr_ref())
     }
 }

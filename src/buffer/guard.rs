@@ -175,7 +175,7 @@ impl Drop for ReadGuard<'_> {
 impl fmt::Debug for ReadGuard<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadGuard")
-            .field("ptr", &self.buf.ptr())
+            .field("ptr", &self.buf.ptr)
             .field("len", &self.buf.len())
             .field("stream", &self.stream.id())
             .finish()

@@ -21,18 +21,37 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn stream(&self) -> Stream {
+        // Handed out for work on the buffer: the owner takes over now (see `set_stream`).
+        self.ready_for_raw_use();
         self.uses.lock().owner().clone()
+    }
+
+    /// Hands the buffer to `stream` for work the crate enqueues there at once (a write through
+    /// a kernel argument): [`set_stream`](DeviceBuffer::set_stream), and `stream` waits for the
+    /// hand-off now.
+    pub(crate) fn take_for(&mut self, stream: &Stream) -> Result<()> {
+        check_stream(&self.device, stream)?;
+        let uses = self.uses.get_mut();
+        uses.hand_to(stream)?;
+        uses.ready()?;
+        Ok(())
     }
 
     /// Hands ownership to `stream`: from now on the buffer's operations and its free are
     /// enqueued there.
     ///
     /// # Stream ordering
-    /// When `stream` is not the owner, an event is recorded on the old owner and `stream`
-    /// waits for it. In every case `stream` also waits for every recorded read, which is then
-    /// forgotten: work enqueued on `stream` afterwards may write and free the memory. (So
-    /// `set_stream` to the current owner orders the owner after the recorded reads, before you
-    /// write through [`ptr`](DeviceBuffer::ptr).) Nothing blocks the host.
+    /// When `stream` is not the owner, an event is recorded on the old owner now, right after
+    /// its work on the buffer. `stream` is to wait for it, and for every recorded read, which
+    /// is then forgotten; the wait is enqueued on `stream` just before the buffer's first use
+    /// there (one of its operations, a kernel argument, a drop, a further hand-off that carries
+    /// it on, or a call of [`ptr`](DeviceBuffer::ptr) or [`stream`](DeviceBuffer::stream)), where
+    /// CUDA code written by hand would put its `cuStreamWaitEvent`. So handing batches on as soon
+    /// as they are produced does not make the new owner's earlier work wait for them. Work
+    /// enqueued on `stream` for this buffer, through its API or its pointer, may then write and
+    /// free the memory. (So `set_stream` to the current owner orders the owner after the
+    /// recorded reads, before you write through [`ptr`](DeviceBuffer::ptr).) Nothing blocks the
+    /// host.
     ///
     /// # Errors
     /// [`Error::DeviceMismatch`](crate::Error::DeviceMismatch) when `stream` is on another

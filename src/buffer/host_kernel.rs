@@ -441,7 +441,7 @@ fn check_slice<T>(buf: &DeviceBuffer, stream: &Stream, offset: usize, len: usize
             buf.len()
         )));
     }
-    let addr = buf.ptr().addr() + offset as u64;
+    let addr = buf.ptr.addr() + offset as u64;
     if len > 0 && addr % align_of::<T>() as u64 != 0 {
         return Err(Error::invalid(format!(
             "host kernel argument: address {addr:#x} is not aligned to {} bytes for its \
@@ -472,7 +472,7 @@ impl<T: Pod> sealed::Args for HostWrite<'_, T> {
 
     fn prepare(self, stream: &Stream, out: &mut Vec<RawSlice>) -> Result<()> {
         let addr = check_slice::<T>(self.buf, stream, self.offset, self.len)?;
-        self.buf.set_stream(stream)?;
+        self.buf.take_for(stream)?;
         out.push((addr, self.len));
         Ok(())
     }
@@ -693,7 +693,7 @@ impl Stream {
 impl<T> fmt::Debug for HostRead<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostRead")
-            .field("ptr", &self.buf.ptr())
+            .field("ptr", &self.buf.ptr)
             .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()
@@ -703,7 +703,7 @@ impl<T> fmt::Debug for HostRead<'_, T> {
 impl<T> fmt::Debug for HostWrite<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostWrite")
-            .field("ptr", &self.buf.ptr())
+            .field("ptr", &self.buf.ptr)
             .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()

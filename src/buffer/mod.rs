@@ -56,8 +56,9 @@ use uses::Uses;
 /// [`resize`](DeviceBuffer::resize), the free) are enqueued.
 ///
 /// # Stream ordering
-/// - Hand-off: [`set_stream`](DeviceBuffer::set_stream) makes the new owner wait for the old
-///   owner's work so far and for every recorded read, without blocking the host.
+/// - Hand-off: [`set_stream`](DeviceBuffer::set_stream) records where the old owner's work
+///   and every recorded read end; the new owner waits for them before its first use of the
+///   buffer, without blocking the host.
 /// - Reads on other streams: [`read_on`](DeviceBuffer::read_on) makes the reading stream wait
 ///   for the owner's work so far and records an event on it when the read ends; the owner's
 ///   later writes and the free wait for it.
@@ -65,7 +66,11 @@ use uses::Uses;
 ///   owner, stream-ordered. Drop never blocks and never synchronizes.
 ///
 /// Work you enqueue yourself through [`ptr`](DeviceBuffer::ptr) is yours to order: enqueue it
-/// on the owner, or on a stream inside a [`ReadGuard`] (reads only).
+/// on the owner, or on a stream inside a [`ReadGuard`] (reads only). After a hand-off, the new
+/// owner waits for the old owner's work just before the buffer's first use on it (an operation,
+/// a kernel argument, or a call of [`ptr`](DeviceBuffer::ptr) or
+/// [`stream`](DeviceBuffer::stream)), not at [`set_stream`](DeviceBuffer::set_stream) itself:
+/// work the new owner queued meanwhile for other buffers does not wait.
 ///
 /// # Examples
 ///
@@ -128,7 +133,25 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
+        self.ready_for_raw_use();
         self.ptr
+    }
+
+    /// Before the address or the owner is handed out for work the crate does not enqueue
+    /// itself: the owner waits for a pending hand-off now, so that work enqueued on it through
+    /// [`ptr`](DeviceBuffer::ptr) or [`stream`](DeviceBuffer::stream) follows the earlier
+    /// owners' work, as the buffer's own operations do. Should the driver refuse the waits,
+    /// the events are waited for on this thread instead (the error goes to the device's
+    /// deferred errors): ordering is never given up.
+    pub(crate) fn ready_for_raw_use(&self) {
+        let mut uses = self.uses.lock();
+        if let Err(e) = uses.ready() {
+            tracing::warn!(error = %e, "a hand-off's stream wait failed; blocking for it instead");
+            self.device.defer_error(e);
+            if let Err(e) = uses.block_for_hand_off() {
+                self.device.defer_error(e);
+            }
+        }
     }
 
     /// The number of bytes in use.

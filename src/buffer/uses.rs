@@ -1,26 +1,40 @@
-//! The use state of a buffer: which stream owns it and where other streams last read it.
+//! The use state of a buffer: which stream owns it, what that owner must still wait for, and
+//! where other streams last read it.
 //!
 //! This is the algorithm behind [`DeviceBuffer`](super::DeviceBuffer)'s automatic waits; the
 //! buffer only decides *when* to call it.
+//!
+//! A hand-off records where the old owner's work (and every read) ends, but the new owner waits
+//! for those events only just before its first use of the buffer ([`Uses::ready`]), where a
+//! CUDA programmer would put the `cuStreamWaitEvent` by hand. Waiting at the hand-off itself
+//! would serialize pipelines: a producer task that runs ahead hands on many batches before the
+//! consumer uses the first, and the consumer's stream would queue every one of those waits ahead
+//! of its work on the first batch.
 
 use crate::error::Result;
 use crate::stream::{Event, Stream};
 
-/// Which stream owns a buffer and which reads by other streams its owner is not yet ordered
-/// after.
+/// Which stream owns a buffer, what it must wait for before it next uses it, and which reads
+/// by other streams its owner is not yet ordered after.
 ///
 /// Invariants:
-/// - `readers` holds at most one event per stream (the latest: events of one stream complete in
-///   order, so a newer one covers an older one).
-/// - No event in `readers` is of `owner`: the owner's own work is ordered by the stream itself.
+/// - `handed` and `readers` each hold at most one event per stream (the latest: events of one
+///   stream complete in order, so a newer one covers an older one), and none of `owner`.
+/// - While `handed` is not empty, the owner has not used the buffer since it was handed over:
+///   every path that enqueues work on the owner goes through [`ready`](Uses::ready) first.
+/// - Every write of the buffer by an earlier owner is ordered before one of `handed` or before
+///   a point of `owner` that the owner's work from now on follows.
 /// - Every read of the buffer on a stream other than `owner` that has been enqueued through the
-///   buffer's API is ordered before one of `readers`, before a point of `owner` that the owner's
-///   work from now on follows, or is on one of `pending`.
+///   buffer's API is ordered before one of `readers` or `handed`, before a point of `owner` that
+///   the owner's work from now on follows, or is on one of `pending`.
 /// - `pending` holds each stream at most once, never `owner`, with the number of reads begun
 ///   there and not yet ended (a read through cudarc never ends: it stays until settled).
 #[derive(Debug)]
 pub(crate) struct Uses {
     owner: Stream,
+    /// Events the owner waits for before its first use since the hand-off that recorded them:
+    /// where the earlier owners' work and the reads it was handed over after end.
+    handed: Vec<Event>,
     readers: Vec<Event>,
     /// Streams handed the buffer's address for reads the crate does not enqueue itself (a
     /// [`ReadGuard`](super::ReadGuard), a kernel argument). Their events are recorded lazily,
@@ -32,18 +46,53 @@ pub(crate) struct Uses {
     handoff_waits: bool,
 }
 
+/// Puts `event` in `events`, replacing an older event of its stream (events of one stream
+/// complete in order).
+fn keep_latest(events: &mut Vec<Event>, event: Event) {
+    match events.iter_mut().find(|e| e.stream() == event.stream()) {
+        Some(slot) => *slot = event,
+        None => events.push(event),
+    }
+}
+
 impl Uses {
     pub(crate) fn new(owner: Stream) -> Self {
         Uses {
             owner,
+            handed: Vec::new(),
             readers: Vec::new(),
             pending: Vec::new(),
             handoff_waits: true,
         }
     }
 
+    /// The owner, for identity only (its id, its device, comparisons). Work enqueued on it for
+    /// the buffer must go through [`ready`](Uses::ready).
     pub(crate) fn owner(&self) -> &Stream {
         &self.owner
+    }
+
+    /// The owner, after it has waited for the hand-off that gave it the buffer (nothing when
+    /// that is done already): what every path that enqueues work on the owner uses. On error
+    /// the events stay, to be waited for at the next use (extra waits are harmless).
+    pub(crate) fn ready(&mut self) -> Result<&Stream> {
+        if !self.handed.is_empty() {
+            for event in &self.handed {
+                self.owner.wait(event)?;
+            }
+            self.handed.clear();
+        }
+        Ok(&self.owner)
+    }
+
+    /// Blocks this thread until the pending hand-off's events have passed, then forgets them:
+    /// the fallback of a caller that cannot return the error of [`ready`](Uses::ready).
+    pub(crate) fn block_for_hand_off(&mut self) -> Result<()> {
+        for event in &self.handed {
+            event.synchronize_blocking()?;
+        }
+        self.handed.clear();
+        Ok(())
     }
 
     /// The number of outstanding reader events and pending readers (for tests and `Debug`).
@@ -110,9 +159,11 @@ impl Uses {
 
     /// Starts reads on `reader` that the caller enqueues itself: `reader` waits for the owner's
     /// work so far, and is kept as a pending reader until [`end_read`](Uses::end_read) or until
-    /// the owner is next ordered after its readers, whichever comes first.
+    /// the owner is next ordered after its readers, whichever comes first. On the owner itself
+    /// this is the owner's use: it waits for a pending hand-off.
     pub(crate) fn begin_read(&mut self, reader: &Stream) -> Result<()> {
         if reader == &self.owner {
+            self.ready()?;
             return Ok(());
         }
         if self.handoff_waits {
@@ -154,20 +205,31 @@ impl Uses {
         Ok(())
     }
 
-    /// Makes `stream` wait for the owner's work enqueued so far; nothing when `stream` is the
-    /// owner.
-    pub(crate) fn order_after_owner(&self, stream: &Stream) -> Result<()> {
-        if stream != &self.owner {
+    /// Makes `stream` wait for the writes to the buffer enqueued so far: on the owner, the
+    /// owner's pending hand-off; on another stream, that hand-off's events while the owner has
+    /// not used the buffer since, else an event recorded on the owner now.
+    pub(crate) fn order_after_owner(&mut self, stream: &Stream) -> Result<()> {
+        if stream == &self.owner {
+            self.ready()?;
+        } else if !self.handed.is_empty() {
+            for event in &self.handed {
+                if event.stream() != stream {
+                    stream.wait(event)?;
+                }
+            }
+        } else {
             let event = self.owner.record()?;
             stream.wait(&event)?;
         }
         Ok(())
     }
 
-    /// Makes the owner wait for every outstanding read, then forgets them: the owner may then
-    /// write or free the memory. On error nothing is forgotten (extra waits are harmless).
+    /// Makes the owner wait for its pending hand-off and every outstanding read, then forgets
+    /// them: the owner may then write or free the memory. On error nothing is forgotten (extra
+    /// waits are harmless).
     pub(crate) fn order_owner_after_readers(&mut self) -> Result<()> {
         self.settle_pending()?;
+        self.ready()?;
         for event in &self.readers {
             self.owner.wait(event)?;
         }
@@ -175,8 +237,10 @@ impl Uses {
         Ok(())
     }
 
-    /// Hands ownership to `new_owner`: it waits for the old owner's work so far and for every
-    /// outstanding read. On error the state is unchanged.
+    /// Hands ownership to `new_owner`: it is to wait for the old owner's work so far and for
+    /// every outstanding read, before its first use of the buffer ([`ready`](Uses::ready)).
+    /// The events are recorded now; nothing is enqueued on `new_owner`. On error the state is
+    /// unchanged.
     pub(crate) fn hand_to(&mut self, new_owner: &Stream) -> Result<()> {
         self.settle_pending()?;
         if !self.handoff_waits {
@@ -190,13 +254,18 @@ impl Uses {
             self.readers.retain(|e| e.stream() != new_owner);
             return Ok(());
         }
-        self.order_after_owner(new_owner)?;
-        for event in &self.readers {
-            if event.stream() != new_owner {
-                new_owner.wait(event)?;
-            }
+        if new_owner != &self.owner && self.handed.is_empty() {
+            // The old owner used the buffer since it got it: its work so far is to be waited
+            // for. (With a hand-off still pending it did not: the new owner inherits those
+            // events instead, and waits for no unrelated work queued on the old owner since.)
+            let last = self.owner.record()?;
+            self.handed.push(last);
         }
-        self.readers.clear();
+        for event in self.readers.drain(..) {
+            keep_latest(&mut self.handed, event);
+        }
+        // The new owner's own work is ordered by the stream itself.
+        self.handed.retain(|e| e.stream() != new_owner);
         self.owner = new_owner.clone();
         Ok(())
     }

@@ -114,7 +114,7 @@ fn vec_alignment<T>() -> usize {
 /// ```
 #[repr(transparent)]
 pub struct DeviceVec<T: Pod> {
-    /// `buf.len()` is a multiple of `size_of::<T>()` (never 0), and `buf.ptr()` is aligned for
+    /// `buf.len()` is a multiple of `size_of::<T>()` (never 0), and `buf.ptr` is aligned for
     /// `T`.
     buf: DeviceBuffer,
     _elem: PhantomData<T>,
@@ -334,11 +334,11 @@ impl<T: Pod> DeviceVec<T> {
                 buf.len()
             )));
         }
-        if !buf.ptr().is_aligned(align_of::<T>()) {
+        if !buf.ptr.is_aligned(align_of::<T>()) {
             return Err(Error::invalid(format!(
                 "DeviceVec<{}>::from_buffer: the address {} is not aligned to {}",
                 std::any::type_name::<T>(),
-                buf.ptr(),
+                buf.ptr,
                 align_of::<T>()
             )));
         }
@@ -349,7 +349,7 @@ impl<T: Pod> DeviceVec<T> {
     fn wrap(mut buf: DeviceBuffer) -> Self {
         debug_assert!(
             size_of::<T>() == 0
-                || buf.len() % size_of::<T>() == 0 && buf.ptr().is_aligned(align_of::<T>())
+                || buf.len() % size_of::<T>() == 0 && buf.ptr.is_aligned(align_of::<T>())
         );
         // Reallocations (resize, reserve, a clone) keep the buffer's alignment: make it `T`'s
         // where `T` is aligned above the allocation alignment.
@@ -418,7 +418,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
-        self.buf.ptr()
+        self.buf.ptr
     }
 
     /// The stream that owns the vector: its operations are enqueued there and it frees it.

@@ -116,6 +116,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
+        self.buf.ready_for_raw_use();
         self.buf.ptr.offset(self.offset)
     }
 
@@ -256,20 +257,25 @@ impl<'a> BufferView<'a> {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host<B: HostBuffer>(&self, host: B) -> CopyToHost<B> {
-        let uses = self.buf.uses.lock();
+        let ptr = self.buf.ptr.offset(self.offset);
+        let mut uses = self.buf.uses.lock();
+        let owner = match uses.ready() {
+            Ok(owner) => owner,
+            Err(e) => return CopyToHost::failed(e),
+        };
         // SAFETY: `ptr..ptr + len` lies inside the buffer (`offset + len <= buf.len`), whose
         // memory is freed, and written by other streams, only after a point of the owner that
         // follows this copy (the free is on the owner or on a later owner that waits for this
-        // one); the owner's own later writes are stream-ordered after it. The lock keeps the
-        // owner fixed meanwhile.
-        unsafe { CopyToHost::start(uses.owner(), self.ptr(), self.len, host) }
+        // one); the owner's own later writes are stream-ordered after it, its earlier owners'
+        // before it (`ready`). The lock keeps the owner fixed meanwhile.
+        unsafe { CopyToHost::start(owner, ptr, self.len, host) }
     }
 }
 
 impl fmt::Debug for BufferView<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufferView")
-            .field("ptr", &self.ptr())
+            .field("ptr", &self.buf.ptr.offset(self.offset))
             .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()

@@ -321,6 +321,88 @@ pub fn prefetch_buffers(device: Device) {
     s.synchronize_blocking().unwrap();
 }
 
+/// Device work that outlasts everything a hand-off test waits for: a stage whose wait would
+/// show if it were queued where it does not belong.
+const STALL: Duration = Duration::from_secs(3);
+
+/// Polls `event` until it completes; whether `other` had completed by then.
+fn other_done_when_complete(event: &streamalloc::Event, other: &streamalloc::Event) -> bool {
+    let deadline = Instant::now() + 2 * STALL;
+    while !event.is_complete().unwrap() {
+        assert!(Instant::now() < deadline, "the event never completed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    other.is_complete().unwrap()
+}
+
+/// The producer runs ahead, as a pipeline's upload task does: it hands batch 0 and then batch
+/// 1 (queued behind a long stage) to the kernel stream before the kernel stream uses batch 0.
+/// The kernel stream's work on batch 0 waits only for batch 0's upload: a hand-off's wait is
+/// queued before the new owner's first use of the buffer, not when `set_stream` is called
+/// (where it would sit ahead of batch 0's kernel and make it wait for batch 1's upload).
+pub fn handoff_waits_at_the_new_owners_first_use(device: Device) {
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (up, k) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let n = 1 << 20;
+    let mut x0 = DeviceBuffer::try_new(n, &up, mr.clone()).unwrap();
+    let mut x1 = DeviceBuffer::try_new(n, &up, mr).unwrap();
+    x0.fill(1).unwrap();
+    x0.set_stream(&k).unwrap();
+    up.enqueue_delay(STALL).unwrap(); // batch 1's upload takes long
+    x1.fill(2).unwrap();
+    x1.set_stream(&k).unwrap();
+    let upload1 = up.record().unwrap();
+
+    x0.fill(3).unwrap(); // batch 0's "kernel", on `k`
+    let kernel0 = k.record().unwrap();
+    assert!(
+        !other_done_when_complete(&kernel0, &upload1),
+        "batch 0's kernel waited for batch 1's upload: the hand-off's wait was queued early"
+    );
+    assert_eq!(block_on(x0.copy_to_host(vec![0u8; n])).unwrap(), vec![3; n]);
+    assert_eq!(block_on(x1.copy_to_host(vec![0u8; n])).unwrap(), vec![2; n]);
+}
+
+/// A buffer handed on twice before the middle owner used it: the last owner waits for the
+/// producer only, not for unrelated work the middle owner queued meanwhile.
+pub fn handoff_carried_on_skips_the_unused_owner(device: Device) {
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let streams: Vec<Stream> = (0..3).map(|_| Stream::new(&device).unwrap()).collect();
+    let (up, k, down) = (&streams[0], &streams[1], &streams[2]);
+    let n = 1 << 16;
+    let mut x = DeviceBuffer::try_new(n, up, mr).unwrap();
+    x.fill(9).unwrap();
+    x.set_stream(k).unwrap();
+    k.enqueue_delay(STALL).unwrap(); // `k` busy with other batches
+    let busy = k.record().unwrap();
+    x.set_stream(down).unwrap();
+    let copy = x.copy_to_host(vec![0u8; n]);
+    let done = down.record().unwrap();
+    assert!(
+        !other_done_when_complete(&done, &busy),
+        "the download waited for work queued on a stream that never used the buffer"
+    );
+    assert_eq!(block_on(copy).unwrap(), vec![9; n]);
+}
+
+/// Work enqueued through the raw pointer after a hand-off is ordered after the old owner:
+/// asking for `ptr()` makes the new owner take over at once.
+pub fn handoff_then_ptr_orders_raw_work(device: Device) {
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let mut buf = DeviceBuffer::try_new(4096, &a, mr).unwrap();
+    a.enqueue_delay(LONG).unwrap();
+    buf.fill(1).unwrap();
+    let written = a.record().unwrap();
+    buf.set_stream(&b).unwrap();
+    let _raw = buf.ptr(); // ... a kernel of the user's on `b` would use it here
+    let raw_work = b.record().unwrap();
+    assert!(
+        other_done_when_complete(&raw_work, &written),
+        "work on the new owner through ptr() ran before the old owner's write"
+    );
+}
+
 /// Instantiates the buffer and stream cases for one device.
 #[macro_export]
 macro_rules! buffer_suite {
@@ -340,6 +422,9 @@ macro_rules! buffer_suite {
             $(#[$attr])* #[test] fn aligned_buffers() { suite::aligned_buffers($device) }
             $(#[$attr])* #[test] fn adopted_memory_is_freed_by_the_buffer() { suite::adopted_memory_is_freed_by_the_buffer($device) }
             $(#[$attr])* #[test] fn prefetch_buffers() { suite::prefetch_buffers($device) }
+            $(#[$attr])* #[test] fn handoff_waits_at_the_new_owners_first_use() { suite::handoff_waits_at_the_new_owners_first_use($device) }
+            $(#[$attr])* #[test] fn handoff_carried_on_skips_the_unused_owner() { suite::handoff_carried_on_skips_the_unused_owner($device) }
+            $(#[$attr])* #[test] fn handoff_then_ptr_orders_raw_work() { suite::handoff_then_ptr_orders_raw_work($device) }
         }
     };
 }

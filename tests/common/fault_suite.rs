@@ -128,9 +128,10 @@ pub fn allocation_fault_during_pool_growth(device: Device) {
     });
 }
 
-/// Handing a buffer to another stream records an event on the owner and makes the new owner
-/// wait on it; when either call fails, `set_stream` returns the error, the buffer stays usable
-/// and can be handed over once the fault is gone.
+/// Handing a buffer to another stream records an event on the owner (at `set_stream`) and
+/// makes the new owner wait on it (before its first use of the buffer); when either call fails,
+/// the call that made it returns the error, the buffer stays usable and can be handed over and
+/// used once the fault is gone.
 pub fn hand_off_faults(device: Device) {
     within("hand-off", move || {
         let c = controls(&device);
@@ -141,10 +142,19 @@ pub fn hand_off_faults(device: Device) {
             a.enqueue_delay(Duration::from_millis(5)).unwrap();
             buf.fill(9).unwrap();
             c.fail_next(point, 1);
-            let e = buf.set_stream(&b).unwrap_err();
-            assert_injected(&e, point);
+            match point {
+                FaultPoint::EventRecord => {
+                    let e = buf.set_stream(&b).unwrap_err();
+                    assert_injected(&e, point);
+                    buf.set_stream(&b).unwrap();
+                }
+                _ => {
+                    buf.set_stream(&b).unwrap(); // the wait is not enqueued yet
+                    let e = block_on(buf.copy_to_host(vec![0u8; 4096])).unwrap_err();
+                    assert_injected(&e, point);
+                }
+            }
             assert_eq!(c.faults_injected(point), 1, "{point:?}");
-            buf.set_stream(&b).unwrap();
             assert_eq!(buf.stream().id(), b.id());
             let back = block_on(buf.copy_to_host(vec![0u8; 4096])).unwrap();
             assert!(

@@ -38,20 +38,17 @@ impl<'a> BufferView<'a> {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host_slice<'h, T: Pod>(&self, dst: &'h mut [T]) -> CopyToSlice<'h> {
-        let uses = self.buffer().uses.lock();
+        let ptr = self.buffer().ptr.offset(self.offset());
+        let mut uses = self.buffer().uses.lock();
+        let owner = match uses.ready() {
+            Ok(owner) => owner,
+            Err(e) => return CopyToSlice::failed(e),
+        };
         // SAFETY: `ptr..ptr + len` lies inside the buffer (a view never outgrows it), whose
         // memory is freed, and written by other streams, only after a point of the owner that
-        // follows this copy; the owner's own later writes are stream-ordered after it. The lock
-        // keeps the owner fixed meanwhile.
-        unsafe {
-            CopyToSlice::start(
-                "copy_to_host_slice",
-                uses.owner(),
-                self.ptr(),
-                self.len(),
-                dst,
-            )
-        }
+        // follows this copy; the owner's own later writes are stream-ordered after it, its
+        // earlier owners' before it (`ready`). The lock keeps the owner fixed meanwhile.
+        unsafe { CopyToSlice::start("copy_to_host_slice", owner, ptr, self.len(), dst) }
     }
 }
 

@@ -70,7 +70,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     pub(crate) fn new(buf: &'a DeviceBuffer, range: Range<usize>) -> Self {
         debug_assert!(range.end * size_of::<T>() <= buf.len());
         VecView {
-            addr: buf.ptr().offset(range.start * size_of::<T>()),
+            addr: buf.ptr.offset(range.start * size_of::<T>()),
             buf,
             start: range.start,
             len: range.len(),
@@ -89,7 +89,8 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
-        self.buf.ptr().offset(self.start * size_of::<T>())
+        self.buf.ready_for_raw_use();
+        self.addr
     }
 
     /// The number of elements in the view.
@@ -228,13 +229,18 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host<B: HostBuffer<Elem = T>>(&self, host: B) -> CopyToHost<B> {
-        let uses = self.buf.uses.lock();
+        let ptr = self.addr;
+        let mut uses = self.buf.uses.lock();
+        let owner = match uses.ready() {
+            Ok(owner) => owner,
+            Err(e) => return CopyToHost::failed(e),
+        };
         // SAFETY: `ptr..ptr + len * size_of::<T>()` lies inside the buffer (the view is in
         // bounds), whose memory is freed, and written by other streams, only after a point of
         // the owner that follows this copy (the free is on the owner or on a later owner that
-        // waits for this one); the owner's own later writes are stream-ordered after it. The
-        // lock keeps the owner fixed meanwhile.
-        unsafe { CopyToHost::start_elems("copy_to_host", uses.owner(), self.ptr(), self.len, host) }
+        // waits for this one); the owner's own later writes are stream-ordered after it, its
+        // earlier owners' before it (`ready`). The lock keeps the owner fixed meanwhile.
+        unsafe { CopyToHost::start_elems("copy_to_host", owner, ptr, self.len, host) }
     }
 
     /// Copies the view's elements into the start of the borrowed `host`, staged through owned
@@ -264,17 +270,14 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host_slice<'h>(&self, host: &'h mut [T]) -> CopyToSlice<'h> {
-        let uses = self.buf.uses.lock();
+        let ptr = self.addr;
+        let mut uses = self.buf.uses.lock();
+        let owner = match uses.ready() {
+            Ok(owner) => owner,
+            Err(e) => return CopyToSlice::failed(e),
+        };
         // SAFETY: as in `copy_to_host`.
-        unsafe {
-            CopyToSlice::start_elems(
-                "copy_to_host_slice",
-                uses.owner(),
-                self.ptr(),
-                self.len,
-                host,
-            )
-        }
+        unsafe { CopyToSlice::start_elems("copy_to_host_slice", owner, ptr, self.len, host) }
     }
 
     /// The view's elements, copied into a new `Vec` on the owner.
@@ -312,7 +315,7 @@ impl<T: Pod> fmt::Debug for VecView<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VecView")
             .field("elem", &std::any::type_name::<T>())
-            .field("ptr", &self.ptr())
+            .field("ptr", &self.addr)
             .field("start", &self.start)
             .field("len", &self.len)
             .finish()
@@ -363,7 +366,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     pub(crate) fn new(buf: &'a mut DeviceBuffer, range: Range<usize>) -> Self {
         debug_assert!(range.end * size_of::<T>() <= buf.len());
         VecViewMut {
-            addr: buf.ptr().offset(range.start * size_of::<T>()),
+            addr: buf.ptr.offset(range.start * size_of::<T>()),
             buf,
             start: range.start,
             len: range.len(),
@@ -591,7 +594,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host<B: HostBuffer<Elem = T>>(&mut self, host: B) -> CopyFromHost<B> {
-        let dst = self.ptr();
+        let dst = self.addr;
         let uses = self.buf.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromHost::failed(e);
@@ -630,7 +633,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host_slice(&mut self, host: &[T]) -> CopyFromSlice {
-        let dst = self.ptr();
+        let dst = self.addr;
         let uses = self.buf.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromSlice::failed(e);
@@ -646,7 +649,7 @@ impl<T: Pod> fmt::Debug for VecViewMut<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VecViewMut")
             .field("elem", &std::any::type_name::<T>())
-            .field("ptr", &self.ptr())
+            .field("ptr", &self.addr)
             .field("start", &self.start)
             .field("len", &self.len)
             .finish()
