@@ -8,6 +8,12 @@ use crate::stream::Stream;
 /// Page-locked host memory that the device reads and writes directly and that async copies
 /// need to overlap with compute: `cuMemHostAlloc` (RMM's `pinned_host_memory_resource`).
 ///
+/// # Stream ordering
+/// `deallocate` never blocks the calling thread: on CUDA an event is recorded on the stream
+/// and one driver thread per device frees the memory (`cuMemFreeHost`) once the stream has
+/// passed it. An allocation that finds no memory waits for those pending frees and tries once
+/// more.
+///
 /// # Examples
 ///
 /// ```

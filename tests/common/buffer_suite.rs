@@ -403,6 +403,41 @@ pub fn handoff_then_ptr_orders_raw_work(device: Device) {
     );
 }
 
+/// Dropping a pinned vector of the leaf resource never blocks the thread, even while its stream
+/// is busy (`cuMemFreeHost` needs the stream idle: it runs on a driver thread afterwards).
+pub fn pinned_drop_does_not_block(device: Device) {
+    let s = Stream::new(&device).unwrap();
+    let pinned = streamalloc::PinnedHostResource::new(&device).unwrap();
+    for _ in 0..3 {
+        let v = block_on(streamalloc::PinnedHostVec::<u8>::zeroed(
+            1 << 20,
+            &s,
+            pinned.clone(),
+        ))
+        .unwrap();
+        s.enqueue_delay(STALL / 3).unwrap();
+        let busy = s.record().unwrap();
+        drop(v);
+        assert!(
+            !busy.is_complete().unwrap(),
+            "dropping a pinned vector waited for its stream"
+        );
+    }
+    s.synchronize_blocking().unwrap();
+    // Freed meanwhile: a fresh vector of the same kind is served.
+    let again = block_on(streamalloc::PinnedHostVec::<u8>::zeroed(
+        1 << 20,
+        &s,
+        pinned,
+    ))
+    .unwrap();
+    assert_eq!(again.len(), 1 << 20);
+    if let Some(c) = device.host_controls() {
+        s.synchronize_blocking().unwrap();
+        assert_eq!(c.live_allocations(), 1, "the dropped vectors were freed");
+    }
+}
+
 /// Instantiates the buffer and stream cases for one device.
 #[macro_export]
 macro_rules! buffer_suite {
@@ -425,6 +460,7 @@ macro_rules! buffer_suite {
             $(#[$attr])* #[test] fn handoff_waits_at_the_new_owners_first_use() { suite::handoff_waits_at_the_new_owners_first_use($device) }
             $(#[$attr])* #[test] fn handoff_carried_on_skips_the_unused_owner() { suite::handoff_carried_on_skips_the_unused_owner($device) }
             $(#[$attr])* #[test] fn handoff_then_ptr_orders_raw_work() { suite::handoff_then_ptr_orders_raw_work($device) }
+            $(#[$attr])* #[test] fn pinned_drop_does_not_block() { suite::pinned_drop_does_not_block($device) }
         }
     };
 }

@@ -66,19 +66,7 @@ pub(super) unsafe fn free(
     // once the stream reaches this point" hold by construction, at little cost next to the
     // free itself. On failure the block is leaked, never freed under running work.
     stream.synchronize_blocking()?;
-    match kind {
-        MemoryKind::Device | MemoryKind::Managed => {
-            // SAFETY: `ptr` came from `cuMemAlloc`/`cuMemAllocManaged` of this context and
-            // is not freed yet (caller, 1); work using it is done (caller, 2, and the
-            // synchronization above).
-            let r = unsafe { sys::cuMemFree_v2(ptr) };
-            ctx.check_free("cuMemFree", r, ptr)
-        }
-        MemoryKind::PinnedHost => {
-            // SAFETY: `ptr` came from `cuMemHostAlloc` and is not freed yet (caller, 1);
-            // work using it is done (caller, 2, and the synchronization above).
-            let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
-            ctx.check_free("cuMemFreeHost", r, ptr)
-        }
-    }
+    // SAFETY: `ptr` came from `allocate(ctx, kind, ..)` and is not freed yet (caller, 1); work
+    // using it is done (caller, 2, and the synchronization above).
+    unsafe { super::reclaim::free_now(ctx, kind, ptr) }
 }

@@ -20,6 +20,7 @@ mod handles;
 mod interop;
 mod memory;
 mod mempool;
+mod reclaim;
 mod retired;
 mod spin;
 mod stream;
@@ -35,7 +36,8 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 use crate::backend::{
-    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
+    Backend, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind,
+    PrefetchTarget,
 };
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
@@ -63,6 +65,8 @@ pub(crate) struct CudaBackend {
     can_prefetch: OnceLock<bool>,
     /// The wrapper of the device's default managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<CudaMemPool>>,
+    /// Frees pinned host memory off the freeing thread.
+    reclaimer: reclaim::Reclaimer,
 }
 
 impl CudaBackend {
@@ -132,6 +136,7 @@ impl CudaBackend {
             default_mempool: OnceLock::new(),
             can_prefetch: OnceLock::new(),
             managed_mempool: OnceLock::new(),
+            reclaimer: reclaim::Reclaimer::default(),
         })
     }
 
@@ -195,7 +200,15 @@ impl Backend for CudaBackend {
     }
 
     fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<u64> {
-        memory::allocate(&self.ctx, kind, bytes)
+        match memory::allocate(&self.ctx, kind, bytes) {
+            // Frees still queued for the reclaiming thread would have been done by now had
+            // they been synchronous: wait for them, then try again.
+            Err(Error::OutOfMemory { .. }) if self.reclaimer.busy() => {
+                self.reclaimer.drain();
+                memory::allocate(&self.ctx, kind, bytes)
+            }
+            result => result,
+        }
     }
 
     unsafe fn free(
@@ -206,6 +219,20 @@ impl Backend for CudaBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let _ = bytes;
+        if kind == MemoryKind::PinnedHost {
+            // `cuMemFreeHost` needs the stream idle and takes long itself: the reclaiming
+            // thread does both once the stream passes this point. Where no event can be
+            // recorded or no thread takes the block, it is freed here, synchronously.
+            if let Ok(event) = stream.record() {
+                // SAFETY: `ptr` came from `allocate` of this context and is freed once, here
+                // (caller, 1); every use is ordered before this point of `stream` (caller, 2),
+                // where the event was just recorded.
+                match unsafe { self.reclaimer.retire(event, kind, ptr) } {
+                    Ok(()) => return Ok(()),
+                    Err((event, _)) => drop(event),
+                }
+            }
+        }
         // SAFETY: the caller's contract, forwarded.
         unsafe { memory::free(&self.ctx, kind, ptr, stream) }
     }
