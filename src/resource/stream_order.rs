@@ -9,13 +9,16 @@
 //! need not wait again until S frees more. Each sub-allocator keeps one such record per stream
 //! as the per-stream payload of its core:
 //! - [`FreeOrder`]: one stream's frees, owned by whoever holds the resource's lock over them
-//!   (the pool's levels, the fixed-size free lists). It counts the frees, keeps the latest
-//!   event with the count it covers, and remembers which streams waited on that event.
+//!   (the pool's levels, the fixed-size free lists). It numbers the frees, keeps the events
+//!   recorded after them with the number each covers, and remembers how far each taker has
+//!   waited; a taker of one block the owner stamped with its free's number waits on the first
+//!   event after that free, or not at all once it has passed.
 //! - [`SharedFreeOrder`], carried as a [`Fence`]: the same record for a resource whose frees
 //!   take no shared lock (the arena's): a free only sets a flag, the event sits behind its own
 //!   lock, and each taker remembers which events it already waits for
 //!   ([`OrderCounters::wait_fences`]). [`SharedFreeOrders`] finds a stream's record.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -25,9 +28,17 @@ use rustc_hash::FxHashMap;
 use crate::error::Result;
 use crate::stream::{Event, Stream, StreamId};
 
-/// How many streams a [`FreeOrder`] remembers as having waited on its latest event; past that,
-/// the list restarts (a later taker may then wait once more, which is harmless).
+/// How many streams a [`FreeOrder`] remembers as having waited on its events; past that, the
+/// list restarts (a later taker may then wait once more, which is harmless).
 const MAX_WAITERS: usize = 32;
+
+/// How many events a [`FreeOrder`] keeps; past that the oldest goes (a block it covered is
+/// then covered by the next one, later on the stream: a longer wait, never a missing one).
+const MAX_EVENTS: usize = 64;
+
+/// Past this many events, a new one first drops the completed ones from the front (one query
+/// each), so that the list stays as long as the frees the device has not reached.
+const PRUNE_EVENTS_AT: usize = 8;
 
 /// What it costs a stream to be ordered after another stream's frees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -41,17 +52,23 @@ pub(crate) enum WaitCost {
 }
 
 /// One stream's frees into a sub-allocator, and what other streams need to take that memory.
+///
+/// Frees are numbered (1, 2, ...): the owner stamps each free block with its number, so that a
+/// taker of one block waits for the first event recorded after *that* free — not for the
+/// stream's newest one, which would also cover work the stream queued after the free — and not
+/// at all once that event has passed.
 #[derive(Debug)]
 pub(crate) struct FreeOrder {
     stream: Stream,
     /// Frees on this stream so far, and other changes other streams must be ordered after
     /// (memory allocated upstream on this stream, memory merged into it after a wait).
     frees: u64,
-    /// The latest event recorded on this stream for other streams to wait on, and how many of
-    /// `frees` it covers.
-    event: Option<(Event, u64)>,
-    /// Streams that waited on `event` since it was recorded. At most [`MAX_WAITERS`].
-    waiters: Vec<StreamId>,
+    /// Events recorded on this stream for other streams to wait on, oldest first, each with
+    /// the number of frees it covers (increasing). At most [`MAX_EVENTS`].
+    events: VecDeque<(Event, u64)>,
+    /// Streams that waited on one of `events`, each with the most frees that covered. At most
+    /// [`MAX_WAITERS`].
+    waiters: Vec<(StreamId, u64)>,
     /// Set (by the owner, [`set_eager`](Self::set_eager)) once another stream has taken this
     /// stream's memory: from then on each free records its event at once, so that the next
     /// taker waits for this stream's work up to the free, not for all the work queued on it
@@ -64,7 +81,7 @@ impl FreeOrder {
         FreeOrder {
             stream: stream.clone(),
             frees: 0,
-            event: None,
+            events: VecDeque::new(),
             waiters: Vec::new(),
             eager: false,
         }
@@ -86,12 +103,18 @@ impl FreeOrder {
     /// failed record leaves it to the next taker, lazily).
     #[inline]
     pub(crate) fn changed(&mut self) {
-        self.frees += 1;
+        self.changed_to(self.frees + 1);
+    }
+
+    /// [`changed`](Self::changed) for an owner that numbers the frees itself: `frees` is the
+    /// number of the latest (the pool's core stamps blocks with it).
+    #[inline]
+    pub(crate) fn changed_to(&mut self, frees: u64) {
+        debug_assert!(frees >= self.frees, "free numbers go up");
+        self.frees = frees;
         if self.eager {
-            if let Ok(event) = self.stream.record() {
-                self.event = Some((event, self.frees));
-                self.waiters.clear();
-            }
+            // A failed record leaves the frees to a lazy event at the next take.
+            let _ = self.record();
         }
     }
 
@@ -99,7 +122,7 @@ impl FreeOrder {
     /// completed, so another stream may use the memory without waiting (for snapshots; a
     /// query, never a record).
     pub(crate) fn passed(&self) -> bool {
-        match &self.event {
+        match self.events.back() {
             Some((event, covered)) if *covered == self.frees => {
                 event.is_complete().unwrap_or(false)
             }
@@ -113,15 +136,35 @@ impl FreeOrder {
     /// # Errors
     /// A driver error recording the event; nothing is changed then.
     pub(crate) fn record(&mut self) -> Result<()> {
-        self.event = Some((self.stream.record()?, self.frees));
-        self.waiters.clear();
+        if self.events.back().is_some_and(|(_, c)| *c == self.frees) {
+            return Ok(());
+        }
+        let event = self.stream.record()?;
+        if self.events.len() >= PRUNE_EVENTS_AT {
+            // Completed events are only ever skipped: keep the newest of them as a floor.
+            while self.events.len() > 1 && matches!(self.events[1].0.is_complete(), Ok(true)) {
+                self.events.pop_front();
+            }
+        }
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back((event, self.frees));
         Ok(())
     }
 
+    /// The most frees an event that `waiter` waited on covers.
+    fn waited(&self, waiter: StreamId) -> u64 {
+        self.waiters
+            .iter()
+            .find(|(id, _)| *id == waiter)
+            .map_or(0, |&(_, covered)| covered)
+    }
+
     pub(crate) fn wait_cost(&self, waiter: StreamId) -> WaitCost {
-        match &self.event {
+        match self.events.back() {
             Some((_, covered)) if *covered == self.frees => {
-                if self.waiters.contains(&waiter) {
+                if self.waited(waiter) >= self.frees {
                     WaitCost::AlreadyWaited
                 } else {
                     WaitCost::Wait
@@ -138,21 +181,55 @@ impl FreeOrder {
     /// # Errors
     /// A driver error recording the event or enqueueing the wait; nothing is changed then.
     pub(crate) fn order(&mut self, waiter: &Stream) -> Result<()> {
+        self.order_upto(waiter, self.frees)
+    }
+
+    /// The number of the free whose block carries `stamp`, the low 32 bits of its number (the
+    /// block was freed fewer than 2³² frees ago).
+    pub(crate) fn free_of_stamp(&self, stamp: u32) -> u64 {
+        let back = (self.frees as u32).wrapping_sub(stamp);
+        if back > u32::MAX / 2 {
+            // A stamp ahead of the count would be a bookkeeping bug: wait for every free.
+            debug_assert!(false, "stamp {stamp} ahead of {} frees", self.frees);
+            return self.frees;
+        }
+        self.frees.saturating_sub(u64::from(back))
+    }
+
+    /// Makes `waiter` wait for this stream's work up to free number `free` (and what came
+    /// before it): on the first event recorded after that free, or on a new one if none was;
+    /// no wait at all when `waiter` already waited on such an event or the event has passed.
+    ///
+    /// # Errors
+    /// A driver error recording the event, querying it or enqueueing the wait; nothing is
+    /// changed then.
+    pub(crate) fn order_upto(&mut self, waiter: &Stream, free: u64) -> Result<()> {
         let me = waiter.id();
-        match self.wait_cost(me) {
-            WaitCost::AlreadyWaited => return Ok(()),
-            WaitCost::Wait => {}
-            WaitCost::RecordAndWait => {
-                self.event = Some((self.stream.record()?, self.frees));
-                self.waiters.clear();
+        let free = free.min(self.frees);
+        if self.waited(me) >= free {
+            return Ok(());
+        }
+        if self.events.back().is_none_or(|(_, c)| *c < free) {
+            self.record()?;
+        }
+        let (event, covered) = self
+            .events
+            .iter()
+            .find(|(_, c)| *c >= free)
+            .expect("the newest event covers every free");
+        let covered = *covered;
+        if !event.is_complete()? {
+            waiter.wait(event)?;
+        }
+        match self.waiters.iter_mut().find(|(id, _)| *id == me) {
+            Some((_, w)) => *w = covered,
+            None => {
+                if self.waiters.len() == MAX_WAITERS {
+                    self.waiters.clear();
+                }
+                self.waiters.push((me, covered));
             }
         }
-        let (event, _) = self.event.as_ref().expect("recorded above");
-        waiter.wait(event)?;
-        if self.waiters.len() == MAX_WAITERS {
-            self.waiters.clear();
-        }
-        self.waiters.push(me);
         Ok(())
     }
 }
@@ -331,3 +408,6 @@ impl OrderCounters {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -308,6 +308,39 @@ pub fn a_taker_waits_only_for_work_before_the_free(device: Device) {
     free(&pool, taken, MIB, &t);
 }
 
+/// T taking one of the blocks S freed waits for S's work up to that block's free, not up to
+/// S's latest free: S freed block `b`, then queued a long stage and freed `c`; T takes `b`
+/// (the only block that fits) without waiting for the stage. (The pipeline's upload stage takes
+/// blocks its download stage freed long before, while the download stream runs far ahead.)
+pub fn a_taker_waits_only_for_its_blocks_free(device: Device) {
+    let max = 14 * MIB;
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), max, Some(max)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let a = pool.try_allocate(4 * MIB, &s).unwrap();
+    let b = pool.try_allocate(4 * MIB, &s).unwrap();
+    let spacer = pool.try_allocate(4 * MIB, &s).unwrap(); // keeps `b` and `c` apart
+    let c = pool.try_allocate(2 * MIB, &s).unwrap();
+    // A first crossing: T takes `a` (and keeps it), so S's frees record their events.
+    free(&pool, a, 4 * MIB, &s);
+    let kept = pool.try_allocate(4 * MIB, &t).unwrap();
+    assert_eq!(kept, a, "T takes S's free");
+    free(&pool, b, 4 * MIB, &s);
+    s.enqueue_delay(Duration::from_millis(3_000)).unwrap();
+    free(&pool, c, 2 * MIB, &s);
+    let s_done = s.record().unwrap();
+    let taken = pool.try_allocate(4 * MIB, &t).unwrap();
+    assert_eq!(taken, b, "T takes the block S freed before its stage");
+    t.synchronize_blocking().unwrap();
+    assert!(
+        !s_done.is_complete().unwrap(),
+        "T waited for S's stage, queued after the free of its block (for the later free of c)"
+    );
+    s.synchronize_blocking().unwrap();
+    free(&pool, kept, 4 * MIB, &t);
+    free(&pool, taken, 4 * MIB, &t);
+    free(&pool, spacer, 4 * MIB, &s);
+}
+
 /// 200 tokio tasks draw random sizes from a bounded pool with total demand 3× its capacity;
 /// 20 % of the futures are dropped at random points and some carry deadlines. Every task is
 /// served or times out or is cancelled, nothing is left outstanding, and it ends in bounded
@@ -453,6 +486,7 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn stress_awaiting_tasks() { suite::stress_awaiting_tasks($device) }
             $(#[$attr])* #[test] fn freed_on_one_stream_serves_another_within_one_miss() { suite::freed_on_one_stream_serves_another_within_one_miss($device) }
             $(#[$attr])* #[test] fn a_taker_waits_only_for_work_before_the_free() { suite::a_taker_waits_only_for_work_before_the_free($device) }
+            $(#[$attr])* #[test] fn a_taker_waits_only_for_its_blocks_free() { suite::a_taker_waits_only_for_its_blocks_free($device) }
         }
     };
 }

@@ -69,7 +69,11 @@
 //!   wait; it is the remedy against fragmentation across streams, and how a trim gathers free
 //!   memory so that wholly free chunks become single blocks again.
 //!
-//! One event of S covers every free on S before it, so frees never record events.
+//! One event of S covers every free on S before it, so frees need not record events. Each
+//! stream numbers the changes to its free memory (frees, chunks, memory merged in;
+//! [`PoolCore::seq_of`]) and each free block carries the number of the latest it took part in
+//! (in the padding of its slab entry), so that the wrapper can order a taker after the one
+//! free that made the block it takes, rather than after the stream's newest.
 //!
 //! # Complexity
 //! | operation | cost |
@@ -232,6 +236,7 @@ impl PoolCore {
         self.next_chunk_id += 1;
         let slot = self.slot_or_insert(stream);
         let first = self.new_block(base, size, slot, NIL, NIL);
+        self.blocks[first as usize].freed = self.next_seq(slot);
         self.link(first);
         self.chunks.insert(base, Chunk { id, size, first });
         self.chunk_bytes += size;
@@ -326,6 +331,7 @@ impl PoolCore {
         }
         let slot = self.slot_or_insert(stream);
         self.blocks[idx as usize].stream = slot;
+        self.blocks[idx as usize].freed = self.next_seq(slot);
         self.coalesce_and_link(idx);
         self.add_free_bytes(slot, block_size);
         Some(slot)
@@ -437,10 +443,12 @@ impl PoolCore {
         self.blocks[rest as usize].set_allocated_for(owner);
         self.live.insert(addr + head, rest);
         let slot = self.slot_or_insert(stream);
+        let freed = self.next_seq(slot);
         let b = &mut self.blocks[idx as usize];
         b.size = head;
         b.next_phys = rest;
         b.stream = slot;
+        b.freed = freed;
         self.coalesce_and_link(idx);
         self.add_free_bytes(slot, head);
         Some(slot)
@@ -466,6 +474,7 @@ impl PoolCore {
         self.unlink(below);
         self.sub_free_bytes(from, size);
         self.blocks[below as usize].stream = into;
+        self.blocks[below as usize].freed = self.next_seq(into);
         self.coalesce_and_link(below);
         self.add_free_bytes(into, size);
         (self.stream(from).blocks == 0).then_some(from)
@@ -482,6 +491,33 @@ impl PoolCore {
         let lower = self.blocks[upper as usize].prev_phys;
         let l = self.blocks.get(lower as usize)?;
         (l.is_free() && l.stream != self.blocks[upper as usize].stream).then_some((upper, lower))
+    }
+
+    /// Numbers a change to the free memory of the stream in `slot` (see [`seq_of`](Self::seq_of)):
+    /// the low bits of the new number, for the block it stamps.
+    fn next_seq(&mut self, slot: u32) -> u32 {
+        let s = self.stream_mut(slot);
+        s.seq += 1;
+        s.seq as u32
+    }
+
+    /// The number of the latest change to the free memory of the stream in `slot`: a free, a
+    /// chunk added, memory merged or adopted into it ([`try_free`](Self::try_free),
+    /// [`add_chunk`](Self::add_chunk), [`merge_stream`](Self::merge_stream),
+    /// [`adopt_below`](Self::adopt_below), [`free_front`](Self::free_front) each make one).
+    /// Counted from 1 for each stream since its slot was made; every free block carries the
+    /// low 32 bits of the change it last took part in.
+    pub(crate) fn seq_of(&self, slot: u32) -> u64 {
+        self.stream(slot).seq
+    }
+
+    /// The stamp of the block that [`allocate`](Self::allocate)`(size, stream)` would carve
+    /// from now: the low 32 bits of the number of the change (see [`seq_of`](Self::seq_of))
+    /// another stream taking it must be ordered after. `None` when it would find none.
+    pub(crate) fn stamp_of_block_for(&self, size: usize, stream: StreamKey) -> Option<u32> {
+        let slot = *self.stream_slots.get(&stream.0)?;
+        let idx = self.find_block(slot, align_up(size)? as u64)?;
+        Some(self.blocks[idx as usize].freed)
     }
 
     /// The total size of the free blocks, of all streams.

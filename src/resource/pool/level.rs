@@ -133,7 +133,8 @@ impl Level {
             .core
             .free_front(base, head, key(stream))
             .expect("a lent sub-chunk is an allocated block larger than its head");
-        self.slot_at(slot, stream).changed();
+        let seq = self.core.seq_of(slot);
+        self.slot_at(slot, stream).changed_to(seq);
         if let Some(owner) = self.core.other_owner_below(rest) {
             let owner_slot = self
                 .core
@@ -192,13 +193,14 @@ impl Level {
         let Some(slot) = self.core.try_free(addr, bytes, key(stream)) else {
             return false;
         };
+        let seq = self.core.seq_of(slot);
         // The stream's record is there already unless this is its first free here.
         match self.slots.get_mut(slot as usize) {
             Some(Some(order)) => {
                 debug_assert!(order.stream() == stream, "slot {slot} holds another stream");
-                order.changed();
+                order.changed_to(seq);
             }
-            _ => self.slot_at(slot, stream).changed(),
+            _ => self.slot_at(slot, stream).changed_to(seq),
         }
         true
     }
@@ -227,7 +229,12 @@ impl Level {
             })
             .map(|(victim, slot, _)| (victim, slot));
         if let Some((victim, slot)) = victim {
-            self.order_after(slot, stream)?;
+            // Only the block's own free is waited for, not the victim's later work.
+            let stamp = self
+                .core
+                .stamp_of_block_for(size, victim)
+                .expect("the victim has a block that fits");
+            self.order_after_free(slot, stream, Some(stamp))?;
             let p = self.core.allocate(size, victim);
             debug_assert!(p.is_some(), "the victim had a block that fits");
             if let Some(p) = p {
@@ -328,21 +335,30 @@ impl Level {
         entry
     }
 
-    /// Notes that `stream`'s free memory changed in a way other streams must be ordered after.
+    /// Notes that `stream`'s free memory changed in a way other streams must be ordered after
+    /// (the core numbered the change).
     fn changed(&mut self, stream: &Stream) {
         let slot = self
             .core
             .stream_slot(key(stream))
             .expect("the stream was just given memory");
-        self.slot_at(slot, stream).changed();
+        let seq = self.core.seq_of(slot);
+        self.slot_at(slot, stream).changed_to(seq);
     }
 
     /// Makes `waiter` wait, if it must, for the frees of the stream in `slot`.
     fn order_after(&mut self, slot: u32, waiter: &Stream) -> Result<()> {
+        self.order_after_free(slot, waiter, None)
+    }
+
+    /// Makes `waiter` wait, if it must, for the stream in `slot` up to the free that stamped a
+    /// block with `stamp` (see [`PoolCore::seq_of`]), or up to all its frees.
+    fn order_after_free(&mut self, slot: u32, waiter: &Stream, stamp: Option<u32>) -> Result<()> {
         let order = self.slots[slot as usize]
             .as_mut()
             .expect("a stream with free blocks has a slot");
-        order.order(waiter)?;
+        let upto = stamp.map_or(u64::MAX, |stamp| order.free_of_stamp(stamp));
+        order.order_upto(waiter, upto)?;
         if !self.eager_after_crossing {
             return Ok(());
         }

@@ -63,8 +63,10 @@ use crate::stream::Stream;
 /// the piece it needs from one of S's blocks; only when no single stream has a block big
 /// enough does T take over every other stream's free memory at once, so that it coalesces.
 /// Once S's memory has crossed to another stream, each of S's frees records its event at once,
-/// so that the next taker waits for S's work up to the free only, not for work S queued after
-/// it (only the first crossing waits for an event recorded at the take).
+/// and each free block remembers which free it came from, so that a taker waits for S's work
+/// up to the free of the block it takes only, not for work S queued after it (the frees of
+/// other blocks included), and not at all once S has passed that free (only the first
+/// crossing waits for an event recorded at the take).
 /// Memory freed on a stream that then goes quiet is therefore never stranded there (RMM issues
 /// #2039, #850): before a shard's refill makes the pool grow, the other shards give their
 /// wholly free sub-chunks back, so T finds S's memory within its first miss. The pool keeps a handle to each stream that owns free memory in it, so such a

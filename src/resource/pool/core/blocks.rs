@@ -31,6 +31,10 @@ pub(super) struct Block {
     pub(super) prev_phys: u32,
     /// The block just above in the same chunk ([`NIL`] for the chunk's last block).
     pub(super) next_phys: u32,
+    /// Free blocks: the low 32 bits of the number of the owning stream's latest free (or other
+    /// change, [`StreamFree::seq`](super::index::StreamFree::seq)) that this block's memory
+    /// took part in: what another stream that takes it must wait for. (It fits the padding.)
+    pub(super) freed: u32,
 }
 
 impl Block {
@@ -84,6 +88,8 @@ impl PoolCore {
         }
         let survivor = if left != NIL && self.blocks[left as usize].stream == stream {
             let size = self.blocks[left as usize].size + self.blocks[idx as usize].size;
+            // `idx` holds the stream's newest change: the merged block is as recent.
+            self.blocks[left as usize].freed = self.blocks[idx as usize].freed;
             self.unlink_phys(idx);
             self.resize(left, size);
             left
@@ -151,6 +157,7 @@ impl PoolCore {
             next: NIL,
             prev_phys,
             next_phys,
+            freed: 0,
         };
         if self.vacant != NIL {
             let idx = self.vacant;

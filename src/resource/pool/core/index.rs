@@ -25,6 +25,10 @@ pub(super) struct StreamFree {
     pub(super) free_bytes: u64,
     /// The number of blocks on the lists.
     pub(super) blocks: usize,
+    /// The number of the stream's latest change to its free memory (a free, a chunk, memory
+    /// merged in), counted from 1: each free block carries the low bits of the one it took
+    /// part in ([`Block::freed`](super::blocks::Block::freed)).
+    pub(super) seq: u64,
 }
 
 impl StreamFree {
@@ -36,6 +40,7 @@ impl StreamFree {
             heads: vec![NIL; CLASS_COUNT].into_boxed_slice(),
             free_bytes: 0,
             blocks: 0,
+            seq: 0,
         }
     }
 

@@ -67,6 +67,13 @@ impl PoolCore {
                 if b.is_free() {
                     assert!(self.streams[b.stream as usize].is_some(), "{b:?} owner");
                     assert!(self.is_coalesced(idx), "{b:?} not coalesced");
+                    let seq = self.stream(b.stream).seq;
+                    let behind = (seq as u32).wrapping_sub(b.freed);
+                    assert!(
+                        seq > 0 && u64::from(behind) < seq,
+                        "{b:?} stamped {} with its stream at change {seq}",
+                        b.freed
+                    );
                     free_reached += 1;
                 } else {
                     assert_eq!(self.live.get(b.start), Some(idx), "{b:?} not in live");

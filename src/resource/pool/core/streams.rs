@@ -56,6 +56,7 @@ impl PoolCore {
         let from_slot = self.slot_of(from)?;
         let into_slot = self.slot_or_insert(into);
         let moved = self.stream(from_slot).free_bytes;
+        let freed = self.next_seq(into_slot);
         // Blocks of `from` that are not moved yet have another owner than `into`, so a moved
         // block does not merge with them now; each merges with the moved ones when its turn
         // comes, which leaves the result fully coalesced.
@@ -63,6 +64,7 @@ impl PoolCore {
             let idx = self.stream(from_slot).heads[class_index(fl, sl)];
             self.unlink(idx);
             self.blocks[idx as usize].stream = into_slot;
+            self.blocks[idx as usize].freed = freed;
             self.coalesce_and_link(idx);
         }
         self.stream_mut(from_slot).free_bytes = 0;
