@@ -1,5 +1,6 @@
 //! The completion driver's benchmark: the figures that choose between
-//! `CompletionStrategy::HostFunction` and `CompletionStrategy::Poller`.
+//! `CompletionStrategy::HostFunction`, `CompletionStrategy::Poller` and
+//! `CompletionStrategy::FlagWrite`.
 //!
 //! For each strategy, on `Device::default()` (CUDA device 0, else the host emulation):
 //! 1. Wake latency: an idle stream runs a 20 µs delay (a stand-in for a short kernel), an event
@@ -29,7 +30,9 @@
 //!
 //! Wake latency also runs with a 10 ms event kept pending (armed) on another stream and a 2 ms
 //! pause before each iteration, so that the poller has backed off over the long event when the
-//! short one is armed: the short event must not wait for that back-off.
+//! short one is armed: the short event must not wait for that back-off; and with 1,008 events
+//! armed on 16 other streams (63 each behind a 10 ms delay), so that the cost of what is
+//! pending shows.
 //!
 //! Run: `cargo bench --bench completion` (or the built binary with `--bench`; other arguments
 //! are ignored). Set `STREAMALLOC_BENCH_OUT=path.md` to also get the report as Markdown, and
@@ -52,9 +55,10 @@ use streamalloc::{
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-const STRATEGIES: [(CompletionStrategy, &str); 2] = [
+const STRATEGIES: [(CompletionStrategy, &str); 3] = [
     (CompletionStrategy::HostFunction, "host-function"),
     (CompletionStrategy::Poller, "poller"),
+    (CompletionStrategy::FlagWrite, "flag-write"),
 ];
 
 /// Wake latency: measured iterations per series, after untimed warm-up ones.
@@ -68,6 +72,10 @@ const WAKE_SERIES_BUDGET: Duration = Duration::from_secs(3);
 const LONG_EVENT: Duration = Duration::from_millis(10);
 /// The pause before each iteration of those cases.
 const BESIDE_LONG_GAP: Duration = Duration::from_millis(2);
+/// The "many armed events" case: this many streams, each with `MANY_PER_STREAM` armed events
+/// pending behind a `LONG_EVENT` delay (1,008 in all).
+const MANY_STREAMS: usize = 16;
+const MANY_PER_STREAM: usize = 63;
 
 /// Stream stall: operations per run.
 const STALL_OPS: usize = 1_000;
@@ -329,47 +337,60 @@ fn spin_once(stream: &Stream) -> Result<(Duration, bool), BoxError> {
     Ok((t0.elapsed(), queries == 0))
 }
 
-/// An event kept pending on another stream behind a `LONG_EVENT` delay, armed (polled once),
-/// and replaced by a new one when it completes: the "long event pending" case.
+/// Events kept pending on other streams behind a `LONG_EVENT` delay, armed (polled once), and
+/// replaced when they complete: the "long event pending" case (one stream, one event) and the
+/// "many armed events" case (`MANY_STREAMS` streams, `MANY_PER_STREAM` events each).
 struct LongPending {
-    stream: Stream,
-    event: Option<Event>,
+    streams: Vec<Stream>,
+    per_stream: usize,
+    /// The events of each stream; the last one completes last.
+    events: Vec<Vec<Event>>,
 }
 
 impl LongPending {
-    fn new(stream: &Stream) -> LongPending {
+    fn new(streams: &[Stream], per_stream: usize) -> LongPending {
         LongPending {
-            stream: stream.clone(),
-            event: None,
+            streams: streams.to_vec(),
+            per_stream,
+            events: vec![Vec::new(); streams.len()],
         }
     }
 
-    /// Makes sure an armed long event is pending.
+    /// Makes sure every stream has its armed events pending.
     fn refresh(&mut self) -> Result<(), BoxError> {
-        if let Some(e) = &self.event {
-            if !e.is_complete()? {
-                return Ok(());
+        let mut cx = Context::from_waker(noop_waker_ref());
+        for (stream, events) in self.streams.iter().zip(&mut self.events) {
+            if let Some(first) = events.first() {
+                if !first.is_complete()? {
+                    continue;
+                }
+            }
+            events.clear();
+            stream.enqueue_delay(LONG_EVENT)?;
+            for _ in 0..self.per_stream {
+                let event = stream.record()?;
+                // The future is dropped after its first poll; the driver keeps watching it.
+                let _ = event.clone().poll_unpin(&mut cx);
+                events.push(event);
             }
         }
-        self.stream.enqueue_delay(LONG_EVENT)?;
-        let event = self.stream.record()?;
-        let mut cx = Context::from_waker(noop_waker_ref());
-        // The future is dropped after its first poll; the driver keeps watching the event.
-        let _ = event.clone().poll_unpin(&mut cx);
-        self.event = Some(event);
         Ok(())
     }
 
+    /// Whether every armed event is still pending.
     fn pending(&self) -> Result<bool, BoxError> {
-        Ok(match &self.event {
-            Some(e) => !e.is_complete()?,
-            None => false,
-        })
+        for events in &self.events {
+            match events.first() {
+                Some(e) if !e.is_complete()? => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 }
 
-/// `await_once` with the long event pending on another stream throughout; `None` when it was
-/// not (the sample is dropped).
+/// `await_once` with the long events pending on other streams throughout; `None` when they
+/// were not (the sample is dropped).
 async fn await_beside_long(
     stream: &Stream,
     long: &RefCell<LongPending>,
@@ -387,6 +408,8 @@ struct WakeResults {
     tokio: Series,
     /// tokio current-thread, with a 10 ms event pending on another stream.
     tokio_beside_long: Series,
+    /// tokio current-thread, with 1,008 events armed on 16 other streams.
+    tokio_beside_many: Series,
     block_on: Series,
     spin: Series,
 }
@@ -395,10 +418,19 @@ impl WakeResults {
     fn measure(stream: &Stream, other: &Stream) -> Result<WakeResults, BoxError> {
         let rt = tokio::runtime::Builder::new_current_thread().build()?;
         let tokio = rt.block_on(Series::collect(|| await_once(stream)))?;
-        let long = &RefCell::new(LongPending::new(other));
+        let long = &RefCell::new(LongPending::new(std::slice::from_ref(other), 1));
         let tokio_beside_long =
             rt.block_on(Series::collect_some(|| await_beside_long(stream, long)))?;
         other.synchronize_blocking()?;
+        let many: Vec<Stream> = (0..MANY_STREAMS)
+            .map(|_| Stream::new(stream.device()))
+            .collect::<Result<_, _>>()?;
+        let long = &RefCell::new(LongPending::new(&many, MANY_PER_STREAM));
+        let tokio_beside_many =
+            rt.block_on(Series::collect_some(|| await_beside_long(stream, long)))?;
+        for s in &many {
+            s.synchronize_blocking()?;
+        }
         let block_on = futures::executor::block_on(Series::collect(|| await_once(stream)))?;
         // Nothing in this series awaits; `block_on` only drives the shared loop.
         let spin =
@@ -406,6 +438,7 @@ impl WakeResults {
         Ok(WakeResults {
             tokio,
             tokio_beside_long,
+            tokio_beside_many,
             block_on,
             spin,
         })
@@ -447,6 +480,11 @@ impl WakeResults {
                 "tokio, 10 ms event pending on another stream",
                 &self.tokio_beside_long,
                 Some(self.overhead(&self.tokio_beside_long)),
+            ),
+            (
+                "tokio, 1,008 events armed on 16 other streams",
+                &self.tokio_beside_many,
+                Some(self.overhead(&self.tokio_beside_many)),
             ),
             (
                 "futures block_on",
@@ -1119,6 +1157,7 @@ fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Tabl
             "tokio, 10 ms pending elsewhere p50/p99 µs",
             "completion → tokio task p50/p99 µs, beyond spin p50 (goal ≤ 5 / ≤ 20)",
             "same, 10 ms pending elsewhere",
+            "same, 1,008 armed on 16 streams",
             "block_on p50/p99 µs",
             "spin p50 µs",
             "overhead tokio/block_on µs",
@@ -1155,6 +1194,11 @@ fn summary_table(rows: &[(&str, WakeResults, StallResults, CpuResults)]) -> Tabl
                 "{:.1} / {:.1}",
                 wake.overhead_at(&wake.tokio_beside_long, 50),
                 wake.overhead_at(&wake.tokio_beside_long, 99)
+            ),
+            format!(
+                "{:.1} / {:.1}",
+                wake.overhead_at(&wake.tokio_beside_many, 50),
+                wake.overhead_at(&wake.tokio_beside_many, 99)
             ),
             format!(
                 "{} / {}",

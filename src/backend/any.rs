@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::cuda::{CudaBackend, CudaEvent, CudaMemPool, CudaStream};
 use super::host::{HostBackend, HostEvent, HostMemPool, HostStream};
 use super::{
-    Backend, BackendEvent, BackendMemPool, BackendStream, Completion, DefaultStream, ErrorSink,
-    MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
+    Backend, BackendEvent, BackendMemPool, BackendStream, Completion, DefaultStream, DeviceFlag,
+    ErrorSink, FlagSlab, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
@@ -182,6 +182,11 @@ impl AnyBackend {
     }
 
     /// [`Backend::errors`].
+    /// [`Backend::flag_slab`].
+    pub(crate) fn flag_slab(&self) -> Option<Arc<FlagSlab>> {
+        dispatch!(AnyBackend, self, b => b.flag_slab())
+    }
+
     pub(crate) fn errors(&self) -> &ErrorSink {
         dispatch!(AnyBackend, self, b => b.errors())
     }
@@ -266,6 +271,11 @@ impl AnyStream {
     /// [`BackendStream::host_fn`].
     pub(crate) fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         dispatch!(AnyStream, self, s => s.host_fn(f))
+    }
+
+    /// [`BackendStream::write_flag`].
+    pub(crate) fn write_flag(&self, flag: &DeviceFlag) -> Result<()> {
+        dispatch!(AnyStream, self, s => s.write_flag(flag))
     }
 
     /// [`BackendStream::copy`].

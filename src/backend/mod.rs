@@ -32,10 +32,12 @@ use crate::ids::DeviceId;
 mod any;
 #[cfg(feature = "cuda-driver")]
 pub(crate) mod cuda;
+mod flags;
 pub(crate) mod host;
 pub(crate) mod pageable;
 
 pub(crate) use any::{AnyBackend, AnyEvent, AnyMemPool, AnyStream};
+pub(crate) use flags::{DeviceFlag, FlagSlab, FLAG_SLOTS};
 
 /// The kinds of memory a backend allocates directly (without a driver pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,6 +152,9 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn managed_mempool(&self) -> Result<Arc<Self::MemPool>>;
     /// Where this backend's streams, driver threads and `Drop`s put errors they cannot return.
     fn errors(&self) -> &ErrorSink;
+    /// The device's completion flags, made on first use; `None` where streams cannot write
+    /// them (no stream memory operations on the device, or a driver without them).
+    fn flag_slab(&self) -> Option<Arc<FlagSlab>>;
     /// The granularity of virtual memory management (`cuMemGetAllocationGranularity`, minimum,
     /// pinned device memory): reservations, physical allocations and mappings are multiples of
     /// it. [`Error::Unsupported`] where the device has no virtual memory management
@@ -271,6 +276,9 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// Runs `f` on a backend thread once the stream reaches this point. `f` must not call the
     /// driver.
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()>;
+    /// Enqueues the write of `flag`'s token into its word: the flag reads set once the stream
+    /// passes this point ([`DeviceFlag`]).
+    fn write_flag(&self, flag: &DeviceFlag) -> Result<()>;
     /// Enqueues a copy of `bytes` from `src` to `dst` (any mix of host and device addresses).
     ///
     /// # Safety

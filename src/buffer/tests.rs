@@ -9,8 +9,11 @@ use crate::{
     HostConfig, Stream,
 };
 
-const STRATEGIES: [CompletionStrategy; 2] =
-    [CompletionStrategy::HostFunction, CompletionStrategy::Poller];
+const STRATEGIES: [CompletionStrategy; 3] = [
+    CompletionStrategy::HostFunction,
+    CompletionStrategy::Poller,
+    CompletionStrategy::FlagWrite,
+];
 
 fn device_with(strategy: CompletionStrategy) -> Device {
     Device::host_with(HostConfig::default().completion_strategy(strategy))

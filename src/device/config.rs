@@ -62,6 +62,12 @@ pub enum CompletionStrategy {
     /// One polling thread per device that queries pending events, with back-off (the default).
     #[default]
     Poller,
+    /// The poller's thread, reading flags instead of querying events: a private shadow stream
+    /// per user stream waits for the event and writes a word of pinned host memory
+    /// (`cuStreamWriteValue32`), which the thread reads with a load, no driver call. Events are
+    /// still queried once the thread backs off (so errors are seen), and where no flag can be
+    /// had (all 4,096 of a device's in use, or a driver without stream memory operations).
+    FlagWrite,
 }
 
 impl CompletionStrategy {
@@ -69,12 +75,14 @@ impl CompletionStrategy {
         match self {
             CompletionStrategy::HostFunction => 0,
             CompletionStrategy::Poller => 1,
+            CompletionStrategy::FlagWrite => 2,
         }
     }
 
     pub(super) fn from_u8(v: u8) -> Self {
         match v {
             1 => CompletionStrategy::Poller,
+            2 => CompletionStrategy::FlagWrite,
             _ => CompletionStrategy::HostFunction,
         }
     }

@@ -8,6 +8,10 @@
 //!   each stream (events on a stream complete in order), spins briefly, then backs off and
 //!   parks when nothing is pending. A new arm cuts any back-off short: the poller parks (never
 //!   sleeps), and arming unparks it and starts the spin again.
+//! - [`CompletionStrategy::FlagWrite`]: the poller's thread, but the shadow stream waits for
+//!   the event and writes a flag word ([`DeviceFlag`], `cuStreamWriteValue32` into pinned
+//!   memory) that the thread reads with a load while it spins; once it backs off it queries the
+//!   events too, so a stream's error is still seen.
 //!
 //! Wake-ups follow record order per stream, whatever order the events were armed in: recording
 //! numbers each event of a stream ([`ShadowStream::record`]); the poller keeps each stream's
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::{AnyBackend, AnyEvent, AnyStream, Completion};
+use crate::backend::{AnyBackend, AnyEvent, AnyStream, Completion, DeviceFlag};
 use crate::device::config::CompletionStrategy;
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
@@ -70,13 +74,29 @@ impl CompletionDriver {
         match self.strategy() {
             CompletionStrategy::HostFunction => shadow.arm(backend, event, seq, completion),
             CompletionStrategy::Poller => {
-                let poller = self
-                    .poller
-                    .get_or_init(|| Poller::start(*self.backoff.lock()));
-                poller.submit(stream, seq, event.clone(), completion.clone());
+                self.poller().submit(
+                    stream,
+                    seq,
+                    Signal::Event(event.clone()),
+                    completion.clone(),
+                );
+                Ok(())
+            }
+            CompletionStrategy::FlagWrite => {
+                let signal = match shadow.arm_flag(backend, event) {
+                    Some(flag) => Signal::Flag(flag, event.clone()),
+                    None => Signal::Event(event.clone()),
+                };
+                self.poller()
+                    .submit(stream, seq, signal, completion.clone());
                 Ok(())
             }
         }
+    }
+
+    fn poller(&self) -> &Poller {
+        self.poller
+            .get_or_init(|| Poller::start(*self.backoff.lock()))
     }
 
     /// Replaces the poller's back-off; only before the poller's first arm.
@@ -147,6 +167,25 @@ impl ShadowStream {
         let created = backend.create_stream()?;
         // A racing thread may have set it first; keep theirs and drop ours.
         Ok(self.stream.get_or_init(|| created))
+    }
+
+    /// The flag strategy: the shadow stream waits for `event`, then writes a flag of the
+    /// device's; `None` when there is no flag to be had or the shadow stream refused the work
+    /// (the caller then queries the event).
+    fn arm_flag(&self, backend: &AnyBackend, event: &AnyEvent) -> Option<DeviceFlag> {
+        let flag = backend.flag_slab()?.take()?;
+        let enqueued = self.get_or_create(backend).and_then(|shadow| {
+            shadow.wait_event(event)?;
+            shadow.write_flag(&flag)
+        });
+        match enqueued {
+            Ok(()) => Some(flag),
+            Err(error) => {
+                tracing::debug!(%error, "arming a completion flag failed; querying the event");
+                flag.unwritten();
+                None
+            }
+        }
     }
 
     /// The host-function strategy: the shadow stream waits for `event`, then a host function
@@ -257,8 +296,54 @@ impl Wake for CompleteThrough {
     }
 }
 
-/// An armed event: the event and what completes when it does.
-type Pending = (AnyEvent, Arc<Completion>);
+/// How the poller learns that the device passed an armed event.
+enum Signal {
+    /// By querying the event (a driver call).
+    Event(AnyEvent),
+    /// By reading the flag the shadow stream writes after the event (a load); the event is
+    /// queried too once the poller backs off, for errors.
+    Flag(DeviceFlag, AnyEvent),
+}
+
+impl Signal {
+    /// Whether the device passed the event: `Ok(false)` while not (or not known without a
+    /// query when `query` is false), the stream's error if it failed. A set flag is confirmed
+    /// by one query, which carries the stream's outcome (the shadow stream may write the flag
+    /// after a failed event; the event has passed all the same).
+    fn passed(&mut self, query: bool) -> Result<bool> {
+        match self {
+            Signal::Event(event) => event.query(),
+            Signal::Flag(flag, event) => {
+                if flag.is_set() {
+                    event.query().map(|_| true)
+                } else if query {
+                    event.query()
+                } else {
+                    Ok(false)
+                }
+            }
+        }
+    }
+
+    /// [`passed`](Self::passed) for an event known to be passed (a later event of its stream
+    /// has): its outcome.
+    fn outcome(&self) -> Result<()> {
+        match self {
+            Signal::Event(event) | Signal::Flag(_, event) => event.query().map(drop),
+        }
+    }
+
+    /// Whether a flag says the device passed the event (no query).
+    fn flagged(&mut self) -> bool {
+        match self {
+            Signal::Flag(flag, _) => flag.is_set(),
+            Signal::Event(_) => false,
+        }
+    }
+}
+
+/// An armed event: how to learn it completed, and what completes when it does.
+type Pending = (Signal, Arc<Completion>);
 
 struct Poller {
     shared: Arc<PollerShared>,
@@ -282,6 +367,8 @@ pub(crate) struct PollerCounters {
     pub(crate) parked_for_nanos: AtomicU64,
     /// Timed parks that an arm ended before their timeout.
     pub(crate) cut_short_by_arm: AtomicU64,
+    /// Events found passed through their flag rather than by a query of their own.
+    pub(crate) flagged: AtomicU64,
 }
 
 /// How the poller waits while events are pending and none completes: it spins, then yields,
@@ -329,11 +416,11 @@ impl Poller {
         }
     }
 
-    fn submit(&self, stream: StreamId, seq: u64, event: AnyEvent, completion: Arc<Completion>) {
+    fn submit(&self, stream: StreamId, seq: u64, signal: Signal, completion: Arc<Completion>) {
         self.shared
             .inbox
             .lock()
-            .push((stream, seq, (event, completion)));
+            .push((stream, seq, (signal, completion)));
         // Ends a park at once (a park begun after this returns at once too).
         self.thread.unpark();
     }
@@ -355,7 +442,9 @@ fn poll_loop(shared: &PollerShared, backoff: Backoff) {
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if complete_oldest(shared, &mut queues) {
+        // Flags are read while spinning; once backing off, events are queried too.
+        let query = active_at.elapsed() >= backoff.spin;
+        if complete_oldest(shared, &mut queues, query) {
             active_at = Instant::now();
             park = backoff.first_park;
         }
@@ -390,20 +479,36 @@ fn take_inbox(shared: &PollerShared, queues: &mut Queues) -> bool {
 
 /// Completes, stream by stream and in record order, every event the device has passed;
 /// queries only the oldest pending event of each stream (events on a stream complete in
-/// order). Returns whether any completed.
+/// order), and only when `query` (else reads flags alone). A set flag of a later event also
+/// completes every event recorded before it on its stream: the shadow stream writes flags in
+/// the order they were armed, which need not be the record order. Returns whether any
+/// completed.
 ///
 /// A completion (or dropping it) may release the device's last handle on this thread; the
 /// driver's drop then sets `shutdown` without joining (it cannot join its own thread), and the
 /// poller queries nothing more: a query would be a driver call after the device is gone.
-fn complete_oldest(shared: &PollerShared, queues: &mut Queues) -> bool {
+fn complete_oldest(shared: &PollerShared, queues: &mut Queues, query: bool) -> bool {
     let mut progressed = false;
     queues.retain(|_, queue| {
-        while let Some(entry) = queue.first_entry() {
+        let passed_through = queue
+            .iter_mut()
+            .rev()
+            .find_map(|(&seq, (signal, _))| signal.flagged().then_some(seq));
+        while let Some(mut entry) = queue.first_entry() {
             if shared.shutdown.load(Ordering::Acquire) {
                 return true;
             }
-            let (event, completion) = entry.get();
-            match event.query() {
+            let flagged_later = passed_through.is_some_and(|last| *entry.key() <= last);
+            let (signal, completion) = entry.get_mut();
+            let outcome = if flagged_later {
+                signal.outcome().map(|()| true)
+            } else {
+                signal.passed(query)
+            };
+            if outcome.is_ok() && (flagged_later || signal.flagged()) {
+                shared.counters.flagged.fetch_add(1, Ordering::Relaxed);
+            }
+            match outcome {
                 Ok(false) => break,
                 Ok(true) => completion.complete(),
                 Err(e) => completion.fail(e),

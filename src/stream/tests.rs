@@ -8,8 +8,11 @@ fn device(strategy: CompletionStrategy) -> Device {
     Device::host_with(HostConfig::default().completion_strategy(strategy))
 }
 
-const STRATEGIES: [CompletionStrategy; 2] =
-    [CompletionStrategy::HostFunction, CompletionStrategy::Poller];
+const STRATEGIES: [CompletionStrategy; 3] = [
+    CompletionStrategy::HostFunction,
+    CompletionStrategy::Poller,
+    CompletionStrategy::FlagWrite,
+];
 
 #[test]
 fn event_completes_only_after_earlier_work() {

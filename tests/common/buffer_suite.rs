@@ -82,7 +82,11 @@ pub fn copy_between_buffers_orders_both_streams(device: Device) {
 /// strategy, under tokio and under `block_on`.
 pub fn events_resolve_after_device_work(device: Device) {
     let before = device.completion_strategy();
-    for strategy in [CompletionStrategy::HostFunction, CompletionStrategy::Poller] {
+    for strategy in [
+        CompletionStrategy::HostFunction,
+        CompletionStrategy::Poller,
+        CompletionStrategy::FlagWrite,
+    ] {
         device.set_completion_strategy(strategy);
         let s = Stream::new(&device).unwrap();
         let start = Instant::now();
@@ -161,7 +165,11 @@ pub fn default_streams_work_like_owned_streams(device: Device) {
         let p = mr.try_allocate(4096, &default).unwrap();
         // SAFETY: allocated just above on `default`, used by nothing.
         unsafe { mr.deallocate(p, 4096, &default) };
-        for strategy in [CompletionStrategy::HostFunction, CompletionStrategy::Poller] {
+        for strategy in [
+            CompletionStrategy::HostFunction,
+            CompletionStrategy::Poller,
+            CompletionStrategy::FlagWrite,
+        ] {
             device.set_completion_strategy(strategy);
             let start = Instant::now();
             default.enqueue_delay(Duration::from_millis(30)).unwrap();

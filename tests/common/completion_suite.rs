@@ -140,7 +140,7 @@ pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionS
     assert_eq!(*log.lock().unwrap(), [2, 1], "{strategy:?}");
 }
 
-/// Instantiates the completion-driver suite for one device kind, under both strategies.
+/// Instantiates the completion-driver suite for one device kind, under each strategy.
 ///
 /// `completion_suite!(name, device_expr, #[attrs]...)`.
 #[macro_export]
@@ -150,12 +150,14 @@ macro_rules! completion_suite {
             #[allow(unused_imports)]
             use super::*;
             use $crate::common::completion_suite as suite;
-            use streamalloc::CompletionStrategy::{HostFunction, Poller};
+            use streamalloc::CompletionStrategy::{FlagWrite, HostFunction, Poller};
 
             $(#[$attr])* #[test] fn poller_wake_ups_follow_record_order() { suite::wake_ups_follow_record_order($device, Poller) }
             $(#[$attr])* #[test] fn host_function_wake_ups_follow_record_order() { suite::wake_ups_follow_record_order($device, HostFunction) }
             $(#[$attr])* #[test] fn poller_short_event_beside_a_long_one_wakes() { suite::short_event_beside_a_long_one_wakes($device, Poller) }
             $(#[$attr])* #[test] fn host_function_short_event_beside_a_long_one_wakes() { suite::short_event_beside_a_long_one_wakes($device, HostFunction) }
+            $(#[$attr])* #[test] fn flag_write_wake_ups_follow_record_order() { suite::wake_ups_follow_record_order($device, FlagWrite) }
+            $(#[$attr])* #[test] fn flag_write_short_event_beside_a_long_one_wakes() { suite::short_event_beside_a_long_one_wakes($device, FlagWrite) }
         }
     };
 }

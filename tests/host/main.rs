@@ -53,6 +53,10 @@ fault_suite!(
     faults_with_host_function_completion,
     Device::host_with(HostConfig::default().completion_strategy(CompletionStrategy::HostFunction))
 );
+fault_suite!(
+    faults_with_flag_completion,
+    Device::host_with(HostConfig::default().completion_strategy(CompletionStrategy::FlagWrite))
+);
 huge_sizes_suite!(huge_sizes, host());
 
 /// With no capacity to refuse them first, huge requests reach the host backend's own size

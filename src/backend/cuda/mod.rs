@@ -36,8 +36,8 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 use crate::backend::{
-    Backend, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind,
-    PrefetchTarget,
+    Backend, BackendStream, DefaultStream, ErrorSink, FlagSlab, MemPoolConfig, MemoryInfo,
+    MemoryKind, PrefetchTarget, FLAG_SLOTS,
 };
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
@@ -67,6 +67,9 @@ pub(crate) struct CudaBackend {
     managed_mempool: OnceLock<Arc<CudaMemPool>>,
     /// Frees pinned host memory off the freeing thread.
     reclaimer: reclaim::Reclaimer,
+    /// Completion flags in pinned memory, made on first use; `None` inside when the device or
+    /// driver has no stream memory operations.
+    flags: OnceLock<Option<Arc<FlagSlab>>>,
 }
 
 impl CudaBackend {
@@ -137,7 +140,38 @@ impl CudaBackend {
             can_prefetch: OnceLock::new(),
             managed_mempool: OnceLock::new(),
             reclaimer: reclaim::Reclaimer::default(),
+            flags: OnceLock::new(),
         })
+    }
+
+    /// The completion flags: `FLAG_SLOTS` words of pinned host memory mapped for the device,
+    /// which `cuStreamWriteValue32` writes. `None` when the driver lacks the call or the
+    /// memory cannot be had (the completion driver then queries events).
+    fn make_flag_slab(&self) -> Option<Arc<FlagSlab>> {
+        // SAFETY: the library is loaded (this backend exists); the symbol is only looked up.
+        let present =
+            unsafe { sys::culib().get::<*const c_void>("cuStreamWriteValue32_v2") }.is_ok();
+        // (CUDA 12 made the 32-bit stream memory operations part of every device; where a write
+        // is refused all the same, the completion driver queries that event instead.)
+        if !present || self.ctx.bind().is_err() {
+            return None;
+        }
+        let bytes = FLAG_SLOTS as usize * std::mem::size_of::<u32>();
+        let ptr = memory::allocate(&self.ctx, MemoryKind::PinnedHost, bytes).ok()?;
+        // SAFETY: `ptr` is `bytes` of pinned host memory just allocated, host-writable.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        let ctx = self.ctx.clone();
+        let release = Box::new(move || {
+            // SAFETY: `ptr` came from `allocate(ctx, PinnedHost, ..)` above and is freed once,
+            // here; the slab releases it only when no write to it is pending (see `FlagSlab`).
+            if let Err(error) = unsafe { reclaim::free_now(&ctx, MemoryKind::PinnedHost, ptr) } {
+                ctx.errors().report(error);
+            }
+        });
+        let words = std::ptr::NonNull::new(ptr as *mut std::sync::atomic::AtomicU32)?;
+        // SAFETY: `FLAG_SLOTS` zeroed, 4-byte aligned (256-byte aligned) words that nothing else
+        // uses and that stay allocated until `release` runs.
+        Some(unsafe { FlagSlab::new(words, FLAG_SLOTS, release) })
     }
 
     /// Whether prefetches can run here: the driver has `cuMemPrefetchAsync_v2` (CUDA 12.2+;
@@ -309,6 +343,10 @@ impl Backend for CudaBackend {
 
     fn errors(&self) -> &ErrorSink {
         self.ctx.errors()
+    }
+
+    fn flag_slab(&self) -> Option<Arc<FlagSlab>> {
+        self.flags.get_or_init(|| self.make_flag_slab()).clone()
     }
 
     fn vmm_granularity(&self) -> Result<usize> {

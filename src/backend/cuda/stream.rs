@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{panic_message, BackendStream, Completion, DefaultStream};
+use crate::backend::{panic_message, BackendStream, Completion, DefaultStream, DeviceFlag};
 use crate::error::{Error, Result};
 
 use super::context::DeviceContext;
@@ -313,6 +313,23 @@ impl BackendStream for CudaStream {
             return Err(self.ctx.error("cuLaunchHostFunc", e));
         }
         Ok(())
+    }
+
+    fn write_flag(&self, flag: &DeviceFlag) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the context is current and the stream live; the flag's word is pinned host
+        // memory mapped for the device (`FlagSlab` over `cuMemHostAlloc`, see
+        // `CudaBackend::flag_slab`), kept allocated until the token is seen or for ever (a
+        // `DeviceFlag` dropped unseen leaks its slab), so the device's write lands in it.
+        let r = unsafe {
+            sys::cuStreamWriteValue32_v2(
+                self.raw.0,
+                flag.addr(),
+                flag.token(),
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as std::ffi::c_uint,
+            )
+        };
+        self.ctx.check("cuStreamWriteValue32", r)
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {

@@ -23,7 +23,8 @@ pub(crate) use mempool::HostMemPool;
 pub(crate) use stream::HostStream;
 
 use crate::backend::{
-    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
+    Backend, DefaultStream, ErrorSink, FlagSlab, MemPoolConfig, MemoryInfo, MemoryKind,
+    PrefetchTarget, FLAG_SLOTS,
 };
 use crate::error::Result;
 use crate::ids::{BackendKind, DeviceId};
@@ -38,6 +39,8 @@ pub(crate) struct HostBackend {
     managed_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulation of virtual memory management (`vmm.rs`).
     vmm: vmm::HostVmm,
+    /// Completion flags, made on first use (in ordinary memory: the workers store them).
+    flags: OnceLock<Arc<FlagSlab>>,
 }
 
 impl HostBackend {
@@ -53,6 +56,7 @@ impl HostBackend {
             default_mempool: OnceLock::new(),
             managed_mempool: OnceLock::new(),
             vmm: vmm::HostVmm::default(),
+            flags: OnceLock::new(),
         }
     }
 
@@ -176,6 +180,14 @@ impl Backend for HostBackend {
 
     fn errors(&self) -> &ErrorSink {
         self.memory().errors()
+    }
+
+    fn flag_slab(&self) -> Option<Arc<FlagSlab>> {
+        Some(
+            self.flags
+                .get_or_init(|| FlagSlab::on_heap(FLAG_SLOTS))
+                .clone(),
+        )
     }
 
     fn vmm_granularity(&self) -> Result<usize> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::backend::{BackendEvent, BackendStream, Completion, DeviceFlag};
 use crate::error::Result;
 use crate::ids::DeviceId;
 
@@ -117,6 +117,15 @@ impl BackendStream for HostStream {
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         self.queue.memory.fail_if(FaultPoint::HostFunction)?;
         self.enqueue(Op::Call(f))
+    }
+
+    fn write_flag(&self, flag: &DeviceFlag) -> Result<()> {
+        let (slab, slot) = flag.target();
+        let token = flag.token();
+        // The store holds the slab, so its memory outlives the write.
+        self.enqueue(Op::Call(Box::new(move || {
+            slab.word(slot).store(token, Ordering::Release)
+        })))
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {

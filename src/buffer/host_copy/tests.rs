@@ -4,8 +4,11 @@ use futures::executor::block_on;
 
 use crate::{CompletionStrategy, CudaResource, Device, DeviceBuffer, Error, HostConfig, Stream};
 
-const STRATEGIES: [CompletionStrategy; 2] =
-    [CompletionStrategy::HostFunction, CompletionStrategy::Poller];
+const STRATEGIES: [CompletionStrategy; 3] = [
+    CompletionStrategy::HostFunction,
+    CompletionStrategy::Poller,
+    CompletionStrategy::FlagWrite,
+];
 
 fn setup(strategy: CompletionStrategy) -> (Device, Stream, DeviceBuffer) {
     let device = Device::host_with(HostConfig::default().completion_strategy(strategy));

@@ -90,3 +90,42 @@ fn an_arm_ends_a_long_park() {
     drop(open_a);
     a.synchronize_blocking().unwrap();
 }
+
+/// Under the flag strategy the poller learns of a completion from the flag the shadow stream
+/// writes: with a back-off that never reaches the event queries (an hour of spinning), the
+/// task awaiting the event is still woken once its stream passes it.
+#[test]
+fn a_flag_completes_an_event_without_a_query() {
+    struct Woken(std::sync::atomic::AtomicBool);
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let device =
+        Device::host_with(HostConfig::default().completion_strategy(CompletionStrategy::FlagWrite));
+    device.inner.driver.set_backoff(Backoff {
+        spin: HOUR,
+        yield_until: HOUR,
+        first_park: HOUR,
+        max_park: HOUR,
+    });
+    let [a] = crate::test_support::streams(&device);
+    let open = gate(&a);
+    let event = a.record().unwrap();
+    let woken = Arc::new(Woken(std::sync::atomic::AtomicBool::new(false)));
+    let waker = std::task::Waker::from(woken.clone());
+    assert!(Pin::new(&mut event.clone())
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !woken.0.load(Ordering::Acquire),
+        "the gate holds the stream"
+    );
+    drop(open);
+    wait_until("the wake-up from the flag", || {
+        woken.0.load(Ordering::Acquire)
+    });
+    assert_eq!(counters(&device).flagged.load(Ordering::Relaxed), 1);
+}
