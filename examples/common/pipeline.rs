@@ -1,14 +1,8 @@
-//! The 3-stage pipeline of `examples/pipeline.rs`, shared with `benches/pipeline.rs`: the
-//! kernel (PTX on CUDA, its host twin on the host backend), the inputs and the check of the
-//! results, the shapes, the pool and staging vectors a run needs, the calibration, the stages
-//! timed alone, and [`run`], the pipeline as tokio tasks joined by channels.
-//!
-//! ```text
-//! task "upload"    DeviceVec::new from a bounded pool (awaits when the pool is full)
-//!                  + copy from a pinned staging vector on stream U      --channel-->
-//! task "kernel"    set_stream(K) + x = 0.75 x + 0.25, `iters` times     --channel-->
-//! task "download"  set_stream(D) + copy into a pinned staging vector; the batch is dropped
-//! ```
+//! The 3-stage pipeline of `examples/pipeline.rs` (its module doc draws the stages), shared
+//! with `benches/pipeline.rs`: the kernel (PTX on CUDA, its host twin on the host backend),
+//! the inputs and the check of the results, the shapes, the pools and staging vectors a run
+//! needs, the calibration, the stages timed alone, and [`run`], the pipeline as tokio tasks
+//! joined by channels.
 //!
 //! The example and the bench include this file with `#[path = ...] mod pipeline;`; as a folder
 //! without a `main.rs`, `examples/common/` is no example of its own.
