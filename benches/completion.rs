@@ -39,6 +39,9 @@
 //! `STREAMALLOC_BENCH_ONLY=wake` or `=free` (or `wake,free`) to run only those sections (no
 //! stall, CPU or summary tables).
 
+#[path = "common/report.rs"]
+mod report;
+
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
@@ -52,6 +55,8 @@ use futures::FutureExt;
 use streamalloc::{
     CompletionStrategy, CudaResource, Device, Event, MemoryResource, PoolResource, Stream,
 };
+
+use report::{Report, Table};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -110,7 +115,7 @@ fn main() {
 fn run() -> Result<(), BoxError> {
     let started = Instant::now();
     let device = Device::default();
-    let mut report = Report::default();
+    let mut report = Report::new("streamalloc completion-driver benchmark");
     report.line(format!(
         "device: {} ({}); {} host CPUs; {} build",
         device.id(),
@@ -190,11 +195,7 @@ fn run() -> Result<(), BoxError> {
         "total bench time: {:.1}s",
         started.elapsed().as_secs_f64()
     ));
-    println!("{}", report.text());
-    if let Some(path) = std::env::var_os("STREAMALLOC_BENCH_OUT") {
-        std::fs::write(&path, report.markdown())?;
-        println!("markdown report written to {}", path.to_string_lossy());
-    }
+    report.publish()?;
     Ok(())
 }
 
@@ -1263,109 +1264,4 @@ fn fmt_ms(d: Duration) -> String {
 
 fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("n/a".into(), |v| format!("{v:.2}"))
-}
-
-struct Table {
-    title: String,
-    headers: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn new(title: impl Into<String>, headers: &[&str]) -> Table {
-        Table {
-            title: title.into(),
-            headers: headers.iter().map(|h| h.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    fn row(&mut self, cells: Vec<String>) {
-        debug_assert_eq!(cells.len(), self.headers.len());
-        self.rows.push(cells);
-    }
-
-    fn text(&self) -> String {
-        let widths: Vec<usize> = (0..self.headers.len())
-            .map(|i| {
-                std::iter::once(&self.headers[i])
-                    .chain(self.rows.iter().map(|r| &r[i]))
-                    .map(|c| c.chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: &[String]| {
-            let padded: Vec<String> = cells
-                .iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            padded.join("  ").trim_end().to_string()
-        };
-        let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-        let mut lines = vec![self.title.clone(), line(&self.headers), line(&rule)];
-        lines.extend(self.rows.iter().map(|r| line(r)));
-        lines.join("\n") + "\n"
-    }
-
-    fn markdown(&self) -> String {
-        let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
-        let rule = vec!["---".to_string(); self.headers.len()];
-        let mut lines = vec![
-            format!("### {}\n", self.title),
-            line(&self.headers),
-            line(&rule),
-        ];
-        lines.extend(self.rows.iter().map(|r| line(r)));
-        lines.join("\n") + "\n"
-    }
-}
-
-enum Block {
-    Line(String),
-    Table(Table),
-}
-
-/// The report, rendered as plain text (stdout) and as Markdown (`STREAMALLOC_BENCH_OUT`).
-#[derive(Default)]
-struct Report {
-    blocks: Vec<Block>,
-}
-
-impl Report {
-    fn line(&mut self, s: String) {
-        self.blocks.push(Block::Line(s));
-    }
-
-    fn table(&mut self, t: Table) {
-        self.blocks.push(Block::Table(t));
-    }
-
-    fn render(&self, head: &str, line: fn(&str) -> String, table: fn(&Table) -> String) -> String {
-        let mut out = head.to_string();
-        for b in &self.blocks {
-            out.push_str(&match b {
-                Block::Line(s) => line(s),
-                Block::Table(t) => table(t),
-            });
-        }
-        out
-    }
-
-    fn text(&self) -> String {
-        self.render(
-            "streamalloc completion-driver benchmark\n",
-            |s| format!("{s}\n"),
-            |t| format!("\n{}", t.text()),
-        )
-    }
-
-    fn markdown(&self) -> String {
-        self.render(
-            "## streamalloc completion-driver benchmark\n\n",
-            |s| format!("- {s}\n"),
-            |t| format!("\n{}", t.markdown()),
-        )
-    }
 }
