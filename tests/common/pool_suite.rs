@@ -341,6 +341,40 @@ pub fn a_taker_waits_only_for_its_blocks_free(device: Device) {
     free(&pool, spacer, 4 * MIB, &s);
 }
 
+/// T taking memory S freed takes the block S freed first, not the one it freed last: S freed
+/// `b1`, queued a long stage and freed `b2` (the same size); T's take needs no wait for the stage.
+/// (The pipeline's upload stage reuses the batch whose download ended first, as a ring of
+/// buffers in hand-written CUDA does; a last-in-first-out take made it wait for the download
+/// just queued.)
+pub fn a_taker_takes_the_oldest_free_block(device: Device) {
+    let max = 16 * MIB;
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), max, Some(max)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let a = pool.try_allocate(4 * MIB, &s).unwrap();
+    let b1 = pool.try_allocate(4 * MIB, &s).unwrap();
+    let spacer = pool.try_allocate(4 * MIB, &s).unwrap(); // keeps `b1` and `b2` apart
+    let b2 = pool.try_allocate(4 * MIB, &s).unwrap();
+    free(&pool, a, 4 * MIB, &s);
+    let kept = pool.try_allocate(4 * MIB, &t).unwrap(); // the first crossing
+    assert_eq!(kept, a);
+    free(&pool, b1, 4 * MIB, &s);
+    s.enqueue_delay(Duration::from_millis(3_000)).unwrap();
+    free(&pool, b2, 4 * MIB, &s);
+    let s_done = s.record().unwrap();
+    let taken = pool.try_allocate(4 * MIB, &t).unwrap();
+    assert_eq!(taken, b1, "T takes the block S freed first");
+    t.synchronize_blocking().unwrap();
+    assert!(
+        !s_done.is_complete().unwrap(),
+        "T waited for S's stage, queued after the free of the block it took"
+    );
+    s.synchronize_blocking().unwrap();
+    for p in [kept, taken] {
+        free(&pool, p, 4 * MIB, &t);
+    }
+    free(&pool, spacer, 4 * MIB, &s);
+}
+
 /// 200 tokio tasks draw random sizes from a bounded pool with total demand 3× its capacity;
 /// 20 % of the futures are dropped at random points and some carry deadlines. Every task is
 /// served or times out or is cancelled, nothing is left outstanding, and it ends in bounded
@@ -487,6 +521,7 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn freed_on_one_stream_serves_another_within_one_miss() { suite::freed_on_one_stream_serves_another_within_one_miss($device) }
             $(#[$attr])* #[test] fn a_taker_waits_only_for_work_before_the_free() { suite::a_taker_waits_only_for_work_before_the_free($device) }
             $(#[$attr])* #[test] fn a_taker_waits_only_for_its_blocks_free() { suite::a_taker_waits_only_for_its_blocks_free($device) }
+            $(#[$attr])* #[test] fn a_taker_takes_the_oldest_free_block() { suite::a_taker_takes_the_oldest_free_block($device) }
         }
     };
 }

@@ -117,6 +117,9 @@ use self::live::LiveMap;
 pub(crate) use crate::resource::size::{align_up, ALIGN};
 const ALIGN_LOG2: u32 = ALIGN.trailing_zeros();
 
+/// How many blocks of one class list [`PoolCore::oldest_block_for`] compares.
+pub(crate) const OLDEST_PROBES: usize = 32;
+
 /// A stream as the core sees it: an opaque key (the wrapper uses the stream's id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct StreamKey(pub(crate) u64);
@@ -257,6 +260,60 @@ impl PoolCore {
         let size = align_up(size)? as u64;
         let slot = self.slot_of(stream)?;
         let idx = self.find_block(slot, size)?;
+        Some(self.carve(idx, size, slot, stream))
+    }
+
+    /// For another stream's take of `stream`'s memory: the block [`allocate`](Self::allocate)
+    /// would use, or rather the one freed longest ago (the smallest stamp, see
+    /// [`seq_of`](Self::seq_of)) among up to [`OLDEST_PROBES`] blocks that fit on its class
+    /// list, with its stamp. A class list is last in, first out, which suits a stream reusing
+    /// its own memory; a taker on another stream must wait for the free of the block it takes,
+    /// and the oldest free is the one the device has most likely passed (a pipeline's upload
+    /// then reuses the batch whose download ended first, not the one just queued).
+    pub(crate) fn oldest_block_for(&self, size: usize, stream: StreamKey) -> Option<(u32, u32)> {
+        let size = align_up(size)? as u64;
+        let slot = *self.stream_slots.get(&stream.0)?;
+        let found = self.find_block(slot, size)?;
+        let seq = self.stream(slot).seq as u32;
+        let age = |idx: u32| seq.wrapping_sub(self.blocks[idx as usize].freed);
+        // The found block's list: walk it from its head.
+        let mut idx = found;
+        while self.blocks[idx as usize].prev != NIL {
+            idx = self.blocks[idx as usize].prev;
+        }
+        let mut oldest = found;
+        for _ in 0..OLDEST_PROBES {
+            if idx == NIL {
+                break;
+            }
+            let b = &self.blocks[idx as usize];
+            if b.size >= size && age(idx) > age(oldest) {
+                oldest = idx;
+            }
+            idx = b.next;
+        }
+        Some((oldest, self.blocks[oldest as usize].freed))
+    }
+
+    /// Allocates `size` bytes for `stream` from `stream`'s free block `idx` (found by
+    /// [`oldest_block_for`](Self::oldest_block_for) with the same size and stream, and
+    /// nothing changed since), as [`allocate`](Self::allocate) does from the block it finds.
+    ///
+    /// # Panics
+    /// When `idx` is not a free block of `stream` of at least `size` bytes.
+    pub(crate) fn allocate_block(&mut self, idx: u32, size: usize, stream: StreamKey) -> u64 {
+        let size = align_up(size).expect("the size was found to fit") as u64;
+        let slot = self.slot_of(stream).expect("the stream owns the block");
+        let block = self.blocks[idx as usize];
+        assert!(
+            block.stream == slot && block.size >= size,
+            "block {idx} is not a free block of the stream that fits {size} bytes"
+        );
+        self.carve(idx, size, slot, stream)
+    }
+
+    /// Cuts `size` bytes (aligned) off the tail of `slot`'s free block `idx` for `stream`.
+    fn carve(&mut self, idx: u32, size: u64, slot: u32, stream: StreamKey) -> u64 {
         let block = self.blocks[idx as usize];
         let used = if block.size == size {
             self.unlink(idx);
@@ -278,7 +335,7 @@ impl PoolCore {
         self.sub_free_bytes(slot, size);
         let addr = self.blocks[used as usize].start;
         self.live.insert(addr, used);
-        Some(addr)
+        addr
     }
 
     /// [`allocate`](Self::allocate), but only from a block of at most `max_block` bytes: a
@@ -509,15 +566,6 @@ impl PoolCore {
     /// low 32 bits of the change it last took part in.
     pub(crate) fn seq_of(&self, slot: u32) -> u64 {
         self.stream(slot).seq
-    }
-
-    /// The stamp of the block that [`allocate`](Self::allocate)`(size, stream)` would carve
-    /// from now: the low 32 bits of the number of the change (see [`seq_of`](Self::seq_of))
-    /// another stream taking it must be ordered after. `None` when it would find none.
-    pub(crate) fn stamp_of_block_for(&self, size: usize, stream: StreamKey) -> Option<u32> {
-        let slot = *self.stream_slots.get(&stream.0)?;
-        let idx = self.find_block(slot, align_up(size)? as u64)?;
-        Some(self.blocks[idx as usize].freed)
     }
 
     /// The total size of the free blocks, of all streams.

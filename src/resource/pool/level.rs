@@ -229,19 +229,17 @@ impl Level {
             })
             .map(|(victim, slot, _)| (victim, slot));
         if let Some((victim, slot)) = victim {
-            // Only the block's own free is waited for, not the victim's later work.
-            let stamp = self
+            // The victim's oldest fitting free, and only that free is waited for, not the
+            // victim's later work.
+            let (block, stamp) = self
                 .core
-                .stamp_of_block_for(size, victim)
+                .oldest_block_for(size, victim)
                 .expect("the victim has a block that fits");
             self.order_after_free(slot, stream, Some(stamp))?;
-            let p = self.core.allocate(size, victim);
-            debug_assert!(p.is_some(), "the victim had a block that fits");
-            if let Some(p) = p {
-                self.core.set_allocated_for(p, me);
-            }
+            let p = self.core.allocate_block(block, size, victim);
+            self.core.set_allocated_for(p, me);
             self.forget_idle_streams(Some(me));
-            return Ok(p);
+            return Ok(Some(p));
         }
         let others: Vec<(StreamKey, u32)> = (0..self.core.stream_slot_bound() as u32)
             .filter_map(|slot| {
