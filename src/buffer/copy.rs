@@ -163,7 +163,9 @@ impl DeviceBuffer {
         // owner, or on a later owner that waits for the old owner's work); the owner's own
         // later writes are stream-ordered after it, and its earlier owners' writes before it
         // (`ready`). The lock keeps the owner fixed meanwhile.
-        unsafe { CopyToHost::start(owner, self.ptr, self.len, host) }
+        let copy = unsafe { CopyToHost::start(owner, self.ptr, self.len, host) };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// Copies all of `host` into the start of the buffer, and hands `host` back when done.
@@ -206,7 +208,9 @@ impl DeviceBuffer {
         // other streams only after a point of the owner that follows this copy (the free is on
         // the owner or a later owner that waits for this one; other streams read it only after
         // a `read_on` that waits for the owner); every recorded read is ordered before it.
-        unsafe { CopyFromHost::start(uses.owner(), self.ptr, self.len, host) }
+        let copy = unsafe { CopyFromHost::start(uses.owner(), self.ptr, self.len, host) };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// Copies the bytes in use into the start of the borrowed slice `dst`, staged through an
@@ -253,7 +257,10 @@ impl DeviceBuffer {
         };
         // SAFETY: as in `copy_to_host`: the range lies in the allocation, which is freed, and
         // written by other streams, only after a point of the owner that follows this copy.
-        unsafe { CopyToSlice::start("copy_to_host_slice", owner, self.ptr, self.len, dst) }
+        let copy =
+            unsafe { CopyToSlice::start("copy_to_host_slice", owner, self.ptr, self.len, dst) };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// Copies all of the borrowed slice `src` into the start of the buffer, staged through an
@@ -295,7 +302,7 @@ impl DeviceBuffer {
         // SAFETY: as in `copy_from_host`: the range lies in the allocation, which is freed, read
         // or written by other streams only after a point of the owner that follows this copy;
         // every recorded read is ordered before it.
-        unsafe {
+        let copy = unsafe {
             CopyFromSlice::start(
                 "copy_from_host_slice",
                 uses.owner(),
@@ -303,7 +310,9 @@ impl DeviceBuffer {
                 self.len,
                 src,
             )
-        }
+        };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// A deep copy owned by `stream`, from the same resource, of exactly
@@ -453,6 +462,10 @@ impl DeviceBuffer {
             return Ok(false);
         }
         let mut uses = self.uses.lock();
+        if stream == uses.owner() {
+            // A use on the owner: a later hand-off or free comes after it.
+            uses.ready()?;
+        }
         let enqueued =
             self.device
                 .raw()

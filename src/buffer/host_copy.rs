@@ -353,6 +353,14 @@ impl<B: HostBuffer> HostTransfer<B> {
         }
     }
 
+    /// The event recorded right after the copy, while it is in flight.
+    fn done_event(&self) -> Option<Event> {
+        match &self.state {
+            State::InFlight { done, .. } => Some(done.clone()),
+            State::Ready(_) => None,
+        }
+    }
+
     fn poll_transfer(&mut self, cx: &mut Context<'_>) -> Poll<Result<B>> {
         match &mut self.state {
             State::Ready(result) => Poll::Ready(
@@ -469,6 +477,12 @@ pub struct CopyToHost<B: HostBuffer> {
 }
 
 impl<B: HostBuffer> CopyToHost<B> {
+    /// The event recorded on the stream right after the copy (`None` when nothing was
+    /// enqueued): the buffer's last use, for a later hand-off.
+    pub(crate) fn done_event(&self) -> Option<Event> {
+        self.transfer.done_event()
+    }
+
     /// Enqueues a copy of `bytes` from `src` into the start of `host` on `stream`.
     ///
     /// # Safety
@@ -596,6 +610,11 @@ pub struct CopyFromHost<B: HostBuffer> {
 }
 
 impl<B: HostBuffer> CopyFromHost<B> {
+    /// As [`CopyToHost::done_event`].
+    pub(crate) fn done_event(&self) -> Option<Event> {
+        self.transfer.done_event()
+    }
+
     /// Enqueues a copy of all of `host` to the start of `dst` (`capacity` bytes) on `stream`.
     ///
     /// # Safety

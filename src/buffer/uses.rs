@@ -36,6 +36,11 @@ pub(crate) struct Uses {
     /// where the earlier owners' work and the reads it was handed over after end.
     handed: Vec<Event>,
     readers: Vec<Event>,
+    /// An event on the owner right after its latest use of the buffer, when that use came with
+    /// one (a copy's completion event): a hand-off or a reader orders the other stream after
+    /// it instead of after an event recorded then, which would also cover work the owner queued
+    /// for other buffers since. Cleared by every use that comes without one ([`ready`](Uses::ready)).
+    last_use: Option<Event>,
     /// Streams handed the buffer's address for reads the crate does not enqueue itself (a
     /// [`ReadGuard`](super::ReadGuard), a kernel argument). Their events are recorded lazily,
     /// when the owner next has to be ordered after its readers: by then every such read has
@@ -61,6 +66,7 @@ impl Uses {
             owner,
             handed: Vec::new(),
             readers: Vec::new(),
+            last_use: None,
             pending: Vec::new(),
             handoff_waits: true,
         }
@@ -76,6 +82,8 @@ impl Uses {
     /// that is done already): what every path that enqueues work on the owner uses. On error
     /// the events stay, to be waited for at the next use (extra waits are harmless).
     pub(crate) fn ready(&mut self) -> Result<&Stream> {
+        // The use about to be enqueued comes after the last one with an event.
+        self.last_use = None;
         if !self.handed.is_empty() {
             for event in &self.handed {
                 self.owner.wait(event)?;
@@ -83,6 +91,25 @@ impl Uses {
             self.handed.clear();
         }
         Ok(&self.owner)
+    }
+
+    /// Notes the event recorded right after the use just enqueued on the owner (a copy's): the
+    /// buffer's last use, until the next ([`ready`](Uses::ready) forgets it).
+    pub(crate) fn used_until(&mut self, event: Option<Event>) {
+        debug_assert!(
+            event.as_ref().is_none_or(|e| e.stream() == &self.owner),
+            "a last use on another stream than the owner"
+        );
+        self.last_use = event;
+    }
+
+    /// An event on the owner after its work on the buffer so far: its last use's, or one
+    /// recorded now.
+    fn after_last_use(&self) -> Result<Event> {
+        match &self.last_use {
+            Some(event) => Ok(event.clone()),
+            None => self.owner.record(),
+        }
     }
 
     /// Blocks this thread until the pending hand-off's events have passed, then forgets them:
@@ -218,7 +245,7 @@ impl Uses {
                 }
             }
         } else {
-            let event = self.owner.record()?;
+            let event = self.after_last_use()?;
             stream.wait(&event)?;
         }
         Ok(())
@@ -258,7 +285,8 @@ impl Uses {
             // The old owner used the buffer since it got it: its work so far is to be waited
             // for. (With a hand-off still pending it did not: the new owner inherits those
             // events instead, and waits for no unrelated work queued on the old owner since.)
-            let last = self.owner.record()?;
+            // Its last use's event where it has one: not the work it queued since.
+            let last = self.after_last_use()?;
             self.handed.push(last);
         }
         for event in self.readers.drain(..) {
@@ -267,6 +295,7 @@ impl Uses {
         // The new owner's own work is ordered by the stream itself.
         self.handed.retain(|e| e.stream() != new_owner);
         self.owner = new_owner.clone();
+        self.last_use = None;
         Ok(())
     }
 }

@@ -268,7 +268,9 @@ impl<'a> BufferView<'a> {
         // follows this copy (the free is on the owner or on a later owner that waits for this
         // one); the owner's own later writes are stream-ordered after it, its earlier owners'
         // before it (`ready`). The lock keeps the owner fixed meanwhile.
-        unsafe { CopyToHost::start(owner, ptr, self.len, host) }
+        let copy = unsafe { CopyToHost::start(owner, ptr, self.len, host) };
+        uses.used_until(copy.done_event());
+        copy
     }
 }
 

@@ -393,6 +393,29 @@ pub fn handoff_carried_on_skips_the_unused_owner(device: Device) {
     assert_eq!(block_on(copy).unwrap(), vec![9; n]);
 }
 
+/// A hand-off made late (by the consumer, when it receives the batch) orders the new owner
+/// after the buffer's last use on the old owner, not after what the old owner queued since for
+/// other buffers: batch 0's upload, then a long stage on the upload stream (batch 1's), then
+/// the kernel stream takes batch 0 and reads it without waiting for that stage.
+pub fn late_handoff_waits_for_the_last_use_only(device: Device) {
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (up, k) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let n = 1 << 20;
+    let mut x0 = DeviceBuffer::try_new(n, &up, mr).unwrap();
+    let upload = x0.copy_from_host(vec![4u8; n]);
+    up.enqueue_delay(STALL).unwrap(); // the next batch's upload
+    let next_upload = up.record().unwrap();
+    x0.set_stream(&k).unwrap(); // the consumer takes batch 0 now
+    let read = x0.copy_to_host(vec![0u8; n]);
+    let kernel0 = k.record().unwrap();
+    assert!(
+        !other_done_when_complete(&kernel0, &next_upload),
+        "the late hand-off waited for work queued on the old owner after the buffer's last use"
+    );
+    block_on(upload).unwrap();
+    assert_eq!(block_on(read).unwrap(), vec![4u8; n]);
+}
+
 /// Work enqueued through the raw pointer after a hand-off is ordered after the old owner:
 /// asking for `ptr()` makes the new owner take over at once.
 pub fn handoff_then_ptr_orders_raw_work(device: Device) {
@@ -468,6 +491,7 @@ macro_rules! buffer_suite {
             $(#[$attr])* #[test] fn handoff_waits_at_the_new_owners_first_use() { suite::handoff_waits_at_the_new_owners_first_use($device) }
             $(#[$attr])* #[test] fn handoff_carried_on_skips_the_unused_owner() { suite::handoff_carried_on_skips_the_unused_owner($device) }
             $(#[$attr])* #[test] fn handoff_then_ptr_orders_raw_work() { suite::handoff_then_ptr_orders_raw_work($device) }
+            $(#[$attr])* #[test] fn late_handoff_waits_for_the_last_use_only() { suite::late_handoff_waits_for_the_last_use_only($device) }
             $(#[$attr])* #[test] fn pinned_drop_does_not_block() { suite::pinned_drop_does_not_block($device) }
         }
     };

@@ -54,6 +54,11 @@ pub struct CopyToSlice<'a> {
 }
 
 impl<'a> CopyToSlice<'a> {
+    /// As [`CopyToHost::done_event`].
+    pub(crate) fn done_event(&self) -> Option<crate::stream::Event> {
+        self.staged.done_event()
+    }
+
     /// Enqueues a copy of `bytes` from `src` into a staging buffer on `stream`; the future
     /// fills the first `bytes` bytes of `dst` from it when it resolves.
     ///
@@ -180,6 +185,11 @@ pub struct CopyFromSlice {
 }
 
 impl CopyFromSlice {
+    /// As [`CopyToHost::done_event`].
+    pub(crate) fn done_event(&self) -> Option<crate::stream::Event> {
+        self.staged.done_event()
+    }
+
     /// Copies `src` into a staging buffer, then enqueues its copy to the start of `dst`
     /// (`capacity` bytes) on `stream`.
     ///

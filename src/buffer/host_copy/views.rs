@@ -48,7 +48,9 @@ impl<'a> BufferView<'a> {
         // memory is freed, and written by other streams, only after a point of the owner that
         // follows this copy; the owner's own later writes are stream-ordered after it, its
         // earlier owners' before it (`ready`). The lock keeps the owner fixed meanwhile.
-        unsafe { CopyToSlice::start("copy_to_host_slice", owner, ptr, self.len(), dst) }
+        let copy = unsafe { CopyToSlice::start("copy_to_host_slice", owner, ptr, self.len(), dst) };
+        uses.used_until(copy.done_event());
+        copy
     }
 }
 

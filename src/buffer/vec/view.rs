@@ -240,7 +240,9 @@ impl<'a, T: Pod> VecView<'a, T> {
         // the owner that follows this copy (the free is on the owner or on a later owner that
         // waits for this one); the owner's own later writes are stream-ordered after it, its
         // earlier owners' before it (`ready`). The lock keeps the owner fixed meanwhile.
-        unsafe { CopyToHost::start_elems("copy_to_host", owner, ptr, self.len, host) }
+        let copy = unsafe { CopyToHost::start_elems("copy_to_host", owner, ptr, self.len, host) };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// Copies the view's elements into the start of the borrowed `host`, staged through owned
@@ -277,7 +279,10 @@ impl<'a, T: Pod> VecView<'a, T> {
             Err(e) => return CopyToSlice::failed(e),
         };
         // SAFETY: as in `copy_to_host`.
-        unsafe { CopyToSlice::start_elems("copy_to_host_slice", owner, ptr, self.len, host) }
+        let copy =
+            unsafe { CopyToSlice::start_elems("copy_to_host_slice", owner, ptr, self.len, host) };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// The view's elements, copied into a new `Vec` on the owner.
@@ -604,7 +609,11 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
         // of the owner that follows this copy (the free is on the owner or a later owner that
         // waits for this one; other streams read it only after a `read_on` that waits for the
         // owner); every recorded read is ordered before it (just above).
-        unsafe { CopyFromHost::start_elems("copy_from_host", uses.owner(), dst, self.len, host) }
+        let copy = unsafe {
+            CopyFromHost::start_elems("copy_from_host", uses.owner(), dst, self.len, host)
+        };
+        uses.used_until(copy.done_event());
+        copy
     }
 
     /// Copies all of the borrowed `host` into the start of the view, staged through owned
@@ -639,9 +648,11 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
             return CopyFromSlice::failed(e);
         }
         // SAFETY: as in `copy_from_host`.
-        unsafe {
+        let copy = unsafe {
             CopyFromSlice::start_elems("copy_from_host_slice", uses.owner(), dst, self.len, host)
-        }
+        };
+        uses.used_until(copy.done_event());
+        copy
     }
 }
 
