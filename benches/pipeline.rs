@@ -5,9 +5,9 @@
 //!
 //! - **(i) tasks + channels**: the example's own [`run`] (shared through
 //!   `examples/common/pipeline.rs`): tokio tasks per stage, batches allocated per batch from a
-//!   bounded `PoolResource` with `DeviceVec::new(..).await`, each stage taking a batch onto
-//!   its stream with `set_stream` when it receives it, each batch dropped as soon as its
-//!   download is enqueued.
+//!   bounded `PoolResource` with `DeviceVec::new(..).await`, the kernel stage taking a batch
+//!   onto its stream with `set_stream` when it receives it and handing it to the download
+//!   stream after its launch, each batch dropped as soon as its download is enqueued.
 //! - **(ii) one thread, synchronous calls**: the same stages with the crate's synchronous
 //!   API on this thread, no runtime: one loop enqueues upload, kernel and download of batch
 //!   `i` on the three streams (`DeviceVec::try_new`, `set_stream` right after each stage's

@@ -4,9 +4,10 @@
 //! task "upload"    DeviceVec::new from a bounded pool (awaits when the pool is full)
 //!                  + copy from a pinned staging vector on stream U      --channel-->
 //! task "kernel"    set_stream(K) (K waits for U's copy, no manual event)
-//!                  + x = 0.75 x + 0.25, `iters` times, on stream K        --channel-->
-//! task "download"  set_stream(D) + copy into a pinned staging vector on D; the batch is
-//!                  dropped at once: its memory goes back to the pool after D's copy
+//!                  + x = 0.75 x + 0.25, `iters` times, on stream K
+//!                  + set_stream(D) (D waits for this kernel)             --channel-->
+//! task "download"  copy into a pinned staging vector on D; the batch is dropped at once:
+//!                  its memory goes back to the pool after D's copy
 //! ```
 //!
 //! Batches are `DeviceVec<f32>`s passed between the stages through tokio channels; memory is

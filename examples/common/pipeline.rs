@@ -530,11 +530,16 @@ pub async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Duration, BoxEr
     });
 
     let kernel = tokio::spawn({
-        let setup = setup.clone();
+        let (setup, down_for_kernel) = (setup.clone(), down.clone());
         async move {
+            // Each stage takes a batch when it receives it: after a copy the crate knows where
+            // the batch's last use ended. A kernel launched through cudarc tells it nothing, so
+            // the kernel stage hands the batch on right after its launch, where hand-written
+            // CUDA records its event.
             while let Some((batch, slot, mut x)) = kernel_rx.recv().await {
                 x.set_stream(&k)?;
                 setup.kernel.launch(&k, &mut x, setup.iters)?;
+                x.set_stream(&down_for_kernel)?;
                 to_download.send((batch, slot, x)).await?;
             }
             Ok::<_, BoxError>(())
@@ -544,8 +549,7 @@ pub async fn run(setup: &Setup, streams: [&Stream; 3]) -> Result<Duration, BoxEr
     let download = tokio::spawn({
         let setup = setup.clone();
         async move {
-            while let Some((batch, slot, mut x)) = download_rx.recv().await {
-                x.set_stream(&down)?;
+            while let Some((batch, slot, x)) = download_rx.recv().await {
                 let out = setup.take_output(&mut downloads).await?;
                 downloads.lend(Some((batch, slot)), x.copy_to_host(out));
             }
