@@ -375,6 +375,47 @@ pub fn a_taker_takes_the_oldest_free_block(device: Device) {
     free(&pool, spacer, 4 * MIB, &s);
 }
 
+/// Blocks freed next to each other on a stream whose memory crossed streams stay apart until
+/// needed: T takes the one S freed before its long stage, though S freed its neighbour after
+/// the stage (merged, the block would carry the later free); and once the device is past both,
+/// S's request for the two together is served from them, in a pool at its maximum.
+pub fn adjacent_frees_stay_apart_until_needed(device: Device) {
+    let max = 12 * MIB;
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), max, Some(max)).unwrap();
+    let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let a = pool.try_allocate(4 * MIB, &s).unwrap();
+    let b1 = pool.try_allocate(4 * MIB, &s).unwrap();
+    let b2 = pool.try_allocate(4 * MIB, &s).unwrap();
+    assert_eq!(b2.offset(4 * MIB), b1, "b1 and b2 are neighbours");
+    free(&pool, a, 4 * MIB, &s);
+    let kept = pool.try_allocate(4 * MIB, &t).unwrap(); // the first crossing
+    free(&pool, b1, 4 * MIB, &s);
+    s.enqueue_delay(Duration::from_millis(3_000)).unwrap();
+    free(&pool, b2, 4 * MIB, &s);
+    let s_done = s.record().unwrap();
+    let taken = pool.try_allocate(4 * MIB, &t).unwrap();
+    assert_eq!(taken, b1, "T takes the block S freed before its stage");
+    t.synchronize_blocking().unwrap();
+    assert!(
+        !s_done.is_complete().unwrap(),
+        "T waited for the free of the neighbour S freed after its stage"
+    );
+    s.synchronize_blocking().unwrap();
+    free(&pool, taken, 4 * MIB, &t);
+    // S frees two neighbours again; its request for both is served without growing.
+    let c1 = pool.try_allocate(4 * MIB, &s).unwrap();
+    let c2 = pool.try_allocate(4 * MIB, &s).unwrap();
+    free(&pool, c1, 4 * MIB, &s);
+    free(&pool, c2, 4 * MIB, &s);
+    let both = pool
+        .try_allocate(8 * MIB, &s)
+        .expect("the two neighbours, merged");
+    assert_eq!(pool.pool_size(), max);
+    free(&pool, both, 8 * MIB, &s);
+    free(&pool, kept, 4 * MIB, &t);
+    s.synchronize_blocking().unwrap();
+}
+
 /// 200 tokio tasks draw random sizes from a bounded pool with total demand 3× its capacity;
 /// 20 % of the futures are dropped at random points and some carry deadlines. Every task is
 /// served or times out or is cancelled, nothing is left outstanding, and it ends in bounded
@@ -522,6 +563,7 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn a_taker_waits_only_for_work_before_the_free() { suite::a_taker_waits_only_for_work_before_the_free($device) }
             $(#[$attr])* #[test] fn a_taker_waits_only_for_its_blocks_free() { suite::a_taker_waits_only_for_its_blocks_free($device) }
             $(#[$attr])* #[test] fn a_taker_takes_the_oldest_free_block() { suite::a_taker_takes_the_oldest_free_block($device) }
+            $(#[$attr])* #[test] fn adjacent_frees_stay_apart_until_needed() { suite::adjacent_frees_stay_apart_until_needed($device) }
         }
     };
 }

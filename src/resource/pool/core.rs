@@ -73,7 +73,12 @@
 //! stream numbers the changes to its free memory (frees, chunks, memory merged in;
 //! [`PoolCore::seq_of`]) and each free block carries the number of the latest it took part in
 //! (in the padding of its slab entry), so that the wrapper can order a taker after the one
-//! free that made the block it takes, rather than after the stream's newest.
+//! free that made the block it takes, rather than after the stream's newest. A merged block
+//! carries its newest part's number, so a stream whose memory others take coalesces lazily
+//! ([`PoolCore::set_lazy_coalescing`]): its frees are linked alone and merged only when a
+//! request finds no block big enough, or before chunks are released. (Otherwise a pipeline's
+//! download stream merges each batch it frees into the free memory around it, and the upload
+//! that takes any of it waits for the download just queued.)
 //!
 //! # Complexity
 //! | operation | cost |
@@ -408,6 +413,8 @@ impl PoolCore {
         &mut self,
         at_least: usize,
     ) -> Vec<(u64, usize, StreamKey)> {
+        // A wholly free chunk is one block once merged.
+        self.coalesce_lazy_streams();
         let mut total = 0u64;
         let empty: Vec<(u64, Chunk)> = self
             .chunks
@@ -506,7 +513,8 @@ impl PoolCore {
         b.next_phys = rest;
         b.stream = slot;
         b.freed = freed;
-        self.coalesce_and_link(idx);
+        // Merged even for a lazy stream: a head given back joins the free memory below it.
+        self.merge_and_link(idx);
         self.add_free_bytes(slot, head);
         Some(slot)
     }
@@ -532,7 +540,8 @@ impl PoolCore {
         self.sub_free_bytes(from, size);
         self.blocks[below as usize].stream = into;
         self.blocks[below as usize].freed = self.next_seq(into);
-        self.coalesce_and_link(below);
+        // Merged even for a lazy stream: joining the two is the point.
+        self.merge_and_link(below);
         self.add_free_bytes(into, size);
         (self.stream(from).blocks == 0).then_some(from)
     }

@@ -176,6 +176,12 @@ impl Level {
         if let Some(p) = self.core.allocate(size, key(stream)) {
             return Ok(Some(p));
         }
+        // A lazily coalescing stream's blocks, merged, may hold the request.
+        if self.core.coalesce_stream(key(stream)) {
+            if let Some(p) = self.core.allocate(size, key(stream)) {
+                return Ok(Some(p));
+            }
+        }
         self.steal(size, stream)
     }
 
@@ -216,18 +222,12 @@ impl Level {
     /// `stream`'s at once (it may coalesce into a block big enough).
     fn steal(&mut self, size: usize, stream: &Stream) -> Result<Option<u64>> {
         let me = key(stream);
-        let slots = &self.slots;
-        let victim = self
-            .core
-            .streams_with_block(size, me)
-            .max_by_key(|&(victim, slot, bytes)| {
-                let cost = slots[slot as usize]
-                    .as_ref()
-                    .expect("a stream with free blocks has a slot")
-                    .wait_cost(stream.id());
-                (std::cmp::Reverse(cost), bytes, std::cmp::Reverse(victim))
-            })
-            .map(|(victim, slot, _)| (victim, slot));
+        let mut victim = self.cheapest_victim(size, stream);
+        if victim.is_none() {
+            // Lazily coalescing streams' blocks, merged, may hold it.
+            self.core.coalesce_lazy_streams();
+            victim = self.cheapest_victim(size, stream);
+        }
         if let Some((victim, slot)) = victim {
             // The victim's oldest fitting free, and only that free is waited for, not the
             // victim's later work.
@@ -266,6 +266,23 @@ impl Level {
         }
         self.forget_idle_streams(Some(me));
         Ok(self.core.allocate(size, me))
+    }
+
+    /// Another stream than `stream` that alone has a block for `size` bytes, with its slot: the
+    /// cheapest to wait for (one whose covering event `stream` has already waited on, then one
+    /// whose latest event still covers its frees), then the one with the most free bytes.
+    fn cheapest_victim(&self, size: usize, stream: &Stream) -> Option<(StreamKey, u32)> {
+        let slots = &self.slots;
+        self.core
+            .streams_with_block(size, key(stream))
+            .max_by_key(|&(victim, slot, bytes)| {
+                let cost = slots[slot as usize]
+                    .as_ref()
+                    .expect("a stream with free blocks has a slot")
+                    .wait_cost(stream.id());
+                (std::cmp::Reverse(cost), bytes, std::cmp::Reverse(victim))
+            })
+            .map(|(victim, slot, _)| (victim, slot))
     }
 
     /// Takes every wholly free chunk out of the level, for its owner to give back. With
@@ -321,14 +338,15 @@ impl Level {
         if self.slots.len() <= slot {
             self.slots.resize_with(slot + 1, || None);
         }
-        let crossed = &self.crossed;
-        let entry = self.slots[slot].get_or_insert_with(|| {
+        if self.slots[slot].is_none() {
             let mut order = FreeOrder::new(stream);
-            if crossed.contains(&stream.id().0) {
+            if self.crossed.contains(&stream.id().0) {
                 order.set_eager();
+                self.core.set_lazy_coalescing(key(stream));
             }
-            order
-        });
+            self.slots[slot] = Some(order);
+        }
+        let entry = self.slots[slot].as_mut().expect("made above");
         debug_assert!(entry.stream() == stream, "slot {slot} holds another stream");
         entry
     }
@@ -362,6 +380,7 @@ impl Level {
         }
         order.set_eager();
         let id = order.stream().id().0;
+        self.core.set_lazy_coalescing(StreamKey(id));
         if self.crossed.len() >= MAX_CROSSED {
             self.crossed.clear();
         }

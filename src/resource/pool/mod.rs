@@ -66,7 +66,9 @@ use crate::stream::Stream;
 /// and each free block remembers which free it came from, so that a taker waits for S's work
 /// up to the free of the block it takes only, not for work S queued after it (the frees of
 /// other blocks included), and not at all once S has passed that free (only the first
-/// crossing waits for an event recorded at the take).
+/// crossing waits for an event recorded at the take). Among S's blocks that fit, T takes the
+/// one freed first, and S's frees from then on stay unmerged with their free neighbours until a
+/// request needs them merged (a merged block is as recent as its newest part).
 /// Memory freed on a stream that then goes quiet is therefore never stranded there (RMM issues
 /// #2039, #850): before a shard's refill makes the pool grow, the other shards give their
 /// wholly free sub-chunks back, so T finds S's memory within its first miss. The pool keeps a handle to each stream that owns free memory in it, so such a

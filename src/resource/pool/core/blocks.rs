@@ -69,10 +69,27 @@ impl Block {
 }
 
 impl PoolCore {
-    /// Merges the free, unlinked block `idx` with its physical neighbours of the same stream
-    /// (the left one survives) and links the result. The byte counters are the caller's.
+    /// Links the free, unlinked block `idx` into its stream's index, merged with its physical
+    /// neighbours of the same stream ([`merge_and_link`](Self::merge_and_link)), unless the
+    /// stream coalesces lazily ([`set_lazy_coalescing`](Self::set_lazy_coalescing)): then it
+    /// is linked alone, keeping the stamp of its own free. The byte counters are the caller's.
     #[inline]
     pub(super) fn coalesce_and_link(&mut self, idx: u32) {
+        let slot = self.blocks[idx as usize].stream;
+        let s = self.stream_mut(slot);
+        if s.lazy {
+            s.uncoalesced = true;
+            self.link(idx);
+        } else {
+            self.merge_and_link(idx);
+        }
+    }
+
+    /// Merges the free, unlinked block `idx` with its physical neighbours of the same stream
+    /// (the left one survives, with the newer stamp) and links the result. The byte counters
+    /// are the caller's.
+    #[inline]
+    pub(super) fn merge_and_link(&mut self, idx: u32) {
         let Block {
             stream,
             prev_phys: left,
@@ -80,16 +97,30 @@ impl PoolCore {
             ..
         } = self.blocks[idx as usize];
         debug_assert!(stream < USED);
+        let seq = self.stream(stream).seq as u32;
+        // The merged block is as recent as its newest part: a taker waits for that free.
+        let newer = |a: u32, b: u32| {
+            if seq.wrapping_sub(a) <= seq.wrapping_sub(b) {
+                a
+            } else {
+                b
+            }
+        };
         if right != NIL && self.blocks[right as usize].stream == stream {
             self.unlink(right);
             let r = self.blocks[right as usize];
-            self.blocks[idx as usize].size += r.size;
+            let b = &mut self.blocks[idx as usize];
+            b.size += r.size;
+            b.freed = newer(b.freed, r.freed);
             self.unlink_phys(right);
         }
         let survivor = if left != NIL && self.blocks[left as usize].stream == stream {
             let size = self.blocks[left as usize].size + self.blocks[idx as usize].size;
-            // `idx` holds the stream's newest change: the merged block is as recent.
-            self.blocks[left as usize].freed = self.blocks[idx as usize].freed;
+            let freed = newer(
+                self.blocks[left as usize].freed,
+                self.blocks[idx as usize].freed,
+            );
+            self.blocks[left as usize].freed = freed;
             self.unlink_phys(idx);
             self.resize(left, size);
             left
@@ -97,7 +128,8 @@ impl PoolCore {
             self.link(idx);
             idx
         };
-        debug_assert!(self.is_coalesced(survivor));
+        // (A lazy stream's other blocks may still wait for their own merge.)
+        debug_assert!(self.stream(stream).lazy || self.is_coalesced(survivor));
     }
 
     /// Takes block `idx`, already merged into its left neighbour's size (or the other way
@@ -117,6 +149,66 @@ impl PoolCore {
             self.blocks[next_phys as usize].prev_phys = prev_phys;
         }
         self.drop_block(idx);
+    }
+
+    /// Makes `stream`'s frees coalesce lazily from now on (nothing when it has no slot): a freed
+    /// block is linked alone, with the stamp of its own free, instead of merged with its
+    /// neighbours, whose frees may be older. Another stream that takes it then waits for its
+    /// free only, not for the newest free of a merged block (which, freed just now, the device
+    /// has not reached: a pipeline's upload would wait for the download just queued). Blocks
+    /// are merged when a request finds none big enough
+    /// ([`coalesce_stream`](Self::coalesce_stream)), and before chunks are released.
+    pub(crate) fn set_lazy_coalescing(&mut self, stream: StreamKey) {
+        if let Some(&slot) = self.stream_slots.get(&stream.0) {
+            self.stream_mut(slot).lazy = true;
+        }
+    }
+
+    /// Merges the lazily coalesced stream's adjacent free blocks (see
+    /// [`set_lazy_coalescing`](Self::set_lazy_coalescing)); returns whether it had any to
+    /// merge. O(free blocks of the stream).
+    pub(crate) fn coalesce_stream(&mut self, stream: StreamKey) -> bool {
+        let Some(&slot) = self.stream_slots.get(&stream.0) else {
+            return false;
+        };
+        self.coalesce_slot(slot)
+    }
+
+    /// [`coalesce_stream`](Self::coalesce_stream) by slot.
+    pub(super) fn coalesce_slot(&mut self, slot: u32) -> bool {
+        if !std::mem::take(&mut self.stream_mut(slot).uncoalesced) {
+            return false;
+        }
+        let s = self.stream(slot);
+        let mut free = Vec::with_capacity(s.blocks);
+        for &head in s.heads.iter() {
+            let mut idx = head;
+            while idx != NIL {
+                free.push(idx);
+                idx = self.blocks[idx as usize].next;
+            }
+        }
+        for idx in free {
+            // Merged into a neighbour already (its slot vacant or reused), or not this
+            // stream's: skip.
+            let b = &self.blocks[idx as usize];
+            if b.stream != slot || self.is_coalesced(idx) {
+                continue;
+            }
+            self.unlink(idx);
+            self.merge_and_link(idx);
+        }
+        true
+    }
+
+    /// Merges every lazily coalesced stream's free blocks (before chunks are released: a
+    /// wholly free chunk must be one block).
+    pub(crate) fn coalesce_lazy_streams(&mut self) {
+        for slot in 0..self.streams.len() as u32 {
+            if self.streams[slot as usize].is_some() {
+                self.coalesce_slot(slot);
+            }
+        }
     }
 
     /// Whether the free block `idx` has no physical neighbour of the same stream.

@@ -29,6 +29,11 @@ pub(super) struct StreamFree {
     /// merged in), counted from 1: each free block carries the low bits of the one it took
     /// part in ([`Block::freed`](super::blocks::Block::freed)).
     pub(super) seq: u64,
+    /// The stream's frees are linked alone, not merged with their neighbours
+    /// ([`PoolCore::set_lazy_coalescing`](super::PoolCore::set_lazy_coalescing)).
+    pub(super) lazy: bool,
+    /// Lazy streams: some free blocks may have free neighbours of this stream.
+    pub(super) uncoalesced: bool,
 }
 
 impl StreamFree {
@@ -41,6 +46,8 @@ impl StreamFree {
             free_bytes: 0,
             blocks: 0,
             seq: 0,
+            lazy: false,
+            uncoalesced: false,
         }
     }
 

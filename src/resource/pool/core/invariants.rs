@@ -66,7 +66,11 @@ impl PoolCore {
                 assert_eq!(b.prev_phys, prev, "{b:?} physical back link");
                 if b.is_free() {
                     assert!(self.streams[b.stream as usize].is_some(), "{b:?} owner");
-                    assert!(self.is_coalesced(idx), "{b:?} not coalesced");
+                    let owner = self.stream(b.stream);
+                    assert!(
+                        self.is_coalesced(idx) || owner.lazy && owner.uncoalesced,
+                        "{b:?} not coalesced"
+                    );
                     let seq = self.stream(b.stream).seq;
                     let behind = (seq as u32).wrapping_sub(b.freed);
                     assert!(

@@ -70,6 +70,8 @@ impl PoolCore {
         self.stream_mut(from_slot).free_bytes = 0;
         self.stream_mut(into_slot).free_bytes += moved;
         self.remove_stream(from_slot);
+        // Merging another stream's memory in is how a big enough block is made.
+        self.coalesce_slot(into_slot);
         Some(from_slot)
     }
 
