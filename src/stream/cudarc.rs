@@ -144,9 +144,6 @@ impl Stream {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn from_cudarc(stream: Arc<CudaStream>) -> Result<Stream> {
-        // The caller has used cudarc on this thread, which may have bound another context
-        // (one of its own non-primary contexts, say) behind the crate's back.
-        crate::backend::cuda::expect_foreign_binds();
         if let Some(known) = Stream::from_cudarc_ref(&stream) {
             return Ok(known);
         }

@@ -1,11 +1,9 @@
 //! The driver and a device's context: loading `libcuda` and `cuInit` ([`device_count`]) and
 //! the primary context every call binds ([`DeviceContext`]).
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::DriverError;
@@ -139,26 +137,6 @@ pub(crate) fn device_count() -> Result<usize> {
     INIT.get_or_init(init_driver).clone()
 }
 
-thread_local! {
-    /// The context this crate last made current on this thread (null: none yet). A cache only:
-    /// code outside this crate that changes the current context on this thread is not seen,
-    /// which is why [`FOREIGN_BINDS`] turns it off.
-    static BOUND: Cell<sys::CUcontext> = const { Cell::new(ptr::null_mut()) };
-}
-
-/// Set once cudarc interop has been used ([`DeviceContext::cudarc_context`]): from then on
-/// cudarc binds contexts on the same threads (each launch binds its stream's), so [`BOUND`]
-/// may be stale and [`DeviceContext::bind`] asks the driver (`cuCtxGetCurrent`) instead. Without
-/// it, a thread on which cudarc bound device 1 would run this crate's next device-0 call (an
-/// allocation, say) in device 1's context.
-static FOREIGN_BINDS: AtomicBool = AtomicBool::new(false);
-
-/// Stops trusting the per-thread bind cache from now on: cudarc (which binds contexts itself,
-/// its own non-primary ones included) is in use.
-pub(crate) fn expect_foreign_binds() {
-    FOREIGN_BINDS.store(true, Ordering::Release);
-}
-
 /// Most events kept for reuse per device; more are destroyed on drop.
 pub(super) const MAX_IDLE_EVENTS: usize = 1024;
 
@@ -200,30 +178,33 @@ impl DeviceContext {
         self.id
     }
 
-    /// Makes this device's primary context current on the calling thread, unless this crate
-    /// already did so last on this thread.
+    /// Makes this device's primary context current on the calling thread, unless it is already.
+    ///
+    /// The driver is asked which context is current (`cuCtxGetCurrent`, a read of the
+    /// driver's per-thread state, cheap next to any call it precedes) every time: this crate
+    /// keeps no cache of its own, because other code on the thread binds contexts without
+    /// telling it (cudarc, through `streamalloc::cudarc` too, each of whose launches binds its
+    /// stream's context; cuBLAS; the runtime API's `cudaSetDevice`; user FFI), and a stale
+    /// cache would run this crate's next call in someone else's context (an allocation of
+    /// device 0 made in device 1's). Clearing a cache whenever control leaves the crate would
+    /// clear it on every return, so it would never hit. cudarc's `bind_to_thread` does the
+    /// same.
     ///
     /// # Errors
-    /// `cuCtxSetCurrent` failures.
+    /// `cuCtxGetCurrent` and `cuCtxSetCurrent` failures.
     pub(crate) fn bind(&self) -> Result<()> {
         let ctx = self.ctx.0;
-        if FOREIGN_BINDS.load(Ordering::Acquire) {
-            let mut current: sys::CUcontext = ptr::null_mut();
-            // SAFETY: `current` is a valid out-pointer; the call only reads the thread's state.
-            let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
-            if r == sys::CUresult::CUDA_SUCCESS && current == ctx {
-                return Ok(());
-            }
-        // `try_with` fails only while the thread's locals are being destroyed: then just bind.
-        } else if BOUND.try_with(|b| b.get() == ctx).unwrap_or(false) {
+        let mut current: sys::CUcontext = ptr::null_mut();
+        // SAFETY: `current` is a valid out-pointer; the call only reads the thread's state.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        self.check("cuCtxGetCurrent", r)?;
+        if current == ctx {
             return Ok(());
         }
         // SAFETY: `ctx` is this device's primary context, retained by `self` until it drops.
         unsafe { sys::cuCtxSetCurrent(ctx) }
             .result()
-            .map_err(|e| self.error("cuCtxSetCurrent", e))?;
-        let _ = BOUND.try_with(|b| b.set(ctx));
-        Ok(())
+            .map_err(|e| self.error("cuCtxSetCurrent", e))
     }
 
     /// cudarc's handle to this device's primary context (the one every call of this crate
@@ -236,8 +217,6 @@ impl DeviceContext {
         if let Some(ctx) = self.cudarc.get() {
             return Ok(ctx.clone());
         }
-        // cudarc binds its contexts itself from now on: stop trusting the thread cache first.
-        expect_foreign_binds();
         let ordinal = self.id.ordinal as usize;
         let ctx = cudarc::driver::CudaContext::new(ordinal)
             .map_err(|e| self.error("cuDevicePrimaryCtxRetain (cudarc)", e))?;
@@ -418,12 +397,6 @@ impl Drop for DeviceContext {
         if let Err(error) = self.check("cuDevicePrimaryCtxRelease", r) {
             tracing::error!(%error, "releasing the primary context");
         }
-        // Later binds on this thread must not trust the cache for a context that may be gone.
-        let _ = BOUND.try_with(|b| {
-            if b.get() == self.ctx.0 {
-                b.set(ptr::null_mut());
-            }
-        });
     }
 }
 

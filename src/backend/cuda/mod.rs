@@ -6,8 +6,8 @@
 //!   panics on a missing library or symbol. The outcome of `cuInit` is cached for the process.
 //! - Contexts: each device uses its primary context, retained for the life of its
 //!   [`DeviceContext`]. Every method that calls the driver first makes that context current on
-//!   the calling thread ([`DeviceContext::bind`]); a thread-local cache of the last context this
-//!   crate bound makes repeated calls skip `cuCtxSetCurrent`.
+//!   the calling thread ([`DeviceContext::bind`]), after asking the driver which one is current
+//!   (other code on the thread binds contexts too), and skips `cuCtxSetCurrent` when it is.
 //! - Errors: `CUDA_ERROR_OUT_OF_MEMORY` from an allocation is [`Error::OutOfMemory`]; every other
 //!   failure is [`Error::Driver`] with the entry point's name and the driver's name of the code.
 //! - Handles ([`handles`]): `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUmodule` and
@@ -42,7 +42,7 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
-pub(crate) use self::context::{device_count, expect_foreign_binds};
+pub(crate) use self::context::device_count;
 use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
 use self::handles::RawContext;

@@ -478,3 +478,31 @@ fn threads_bind_the_context_themselves() {
         h.join().unwrap();
     }
 }
+
+#[cfg(feature = "gpu-tests")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_context_changed_by_other_code_is_bound_again() {
+    // Failed before binds asked the driver: a per-thread cache still said "bound", so the second
+    // allocation ran with no current context (CUDA_ERROR_INVALID_CONTEXT).
+    thread::spawn(|| {
+        let b = backend();
+        let first = b.allocate(MemoryKind::Device, 256).unwrap(); // binds the primary context
+                                                                  // Other code on the thread (cudarc, cuBLAS, the runtime API) changes the current
+                                                                  // context behind the crate's back; here it unbinds every context.
+                                                                  // SAFETY: a null context is allowed: it leaves none current on this thread.
+        unsafe { sys::cuCtxSetCurrent(ptr::null_mut()) }
+            .result()
+            .unwrap();
+        let second = b
+            .allocate(MemoryKind::Device, 256)
+            .expect("the crate binds its context again");
+        let s = stream();
+        for p in [first, second] {
+            // SAFETY: allocated above, freed once; no work uses them.
+            unsafe { b.free(MemoryKind::Device, p, 256, &s) }.unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+}
