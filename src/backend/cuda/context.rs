@@ -32,6 +32,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
     "cuCtxGetCurrent",
+    "cuCtxSynchronize",
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemAllocManaged",

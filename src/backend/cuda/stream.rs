@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{panic_message, BackendStream, Completion, DefaultStream};
+use crate::backend::{panic_message, BackendStream, Completion, DefaultStream, HomeThread};
 use crate::error::{Error, Result};
 
 use super::context::DeviceContext;
@@ -32,6 +32,9 @@ pub(crate) struct CudaStream {
     raw: RawStream,
     /// Created by `cuStreamCreate`, so destroyed on drop; `false` for the default streams.
     owned: bool,
+    /// The per-thread default stream's thread: the handle names the stream of whichever thread
+    /// uses it, so [`AnyStream`](crate::backend::AnyStream) refuses every other thread.
+    home: Option<HomeThread>,
     /// Pinned staging memory for pageable copies, allocated on first use. The lock is held while
     /// a staged copy is enqueued, so two copies never interleave their pieces in it; pieces on
     /// one stream run in order, so one buffer serves them all.
@@ -55,6 +58,7 @@ impl CudaStream {
             ctx,
             raw: RawStream(raw),
             owned: true,
+            home: None,
             staging: Mutex::new(None),
             cudarc: OnceLock::new(),
         })
@@ -62,16 +66,18 @@ impl CudaStream {
 
     /// A handle to one of `ctx`'s built-in default streams. Nothing is created, and dropping it
     /// destroys nothing: the special handles name the stream of whichever context is current
-    /// when they are used, which every method binds first.
+    /// when they are used, which every method binds first. The per-thread one also names the
+    /// stream of the calling thread: it belongs to this thread.
     pub(crate) fn builtin(ctx: Arc<DeviceContext>, kind: DefaultStream) -> Self {
-        let handle = match kind {
-            DefaultStream::Legacy => CU_STREAM_LEGACY,
-            DefaultStream::PerThread => CU_STREAM_PER_THREAD,
+        let (handle, home) = match kind {
+            DefaultStream::Legacy => (CU_STREAM_LEGACY, None),
+            DefaultStream::PerThread => (CU_STREAM_PER_THREAD, Some(HomeThread::current(ctx.id()))),
         };
         CudaStream {
             ctx,
             raw: RawStream(handle as sys::CUstream),
             owned: false,
+            home,
             staging: Mutex::new(None),
             cudarc: OnceLock::new(),
         }
@@ -85,6 +91,7 @@ impl CudaStream {
             ctx,
             raw,
             owned: false,
+            home: None,
             staging: Mutex::new(None),
             cudarc: OnceLock::from(stream),
         }
@@ -119,10 +126,21 @@ impl Drop for CudaStream {
         let staging = self.staging.get_mut().take();
         if staging.is_some() {
             // Staged pieces still queued read or write the staging buffer: let them finish
-            // before it is freed. Only streams that made pageable copies block here.
-            // SAFETY: the context is current and the stream live.
-            let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
-            if let Err(error) = self.ctx.check("cuStreamSynchronize", r) {
+            // before it is freed. Only streams that made pageable copies block here. The
+            // per-thread default stream dropped on another thread than its own cannot be named
+            // from here (its handle would name this thread's): the whole context is waited for.
+            let (call, r) = match &self.home {
+                Some(home) if !home.is_current() => {
+                    // SAFETY: the context is current.
+                    ("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+                }
+                // SAFETY: the context is current and the stream live; with no home thread, or
+                // on it, the handle names this stream.
+                _ => ("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(self.raw.0)
+                }),
+            };
+            if let Err(error) = self.ctx.check(call, r) {
                 tracing::error!("draining a stream with a staging buffer failed; leaking it");
                 self.ctx.errors().report(error);
                 return;
@@ -251,6 +269,10 @@ impl BackendStream for CudaStream {
 
     fn raw_handle(&self) -> u64 {
         self.raw.0 as u64
+    }
+
+    fn home_thread(&self) -> Option<&HomeThread> {
+        self.home.as_ref()
     }
 
     fn record(&self) -> Result<Arc<CudaEvent>> {

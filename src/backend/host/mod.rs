@@ -148,9 +148,14 @@ impl Backend for HostBackend {
 
     fn default_stream(&self, kind: DefaultStream) -> Result<Arc<HostStream>> {
         // An ordinary queue: `Stream` keeps one per device (legacy) or per thread and device
-        // (per-thread) while handles to it live, which is all that the emulation needs.
-        let _ = kind;
-        self.create_stream()
+        // (per-thread) while handles to it live, which is all that the emulation needs. The
+        // per-thread one is refused on other threads, as CUDA's must be.
+        self.memory().fail_if(FaultPoint::StreamCreate)?;
+        let memory = self.memory().clone();
+        Ok(Arc::new(match kind {
+            DefaultStream::Legacy => HostStream::new(self.id, memory),
+            DefaultStream::PerThread => HostStream::per_thread(self.id, memory),
+        }))
     }
 
     fn managed_mempool(&self) -> Result<Arc<HostMemPool>> {

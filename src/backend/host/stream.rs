@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendEvent, BackendStream, Completion};
+use crate::backend::{BackendEvent, BackendStream, Completion, HomeThread};
 use crate::error::Result;
 use crate::ids::DeviceId;
 
@@ -21,6 +21,8 @@ pub(crate) struct HostStream {
     device: DeviceId,
     handle: u64,
     queue: Arc<Queue>,
+    /// The emulated per-thread default stream's thread: refused on any other, as on CUDA.
+    home: Option<HomeThread>,
 }
 
 impl HostStream {
@@ -49,7 +51,15 @@ impl HostStream {
             device,
             handle,
             queue,
+            home: None,
         }
+    }
+
+    /// The calling thread's emulated per-thread default stream: it belongs to this thread.
+    pub(crate) fn per_thread(device: DeviceId, memory: Arc<HostMemory>) -> Self {
+        let mut stream = HostStream::new(device, memory);
+        stream.home = Some(HomeThread::current(device));
+        stream
     }
 
     fn enqueue(&self, op: Op) -> Result<()> {
@@ -89,6 +99,10 @@ impl BackendStream for HostStream {
 
     fn raw_handle(&self) -> u64 {
         self.handle
+    }
+
+    fn home_thread(&self) -> Option<&HomeThread> {
+        self.home.as_ref()
     }
 
     fn record(&self) -> Result<Arc<HostEvent>> {
