@@ -36,8 +36,6 @@ pub(crate) struct HostBackend {
     default_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulated managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<HostMemPool>>,
-    /// The emulation of virtual memory management (`vmm.rs`).
-    vmm: vmm::HostVmm,
 }
 
 impl HostBackend {
@@ -52,7 +50,6 @@ impl HostBackend {
             memory: Arc::new(HostMemory::new(id, capacity)),
             default_mempool: OnceLock::new(),
             managed_mempool: OnceLock::new(),
-            vmm: vmm::HostVmm::default(),
         }
     }
 
@@ -196,34 +193,43 @@ impl Backend for HostBackend {
 
     fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
         self.memory().fail_if(FaultPoint::VmmReserve)?;
-        self.vmm.reserve(bytes)
+        self.memory().vmm().reserve(bytes)
     }
 
     unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
         self.memory().fail_if(FaultPoint::VmmFreeReservation)?;
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.free_reservation(va, bytes) }
+        unsafe { self.memory().vmm().free_reservation(va, bytes) }
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<u64> {
         self.memory().fail_if(FaultPoint::VmmCreate)?;
-        self.vmm.create(self.memory(), bytes)
+        let memory = self.memory();
+        memory.vmm().create(bytes, || memory.charge_physical(bytes))
     }
 
     unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
         self.memory().fail_if(FaultPoint::VmmRelease)?;
-        self.vmm.release(self.memory(), handle, bytes)
+        let memory = self.memory();
+        memory
+            .vmm()
+            .release(handle, bytes, || memory.refund_physical(bytes))
     }
 
     unsafe fn vmm_map(&self, va: u64, page: usize, handles: &[u64]) -> Result<()> {
+        let memory = self.memory();
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.map_run(self.memory(), va, page, handles) }
+        unsafe {
+            memory
+                .vmm()
+                .map_run(va, page, handles, || memory.fail_if(FaultPoint::VmmMap))
+        }
     }
 
     unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
         self.memory().fail_if(FaultPoint::VmmUnmap)?;
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.unmap(va, bytes) }
+        unsafe { self.memory().vmm().unmap(va, bytes) }
     }
 }
 
