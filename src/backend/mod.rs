@@ -320,8 +320,9 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// Calls `completion.complete()` once the stream reaches this point. The call must not
     /// block later work on other streams; on CUDA it runs on a driver thread.
     fn notify(&self, completion: Arc<Completion>) -> Result<()>;
-    /// Runs `f` on a backend thread once the stream reaches this point. `f` must not call the
-    /// driver.
+    /// Runs `f` on a backend thread once the stream reaches this point. On CUDA it runs inside
+    /// a host function: the crate's driver calls made there fail instead of reaching the
+    /// driver (`DeviceContext::bind` refuses them).
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()>;
     /// Enqueues a copy of `bytes` from `src` to `dst` (any mix of host and device addresses).
     ///

@@ -266,10 +266,16 @@ impl Stream {
         self.inner.raw.synchronize_blocking()
     }
 
-    /// Runs `f` on a backend thread once the stream reaches this point.
+    /// Runs `f` on a backend thread once the stream reaches this point (`cuLaunchHostFunc`).
+    /// Later work on this stream waits for `f` to return, so keep it short.
     ///
-    /// `f` must not call the CUDA driver (the driver forbids it inside host functions); it also
-    /// blocks later work on this stream while it runs, so keep it short.
+    /// On CUDA, `f` runs inside a host function, where the driver forbids every CUDA call.
+    /// This crate checks for it: inside `f`, its operations that would call the driver fail
+    /// with [`Error::Unsupported`](crate::Error::Unsupported), and dropping a handle whose drop
+    /// would (a buffer, a stream, a resource) leaks what it holds and defers the error to the
+    /// device. So send what `f` should release elsewhere (a channel) rather than dropping it
+    /// there. Driver calls `f` makes through other libraries (cudarc, FFI) are theirs to
+    /// refuse. On the host backend `f` runs on the stream's worker and may do anything.
     ///
     /// # Errors
     /// A driver error when the callback cannot be enqueued.

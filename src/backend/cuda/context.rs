@@ -1,6 +1,7 @@
 //! The driver and a device's context: loading `libcuda` and `cuInit` ([`device_count`]) and
 //! the primary context every call binds ([`DeviceContext`]).
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::ptr;
@@ -138,6 +139,34 @@ pub(crate) fn device_count() -> Result<usize> {
     INIT.get_or_init(init_driver).clone()
 }
 
+thread_local! {
+    /// Set while this thread runs one of this backend's host functions: CUDA forbids every
+    /// driver call there (it may fail or deadlock), so [`DeviceContext::bind`], which every
+    /// driver call of this crate goes through first, refuses them.
+    static IN_HOST_FN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as inside a host function until dropped
+/// ([`enter_host_fn`]).
+pub(super) struct HostFnGuard {
+    was: bool,
+}
+
+/// Marks the calling thread (a driver thread, running one of this backend's host functions)
+/// as inside a host function until the guard drops: from then on the crate's driver calls on
+/// it fail instead of reaching the driver.
+pub(super) fn enter_host_fn() -> HostFnGuard {
+    HostFnGuard {
+        was: IN_HOST_FN.with(|f| f.replace(true)),
+    }
+}
+
+impl Drop for HostFnGuard {
+    fn drop(&mut self) {
+        IN_HOST_FN.with(|f| f.set(self.was));
+    }
+}
+
 /// Most events kept for reuse per device; more are destroyed on drop.
 pub(super) const MAX_IDLE_EVENTS: usize = 1024;
 
@@ -191,9 +220,21 @@ impl DeviceContext {
     /// clear it on every return, so it would never hit. cudarc's `bind_to_thread` does the
     /// same.
     ///
+    /// Inside one of this backend's host functions (a closure of
+    /// [`Stream::launch_host_fn`](crate::Stream::launch_host_fn) that uses or drops a handle of
+    /// this crate) it refuses instead: CUDA forbids driver calls there.
+    ///
     /// # Errors
-    /// `cuCtxGetCurrent` and `cuCtxSetCurrent` failures.
+    /// `cuCtxGetCurrent` and `cuCtxSetCurrent` failures; [`Error::Unsupported`] inside a host
+    /// function.
     pub(crate) fn bind(&self) -> Result<()> {
+        if IN_HOST_FN.try_with(Cell::get).unwrap_or(false) {
+            return Err(Error::unsupported(
+                "CUDA driver calls inside a host function (a Stream::launch_host_fn closure \
+                 that uses or drops a handle of this crate); CUDA forbids them there",
+                self.id,
+            ));
+        }
         let ctx = self.ctx.0;
         let mut current: sys::CUcontext = ptr::null_mut();
         // SAFETY: `current` is a valid out-pointer; the call only reads the thread's state.
@@ -350,7 +391,9 @@ impl DeviceContext {
     }
 
     fn destroy_event(&self, event: RawEvent) {
-        self.bind_in_drop("an event");
+        if !self.bind_in_drop("an event") {
+            return; // leaked: no driver call is possible here
+        }
         // SAFETY: `event` was created by `cuEventCreate` in this context and nothing refers to
         // it any more (its owner gave it up); destroying a pending event is allowed.
         let r = unsafe { sys::cuEventDestroy_v2(event.0) };
@@ -376,7 +419,9 @@ impl DeviceContext {
 
 impl Drop for DeviceContext {
     fn drop(&mut self) {
-        self.bind_in_drop("a device context");
+        if !self.bind_in_drop("a device context") {
+            return; // leaked (the primary context stays retained): no driver call is possible
+        }
         for event in std::mem::take(&mut *self.idle_events.lock()) {
             // SAFETY: idle events were created in this context and nobody refers to them.
             let r = unsafe { sys::cuEventDestroy_v2(event.0) };

@@ -122,7 +122,9 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        self.ctx.bind_in_drop("a stream");
+        if !self.ctx.bind_in_drop("a stream") {
+            return; // the stream and its staging buffer leak: no driver call is possible here
+        }
         let staging = self.staging.get_mut().take();
         if staging.is_some() {
             // Staged pieces still queued read or write the staging buffer: let them finish
@@ -226,6 +228,7 @@ unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
     // SAFETY: by this function's contract, `user_data` is an owned box leaked by `notify`; it
     // is reclaimed exactly once, here. Taking it apart cannot panic.
     let call = unsafe { Box::from_raw(user_data.cast::<HostCall<Arc<Completion>>>()) };
+    let _inside = super::context::enter_host_fn();
     let HostCall { work, ctx } = *call;
     let outcome = panic::catch_unwind(AssertUnwindSafe(move || work.complete()));
     if let Err(payload) = outcome {
@@ -252,6 +255,9 @@ unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
     // SAFETY: by this function's contract, `user_data` is an owned box leaked by `host_fn`; it
     // is reclaimed exactly once, here. Taking it apart cannot panic.
     let call = unsafe { Box::from_raw(user_data.cast::<HostCall<HostFn>>()) };
+    // The closure (a user's, through `Stream::launch_host_fn`) may use or drop handles of this
+    // crate: their driver calls fail while this guard lives, instead of reaching the driver.
+    let _inside = super::context::enter_host_fn();
     let HostCall { work, ctx } = *call;
     let outcome = panic::catch_unwind(AssertUnwindSafe(work));
     if let Err(payload) = outcome {
