@@ -41,12 +41,17 @@ impl HostStream {
             fault: OnceLock::new(),
             memory,
         });
-        let worker = queue.clone();
         let handle = NEXT.fetch_add(1, Ordering::Relaxed);
-        thread::Builder::new()
-            .name(format!("streamalloc-host-stream-{handle}"))
-            .spawn(move || worker.run())
-            .expect("failed to spawn a host stream worker thread");
+        // Under Miri, the stream has no worker: `enqueue` runs each operation at once
+        // (`Queue::run_inline`).
+        #[cfg(not(miri))]
+        {
+            let worker = queue.clone();
+            thread::Builder::new()
+                .name(format!("streamalloc-host-stream-{handle}"))
+                .spawn(move || worker.run())
+                .expect("failed to spawn a host stream worker thread");
+        }
         HostStream {
             device,
             handle,
@@ -68,6 +73,9 @@ impl HostStream {
         state.ops.push_back(op);
         state.enqueued += 1;
         self.queue.work.notify_one();
+        drop(state);
+        #[cfg(miri)]
+        self.queue.run_inline();
         Ok(())
     }
 
