@@ -226,6 +226,35 @@ pub enum Error {
         /// The device of the stream or buffer passed in.
         actual: DeviceId,
     },
+    /// A stream was used on a thread that cannot use it: a per-thread default stream
+    /// ([`Stream::per_thread_default`](crate::Stream::per_thread_default)) belongs to the
+    /// thread that got it. Its driver handle (`CU_STREAM_PER_THREAD`) names the stream of
+    /// whichever thread uses it, so work enqueued through it elsewhere would land on another
+    /// stream under the same [`StreamId`], out of order with everything keyed on that id.
+    /// Each thread gets its own with `Stream::per_thread_default`.
+    ///
+    /// ```
+    /// use streamalloc::{Device, Error, Stream};
+    ///
+    /// let mine = Stream::per_thread_default(&Device::host())?;
+    /// let refused = std::thread::spawn(move || mine.record().map(drop)).join().unwrap();
+    /// assert!(matches!(refused, Err(Error::WrongThread { .. })), "{refused:?}");
+    /// # Ok::<(), Error>(())
+    /// ```
+    #[error("the per-thread default stream of {device} belongs to thread '{home_name}' ({home:?}); thread '{current_name}' ({current:?}) cannot use it (there the same handle names that thread's own stream)")]
+    #[non_exhaustive]
+    WrongThread {
+        /// The thread the stream belongs to.
+        home: std::thread::ThreadId,
+        /// Its name, or `<unnamed>`.
+        home_name: String,
+        /// The thread that tried to use it.
+        current: std::thread::ThreadId,
+        /// Its name, or `<unnamed>`.
+        current_name: String,
+        /// The stream's device.
+        device: DeviceId,
+    },
     /// An awaited allocation would wait for ever: every byte allocated from the bounded
     /// resource is held by tasks that are themselves waiting on it, so nothing can come back.
     /// Reported only where deadlock detection is on

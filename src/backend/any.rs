@@ -1,7 +1,9 @@
 //! The erased backend: one enum per backend type (host, cuda), and the only place that
 //! dispatches between them (wgpu's `dynamic` layer over wgpu-hal). Inside a backend every call
 //! is static; here a stream, event or pool of one backend handed to another is refused with
-//! [`Error::InvalidArgument`], once, instead of a downcast in each backend.
+//! [`Error::InvalidArgument`], once, instead of a downcast in each backend, and a stream used
+//! on a thread it does not belong to (the per-thread default stream) with
+//! [`Error::WrongThread`], before any driver call through it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,6 +114,7 @@ impl AnyBackend {
         bytes: usize,
         stream: &AnyStream,
     ) -> Result<()> {
+        stream.usable_here()?;
         // SAFETY: the caller's contract, forwarded.
         dispatch_pair!(AnyBackend, self, AnyStream, stream, "stream", b, s => unsafe {
             b.free(kind, ptr, bytes, s)
@@ -120,6 +123,7 @@ impl AnyBackend {
 
     /// [`Backend::prefetch`].
     pub(crate) fn prefetch(&self, ptr: u64, bytes: usize, stream: &AnyStream) -> Result<bool> {
+        stream.usable_here()?;
         dispatch_pair!(AnyBackend, self, AnyStream, stream, "stream", b, s => {
             b.prefetch(ptr, bytes, s)
         })
@@ -133,6 +137,7 @@ impl AnyBackend {
         target: PrefetchTarget,
         stream: &AnyStream,
     ) -> Result<bool> {
+        stream.usable_here()?;
         dispatch_pair!(AnyBackend, self, AnyStream, stream, "stream", b, s => {
             b.prefetch_to(ptr, bytes, target, s)
         })
@@ -249,8 +254,19 @@ impl AnyStream {
         dispatch!(AnyStream, self, s => s.raw_handle())
     }
 
+    /// [`Error::WrongThread`] when the stream belongs to another thread than the calling one
+    /// (the per-thread default stream, [`BackendStream::home_thread`]): called before every
+    /// driver call through the handle, here and wherever a stream is passed in below.
+    pub(crate) fn usable_here(&self) -> Result<()> {
+        match dispatch!(AnyStream, self, s => s.home_thread()) {
+            Some(home) => home.check(),
+            None => Ok(()),
+        }
+    }
+
     /// [`BackendStream::record`].
     pub(crate) fn record(&self) -> Result<AnyEvent> {
+        self.usable_here()?;
         Ok(match self {
             AnyStream::Host(s) => AnyEvent::Host(s.record()?),
             #[cfg(feature = "cuda-driver")]
@@ -260,16 +276,19 @@ impl AnyStream {
 
     /// [`BackendStream::wait_event`].
     pub(crate) fn wait_event(&self, event: &AnyEvent) -> Result<()> {
+        self.usable_here()?;
         dispatch_pair!(AnyStream, self, AnyEvent, event, "event", s, e => s.wait_event(e))
     }
 
     /// [`BackendStream::notify`].
     pub(crate) fn notify(&self, completion: Arc<Completion>) -> Result<()> {
+        self.usable_here()?;
         dispatch!(AnyStream, self, s => s.notify(completion))
     }
 
     /// [`BackendStream::host_fn`].
     pub(crate) fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.usable_here()?;
         dispatch!(AnyStream, self, s => s.host_fn(f))
     }
 
@@ -283,6 +302,7 @@ impl AnyStream {
     /// # Safety
     /// As [`BackendStream::copy`].
     pub(crate) unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.usable_here()?;
         // SAFETY: the caller's contract, forwarded.
         dispatch!(AnyStream, self, s => unsafe { s.copy(dst, src, bytes) })
     }
@@ -299,6 +319,7 @@ impl AnyStream {
         src_stream: &AnyStream,
         bytes: usize,
     ) -> Result<()> {
+        self.usable_here()?;
         // SAFETY: the caller's contract, forwarded.
         dispatch_pair!(AnyStream, self, AnyStream, src_stream, "stream", s, t => unsafe {
             s.copy_peer(dst, src, t, bytes)
@@ -316,6 +337,7 @@ impl AnyStream {
         bytes: usize,
         to_host: bool,
     ) -> Result<()> {
+        self.usable_here()?;
         // SAFETY: the caller's contract, forwarded.
         dispatch!(AnyStream, self, s => unsafe { s.copy_pageable(dst, src, bytes, to_host) })
     }
@@ -325,17 +347,20 @@ impl AnyStream {
     /// # Safety
     /// As [`BackendStream::memset`].
     pub(crate) unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        self.usable_here()?;
         // SAFETY: the caller's contract, forwarded.
         dispatch!(AnyStream, self, s => unsafe { s.memset(dst, value, bytes) })
     }
 
     /// [`BackendStream::delay`].
     pub(crate) fn delay(&self, duration: Duration) -> Result<()> {
+        self.usable_here()?;
         dispatch!(AnyStream, self, s => s.delay(duration))
     }
 
     /// [`BackendStream::synchronize_blocking`].
     pub(crate) fn synchronize_blocking(&self) -> Result<()> {
+        self.usable_here()?;
         dispatch!(AnyStream, self, s => s.synchronize_blocking())
     }
 }
@@ -365,6 +390,7 @@ impl AnyMemPool {
 
     /// [`BackendMemPool::allocate_async`].
     pub(crate) fn allocate_async(&self, bytes: usize, stream: &AnyStream) -> Result<u64> {
+        stream.usable_here()?;
         dispatch_pair!(AnyMemPool, self, AnyStream, stream, "stream", p, s => {
             p.allocate_async(bytes, s)
         })
@@ -380,6 +406,7 @@ impl AnyMemPool {
         bytes: usize,
         stream: &AnyStream,
     ) -> Result<()> {
+        stream.usable_here()?;
         // SAFETY: the caller's contract, forwarded.
         dispatch_pair!(AnyMemPool, self, AnyStream, stream, "stream", p, s => unsafe {
             p.free_async(ptr, bytes, s)

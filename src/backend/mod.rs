@@ -22,6 +22,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -57,6 +58,54 @@ pub(crate) enum MemoryKind {
 pub(crate) enum DefaultStream {
     Legacy,
     PerThread,
+}
+
+/// The one thread a stream handle may be used on: set for the per-thread default stream, whose
+/// driver handle (`CU_STREAM_PER_THREAD`) names the stream *of the calling thread*, so that one
+/// handle used on two threads would be two streams under one id. [`AnyStream`] checks it
+/// before every call that reaches the driver through the handle.
+#[derive(Debug)]
+pub(crate) struct HomeThread {
+    id: ThreadId,
+    name: String,
+    device: DeviceId,
+}
+
+/// A thread's name for errors.
+fn thread_name(thread: &std::thread::Thread) -> String {
+    thread.name().unwrap_or("<unnamed>").to_owned()
+}
+
+impl HomeThread {
+    /// The calling thread, as the home of a stream of `device`.
+    pub(crate) fn current(device: DeviceId) -> Self {
+        let me = std::thread::current();
+        HomeThread {
+            id: me.id(),
+            name: thread_name(&me),
+            device,
+        }
+    }
+
+    /// Whether the calling thread is this one.
+    pub(crate) fn is_current(&self) -> bool {
+        std::thread::current().id() == self.id
+    }
+
+    /// [`Error::WrongThread`] unless the calling thread is this one.
+    pub(crate) fn check(&self) -> Result<()> {
+        let me = std::thread::current();
+        if me.id() == self.id {
+            return Ok(());
+        }
+        Err(Error::WrongThread {
+            home: self.id,
+            home_name: self.name.clone(),
+            current: me.id(),
+            current_name: thread_name(&me),
+            device: self.device,
+        })
+    }
 }
 
 /// Where a prefetch moves managed memory to.
@@ -266,6 +315,9 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
 
     /// The driver's handle (`CUstream` as an integer), for logs and interop.
     fn raw_handle(&self) -> u64;
+    /// The only thread the handle may be used on (the per-thread default stream's), if any;
+    /// [`AnyStream`] refuses the others before every driver call through it.
+    fn home_thread(&self) -> Option<&HomeThread>;
     /// Records an event at the current end of the queue.
     fn record(&self) -> Result<Arc<Self::Event>>;
     /// Work enqueued after this call starts only once `event` has completed.
@@ -273,8 +325,9 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// Calls `completion.complete()` once the stream reaches this point. The call must not
     /// block later work on other streams; on CUDA it runs on a driver thread.
     fn notify(&self, completion: Arc<Completion>) -> Result<()>;
-    /// Runs `f` on a backend thread once the stream reaches this point. `f` must not call the
-    /// driver.
+    /// Runs `f` on a backend thread once the stream reaches this point. On CUDA it runs inside
+    /// a host function: the crate's driver calls made there fail instead of reaching the
+    /// driver (`DeviceContext::bind` refuses them).
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()>;
     /// Enqueues the write of `flag`'s token into its word: the flag reads set once the stream
     /// passes this point ([`DeviceFlag`]).

@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use parking_lot::Mutex;
 
 use super::uses::Uses;
 use super::DeviceBuffer;
@@ -139,7 +138,7 @@ impl DeviceBuffer {
             alignment: ALLOCATION_ALIGNMENT,
             mr,
             device: stream.device().clone(),
-            uses: Mutex::new(Uses::new(stream.clone())),
+            uses: Uses::new(stream.clone()),
         }
     }
 

@@ -35,7 +35,7 @@ impl DeviceBuffer {
         if self.len == 0 {
             return Ok(());
         }
-        let uses = self.uses.get_mut();
+        let mut uses = self.uses.get_mut();
         uses.order_owner_after_readers()?;
         // SAFETY: `ptr..ptr + len` lies in the allocation (`len <= capacity`), which is freed
         // only on the owner after this point or on a later owner that waits for this point;
@@ -98,7 +98,7 @@ impl DeviceBuffer {
         if src.len == 0 {
             return Ok(());
         }
-        let uses = self.uses.get_mut();
+        let mut uses = self.uses.get_mut();
         let owner = uses.owner().clone();
         let mut src_uses = src.uses.lock();
         src_uses.order_after_owner(&owner)?;
@@ -162,7 +162,7 @@ impl DeviceBuffer {
         // streams, only after a point of the owner that follows this copy (the free is on the
         // owner, or on a later owner that waits for the old owner's work); the owner's own
         // later writes are stream-ordered after it, and its earlier owners' writes before it
-        // (`ready`). The lock keeps the owner fixed meanwhile.
+        // (`ready`). The owner changes only through `&mut`, so not meanwhile.
         let copy = unsafe { CopyToHost::start(owner, self.ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
@@ -200,7 +200,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host<B: HostBuffer>(&mut self, host: B) -> CopyFromHost<B> {
-        let uses = self.uses.get_mut();
+        let mut uses = self.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromHost::failed(e);
         }
@@ -295,7 +295,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host_slice<T: Pod>(&mut self, src: &[T]) -> CopyFromSlice {
-        let uses = self.uses.get_mut();
+        let mut uses = self.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromSlice::failed(e);
         }

@@ -73,25 +73,13 @@ fn refuse<'a>(
 }
 
 impl DeviceBuffer {
-    /// The owner stream, borrowed for as long as the buffer is.
-    fn owner_ref(&self) -> &Stream {
-        let uses = self.uses.lock();
-        let owner: *const Stream = uses.owner();
-        drop(uses);
-        // SAFETY: `owner` points at the `Stream` inside `self.uses`, which lives as long as
-        // `self`. The owner is replaced only through `&mut self` (`set_stream`, `resize`: every
-        // path to `Uses::hand_to` goes through `Mutex::get_mut`), which cannot happen while
-        // the returned shared borrow of `self` lives, and nothing moves a borrowed buffer.
-        unsafe { &*owner }
-    }
-
     /// cudarc's handle to the owner stream (cudarc's `DeviceSlice::stream`).
     ///
     /// # Panics
     /// On a host-backend buffer (cudarc has no stream for it), and should cudarc fail to take
     /// hold of the primary context: the trait cannot return an error.
     pub(crate) fn cudarc_owner(&self) -> &Arc<CudaStream> {
-        match self.owner_ref().cudarc_stream_ref() {
+        match self.uses.owner().cudarc_stream_ref() {
             Ok(s) => s,
             Err(e) => panic!(
                 "cudarc's DeviceSlice::stream of a buffer on {}: {e}",
@@ -125,7 +113,7 @@ impl DeviceBuffer {
         }
         // Registers the owner first, so a cudarc handle the user made over the owner's raw
         // handle is recognised as the owner.
-        self.owner_ref().cudarc_stream_ref()?;
+        self.uses.owner().cudarc_stream_ref()?;
         Ok(match Stream::from_cudarc_ref(cs) {
             Some(stream) => User::Known(stream),
             None => User::Unknown,
@@ -150,7 +138,7 @@ impl DeviceBuffer {
                 if let Err(e) = self.uses.lock().ready() {
                     return refuse(&self.device, cs, e);
                 }
-                let owner = match self.owner_ref().cudarc_stream_ref() {
+                let owner = match self.uses.owner().cudarc_stream_ref() {
                     Ok(owner) => owner,
                     Err(e) => return refuse(&self.device, cs, e),
                 };
@@ -184,7 +172,7 @@ impl DeviceBuffer {
                 if let Err(e) = self.uses.get_mut().order_owner_after_readers() {
                     return refuse(&self.device, cs, e);
                 }
-                let owner = match self.owner_ref().cudarc_stream_ref() {
+                let owner = match self.uses.owner().cudarc_stream_ref() {
                     Ok(owner) => owner,
                     Err(e) => return refuse(&self.device, cs, e),
                 };
@@ -802,17 +790,6 @@ mod tests {
     use std::time::Duration;
 
     use crate::{CudaResource, Device, DeviceBuffer, DeviceVec, HostConfig, Stream};
-
-    /// `owner_ref` (the one `unsafe` lifetime extension here) sees the owner, and a hand-off.
-    #[test]
-    fn owner_ref_follows_the_owner() {
-        let device = Device::host_with(HostConfig::default());
-        let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
-        let mut buf = DeviceBuffer::try_new(64, &a, CudaResource::new(&device).unwrap()).unwrap();
-        assert_eq!(buf.owner_ref(), &a);
-        buf.set_stream(&b).unwrap();
-        assert_eq!(buf.owner_ref(), &b);
-    }
 
     /// A host-backend buffer has no cudarc stream: `DeviceSlice::stream` cannot return an
     /// error, so it panics with a message that names the device.

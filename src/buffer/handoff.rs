@@ -23,7 +23,7 @@ impl DeviceBuffer {
     pub fn stream(&self) -> Stream {
         // Handed out for work on the buffer: the owner takes over now (see `set_stream`).
         self.ready_for_raw_use();
-        self.uses.lock().owner().clone()
+        self.uses.owner().clone()
     }
 
     /// Hands the buffer to `stream` for work the crate enqueues there at once (a write through
@@ -31,9 +31,8 @@ impl DeviceBuffer {
     /// hand-off now.
     pub(crate) fn take_for(&mut self, stream: &Stream) -> Result<()> {
         check_stream(&self.device, stream)?;
-        let uses = self.uses.get_mut();
-        uses.hand_to(stream)?;
-        uses.ready()?;
+        self.uses.hand_to(stream)?;
+        self.uses.get_mut().ready()?;
         Ok(())
     }
 
@@ -77,7 +76,7 @@ impl DeviceBuffer {
     /// ```
     pub fn set_stream(&mut self, stream: &Stream) -> Result<()> {
         check_stream(&self.device, stream)?;
-        self.uses.get_mut().hand_to(stream)
+        self.uses.hand_to(stream)
     }
 
     /// Starts a read of the buffer on `stream`, which need not own it.
@@ -180,6 +179,6 @@ impl DeviceBuffer {
     /// the new owner's reads are done), so that no two accesses of which one writes overlap.
     #[cfg(test)]
     pub(crate) unsafe fn disable_handoff_waits(&mut self) {
-        self.uses.get_mut().disable_handoff_waits();
+        self.uses.disable_handoff_waits();
     }
 }

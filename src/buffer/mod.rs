@@ -27,8 +27,6 @@ mod view;
 use std::fmt;
 use std::sync::OnceLock;
 
-use parking_lot::Mutex;
-
 #[cfg(feature = "cuda-driver")]
 pub use self::cudarc::KernelRead;
 pub use alloc::NewBuffer;
@@ -112,7 +110,7 @@ pub struct DeviceBuffer {
     mr: SharedResource,
     /// The device of the owner stream; fixed for the buffer's life.
     device: Device,
-    uses: Mutex<Uses>,
+    uses: Uses,
 }
 
 impl DeviceBuffer {
@@ -308,7 +306,7 @@ impl Default for DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let uses = self.uses.get_mut();
+        let mut uses = self.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             // Freeing now could free under a pending read: leak instead.
             tracing::warn!(error = %e, ptr = %self.base, bytes = self.allocated,

@@ -267,7 +267,7 @@ impl<'a> BufferView<'a> {
         // memory is freed, and written by other streams, only after a point of the owner that
         // follows this copy (the free is on the owner or on a later owner that waits for this
         // one); the owner's own later writes are stream-ordered after it, its earlier owners'
-        // before it (`ready`). The lock keeps the owner fixed meanwhile.
+        // before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
         let copy = unsafe { CopyToHost::start(owner, ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy

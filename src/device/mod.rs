@@ -275,7 +275,9 @@ impl Device {
     ///
     /// # Errors
     /// The first error of a stream that failed or whose event could not be recorded; the
-    /// other streams are still waited for.
+    /// other streams are still waited for. A [per-thread default
+    /// stream](crate::Stream::per_thread_default) of another thread cannot be reached from this
+    /// one: [`Error::WrongThread`](crate::Error::WrongThread) while a handle to it lives.
     ///
     /// # Cancel safety
     /// Dropping the future leaves every stream untouched.
@@ -321,7 +323,9 @@ impl Device {
     /// async executor thread.
     ///
     /// # Errors
-    /// The first error a stream reported; the other streams are still waited for.
+    /// The first error a stream reported; the other streams are still waited for. As
+    /// [`synchronize`](Device::synchronize), a per-thread default stream of another thread is
+    /// [`Error::WrongThread`](crate::Error::WrongThread).
     ///
     /// ```
     /// use std::time::Duration;

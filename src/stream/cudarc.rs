@@ -83,7 +83,8 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Unsupported`] on a host-backend device (it has no CUDA stream); driver errors
-    /// when cudarc cannot take hold of the device's primary context.
+    /// when cudarc cannot take hold of the device's primary context; [`Error::WrongThread`] for
+    /// a [per-thread default stream](Stream::per_thread_default) of another thread.
     ///
     /// # Examples
     ///
@@ -103,6 +104,8 @@ impl Stream {
     pub(crate) fn cudarc_stream_ref(&self) -> Result<&Arc<CudaStream>> {
         match self.raw() {
             AnyStream::Cuda(raw) => {
+                // cudarc's handle would carry the per-thread stream's handle to other threads.
+                self.raw().usable_here()?;
                 let first = !raw.has_cudarc_stream();
                 let cudarc = raw.cudarc_stream()?;
                 if first {
@@ -144,9 +147,6 @@ impl Stream {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn from_cudarc(stream: Arc<CudaStream>) -> Result<Stream> {
-        // The caller has used cudarc on this thread, which may have bound another context
-        // (one of its own non-primary contexts, say) behind the crate's back.
-        crate::backend::cuda::expect_foreign_binds();
         if let Some(known) = Stream::from_cudarc_ref(&stream) {
             return Ok(known);
         }

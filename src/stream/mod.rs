@@ -132,10 +132,20 @@ impl Stream {
     ///
     /// Each thread gets its own stream: calls on one thread while a handle lives return the
     /// same stream, calls on two threads return two. Nothing is created on CUDA, and dropping
-    /// the last handle destroys nothing. Use a handle only on the thread that obtained it: on
-    /// CUDA the handle names the per-thread stream *of the thread that uses it*, so work
-    /// enqueued through it from another thread lands on that thread's stream (the host
-    /// backend's emulation, one queue per thread and device, keeps it on the first thread's).
+    /// the last handle destroys nothing.
+    ///
+    /// The handle belongs to the thread that obtained it. On CUDA it names the per-thread
+    /// stream *of the thread that uses it*, so work enqueued through it elsewhere would land on
+    /// another stream under the same [`id`](Stream::id), out of order with everything the
+    /// crate orders by stream (pool reuse, buffer hand-offs and reads). So every operation that
+    /// reaches the driver through it (records, waits, copies, fills, host functions,
+    /// synchronizing, and the allocations, frees and buffer operations on it) fails on another
+    /// thread with [`Error::WrongThread`](crate::Error::WrongThread), which names both threads;
+    /// the host backend's emulation does the same. The handle itself may travel (it is `Send`
+    /// like every `Stream`), and so may its events, which any thread may query and await. A
+    /// buffer it owns dropped on another thread is not freed there: its memory is leaked and
+    /// the error deferred to the device ([`Device::take_deferred_error`]). Don't let a task
+    /// that moves between executor threads use it; each thread gets its own with this call.
     ///
     /// # Errors
     /// As [`legacy_default`](Stream::legacy_default).
@@ -153,6 +163,10 @@ impl Stream {
     ///     .join()
     ///     .unwrap();
     /// assert_ne!(mine.id(), other);
+    ///
+    /// let moved = mine.clone();
+    /// let refused = std::thread::spawn(move || moved.record().map(drop)).join().unwrap();
+    /// assert!(matches!(refused, Err(streamalloc::Error::WrongThread { .. })));
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn per_thread_default(device: &Device) -> Result<Stream> {
@@ -252,10 +266,16 @@ impl Stream {
         self.inner.raw.synchronize_blocking()
     }
 
-    /// Runs `f` on a backend thread once the stream reaches this point.
+    /// Runs `f` on a backend thread once the stream reaches this point (`cuLaunchHostFunc`).
+    /// Later work on this stream waits for `f` to return, so keep it short.
     ///
-    /// `f` must not call the CUDA driver (the driver forbids it inside host functions); it also
-    /// blocks later work on this stream while it runs, so keep it short.
+    /// On CUDA, `f` runs inside a host function, where the driver forbids every CUDA call.
+    /// This crate checks for it: inside `f`, its operations that would call the driver fail
+    /// with [`Error::Unsupported`](crate::Error::Unsupported), and dropping a handle whose drop
+    /// would (a buffer, a stream, a resource) leaks what it holds and defers the error to the
+    /// device. So send what `f` should release elsewhere (a channel) rather than dropping it
+    /// there. Driver calls `f` makes through other libraries (cudarc, FFI) are theirs to
+    /// refuse. On the host backend `f` runs on the stream's worker and may do anything.
     ///
     /// # Errors
     /// A driver error when the callback cannot be enqueued.

@@ -184,3 +184,69 @@ fn streams_are_equal_only_to_their_clones() {
     assert_ne!(a, Stream::new(&d).unwrap());
     assert_eq!(a.device(), &d);
 }
+
+/// A per-thread default stream is a different stream on each thread under one id (on CUDA its
+/// handle names the calling thread's stream): every operation from another thread than the one
+/// that got it is refused with both threads named, and a buffer it owns is not freed from there
+/// (a deferred error, the memory leaked) rather than on another thread's stream. Failed before
+/// the check: every call went through (the host emulation ran it on the first thread's queue).
+#[test]
+fn a_per_thread_default_stream_refuses_other_threads() {
+    use crate::{CudaResource, DeviceBuffer};
+
+    let device = Device::host_with(HostConfig::default());
+    let mine = Stream::per_thread_default(&device).unwrap();
+    let mr = CudaResource::new(&device).unwrap();
+    let mut buf = DeviceBuffer::try_new(64, &mine, mr).unwrap();
+    buf.fill(1).unwrap();
+    let done = mine.record().unwrap();
+    let home = std::thread::current().id();
+    let other = Stream::new(&device).unwrap();
+    let (d, theirs) = (device.clone(), mine.clone());
+    std::thread::Builder::new()
+        .name("elsewhere".into())
+        .spawn(move || {
+            let check = |what: &str, result: Result<(), Error>| match result {
+                Err(Error::WrongThread {
+                    home: h,
+                    current,
+                    current_name,
+                    device: dev,
+                    ..
+                }) => {
+                    assert_eq!((h, current), (home, std::thread::current().id()), "{what}");
+                    assert_eq!(
+                        (current_name.as_str(), dev),
+                        ("elsewhere", d.id()),
+                        "{what}"
+                    );
+                }
+                other => panic!("{what}: expected WrongThread, got {other:?}"),
+            };
+            check("record", theirs.record().map(drop));
+            check("wait", theirs.wait(&done));
+            check("wait_stream", other.wait_stream(&theirs));
+            check("delay", theirs.enqueue_delay(Duration::from_millis(1)));
+            check("host fn", theirs.launch_host_fn(|| {}));
+            check("synchronize", theirs.synchronize_blocking());
+            check("fill", buf.fill(2));
+            let err = Stream::per_thread_default(&d).unwrap().record().map(drop);
+            assert!(
+                err.is_ok(),
+                "this thread's own per-thread stream works: {err:?}"
+            );
+            drop(buf);
+            check("free", d.take_deferred_error().map_or(Ok(()), Err));
+            // Reading the error needs no driver call, and events travel.
+            assert!(done.clone().is_complete().is_ok());
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    mine.synchronize_blocking().unwrap();
+    assert_eq!(
+        device.host_controls().unwrap().live_allocations(),
+        1,
+        "leaked, not freed"
+    );
+}

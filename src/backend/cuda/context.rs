@@ -5,7 +5,6 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::DriverError;
@@ -34,6 +33,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
     "cuCtxGetCurrent",
+    "cuCtxSynchronize",
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemAllocManaged",
@@ -140,23 +140,31 @@ pub(crate) fn device_count() -> Result<usize> {
 }
 
 thread_local! {
-    /// The context this crate last made current on this thread (null: none yet). A cache only:
-    /// code outside this crate that changes the current context on this thread is not seen,
-    /// which is why [`FOREIGN_BINDS`] turns it off.
-    static BOUND: Cell<sys::CUcontext> = const { Cell::new(ptr::null_mut()) };
+    /// Set while this thread runs one of this backend's host functions: CUDA forbids every
+    /// driver call there (it may fail or deadlock), so [`DeviceContext::bind`], which every
+    /// driver call of this crate goes through first, refuses them.
+    static IN_HOST_FN: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Set once cudarc interop has been used ([`DeviceContext::cudarc_context`]): from then on
-/// cudarc binds contexts on the same threads (each launch binds its stream's), so [`BOUND`]
-/// may be stale and [`DeviceContext::bind`] asks the driver (`cuCtxGetCurrent`) instead. Without
-/// it, a thread on which cudarc bound device 1 would run this crate's next device-0 call (an
-/// allocation, say) in device 1's context.
-static FOREIGN_BINDS: AtomicBool = AtomicBool::new(false);
+/// Marks the calling thread as inside a host function until dropped
+/// ([`enter_host_fn`]).
+pub(super) struct HostFnGuard {
+    was: bool,
+}
 
-/// Stops trusting the per-thread bind cache from now on: cudarc (which binds contexts itself,
-/// its own non-primary ones included) is in use.
-pub(crate) fn expect_foreign_binds() {
-    FOREIGN_BINDS.store(true, Ordering::Release);
+/// Marks the calling thread (a driver thread, running one of this backend's host functions)
+/// as inside a host function until the guard drops: from then on the crate's driver calls on
+/// it fail instead of reaching the driver.
+pub(super) fn enter_host_fn() -> HostFnGuard {
+    HostFnGuard {
+        was: IN_HOST_FN.with(|f| f.replace(true)),
+    }
+}
+
+impl Drop for HostFnGuard {
+    fn drop(&mut self) {
+        IN_HOST_FN.with(|f| f.set(self.was));
+    }
 }
 
 /// Most events kept for reuse per device; more are destroyed on drop.
@@ -200,30 +208,45 @@ impl DeviceContext {
         self.id
     }
 
-    /// Makes this device's primary context current on the calling thread, unless this crate
-    /// already did so last on this thread.
+    /// Makes this device's primary context current on the calling thread, unless it is already.
+    ///
+    /// The driver is asked which context is current (`cuCtxGetCurrent`, a read of the
+    /// driver's per-thread state, cheap next to any call it precedes) every time: this crate
+    /// keeps no cache of its own, because other code on the thread binds contexts without
+    /// telling it (cudarc, through `streamalloc::cudarc` too, each of whose launches binds its
+    /// stream's context; cuBLAS; the runtime API's `cudaSetDevice`; user FFI), and a stale
+    /// cache would run this crate's next call in someone else's context (an allocation of
+    /// device 0 made in device 1's). Clearing a cache whenever control leaves the crate would
+    /// clear it on every return, so it would never hit. cudarc's `bind_to_thread` does the
+    /// same.
+    ///
+    /// Inside one of this backend's host functions (a closure of
+    /// [`Stream::launch_host_fn`](crate::Stream::launch_host_fn) that uses or drops a handle of
+    /// this crate) it refuses instead: CUDA forbids driver calls there.
     ///
     /// # Errors
-    /// `cuCtxSetCurrent` failures.
+    /// `cuCtxGetCurrent` and `cuCtxSetCurrent` failures; [`Error::Unsupported`] inside a host
+    /// function.
     pub(crate) fn bind(&self) -> Result<()> {
+        if IN_HOST_FN.try_with(Cell::get).unwrap_or(false) {
+            return Err(Error::unsupported(
+                "CUDA driver calls inside a host function (a Stream::launch_host_fn closure \
+                 that uses or drops a handle of this crate); CUDA forbids them there",
+                self.id,
+            ));
+        }
         let ctx = self.ctx.0;
-        if FOREIGN_BINDS.load(Ordering::Acquire) {
-            let mut current: sys::CUcontext = ptr::null_mut();
-            // SAFETY: `current` is a valid out-pointer; the call only reads the thread's state.
-            let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
-            if r == sys::CUresult::CUDA_SUCCESS && current == ctx {
-                return Ok(());
-            }
-        // `try_with` fails only while the thread's locals are being destroyed: then just bind.
-        } else if BOUND.try_with(|b| b.get() == ctx).unwrap_or(false) {
+        let mut current: sys::CUcontext = ptr::null_mut();
+        // SAFETY: `current` is a valid out-pointer; the call only reads the thread's state.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        self.check("cuCtxGetCurrent", r)?;
+        if current == ctx {
             return Ok(());
         }
         // SAFETY: `ctx` is this device's primary context, retained by `self` until it drops.
         unsafe { sys::cuCtxSetCurrent(ctx) }
             .result()
-            .map_err(|e| self.error("cuCtxSetCurrent", e))?;
-        let _ = BOUND.try_with(|b| b.set(ctx));
-        Ok(())
+            .map_err(|e| self.error("cuCtxSetCurrent", e))
     }
 
     /// cudarc's handle to this device's primary context (the one every call of this crate
@@ -236,8 +259,6 @@ impl DeviceContext {
         if let Some(ctx) = self.cudarc.get() {
             return Ok(ctx.clone());
         }
-        // cudarc binds its contexts itself from now on: stop trusting the thread cache first.
-        expect_foreign_binds();
         let ordinal = self.id.ordinal as usize;
         let ctx = cudarc::driver::CudaContext::new(ordinal)
             .map_err(|e| self.error("cuDevicePrimaryCtxRetain (cudarc)", e))?;
@@ -370,7 +391,9 @@ impl DeviceContext {
     }
 
     fn destroy_event(&self, event: RawEvent) {
-        self.bind_in_drop("an event");
+        if !self.bind_in_drop("an event") {
+            return; // leaked: no driver call is possible here
+        }
         // SAFETY: `event` was created by `cuEventCreate` in this context and nothing refers to
         // it any more (its owner gave it up); destroying a pending event is allowed.
         let r = unsafe { sys::cuEventDestroy_v2(event.0) };
@@ -396,7 +419,9 @@ impl DeviceContext {
 
 impl Drop for DeviceContext {
     fn drop(&mut self) {
-        self.bind_in_drop("a device context");
+        if !self.bind_in_drop("a device context") {
+            return; // leaked (the primary context stays retained): no driver call is possible
+        }
         for event in std::mem::take(&mut *self.idle_events.lock()) {
             // SAFETY: idle events were created in this context and nobody refers to them.
             let r = unsafe { sys::cuEventDestroy_v2(event.0) };
@@ -418,12 +443,6 @@ impl Drop for DeviceContext {
         if let Err(error) = self.check("cuDevicePrimaryCtxRelease", r) {
             tracing::error!(%error, "releasing the primary context");
         }
-        // Later binds on this thread must not trust the cache for a context that may be gone.
-        let _ = BOUND.try_with(|b| {
-            if b.get() == self.ctx.0 {
-                b.set(ptr::null_mut());
-            }
-        });
     }
 }
 

@@ -15,7 +15,8 @@ macro_rules! driver_handle {
 
         // SAFETY: the handle is an opaque token that the driver resolves; the CUDA driver API is
         // thread-safe, so a handle may be passed to it from any thread. Lifetimes are managed by
-        // the owner of the handle, not by this token.
+        // the owner of the handle, not by this token. What a token names may depend on the
+        // calling thread (`CU_STREAM_PER_THREAD`): the owner refuses other threads there.
         unsafe impl Send for $name {}
         // SAFETY: as for `Send`: sharing the token across threads only lets several threads pass
         // it to the thread-safe driver API.
@@ -34,7 +35,11 @@ driver_handle!(
     RawContext(sys::CUcontext)
 );
 driver_handle!(
-    /// A `CUstream`.
+    /// A `CUstream`. One value is not a stream of its own: `CU_STREAM_PER_THREAD` names the
+    /// per-thread default stream *of the calling thread*, so passing it to another thread makes
+    /// it another stream. The token may still travel (it is only an integer to the driver);
+    /// [`CudaStream`](super::CudaStream) keeps its thread, and every use of it through
+    /// [`AnyStream`](crate::backend::AnyStream) is refused on any other.
     RawStream(sys::CUstream)
 );
 driver_handle!(

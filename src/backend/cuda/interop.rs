@@ -63,7 +63,7 @@ impl CudaBackend {
                 self.ctx.raw_context()
             )));
         }
-        // Make sure cudarc's bindings are seen from now on.
+        // cudarc's handle to the context, which adopted streams' interop uses.
         self.ctx.cudarc_context()?;
         sweep_retired_streams();
         Ok(Arc::new(CudaStream::adopt(self.ctx.clone(), stream)))

@@ -195,7 +195,9 @@ impl Drop for CudaMemPool {
         if !self.owned {
             return; // the device's default pool belongs to the driver
         }
-        self.ctx.bind_in_drop("a memory pool");
+        if !self.ctx.bind_in_drop("a memory pool") {
+            return; // leaked: no driver call is possible here
+        }
         // SAFETY: the pool was created by `cuMemPoolCreate` and is destroyed only here. Blocks
         // still allocated or frees still pending keep its memory alive: the driver then
         // releases it once they are done, without blocking.

@@ -6,8 +6,8 @@
 //!   panics on a missing library or symbol. The outcome of `cuInit` is cached for the process.
 //! - Contexts: each device uses its primary context, retained for the life of its
 //!   [`DeviceContext`]. Every method that calls the driver first makes that context current on
-//!   the calling thread ([`DeviceContext::bind`]); a thread-local cache of the last context this
-//!   crate bound makes repeated calls skip `cuCtxSetCurrent`.
+//!   the calling thread ([`DeviceContext::bind`]), after asking the driver which one is current
+//!   (other code on the thread binds contexts too), and skips `cuCtxSetCurrent` when it is.
 //! - Errors: `CUDA_ERROR_OUT_OF_MEMORY` from an allocation is [`Error::OutOfMemory`]; every other
 //!   failure is [`Error::Driver`] with the entry point's name and the driver's name of the code.
 //! - Handles ([`handles`]): `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUmodule` and
@@ -42,7 +42,7 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 
-pub(crate) use self::context::{device_count, expect_foreign_binds};
+pub(crate) use self::context::device_count;
 use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
 use self::handles::RawContext;
@@ -65,7 +65,7 @@ pub(crate) struct CudaBackend {
     can_prefetch: OnceLock<bool>,
     /// The wrapper of the device's default managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<CudaMemPool>>,
-    /// Frees pinned host memory off the freeing thread.
+    /// Frees device, managed and pinned host memory off the freeing thread.
     reclaimer: reclaim::Reclaimer,
     /// Completion flags in pinned memory, made on first use; `None` inside when the device or
     /// driver has no stream memory operations.
@@ -210,6 +210,9 @@ impl Backend for CudaBackend {
         // SAFETY: the context is current; both are valid out-pointers.
         let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
         self.ctx.check("cuMemGetInfo", r)?;
+        // Frees queued for the reclaiming thread are free to whoever dropped the memory (a
+        // synchronous free would have returned it by now; an allocation waits for them).
+        let free = (free + self.reclaimer.pending_device_bytes()).min(total);
         Ok(MemoryInfo { free, total })
     }
 
@@ -252,19 +255,17 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        let _ = bytes;
-        if kind == MemoryKind::PinnedHost {
-            // `cuMemFreeHost` needs the stream idle and takes long itself: the reclaiming
-            // thread does both once the stream passes this point. Where no event can be
-            // recorded or no thread takes the block, it is freed here, synchronously.
-            if let Ok(event) = stream.record() {
-                // SAFETY: `ptr` came from `allocate` of this context and is freed once, here
-                // (caller, 1); every use is ordered before this point of `stream` (caller, 2),
-                // where the event was just recorded.
-                match unsafe { self.reclaimer.retire(event, kind, ptr) } {
-                    Ok(()) => return Ok(()),
-                    Err((event, _)) => drop(event),
-                }
+        // `cuMemFree` / `cuMemFreeHost` need the stream idle and synchronize the device: the
+        // reclaiming thread does both once the stream passes this point, so that a drop never
+        // blocks. Where no event can be recorded or no thread takes the block, it is freed
+        // here, synchronously.
+        if let Ok(event) = stream.record() {
+            // SAFETY: `ptr` came from `allocate(kind, bytes)` of this context and is freed
+            // once, here (caller, 1); every use is ordered before this point of `stream`
+            // (caller, 2), where the event was just recorded.
+            match unsafe { self.reclaimer.retire(event, kind, ptr, bytes) } {
+                Ok(()) => return Ok(()),
+                Err((event, _)) => drop(event),
             }
         }
         // SAFETY: the caller's contract, forwarded.
@@ -364,7 +365,14 @@ impl Backend for CudaBackend {
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<u64> {
-        vmm::create(&self.ctx, bytes)
+        match vmm::create(&self.ctx, bytes) {
+            // As `allocate`: device memory still queued for the reclaiming thread is free.
+            Err(Error::OutOfMemory { .. }) if self.reclaimer.busy() => {
+                self.reclaimer.drain();
+                vmm::create(&self.ctx, bytes)
+            }
+            result => result,
+        }
     }
 
     unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {

@@ -1,14 +1,18 @@
-//! Frees of pinned host memory off the caller's thread.
+//! Frees of the plain allocations (`cuMemFree` of device and managed memory, `cuMemFreeHost`
+//! of pinned host memory) off the caller's thread.
 //!
-//! `cuMemFreeHost` is not stream-ordered: the backend must first wait for the freeing stream,
-//! and the free itself takes long (1.6 ms for 16 MiB on an H100). Done on the caller's thread,
-//! every `PinnedHostVec` dropped in an async task stalled that executor thread until the
-//! stream was idle. Instead, the free records an event on the stream and hands the block to one
-//! thread per device, which waits for the event and frees it: the caller's thread never blocks.
+//! None of them is stream-ordered: the backend must first wait for the freeing stream, and the
+//! frees synchronize the device besides (`cuMemFreeHost` of 16 MiB takes 1.6 ms on an H100).
+//! Done on the caller's thread, every buffer dropped in an async task stalled that executor
+//! thread until the stream was idle, though a buffer's drop promises never to block. Instead,
+//! the free records an event on the stream and hands the block to one thread per device, which
+//! waits for the event and frees it: the caller's thread never blocks.
 //!
-//! An allocation of pinned memory that fails for lack of memory waits for the queued frees and
-//! tries once more ([`Reclaimer::drain`]), so deferring a free never turns into an
-//! out-of-memory error that the synchronous free would not have given.
+//! Deferring a free must not make memory look used that a synchronous free would have given
+//! back: an allocation that fails for lack of memory waits for the queued frees and tries once
+//! more ([`Reclaimer::drain`]), and the device's free memory counts the device memory still
+//! queued here ([`Reclaimer::pending_device_bytes`]), so a pool that gave a chunk back and then
+//! grows, or sizes itself from the free memory, sees what it would have seen.
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -27,24 +31,44 @@ struct Retired {
     event: Arc<CudaEvent>,
     kind: MemoryKind,
     ptr: u64,
+    bytes: usize,
 }
 
 /// The blocks handed to the reclaiming thread and not yet freed.
 #[derive(Default)]
 struct Outstanding {
-    count: Mutex<usize>,
+    state: Mutex<Counts>,
     none_left: Condvar,
 }
 
+#[derive(Default)]
+struct Counts {
+    /// Blocks queued and not yet freed.
+    blocks: usize,
+    /// Their bytes of device memory ([`MemoryKind::Device`]).
+    device_bytes: usize,
+}
+
+/// The bytes of `kind` that count as device memory in [`Counts::device_bytes`].
+fn device_bytes(kind: MemoryKind, bytes: usize) -> usize {
+    match kind {
+        MemoryKind::Device => bytes,
+        MemoryKind::Managed | MemoryKind::PinnedHost => 0,
+    }
+}
+
 impl Outstanding {
-    fn add(&self) {
-        *self.count.lock() += 1;
+    fn add(&self, kind: MemoryKind, bytes: usize) {
+        let mut state = self.state.lock();
+        state.blocks += 1;
+        state.device_bytes += device_bytes(kind, bytes);
     }
 
-    fn done(&self) {
-        let mut count = self.count.lock();
-        *count -= 1;
-        if *count == 0 {
+    fn done(&self, kind: MemoryKind, bytes: usize) {
+        let mut state = self.state.lock();
+        state.blocks -= 1;
+        state.device_bytes -= device_bytes(kind, bytes);
+        if state.blocks == 0 {
             self.none_left.notify_all();
         }
     }
@@ -62,18 +86,18 @@ pub(super) struct Reclaimer {
 impl std::fmt::Debug for Reclaimer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reclaimer")
-            .field("outstanding", &*self.outstanding.count.lock())
+            .field("outstanding", &self.outstanding.state.lock().blocks)
             .finish()
     }
 }
 
 impl Reclaimer {
-    /// Queues the free of `ptr` (`kind`, from [`allocate`](super::memory::allocate)) for when
-    /// `event` completes. Gives the block back when no thread can take it (it could not be
-    /// started): the caller then frees it itself.
+    /// Queues the free of `ptr` (`bytes` of `kind`, from
+    /// [`allocate`](super::memory::allocate)) for when `event` completes. Gives the block back
+    /// when no thread can take it (it could not be started): the caller then frees it itself.
     ///
     /// # Safety
-    /// 1. `ptr` came from [`allocate`](super::memory::allocate)`(ctx, kind, ..)` of the
+    /// 1. `ptr` came from [`allocate`](super::memory::allocate)`(ctx, kind, bytes)` of the
     ///    context `event` belongs to, and is not freed yet; on `Ok` it belongs to the
     ///    reclaimer.
     /// 2. Every use of it is ordered before `event`.
@@ -82,6 +106,7 @@ impl Reclaimer {
         event: Arc<CudaEvent>,
         kind: MemoryKind,
         ptr: u64,
+        bytes: usize,
     ) -> std::result::Result<(), (Arc<CudaEvent>, u64)> {
         let mut queue = self.queue.lock();
         if queue.is_none() {
@@ -95,34 +120,48 @@ impl Reclaimer {
             }
             *queue = Some(tx);
         }
-        self.outstanding.add();
-        let sent = queue
-            .as_ref()
-            .expect("started above")
-            .send(Retired { event, kind, ptr });
+        self.outstanding.add(kind, bytes);
+        let sent = queue.as_ref().expect("started above").send(Retired {
+            event,
+            kind,
+            ptr,
+            bytes,
+        });
         sent.map_err(|mpsc::SendError(r)| {
-            self.outstanding.done();
+            self.outstanding.done(kind, bytes);
             (r.event, r.ptr)
         })
     }
 
     /// Blocks until every block queued so far is freed (before retrying a failed allocation).
     pub(super) fn drain(&self) {
-        let mut count = self.outstanding.count.lock();
-        while *count > 0 {
-            self.outstanding.none_left.wait(&mut count);
+        let mut state = self.outstanding.state.lock();
+        while state.blocks > 0 {
+            self.outstanding.none_left.wait(&mut state);
         }
     }
 
     /// Whether blocks are queued and not yet freed.
     pub(super) fn busy(&self) -> bool {
-        *self.outstanding.count.lock() > 0
+        self.outstanding.state.lock().blocks > 0
+    }
+
+    /// Bytes of device memory queued and not yet freed: free memory, as far as the caller
+    /// of a free can tell.
+    pub(super) fn pending_device_bytes(&self) -> usize {
+        self.outstanding.state.lock().device_bytes
     }
 }
 
 /// The reclaiming thread: frees each block once its stream has passed the free.
 fn reclaim(queue: Receiver<Retired>, outstanding: &Outstanding) {
-    for Retired { event, kind, ptr } in queue {
+    for Retired {
+        event,
+        kind,
+        ptr,
+        bytes,
+    } in queue
+    {
         let ctx = event.ctx.clone();
         // A failed wait leaves the block leaked rather than freed under running work.
         match event.synchronize_blocking() {
@@ -137,7 +176,7 @@ fn reclaim(queue: Receiver<Retired>, outstanding: &Outstanding) {
             Err(error) => ctx.errors().report(error),
         }
         drop(event);
-        outstanding.done();
+        outstanding.done(kind, bytes);
     }
 }
 

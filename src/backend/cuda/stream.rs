@@ -10,7 +10,9 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{panic_message, BackendStream, Completion, DefaultStream, DeviceFlag};
+use crate::backend::{
+    panic_message, BackendStream, Completion, DefaultStream, DeviceFlag, HomeThread,
+};
 use crate::error::{Error, Result};
 
 use super::context::DeviceContext;
@@ -32,6 +34,9 @@ pub(crate) struct CudaStream {
     raw: RawStream,
     /// Created by `cuStreamCreate`, so destroyed on drop; `false` for the default streams.
     owned: bool,
+    /// The per-thread default stream's thread: the handle names the stream of whichever thread
+    /// uses it, so [`AnyStream`](crate::backend::AnyStream) refuses every other thread.
+    home: Option<HomeThread>,
     /// Pinned staging memory for pageable copies, allocated on first use. The lock is held while
     /// a staged copy is enqueued, so two copies never interleave their pieces in it; pieces on
     /// one stream run in order, so one buffer serves them all.
@@ -55,6 +60,7 @@ impl CudaStream {
             ctx,
             raw: RawStream(raw),
             owned: true,
+            home: None,
             staging: Mutex::new(None),
             cudarc: OnceLock::new(),
         })
@@ -62,16 +68,18 @@ impl CudaStream {
 
     /// A handle to one of `ctx`'s built-in default streams. Nothing is created, and dropping it
     /// destroys nothing: the special handles name the stream of whichever context is current
-    /// when they are used, which every method binds first.
+    /// when they are used, which every method binds first. The per-thread one also names the
+    /// stream of the calling thread: it belongs to this thread.
     pub(crate) fn builtin(ctx: Arc<DeviceContext>, kind: DefaultStream) -> Self {
-        let handle = match kind {
-            DefaultStream::Legacy => CU_STREAM_LEGACY,
-            DefaultStream::PerThread => CU_STREAM_PER_THREAD,
+        let (handle, home) = match kind {
+            DefaultStream::Legacy => (CU_STREAM_LEGACY, None),
+            DefaultStream::PerThread => (CU_STREAM_PER_THREAD, Some(HomeThread::current(ctx.id()))),
         };
         CudaStream {
             ctx,
             raw: RawStream(handle as sys::CUstream),
             owned: false,
+            home,
             staging: Mutex::new(None),
             cudarc: OnceLock::new(),
         }
@@ -85,6 +93,7 @@ impl CudaStream {
             ctx,
             raw,
             owned: false,
+            home: None,
             staging: Mutex::new(None),
             cudarc: OnceLock::from(stream),
         }
@@ -115,14 +124,27 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        self.ctx.bind_in_drop("a stream");
+        if !self.ctx.bind_in_drop("a stream") {
+            return; // the stream and its staging buffer leak: no driver call is possible here
+        }
         let staging = self.staging.get_mut().take();
         if staging.is_some() {
             // Staged pieces still queued read or write the staging buffer: let them finish
-            // before it is freed. Only streams that made pageable copies block here.
-            // SAFETY: the context is current and the stream live.
-            let r = unsafe { sys::cuStreamSynchronize(self.raw.0) };
-            if let Err(error) = self.ctx.check("cuStreamSynchronize", r) {
+            // before it is freed. Only streams that made pageable copies block here. The
+            // per-thread default stream dropped on another thread than its own cannot be named
+            // from here (its handle would name this thread's): the whole context is waited for.
+            let (call, r) = match &self.home {
+                Some(home) if !home.is_current() => {
+                    // SAFETY: the context is current.
+                    ("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+                }
+                // SAFETY: the context is current and the stream live; with no home thread, or
+                // on it, the handle names this stream.
+                _ => ("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(self.raw.0)
+                }),
+            };
+            if let Err(error) = self.ctx.check(call, r) {
                 tracing::error!("draining a stream with a staging buffer failed; leaking it");
                 self.ctx.errors().report(error);
                 return;
@@ -208,6 +230,7 @@ unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
     // SAFETY: by this function's contract, `user_data` is an owned box leaked by `notify`; it
     // is reclaimed exactly once, here. Taking it apart cannot panic.
     let call = unsafe { Box::from_raw(user_data.cast::<HostCall<Arc<Completion>>>()) };
+    let _inside = super::context::enter_host_fn();
     let HostCall { work, ctx } = *call;
     let outcome = panic::catch_unwind(AssertUnwindSafe(move || work.complete()));
     if let Err(payload) = outcome {
@@ -234,6 +257,9 @@ unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
     // SAFETY: by this function's contract, `user_data` is an owned box leaked by `host_fn`; it
     // is reclaimed exactly once, here. Taking it apart cannot panic.
     let call = unsafe { Box::from_raw(user_data.cast::<HostCall<HostFn>>()) };
+    // The closure (a user's, through `Stream::launch_host_fn`) may use or drop handles of this
+    // crate: their driver calls fail while this guard lives, instead of reaching the driver.
+    let _inside = super::context::enter_host_fn();
     let HostCall { work, ctx } = *call;
     let outcome = panic::catch_unwind(AssertUnwindSafe(work));
     if let Err(payload) = outcome {
@@ -251,6 +277,10 @@ impl BackendStream for CudaStream {
 
     fn raw_handle(&self) -> u64 {
         self.raw.0 as u64
+    }
+
+    fn home_thread(&self) -> Option<&HomeThread> {
+        self.home.as_ref()
     }
 
     fn record(&self) -> Result<Arc<CudaEvent>> {

@@ -478,3 +478,84 @@ fn threads_bind_the_context_themselves() {
         h.join().unwrap();
     }
 }
+
+#[cfg(feature = "gpu-tests")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_context_changed_by_other_code_is_bound_again() {
+    // Failed before binds asked the driver: a per-thread cache still said "bound", so the second
+    // allocation ran with no current context (CUDA_ERROR_INVALID_CONTEXT).
+    thread::spawn(|| {
+        let b = backend();
+        let first = b.allocate(MemoryKind::Device, 256).unwrap(); // binds the primary context
+                                                                  // Other code on the thread (cudarc, cuBLAS, the runtime API) changes the current
+                                                                  // context behind the crate's back; here it unbinds every context.
+                                                                  // SAFETY: a null context is allowed: it leaves none current on this thread.
+        unsafe { sys::cuCtxSetCurrent(ptr::null_mut()) }
+            .result()
+            .unwrap();
+        let second = b
+            .allocate(MemoryKind::Device, 256)
+            .expect("the crate binds its context again");
+        let s = stream();
+        for p in [first, second] {
+            // SAFETY: allocated above, freed once; no work uses them.
+            unsafe { b.free(MemoryKind::Device, p, 256, &s) }.unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[cfg(feature = "gpu-tests")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn crate_calls_inside_a_host_function_never_reach_the_driver() {
+    // Before the check, the record below was a cuEventRecord inside a host function, which
+    // CUDA forbids (it may fail, deadlock or not): it was whatever the driver did.
+    let (s, other) = (stream(), stream());
+    let seen = Arc::new(parking_lot::Mutex::new(None));
+    let slot = seen.clone();
+    let other2 = other.clone();
+    s.host_fn(Box::new(move || {
+        *slot.lock() = Some(other2.record().map(drop));
+    }))
+    .unwrap();
+    s.synchronize_blocking().unwrap();
+    let seen = seen.lock().take().expect("the host function ran");
+    assert!(
+        matches!(&seen, Err(Error::Unsupported { what, .. }) if what.contains("host function")),
+        "{seen:?}"
+    );
+    // Outside host functions the same call works.
+    other.record().unwrap();
+}
+
+#[cfg(feature = "gpu-tests")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_queued_device_free_counts_as_free_memory_at_once() {
+    // A free on a busy stream goes to the reclaiming thread; the device's free memory counts
+    // it at once, as a synchronous free would have.
+    let b = backend();
+    let s = stream();
+    let n = 512 << 20;
+    let p = b.allocate(MemoryKind::Device, n).unwrap();
+    let before = b.memory_info().unwrap().free;
+    s.delay(Duration::from_millis(300)).unwrap();
+    let busy = s.record().unwrap();
+    let start = Instant::now();
+    // SAFETY: allocated above, freed once; no work uses it.
+    unsafe { b.free(MemoryKind::Device, p, n, &s) }.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "the free blocked"
+    );
+    assert!(!busy.query().unwrap(), "the stream was still busy");
+    let after = b.memory_info().unwrap().free;
+    assert!(
+        after >= before + n,
+        "free memory {before} -> {after} after freeing {n}"
+    );
+    s.synchronize_blocking().unwrap();
+}

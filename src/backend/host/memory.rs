@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 
 use super::fault::{FaultPoint, Faults};
+use super::vmm::HostVmm;
 
 /// Emulated device memory: zeroed, 256-byte-aligned host allocations counted against a capacity.
 pub(crate) struct HostMemory {
@@ -29,6 +30,9 @@ pub(crate) struct HostMemory {
     faults: Faults,
     /// Prefetches of managed memory requested so far.
     prefetches: AtomicUsize,
+    /// The emulation of virtual memory management. Here, not in the backend, because every
+    /// stream's queue holds this memory: its ranges outlive every worker that may write them.
+    vmm: HostVmm,
 }
 
 #[derive(Default)]
@@ -63,7 +67,13 @@ impl HostMemory {
             errors: ErrorSink::default(),
             faults: Faults::default(),
             prefetches: AtomicUsize::new(0),
+            vmm: HostVmm::default(),
         }
+    }
+
+    /// The emulation of virtual memory management (`vmm.rs`).
+    pub(crate) fn vmm(&self) -> &HostVmm {
+        &self.vmm
     }
 
     pub(crate) fn info(&self) -> MemoryInfo {
@@ -273,7 +283,9 @@ impl Drop for HostMemory {
     fn drop(&mut self) {
         let live = std::mem::take(&mut self.live.get_mut().blocks);
         for (_, block) in live {
-            // SAFETY: the device is gone, so no stream or resource can use its memory any more.
+            // SAFETY: this was the last handle of the device's memory: every stream worker (each
+            // holds one through its queue) has exited and every resource and buffer of the
+            // device is gone, so nothing can use its memory any more.
             unsafe { free_raw(block.raw) };
         }
     }

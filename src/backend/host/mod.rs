@@ -37,8 +37,6 @@ pub(crate) struct HostBackend {
     default_mempool: OnceLock<Arc<HostMemPool>>,
     /// The emulated managed-memory pool, created on first use.
     managed_mempool: OnceLock<Arc<HostMemPool>>,
-    /// The emulation of virtual memory management (`vmm.rs`).
-    vmm: vmm::HostVmm,
     /// Completion flags, made on first use (in ordinary memory: the workers store them).
     flags: OnceLock<Arc<FlagSlab>>,
 }
@@ -55,7 +53,6 @@ impl HostBackend {
             memory: Arc::new(HostMemory::new(id, capacity)),
             default_mempool: OnceLock::new(),
             managed_mempool: OnceLock::new(),
-            vmm: vmm::HostVmm::default(),
             flags: OnceLock::new(),
         }
     }
@@ -152,9 +149,14 @@ impl Backend for HostBackend {
 
     fn default_stream(&self, kind: DefaultStream) -> Result<Arc<HostStream>> {
         // An ordinary queue: `Stream` keeps one per device (legacy) or per thread and device
-        // (per-thread) while handles to it live, which is all that the emulation needs.
-        let _ = kind;
-        self.create_stream()
+        // (per-thread) while handles to it live, which is all that the emulation needs. The
+        // per-thread one is refused on other threads, as CUDA's must be.
+        self.memory().fail_if(FaultPoint::StreamCreate)?;
+        let memory = self.memory().clone();
+        Ok(Arc::new(match kind {
+            DefaultStream::Legacy => HostStream::new(self.id, memory),
+            DefaultStream::PerThread => HostStream::per_thread(self.id, memory),
+        }))
     }
 
     fn managed_mempool(&self) -> Result<Arc<HostMemPool>> {
@@ -203,34 +205,43 @@ impl Backend for HostBackend {
 
     fn vmm_reserve(&self, bytes: usize) -> Result<u64> {
         self.memory().fail_if(FaultPoint::VmmReserve)?;
-        self.vmm.reserve(bytes)
+        self.memory().vmm().reserve(bytes)
     }
 
     unsafe fn vmm_free_reservation(&self, va: u64, bytes: usize) -> Result<()> {
         self.memory().fail_if(FaultPoint::VmmFreeReservation)?;
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.free_reservation(va, bytes) }
+        unsafe { self.memory().vmm().free_reservation(va, bytes) }
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<u64> {
         self.memory().fail_if(FaultPoint::VmmCreate)?;
-        self.vmm.create(self.memory(), bytes)
+        let memory = self.memory();
+        memory.vmm().create(bytes, || memory.charge_physical(bytes))
     }
 
     unsafe fn vmm_release(&self, handle: u64, bytes: usize) -> Result<()> {
         self.memory().fail_if(FaultPoint::VmmRelease)?;
-        self.vmm.release(self.memory(), handle, bytes)
+        let memory = self.memory();
+        memory
+            .vmm()
+            .release(handle, bytes, || memory.refund_physical(bytes))
     }
 
     unsafe fn vmm_map(&self, va: u64, page: usize, handles: &[u64]) -> Result<()> {
+        let memory = self.memory();
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.map_run(self.memory(), va, page, handles) }
+        unsafe {
+            memory
+                .vmm()
+                .map_run(va, page, handles, || memory.fail_if(FaultPoint::VmmMap))
+        }
     }
 
     unsafe fn vmm_unmap(&self, va: u64, bytes: usize) -> Result<()> {
         self.memory().fail_if(FaultPoint::VmmUnmap)?;
         // SAFETY: the caller's contract, forwarded.
-        unsafe { self.vmm.unmap(va, bytes) }
+        unsafe { self.memory().vmm().unmap(va, bytes) }
     }
 }
 

@@ -84,6 +84,35 @@ impl Queue {
         let _ = self.fault.set((position, error));
     }
 
+    /// Under Miri, which cannot run the worker thread (parking_lot parks it through a raw
+    /// `futex` syscall whose arguments Miri refuses): runs what is queued on the calling
+    /// thread, now, in order. Every queue is then always drained, so a wait for another queue's
+    /// position has been reached already. An operation that enqueues on its own stream finds it
+    /// draining and leaves its work to the loop below. Only the memory accesses of the
+    /// operations are checked this way, not their concurrency: the tests Miri runs (`.ci/run`)
+    /// are those of `unsafe` code, not of ordering.
+    #[cfg(miri)]
+    pub(super) fn run_inline(&self) {
+        use std::cell::RefCell;
+        thread_local! {
+            /// The queues this thread is draining now (by address).
+            static RUNNING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+        }
+        let me = self as *const Queue as usize;
+        if RUNNING.with(|r| r.borrow().contains(&me)) {
+            return;
+        }
+        RUNNING.with(|r| r.borrow_mut().push(me));
+        loop {
+            let op = self.state.lock().ops.pop_front();
+            let Some(op) = op else { break };
+            self.execute(op);
+            self.completed.fetch_add(1, Ordering::AcqRel);
+        }
+        RUNNING.with(|r| r.borrow_mut().retain(|&q| q != me));
+    }
+
+    #[cfg_attr(miri, allow(dead_code))]
     pub(super) fn run(&self) {
         loop {
             let op = {

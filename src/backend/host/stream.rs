@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendEvent, BackendStream, Completion, DeviceFlag};
+use crate::backend::{BackendEvent, BackendStream, Completion, DeviceFlag, HomeThread};
 use crate::error::Result;
 use crate::ids::DeviceId;
 
@@ -21,6 +21,8 @@ pub(crate) struct HostStream {
     device: DeviceId,
     handle: u64,
     queue: Arc<Queue>,
+    /// The emulated per-thread default stream's thread: refused on any other, as on CUDA.
+    home: Option<HomeThread>,
 }
 
 impl HostStream {
@@ -39,17 +41,30 @@ impl HostStream {
             fault: OnceLock::new(),
             memory,
         });
-        let worker = queue.clone();
         let handle = NEXT.fetch_add(1, Ordering::Relaxed);
-        thread::Builder::new()
-            .name(format!("streamalloc-host-stream-{handle}"))
-            .spawn(move || worker.run())
-            .expect("failed to spawn a host stream worker thread");
+        // Under Miri, the stream has no worker: `enqueue` runs each operation at once
+        // (`Queue::run_inline`).
+        #[cfg(not(miri))]
+        {
+            let worker = queue.clone();
+            thread::Builder::new()
+                .name(format!("streamalloc-host-stream-{handle}"))
+                .spawn(move || worker.run())
+                .expect("failed to spawn a host stream worker thread");
+        }
         HostStream {
             device,
             handle,
             queue,
+            home: None,
         }
+    }
+
+    /// The calling thread's emulated per-thread default stream: it belongs to this thread.
+    pub(crate) fn per_thread(device: DeviceId, memory: Arc<HostMemory>) -> Self {
+        let mut stream = HostStream::new(device, memory);
+        stream.home = Some(HomeThread::current(device));
+        stream
     }
 
     fn enqueue(&self, op: Op) -> Result<()> {
@@ -58,6 +73,9 @@ impl HostStream {
         state.ops.push_back(op);
         state.enqueued += 1;
         self.queue.work.notify_one();
+        drop(state);
+        #[cfg(miri)]
+        self.queue.run_inline();
         Ok(())
     }
 
@@ -89,6 +107,10 @@ impl BackendStream for HostStream {
 
     fn raw_handle(&self) -> u64 {
         self.handle
+    }
+
+    fn home_thread(&self) -> Option<&HomeThread> {
+        self.home.as_ref()
     }
 
     fn record(&self) -> Result<Arc<HostEvent>> {

@@ -303,3 +303,67 @@ fn vmm_fault(
     });
     assert_eq!(c.live_allocations(), 0);
 }
+
+/// Whether the page holding `addr` is mapped in this process (reserved or accessible).
+#[cfg(unix)]
+fn page_is_mapped(addr: u64) -> bool {
+    let page = addr & !4095;
+    let mut residency = [0u8; 1];
+    // SAFETY: `mincore` only reports on the range; it fails with ENOMEM where nothing is mapped.
+    unsafe { libc::mincore(page as *mut libc::c_void, 4096, residency.as_mut_ptr()) == 0 }
+}
+
+/// A mapped-pool buffer leaked after a failed stream wait, then the pool and the device
+/// dropped, while the stream's worker still has a fill of it queued: the reservation must stay
+/// mapped until no worker can write it, and go back once they are done. Failed before the
+/// emulated VMM moved into the memory the workers hold: the device's drop unmapped the range
+/// under the queued fill ("unmapped under a queued fill").
+#[cfg(unix)]
+#[test]
+fn a_reservation_outlives_the_device_while_a_worker_may_write_it() {
+    use crate::{DeviceBuffer, FaultPoint, MappedPoolResource};
+
+    let device = Device::host_with(HostConfig::default());
+    let (s, reader) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let mut buf = DeviceBuffer::try_new(4096, &s, pool.clone()).unwrap();
+    let addr = buf.ptr().addr();
+    // The worker is held here until the device is gone (for ever should the test fail, so
+    // that the fill never runs into an unmapped range).
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s.launch_host_fn(move || {
+        if gate.recv().is_err() {
+            loop {
+                std::thread::park();
+            }
+        }
+    })
+    .unwrap();
+    buf.fill(7).unwrap();
+    buf.record_read(&reader).unwrap();
+    device
+        .host_controls()
+        .unwrap()
+        .fail_next(FaultPoint::StreamWait, 1);
+    drop(buf); // its owner cannot wait for the reader: leaked, not freed
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(Error::Driver { .. })
+    ));
+    drop(pool); // an allocation is out: the pool leaks its range
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(Error::Leaked { .. })
+    ));
+    drop((s, reader, device));
+    assert!(page_is_mapped(addr), "unmapped under a queued fill");
+    open.send(()).unwrap();
+    let start = std::time::Instant::now();
+    while page_is_mapped(addr) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "the range never went back once the workers were done"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}

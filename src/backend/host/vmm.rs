@@ -22,15 +22,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::FaultPoint;
-
-use super::memory::HostMemory;
 
 /// The emulated granularity: an H100's (2 MiB), so the host runs the pool's page logic as the
 /// GPU does.
 pub(crate) const GRANULARITY: usize = 2 << 20;
 
 /// Reservations, physical handles and mappings of one host device.
+///
+/// It lives in the device's [`HostMemory`](super::memory::HostMemory), which every stream's
+/// queue holds: the reservations are given back only when the last of them is gone, so never
+/// while a worker may still run queued work in them (a leaked buffer's copies, say), whoever
+/// dropped the device first.
 #[derive(Debug, Default)]
 pub(crate) struct HostVmm {
     state: Mutex<VmmState>,
@@ -107,21 +109,24 @@ impl HostVmm {
         Ok(())
     }
 
-    pub(crate) fn create(&self, memory: &HostMemory, bytes: usize) -> Result<u64> {
+    /// A physical allocation of `bytes`; `charge` counts it against the device's memory first
+    /// (and may refuse it).
+    pub(crate) fn create(&self, bytes: usize, charge: impl FnOnce() -> Result<()>) -> Result<u64> {
         if bytes == 0 || bytes % GRANULARITY != 0 {
             return Err(invalid(format!(
                 "a physical allocation of {bytes} bytes is not a positive multiple of the \
                  granularity ({GRANULARITY})"
             )));
         }
-        memory.charge_physical(bytes)?;
+        charge()?;
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let handle = NEXT.fetch_add(1, Ordering::Relaxed);
         self.state.lock().handles.insert(handle, (bytes, false));
         Ok(handle)
     }
 
-    pub(crate) fn release(&self, memory: &HostMemory, handle: u64, bytes: usize) -> Result<()> {
+    /// Releases a physical allocation; `refund` gives its bytes back to the device's memory.
+    pub(crate) fn release(&self, handle: u64, bytes: usize, refund: impl FnOnce()) -> Result<()> {
         let mut state = self.state.lock();
         match state.handles.get(&handle) {
             Some(&(len, false)) if len == bytes => {}
@@ -138,26 +143,26 @@ impl HostVmm {
         }
         state.handles.remove(&handle);
         drop(state);
-        memory.refund_physical(bytes);
+        refund();
         Ok(())
     }
 
     /// Maps a run of handles, one page each, as CUDA's `cuMemMap` per handle: each counts (and
-    /// may fail) as one [`FaultPoint::VmmMap`] call; on a failure the pages mapped before it
-    /// are unmapped again.
+    /// may fail) as one call of `map_call` (the device's [`FaultPoint::VmmMap`](crate::FaultPoint::VmmMap)
+    /// injection); on a failure the pages mapped before it are unmapped again.
     ///
     /// # Safety
     /// As [`Backend::vmm_map`](crate::backend::Backend::vmm_map).
     pub(crate) unsafe fn map_run(
         &self,
-        memory: &HostMemory,
         va: u64,
         page: usize,
         handles: &[u64],
+        map_call: impl Fn() -> Result<()>,
     ) -> Result<()> {
         for (i, &handle) in handles.iter().enumerate() {
             let at = va + (i * page) as u64;
-            let mut mapped = memory.fail_if(FaultPoint::VmmMap);
+            let mut mapped = map_call();
             if mapped.is_ok() {
                 // SAFETY: page `i` of the caller's run: aligned, inside a reservation,
                 // unmapped, and a live handle of `page` bytes.
@@ -234,9 +239,11 @@ impl HostVmm {
 
 impl Drop for HostVmm {
     fn drop(&mut self) {
-        // The device is gone, so nothing can use its address ranges any more.
+        // The device's memory, which holds this, is dropped with its last handle: every stream
+        // worker (each holds one through its queue) has exited, and every resource and buffer
+        // of the device is gone, so nothing can use these address ranges any more.
         for (&va, &len) in &self.state.get_mut().reservations {
-            // SAFETY: a whole reservation made by `sys::reserve`, used by no one now.
+            // SAFETY: a whole reservation made by `sys::reserve`, used by no one now (above).
             unsafe { sys::release(va, len) };
         }
     }

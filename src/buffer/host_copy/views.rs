@@ -47,7 +47,7 @@ impl<'a> BufferView<'a> {
         // SAFETY: `ptr..ptr + len` lies inside the buffer (a view never outgrows it), whose
         // memory is freed, and written by other streams, only after a point of the owner that
         // follows this copy; the owner's own later writes are stream-ordered after it, its
-        // earlier owners' before it (`ready`). The lock keeps the owner fixed meanwhile.
+        // earlier owners' before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
         let copy = unsafe { CopyToSlice::start("copy_to_host_slice", owner, ptr, self.len(), dst) };
         uses.used_until(copy.done_event());
         copy

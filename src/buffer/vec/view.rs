@@ -239,7 +239,7 @@ impl<'a, T: Pod> VecView<'a, T> {
         // bounds), whose memory is freed, and written by other streams, only after a point of
         // the owner that follows this copy (the free is on the owner or on a later owner that
         // waits for this one); the owner's own later writes are stream-ordered after it, its
-        // earlier owners' before it (`ready`). The lock keeps the owner fixed meanwhile.
+        // earlier owners' before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
         let copy = unsafe { CopyToHost::start_elems("copy_to_host", owner, ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
@@ -600,7 +600,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// ```
     pub fn copy_from_host<B: HostBuffer<Elem = T>>(&mut self, host: B) -> CopyFromHost<B> {
         let dst = self.addr;
-        let uses = self.buf.uses.get_mut();
+        let mut uses = self.buf.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromHost::failed(e);
         }
@@ -643,7 +643,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// ```
     pub fn copy_from_host_slice(&mut self, host: &[T]) -> CopyFromSlice {
         let dst = self.addr;
-        let uses = self.buf.uses.get_mut();
+        let mut uses = self.buf.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromSlice::failed(e);
         }
