@@ -88,6 +88,7 @@ impl HomeThread {
     }
 
     /// Whether the calling thread is this one.
+    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))] // the CUDA stream's drop
     pub(crate) fn is_current(&self) -> bool {
         std::thread::current().id() == self.id
     }
