@@ -162,8 +162,10 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `size` is 0, a bin of that size exists, the resource
-    /// is shared, or `resource`'s capacity limit is below `size`; [`Error::DeviceMismatch`] when `resource` is of another device than the
-    /// upstream; the upstream's error when a new fixed-size bin's first batch cannot be
+    /// is shared, `resource`'s capacity limit is below `size`, or its memory lacks an access
+    /// the upstream's [`properties`](MemoryResource::properties) claim (the binning resource
+    /// reports those for every request); [`Error::DeviceMismatch`] when `resource` is of
+    /// another device than the upstream; the upstream's error when a new fixed-size bin's first batch cannot be
     /// allocated.
     ///
     /// ```
@@ -193,10 +195,27 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
         };
         let resource = match resource {
             Some(r) => {
-                let (expected, actual) =
-                    (inner.upstream.properties().device, r.properties().device);
-                if expected != actual {
-                    return Err(Error::DeviceMismatch { expected, actual });
+                let (wanted, given) = (inner.upstream.properties(), r.properties());
+                if wanted.device != given.device {
+                    return Err(Error::DeviceMismatch {
+                        expected: wanted.device,
+                        actual: given.device,
+                    });
+                }
+                // This resource reports the upstream's properties for every request, so a bin
+                // must offer each access they claim.
+                if (wanted.host_accessible && !given.host_accessible)
+                    || (wanted.device_accessible && !given.device_accessible)
+                {
+                    return Err(Error::invalid(format!(
+                        "a bin of {size} bytes served by memory that is host-accessible: {}, \
+                         device-accessible: {}, under an upstream whose memory is \
+                         host-accessible: {}, device-accessible: {}",
+                        given.host_accessible,
+                        given.device_accessible,
+                        wanted.host_accessible,
+                        wanted.device_accessible
+                    )));
                 }
                 // The bin's requests could never succeed there, and awaited ones would wait
                 // for ever (the binning resource's limit is the upstream's).
@@ -237,7 +256,11 @@ impl<R: MemoryResource + Clone> Inner<R> {
 
 memory_resource!(shared [R: MemoryResource + Clone] BinningResource<R>);
 
-impl<R: MemoryResource + Clone> Forward for Inner<R> {
+// SAFETY: a pointer it hands out is one that the bin serving its size, or the upstream,
+// returned for the same request: each keeps the promise, is of the upstream's device and
+// offers every access the upstream's properties (which this resource reports) claim
+// (`add_bin` checks both). Frees route by size back to the resource that allocated.
+unsafe impl<R: MemoryResource + Clone> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         match self.bin(bytes) {
             Some(BinResource::Fixed(r)) => r.try_allocate(bytes, stream),

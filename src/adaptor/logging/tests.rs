@@ -73,16 +73,19 @@ fn temp_path(name: &str) -> PathBuf {
 #[test]
 fn the_output_is_rmms_format_byte_for_byte() {
     let (device, s) = host();
-    let (up, _) = recording(&device, |bytes| match bytes {
-        0 => Ok(DevicePtr::NULL),
-        b if b > MIB => Err(Error::OutOfMemory {
-            details: None,
-            requested: b,
-            available: None,
-            device: crate::Device::host().id(),
-        }),
-        _ => Ok(DevicePtr::from_raw(0x7f3a_5c00_0000)),
-    });
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe {
+        recording(&device, |bytes| match bytes {
+            0 => Ok(DevicePtr::NULL),
+            b if b > MIB => Err(Error::OutOfMemory {
+                details: None,
+                requested: b,
+                available: None,
+                device: crate::Device::host().id(),
+            }),
+            _ => Ok(DevicePtr::from_raw(0x7f3a_5c00_0000)),
+        })
+    };
     let out = Shared::default();
     let mr = LoggingAdaptor::builder()
         .clock(fixed_clock())

@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use super::BinningResource;
 use crate::test_support::{device as host, free};
 use crate::{
-    CudaResource, Device, DevicePtr, Error, LimitingAdaptor, MemoryResource, PoolResource,
-    Properties, Result, Stream,
+    CallbackResource, CudaResource, Device, DevicePtr, Error, LimitingAdaptor, MemoryResource,
+    PoolResource, Properties, Result, Stream,
 };
 
 const KIB: usize = 1 << 10;
@@ -36,7 +36,8 @@ impl Counting {
     }
 }
 
-impl MemoryResource for Counting {
+// SAFETY: every pointer is one `upstream` returned for the same request, with its properties.
+unsafe impl MemoryResource for Counting {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         self.allocations.fetch_add(1, Ordering::SeqCst);
         if bytes == 0 {
@@ -151,6 +152,20 @@ fn bins_are_checked() {
         PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(256 * KIB)).unwrap();
     let r = mr.add_bin(MIB, Some(Arc::new(small_pool)));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    // A bin of memory the host cannot touch, under an upstream (host-backend device memory)
+    // that says the host can: the binning resource would hand it out as host-accessible.
+    let device_only = Properties {
+        host_accessible: false,
+        ..up.properties()
+    };
+    let fail = move |bytes, s: &Stream| Err(Error::out_of_memory(bytes, None, s.device().id()));
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let device_only = unsafe { CallbackResource::new(device_only, fail, |_, _, _| {}) };
+    let r = mr.add_bin(2 * KIB, Some(Arc::new(device_only)));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("host-accessible: false")),
+        "{r:?}"
+    );
     let _shared = mr.clone();
     assert!(matches!(
         mr.add_bin(4 * KIB, None),

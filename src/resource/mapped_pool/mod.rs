@@ -974,7 +974,12 @@ impl Inner {
     }
 }
 
-impl MemoryResource for MappedPoolResource {
+// SAFETY: a pointer it hands out is `base` plus the start of a block of at least `bytes`
+// bytes (a multiple of 256 at a 256-aligned offset of the granule-aligned reservation) that
+// the free list hands out once until it is freed, with every page under it mapped (`serve`)
+// and kept mapped while the block is live (pages are released only when wholly free). It
+// says host-accessible only on the host backend, whose mappings are host memory.
+unsafe impl MemoryResource for MappedPoolResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         self.inner.try_allocate(bytes, stream)
     }
