@@ -173,6 +173,34 @@ fn bins_are_checked() {
     ));
 }
 
+/// Frees are routed by size, so a bin added while memory is out would get frees of memory it
+/// never gave (here a `HostResource` freeing the upstream's pointer): once anything is
+/// allocated, bins are fixed.
+#[test]
+fn no_bin_is_added_after_an_allocation() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let mut mr = BinningResource::new(CudaResource::new(&device).unwrap());
+    mr.add_bin(4 * KIB, None).unwrap();
+    let p = mr.try_allocate(5000, &s).unwrap(); // above every bin: the upstream's
+    let host_bin = Arc::new(crate::HostResource::new(&device).unwrap());
+    let r = mr.add_bin(8 * KIB, Some(host_bin));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("first allocation")),
+        "{r:?}"
+    );
+    assert_eq!(mr.bin_sizes(), [4 * KIB]);
+    free(&mr, p, 5000, &s); // back to the upstream, which gave it
+    s.synchronize_blocking().unwrap();
+    assert!(device.take_deferred_error().is_none());
+    assert_eq!(
+        device.host_controls().unwrap().allocated_bytes(),
+        128 * 4 * KIB
+    );
+    // Freed again, nothing is out, yet the bins stay as they were: allocated is for ever.
+    assert!(mr.add_bin(8 * KIB, None).is_err());
+}
+
 /// An awaited request waits for memory wherever its size routes it: here a bin whose upstream
 /// budget is spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
