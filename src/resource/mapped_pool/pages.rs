@@ -22,7 +22,9 @@ pub(super) enum Page {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Status {
-    /// Some live block touches it (or it could not be released: see `release`).
+    /// Some live block touches it, or its release was given up because an event of a stream
+    /// that freed into it reported an error (see `collect`): it stays mapped until a later
+    /// free empties it again.
     InUse,
     /// Wholly free; releasable once the events of pending release `id` complete.
     Pending(u32),
@@ -171,26 +173,32 @@ impl Inner {
         }
         let mut pending = std::mem::take(&mut state.pending);
         pending.retain(|p| {
-            // An event that reports an error has been reached too (the stream failed there).
-            let done = p.events.iter().all(|e| e.is_complete().unwrap_or(true));
-            if done {
-                for i in p.pages.clone() {
-                    if let Page::Mapped {
-                        handle,
-                        status: Status::Pending(id),
-                    } = state.pages[i]
-                    {
-                        if id == p.id {
-                            state.pages[i] = Page::Mapped {
-                                handle,
-                                status: Status::Idle,
-                            };
+            // An event that reports an error is not done: the stream failed, and on a GPU
+            // its work before the event may still be running. The release is given up: the
+            // pages stay mapped, as pages in use do, and the error goes to the device.
+            let (status, done) = match passed(&p.events) {
+                Ok(false) => return true,
+                Ok(true) => (Status::Idle, true),
+                Err(e) => {
+                    self.device.defer_error(e);
+                    (Status::InUse, false)
+                }
+            };
+            for i in p.pages.clone() {
+                if let Page::Mapped {
+                    handle,
+                    status: Status::Pending(id),
+                } = state.pages[i]
+                {
+                    if id == p.id {
+                        state.pages[i] = Page::Mapped { handle, status };
+                        if done {
                             state.idle.insert(i);
                         }
                     }
                 }
             }
-            !done
+            false
         });
         state.pending = pending;
         if state.idle.len() + state.unfenced.len() <= high {
@@ -287,4 +295,15 @@ impl Inner {
             armed: false,
         });
     }
+}
+
+/// Whether the streams have passed every one of `events`; the first error an event reports
+/// (its stream failed) is no answer.
+fn passed(events: &[Event]) -> Result<bool> {
+    for e in events {
+        if !e.is_complete()? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

@@ -546,3 +546,50 @@ fn releasing_idle_pages_for_a_request_never_unmaps_the_pages_it_covers() {
     pool.trim();
     assert_eq!(mapped(&device), 0);
 }
+
+/// An event that reports an error has not shown that its stream passed the frees: the failed
+/// stream's work may still run on a GPU. Its pages stay mapped, and the error goes to the
+/// device instead of being taken for completion.
+#[test]
+fn an_event_error_keeps_the_pages_and_reaches_the_device() {
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let pool = eager(&device);
+    let p = pool.try_allocate(PAGE, &s).unwrap();
+    device
+        .host_controls()
+        .unwrap()
+        .fail_next(FaultPoint::Memset, 1);
+    // SAFETY: `p..p + PAGE` is the pool's allocation, live until the free below, which is
+    // ordered after the memset on `s`.
+    unsafe { s.raw().memset(p.addr(), 0, PAGE) }.unwrap();
+    assert!(
+        s.synchronize_blocking().is_err(),
+        "the memset failed the stream"
+    );
+    // Eager: the emptied page is fenced with an event after the failure, and looked at at once.
+    free(&pool, p, PAGE, &s);
+    assert_eq!(mapped(&device), PAGE, "the page was released on an error");
+    let e = device
+        .take_deferred_error()
+        .expect("the error reaches the device");
+    assert!(
+        matches!(
+            e,
+            Error::Driver {
+                call: "cuMemsetD8Async",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Not pending for ever either (a waiter would wait on it): kept, as memory in use is.
+    let stats = pool.statistics();
+    assert_eq!((stats.pending_release_bytes, stats.mapped_bytes), (0, PAGE));
+    assert!(!pool.may_regain_memory(PAGE));
+    // The page is free memory still: a request on the stream takes it without mapping more.
+    let q = pool.try_allocate(PAGE, &s).unwrap();
+    assert_eq!((q, mapped(&device)), (p, PAGE));
+    free(&pool, q, PAGE, &s);
+    let _ = device.take_deferred_error(); // the same stream's error, met again
+}
