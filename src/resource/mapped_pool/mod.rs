@@ -147,7 +147,9 @@ struct State {
     /// Pages in status `Unfenced`.
     unfenced: BTreeSet<usize>,
     pending: Vec<PendingRelease>,
-    next_pending: u32,
+    /// The id of the next pending release. Pages are matched to their release by id, so ids
+    /// must never come round while a release is pending: 64 bits, which no run counts through.
+    next_pending: u64,
     /// Each stream that freed into the pool, by owner number (kept for the pool's life, as
     /// [`PoolResource`](crate::PoolResource) keeps the streams that own its free memory).
     orders: Vec<FreeOrder>,

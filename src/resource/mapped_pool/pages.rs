@@ -27,7 +27,7 @@ pub(super) enum Status {
     /// free empties it again.
     InUse,
     /// Wholly free; releasable once the events of pending release `id` complete.
-    Pending(u32),
+    Pending(u64),
     /// Wholly free and its frees have completed: releasable at once.
     Idle,
     /// Wholly free, kept under the release threshold with no event recorded yet: fenced
@@ -39,7 +39,7 @@ pub(super) enum Status {
 
 /// Pages emptied by one free, and the events after which they may be unmapped.
 pub(super) struct PendingRelease {
-    pub(super) id: u32,
+    pub(super) id: u64,
     pub(super) pages: std::ops::Range<usize>,
     pub(super) events: Vec<Event>,
     /// Whether host functions after `events` will wake the wait queue (see `arm_wakeups`).
@@ -275,7 +275,7 @@ impl Inner {
             }
         }
         let id = state.next_pending;
-        state.next_pending = state.next_pending.wrapping_add(1);
+        state.next_pending = id.checked_add(1).expect("2^64 page releases");
         for &i in &pages {
             if let Page::Mapped { handle, status } = state.pages[i] {
                 debug_assert!(

@@ -593,3 +593,53 @@ fn an_event_error_keeps_the_pages_and_reaches_the_device() {
     free(&pool, q, PAGE, &s);
     let _ = device.take_deferred_error(); // the same stream's error, met again
 }
+
+/// A page pending release is matched to its release by id: the ids must never come round
+/// again while an old release is still pending, or a later release whose page range spans
+/// that page takes it for its own and releases it under the old stream's work. Here the
+/// counter is set where 2^32 - 1 releases later would have left a `u32`.
+#[test]
+fn release_ids_never_come_round_to_a_release_still_pending() {
+    let device = host(1 << 30);
+    let [s, busy] = crate::test_support::streams(&device);
+    let keep = MappedPoolConfig::default().release_threshold(usize::MAX);
+    let pool = MappedPoolResource::with_config(&device, keep).unwrap();
+    // Four pages, one block each; the third is freed on a stream still busy for a while.
+    let blocks: Vec<_> = (0..4)
+        .map(|_| pool.try_allocate(PAGE, &s).unwrap())
+        .collect();
+    busy.enqueue_delay(Duration::from_millis(500)).unwrap();
+    free(&pool, blocks[2], PAGE, &busy);
+    let inner = &pool.inner;
+    let mut state = inner.state.lock();
+    state.unfenced.remove(&2);
+    inner.fence(&mut state, vec![2]); // pending until `busy` passes its delay
+    let old = state.pending.last().unwrap().id;
+    let pending_on_busy = Page::Mapped {
+        handle: match state.pages[2] {
+            Page::Mapped { handle, .. } => handle,
+            Page::Unmapped => unreachable!("mapped"),
+        },
+        status: Status::Pending(old),
+    };
+    assert_eq!(state.pages[2], pending_on_busy);
+    // As many releases later as a `u32` counts (each of these is done at once: live blocks
+    // have no free owners, so no events)...
+    state.next_pending = u32::MAX.into();
+    inner.fence(&mut state, vec![0]);
+    // ...a release of pages 1 and 3 spans page 2.
+    inner.fence(&mut state, vec![1, 3]);
+    inner.collect(&mut state, usize::MAX, usize::MAX);
+    assert_eq!(
+        state.pages[2], pending_on_busy,
+        "another release took the page still pending on `busy`"
+    );
+    drop(state);
+    // The other pages were marked as if wholly free: drop the pool with its blocks out (it
+    // leaks them, touching no page) rather than free them.
+    drop(pool);
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(Error::Leaked { allocations: 3, .. })
+    ));
+}
