@@ -78,7 +78,9 @@ const ALIGN: u64 = 256;
 /// free of a pointer the pool does not hold as allocated with that size frees nothing and
 /// records an [`Error::InvalidArgument`] on the device
 /// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)); a pool dropped with
-/// allocations out leaks its mappings and records an [`Error::Leaked`] there.
+/// allocations out leaks its mappings and records an [`Error::Leaked`] there. The error of a
+/// stream that failed goes there too, when the pool meets it releasing pages (the pages
+/// then stay mapped) or waiting for its streams as it is dropped.
 ///
 /// # Examples
 ///
@@ -725,7 +727,8 @@ impl Drop for Inner {
     /// Waits for the streams that freed into the pool (unmapping is not stream-ordered), then
     /// unmaps and releases every page and gives the range back. With allocations still out,
     /// it leaks everything instead (their memory must stay valid) and records an
-    /// [`Error::Leaked`].
+    /// [`Error::Leaked`]. The error of a stream that failed, and of a driver call that fails
+    /// here, is recorded on the device too.
     fn drop(&mut self) {
         let state = self.state.get_mut();
         let allocations = state.list.live_allocations();
@@ -740,8 +743,9 @@ impl Drop for Inner {
         }
         for order in &state.orders {
             if let Err(e) = order.stream().synchronize_blocking() {
-                // A failed stream has stopped running work: its pages are unused.
-                tracing::debug!(%e, "a stream of a dropped mapped pool had failed");
+                // A failed stream has stopped running work: its pages are unused. The drop
+                // cannot return the error, so the device keeps it.
+                self.device.defer_error(e);
             }
         }
         let mut state = std::mem::replace(

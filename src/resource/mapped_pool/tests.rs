@@ -643,3 +643,37 @@ fn release_ids_never_come_round_to_a_release_still_pending() {
         Some(Error::Leaked { allocations: 3, .. })
     ));
 }
+
+/// The drop waits for the streams that freed into the pool; a stream that failed says so, and
+/// the drop cannot return it: the error goes to the device.
+#[test]
+fn a_failed_stream_met_by_the_drop_is_a_deferred_error() {
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let keep = MappedPoolConfig::default().release_threshold(usize::MAX);
+    let pool = MappedPoolResource::with_config(&device, keep).unwrap();
+    let p = pool.try_allocate(PAGE, &s).unwrap();
+    device
+        .host_controls()
+        .unwrap()
+        .fail_next(FaultPoint::Memset, 1);
+    // SAFETY: `p..p + PAGE` is the pool's allocation, live until the free below, which is
+    // ordered after the memset on `s`.
+    unsafe { s.raw().memset(p.addr(), 0, PAGE) }.unwrap();
+    free(&pool, p, PAGE, &s); // kept mapped, unfenced: no event is looked at before the drop
+    assert!(device.take_deferred_error().is_none());
+    drop(pool);
+    let e = device
+        .take_deferred_error()
+        .expect("the drop's error reaches the device");
+    assert!(
+        matches!(
+            e,
+            Error::Driver {
+                call: "cuMemsetD8Async",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
