@@ -192,3 +192,12 @@ pub(crate) fn backtraces_have_symbols() -> bool {
         .to_string()
         .contains("backtraces_have_symbols")
 }
+
+/// Whether captured backtraces give their frames' files and lines: not without debug info
+/// (the release profile has `debug = false`), where only the symbol names are there.
+#[inline(never)]
+pub(crate) fn backtraces_have_locations() -> bool {
+    std::backtrace::Backtrace::force_capture()
+        .to_string()
+        .contains("test_support.rs:")
+}
