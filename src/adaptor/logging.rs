@@ -10,6 +10,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
+use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
@@ -105,7 +106,10 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// logged through `tracing` at `ERROR`, and the adaptor stops logging, since the file may end
 /// in a partial line. Allocations and frees go on as before. Buffered, a write fails on the
 /// writer thread, so the error shows once that batch is written (at the latest at the next
-/// [`flush`](Self::flush)).
+/// [`flush`](Self::flush)). The last drop cannot return an error: one that `flush` and
+/// `write_error` never handed out (a failed write nobody asked about, the final flush, a
+/// writer that panicked on the last lines) goes to the upstream device's deferred errors
+/// ([`Device::take_deferred_error`]).
 ///
 /// # Examples
 ///
@@ -136,6 +140,8 @@ pub struct LoggingAdaptor<R: MemoryResource = SharedResource> {
 
 struct Inner<R> {
     upstream: R,
+    /// The upstream's device, whose deferred errors get what the last drop cannot return.
+    device: DeviceId,
     /// Where the lines go; its lock orders them (and the clock reads).
     output: Mutex<Output>,
     /// What the caller and the writer thread share: the first error, and whether logging
@@ -191,6 +197,20 @@ struct Status {
     stopped: AtomicBool,
     /// The first write error.
     error: Mutex<Option<Error>>,
+    /// Whether `flush` or `write_error` has handed the error out; if not, the last drop
+    /// defers it to the device.
+    reported: AtomicBool,
+}
+
+impl Status {
+    /// The first write error, as the caller is told it.
+    fn report(&self) -> Option<Error> {
+        let error = self.error.lock().clone();
+        if error.is_some() {
+            self.reported.store(true, Relaxed);
+        }
+        error
+    }
 }
 
 struct Sink {
@@ -288,10 +308,13 @@ impl Output {
 }
 
 impl<R> Drop for Inner<R> {
+    /// Writes the rest and flushes; an error no caller was told of (a write that failed, the
+    /// final flush, a writer that panicked) goes to the device's deferred errors, since a drop
+    /// cannot return it.
     fn drop(&mut self) {
         match self.output.get_mut() {
             Output::Direct(sink) => {
-                // Errors were logged where they happened.
+                // An error is kept in `status`, reported below.
                 let _ = sink.flush();
             }
             Output::Batched {
@@ -308,9 +331,18 @@ impl<R> Drop for Inner<R> {
                 let (closed, _) = mpsc::sync_channel(0);
                 drop(std::mem::replace(to_writer, closed));
                 if let Some(writer) = writer.take() {
-                    let _ = writer.join();
+                    if writer.join().is_err() {
+                        self.writer_gone();
+                    }
                 }
             }
+        }
+        if self.status.reported.load(Relaxed) {
+            return;
+        }
+        let error = self.status.error.lock().take();
+        if let (Some(error), Some(device)) = (error, Device::from_id(self.device)) {
+            device.defer_error(error);
         }
     }
 }
@@ -466,6 +498,7 @@ impl LoggingAdaptorBuilder {
         };
         Ok(LoggingAdaptor {
             inner: Arc::new(Inner {
+                device: upstream.properties().device,
                 upstream,
                 output: Mutex::new(output),
                 status,
@@ -552,21 +585,20 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
     pub fn flush(&self) -> Result<()> {
         let done = self.inner.output.lock().start_flush();
         // Waited for outside the lock: other threads go on logging meanwhile.
-        match done {
-            Err(WriterGone) => return Err(self.inner.writer_gone()),
-            Ok(Some(done)) => {
-                if done.recv().is_err() {
-                    return Err(self.inner.writer_gone());
-                }
-            }
-            Ok(None) => {}
+        let gone = match done {
+            Err(WriterGone) => true,
+            Ok(Some(done)) => done.recv().is_err(),
+            Ok(None) => false,
+        };
+        if gone {
+            self.inner.writer_gone();
         }
         self.write_error().map_or(Ok(()), Err)
     }
 
     /// The first error writing the log, after which logging stopped; `None` while all is well.
     pub fn write_error(&self) -> Option<Error> {
-        self.inner.status.error.lock().clone()
+        self.inner.status.report()
     }
 }
 
@@ -620,13 +652,15 @@ impl<R> Inner<R> {
         }
     }
 
-    fn writer_gone(&self) -> Error {
+    /// Records that the writer thread died (it panicked in the user's writer) as the error,
+    /// unless there is one already.
+    fn writer_gone(&self) {
         let error = Error::io(
             "writing the allocation log",
             &io::Error::other("the log's writer thread panicked in the writer"),
         );
         self.status.stopped.store(true, Relaxed);
-        self.status.error.lock().get_or_insert(error).clone()
+        self.status.error.lock().get_or_insert(error);
     }
 }
 
@@ -680,7 +714,8 @@ impl<R: MemoryResource> fmt::Debug for LoggingAdaptor<R> {
         f.debug_struct("LoggingAdaptor")
             .field("path", &self.inner.path)
             .field("auto_flush", &self.inner.auto_flush)
-            .field("write_error", &self.write_error())
+            // Read, not reported: a log line of this is no answer to the caller.
+            .field("write_error", &*self.inner.status.error.lock())
             .field("upstream", &self.inner.upstream)
             .finish()
     }
