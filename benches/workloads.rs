@@ -914,7 +914,10 @@ mod raw {
         }
     }
 
-    impl MemoryResource for RawAsync {
+    // SAFETY: every pointer is a fresh block of the device's pool (`cuMemAllocFromPoolAsync`:
+    // at least the size asked, 256-byte aligned, the caller's until `cuMemFreeAsync`), and the
+    // properties are those of the `CudaAsyncResource` that owns the pool.
+    unsafe impl MemoryResource for RawAsync {
         fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
             self.bind();
             let mut ptr: sys::CUdeviceptr = 0;

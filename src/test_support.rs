@@ -36,20 +36,28 @@ pub(crate) type Calls = Arc<Mutex<Vec<Call>>>;
 /// A resource of `device` that answers each request with `answer(bytes)` and records every
 /// call; frees release nothing. The pointers it returns are whatever `answer` says, so tests can
 /// script RMM's fake addresses.
-pub(crate) fn recording(
+///
+/// # Safety
+/// The resource keeps none of [`MemoryResource`](crate::MemoryResource)'s promise for the
+/// pointers `answer` makes up (they may be no memory, or the same twice): the caller uses them
+/// as numbers only, never under a container, view, kernel or copy.
+pub(crate) unsafe fn recording(
     device: &Device,
     answer: impl Fn(usize) -> Result<DevicePtr> + Send + Sync + 'static,
 ) -> (CallbackResource, Calls) {
     let calls = Calls::default();
     let (a, d) = (calls.clone(), calls.clone());
-    let mr = CallbackResource::new(
-        CudaResource::new(device).unwrap().properties(),
-        move |bytes, stream| {
-            a.lock().push(Call::Allocate(bytes, stream.id()));
-            answer(bytes)
-        },
-        move |ptr, bytes, stream| d.lock().push(Call::Deallocate(ptr, bytes, stream.id())),
-    );
+    // SAFETY: the promise is the caller's (above): nothing touches the memory.
+    let mr = unsafe {
+        CallbackResource::new(
+            CudaResource::new(device).unwrap().properties(),
+            move |bytes, stream| {
+                a.lock().push(Call::Allocate(bytes, stream.id()));
+                answer(bytes)
+            },
+            move |ptr, bytes, stream| d.lock().push(Call::Deallocate(ptr, bytes, stream.id())),
+        )
+    };
     (mr, calls)
 }
 
@@ -183,4 +191,13 @@ pub(crate) fn backtraces_have_symbols() -> bool {
     std::backtrace::Backtrace::force_capture()
         .to_string()
         .contains("backtraces_have_symbols")
+}
+
+/// Whether captured backtraces give their frames' files and lines: not without debug info
+/// (the release profile has `debug = false`), where only the symbol names are there.
+#[inline(never)]
+pub(crate) fn backtraces_have_locations() -> bool {
+    std::backtrace::Backtrace::force_capture()
+        .to_string()
+        .contains("test_support.rs:")
 }

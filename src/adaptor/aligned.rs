@@ -125,7 +125,12 @@ impl<R: MemoryResource> Inner<R> {
 
 memory_resource!(shared [R: MemoryResource] AlignedAdaptor<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: a pointer it hands out is the upstream's for the same request (passed through), or
+// the first multiple of `alignment` (a multiple of 256) in a block of `padded(bytes)` bytes the
+// upstream returned: it lies at most `alignment - 256` bytes into the block, so `bytes` bytes
+// from it stay inside, and the whole block is this allocation's until it is freed. The
+// properties are the upstream's.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let upstream = &self.upstream;
         if self.passes_through(bytes) {

@@ -130,7 +130,9 @@ impl<R: MemoryResource> FailureCallbackAdaptor<R> {
 
 memory_resource!(shared [R: MemoryResource] FailureCallbackAdaptor<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: every pointer it hands out is one the upstream returned for the same request (the
+// callback only decides whether to ask again), and its properties are the upstream's.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let mut attempt = 0u32;
         loop {

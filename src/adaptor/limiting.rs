@@ -137,7 +137,9 @@ impl<R: MemoryResource> Inner<R> {
 
 memory_resource!(shared [R: MemoryResource] LimitingAdaptor<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: every pointer it hands out is one the upstream returned for the same request (the
+// budget only refuses requests), and its properties are the upstream's: its promise holds.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let charged = self.reserve(bytes, stream)?;
         self.upstream

@@ -6,14 +6,19 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
+use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
 use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
+
+#[cfg(test)]
+pub(crate) use self::format::{CPointer, StreamHandle, TimeOfDay};
+use self::format::{LineFormatter, MAX_LINE};
 
 /// The header line of RMM's allocation log, which [`LoggingAdaptor`] writes first and the
 /// [`replay`](crate::replay) parser reads.
@@ -29,10 +34,6 @@ pub(crate) const ALLOCATE: &str = "allocate";
 pub(crate) const ALLOCATE_FAILURE: &str = "allocate failure";
 /// The `Action` of a free.
 pub(crate) const FREE: &str = "free";
-
-/// The longest line: a 20-digit thread id, the time (15), the longest action (16), two
-/// 18-character hexadecimal numbers, a 20-digit size, five commas and the newline.
-const MAX_LINE: usize = 20 + 15 + 16 + 18 + 20 + 18 + 6;
 
 type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 
@@ -105,7 +106,10 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// logged through `tracing` at `ERROR`, and the adaptor stops logging, since the file may end
 /// in a partial line. Allocations and frees go on as before. Buffered, a write fails on the
 /// writer thread, so the error shows once that batch is written (at the latest at the next
-/// [`flush`](Self::flush)).
+/// [`flush`](Self::flush)). The last drop cannot return an error: one that `flush` and
+/// `write_error` never handed out (a failed write nobody asked about, the final flush, a
+/// writer that panicked on the last lines) goes to the upstream device's deferred errors
+/// ([`Device::take_deferred_error`]).
 ///
 /// # Examples
 ///
@@ -136,6 +140,8 @@ pub struct LoggingAdaptor<R: MemoryResource = SharedResource> {
 
 struct Inner<R> {
     upstream: R,
+    /// The upstream's device, whose deferred errors get what the last drop cannot return.
+    device: DeviceId,
     /// Where the lines go; its lock orders them (and the clock reads).
     output: Mutex<Output>,
     /// What the caller and the writer thread share: the first error, and whether logging
@@ -191,6 +197,20 @@ struct Status {
     stopped: AtomicBool,
     /// The first write error.
     error: Mutex<Option<Error>>,
+    /// Whether `flush` or `write_error` has handed the error out; if not, the last drop
+    /// defers it to the device.
+    reported: AtomicBool,
+}
+
+impl Status {
+    /// The first write error, as the caller is told it.
+    fn report(&self) -> Option<Error> {
+        let error = self.error.lock().clone();
+        if error.is_some() {
+            self.reported.store(true, Relaxed);
+        }
+        error
+    }
 }
 
 struct Sink {
@@ -288,10 +308,13 @@ impl Output {
 }
 
 impl<R> Drop for Inner<R> {
+    /// Writes the rest and flushes; an error no caller was told of (a write that failed, the
+    /// final flush, a writer that panicked) goes to the device's deferred errors, since a drop
+    /// cannot return it.
     fn drop(&mut self) {
         match self.output.get_mut() {
             Output::Direct(sink) => {
-                // Errors were logged where they happened.
+                // An error is kept in `status`, reported below.
                 let _ = sink.flush();
             }
             Output::Batched {
@@ -308,9 +331,18 @@ impl<R> Drop for Inner<R> {
                 let (closed, _) = mpsc::sync_channel(0);
                 drop(std::mem::replace(to_writer, closed));
                 if let Some(writer) = writer.take() {
-                    let _ = writer.join();
+                    if writer.join().is_err() {
+                        self.writer_gone();
+                    }
                 }
             }
+        }
+        if self.status.reported.load(Relaxed) {
+            return;
+        }
+        let error = self.status.error.lock().take();
+        if let (Some(error), Some(device)) = (error, Device::from_id(self.device)) {
+            device.defer_error(error);
         }
     }
 }
@@ -466,6 +498,7 @@ impl LoggingAdaptorBuilder {
         };
         Ok(LoggingAdaptor {
             inner: Arc::new(Inner {
+                device: upstream.properties().device,
                 upstream,
                 output: Mutex::new(output),
                 status,
@@ -552,21 +585,20 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
     pub fn flush(&self) -> Result<()> {
         let done = self.inner.output.lock().start_flush();
         // Waited for outside the lock: other threads go on logging meanwhile.
-        match done {
-            Err(WriterGone) => return Err(self.inner.writer_gone()),
-            Ok(Some(done)) => {
-                if done.recv().is_err() {
-                    return Err(self.inner.writer_gone());
-                }
-            }
-            Ok(None) => {}
+        let gone = match done {
+            Err(WriterGone) => true,
+            Ok(Some(done)) => done.recv().is_err(),
+            Ok(None) => false,
+        };
+        if gone {
+            self.inner.writer_gone();
         }
         self.write_error().map_or(Ok(()), Err)
     }
 
     /// The first error writing the log, after which logging stopped; `None` while all is well.
     pub fn write_error(&self) -> Option<Error> {
-        self.inner.status.error.lock().clone()
+        self.inner.status.report()
     }
 }
 
@@ -620,222 +652,15 @@ impl<R> Inner<R> {
         }
     }
 
-    fn writer_gone(&self) -> Error {
+    /// Records that the writer thread died (it panicked in the user's writer) as the error,
+    /// unless there is one already.
+    fn writer_gone(&self) {
         let error = Error::io(
             "writing the allocation log",
             &io::Error::other("the log's writer thread panicked in the writer"),
         );
         self.status.stopped.store(true, Relaxed);
-        self.status.error.lock().get_or_insert(error).clone()
-    }
-}
-
-/// Formats records as lines of RMM's log: the bytes the `Display` types below print
-/// (`TimeOfDay`, `CPointer`, `StreamHandle`), written by hand because `write!` costs several
-/// times as much and the writer thread must keep up with the callers. The thread, the stream
-/// and the second of the day repeat from line to line, so the last of each is kept formatted.
-#[derive(Default)]
-struct LineFormatter {
-    thread: Cached,
-    stream: Cached,
-    /// The last second of the day and its `HH:MM:SS.`.
-    second: Option<(u64, [u8; 9])>,
-}
-
-/// A number and its text, kept for the next line.
-#[derive(Default)]
-struct Cached {
-    key: Option<u64>,
-    text: Digits,
-}
-
-impl Cached {
-    #[inline(always)]
-    fn get(&mut self, key: u64, format: impl FnOnce(u64) -> Digits) -> &Digits {
-        if self.key != Some(key) {
-            self.key = Some(key);
-            self.text = format(key);
-        }
-        &self.text
-    }
-}
-
-/// Up to 20 ASCII bytes (a `u64` in decimal, or `0x` and 16 hex digits), left-aligned, so
-/// that a line copies all 20 (a fixed-size move) and advances by `len`.
-#[derive(Clone, Copy, Default)]
-struct Digits {
-    buf: [u8; 20],
-    len: usize,
-}
-
-/// "00" to "99".
-const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-                            2021222324252627282930313233343536373839\
-                            4041424344454647484950515253545556575859\
-                            6061626364656667686970717273747576777879\
-                            8081828384858687888990919293949596979899";
-
-impl Digits {
-    fn decimal(mut n: u64) -> Self {
-        let mut d = Digits {
-            buf: [0; 20],
-            len: n.checked_ilog10().unwrap_or(0) as usize + 1,
-        };
-        let mut end = d.len;
-        while n >= 100 {
-            let pair = (n % 100) as usize * 2;
-            n /= 100;
-            end -= 2;
-            d.buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-        }
-        if n >= 10 {
-            let pair = n as usize * 2;
-            d.buf[..2].copy_from_slice(&PAIRS[pair..pair + 2]);
-        } else {
-            d.buf[0] = b'0' + n as u8;
-        }
-        d
-    }
-
-    /// `0x` and lowercase hex without leading zeros, or `zero` for 0.
-    fn hex_or(n: u64, zero: &[u8]) -> Self {
-        let mut d = Digits::default();
-        if n == 0 {
-            d.len = zero.len();
-            d.buf[..d.len].copy_from_slice(zero);
-            return d;
-        }
-        d.len = 2 + (67 - n.leading_zeros() as usize) / 4;
-        d.buf[..2].copy_from_slice(b"0x");
-        let mut rest = n;
-        for at in (2..d.len).rev() {
-            d.buf[at] = b"0123456789abcdef"[(rest & 0xf) as usize];
-            rest >>= 4;
-        }
-        d
-    }
-}
-
-/// A line under construction: `MAX_LINE` plus room for one whole `Digits` copied past its end.
-struct Line {
-    buf: [u8; MAX_LINE + 20],
-    len: usize,
-}
-
-impl Line {
-    #[inline(always)]
-    fn digits(&mut self, d: &Digits) {
-        self.buf[self.len..self.len + 20].copy_from_slice(&d.buf);
-        self.len += d.len;
-    }
-
-    #[inline(always)]
-    fn byte(&mut self, b: u8) {
-        self.buf[self.len] = b;
-        self.len += 1;
-    }
-
-    #[inline(always)]
-    fn bytes<const N: usize>(&mut self, b: &[u8; N]) {
-        self.buf[self.len..self.len + N].copy_from_slice(b);
-        self.len += N;
-    }
-}
-
-impl LineFormatter {
-    /// Appends `record`'s line to `out`.
-    fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
-        let mut line = Line {
-            buf: [0; MAX_LINE + 20],
-            len: 0,
-        };
-        line.digits(self.thread.get(record.thread, Digits::decimal));
-        line.byte(b',');
-        let since = record.time.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let secs = since.as_secs() % 86_400;
-        let hms = match self.second {
-            Some((second, text)) if second == secs => text,
-            _ => {
-                let mut text = *b"00:00:00.";
-                for (at, n) in [(0, secs / 3600), (3, secs / 60 % 60), (6, secs % 60)] {
-                    text[at] = b'0' + (n / 10) as u8;
-                    text[at + 1] = b'0' + (n % 10) as u8;
-                }
-                self.second = Some((secs, text));
-                text
-            }
-        };
-        line.bytes(&hms);
-        let micros = since.subsec_micros() as usize;
-        for pair in [micros / 10_000, micros / 100 % 100, micros % 100] {
-            line.bytes(&[PAIRS[pair * 2], PAIRS[pair * 2 + 1]]);
-        }
-        line.byte(b',');
-        // The action: one of three, at most 16 bytes.
-        let action = record.action.as_bytes();
-        line.buf[line.len..line.len + action.len()].copy_from_slice(action);
-        line.len += action.len();
-        line.byte(b',');
-        line.digits(&Digits::hex_or(record.ptr, b"(nil)"));
-        line.byte(b',');
-        line.digits(&Digits::decimal(record.bytes as u64));
-        line.byte(b',');
-        line.digits(self.stream.get(record.stream, |h| Digits::hex_or(h, b"0")));
-        line.byte(b'\n');
-        out.extend_from_slice(&line.buf[..line.len]);
-    }
-}
-
-/// `HH:MM:SS.ffffff` of a time in UTC (spdlog's `%H:%M:%S.%f`): the reference the formatter
-/// is tested against.
-#[cfg(test)]
-pub(crate) struct TimeOfDay(pub(crate) SystemTime);
-
-#[cfg(test)]
-impl fmt::Display for TimeOfDay {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let since = self.0.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let secs = since.as_secs() % 86_400;
-        write!(
-            f,
-            "{:02}:{:02}:{:02}.{:06}",
-            secs / 3600,
-            secs / 60 % 60,
-            secs % 60,
-            since.subsec_micros()
-        )
-    }
-}
-
-#[cfg(test)]
-/// A pointer as glibc's `printf("%p")` prints it: `(nil)` or `0x` and lowercase hex.
-pub(crate) struct CPointer(pub(crate) u64);
-
-#[cfg(test)]
-impl fmt::Display for CPointer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        hex_or(f, self.0, "(nil)")
-    }
-}
-
-#[cfg(test)]
-/// `0x` and lowercase hex, or `zero` for 0: how C and C++ print a null pointer differs.
-fn hex_or(f: &mut fmt::Formatter<'_>, value: u64, zero: &str) -> fmt::Result {
-    match value {
-        0 => f.write_str(zero),
-        v => write!(f, "{v:#x}"),
-    }
-}
-
-#[cfg(test)]
-/// A stream handle as libstdc++'s `ostream << std::hex << (void*)` prints it (RMM's
-/// `format_stream`): `0` for the null handle (no `0x` for zero), else `0x` and lowercase hex.
-pub(crate) struct StreamHandle(pub(crate) u64);
-
-#[cfg(test)]
-impl fmt::Display for StreamHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        hex_or(f, self.0, "0")
+        self.status.error.lock().get_or_insert(error);
     }
 }
 
@@ -863,7 +688,9 @@ fn read_os_thread_id() -> u64 {
 
 memory_resource!(shared [R: MemoryResource] LoggingAdaptor<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: every pointer it hands out is one the upstream returned for the same request (it
+// only observes the call), and its properties are the upstream's: the upstream's promise holds.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let result = self.upstream.try_allocate(bytes, stream);
         match &result {
@@ -887,11 +714,13 @@ impl<R: MemoryResource> fmt::Debug for LoggingAdaptor<R> {
         f.debug_struct("LoggingAdaptor")
             .field("path", &self.inner.path)
             .field("auto_flush", &self.inner.auto_flush)
-            .field("write_error", &self.write_error())
+            // Read, not reported: a log line of this is no answer to the caller.
+            .field("write_error", &*self.inner.status.error.lock())
             .field("upstream", &self.inner.upstream)
             .finish()
     }
 }
 
+mod format;
 #[cfg(test)]
 mod tests;

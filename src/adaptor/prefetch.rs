@@ -65,7 +65,10 @@ impl<R: MemoryResource> PrefetchAdaptor<R> {
 
 memory_resource!(shared [R: MemoryResource] PrefetchAdaptor<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: every pointer it hands out is one the upstream returned for the same request (a
+// prefetch moves pages, it does not change what the range is), and its properties are the
+// upstream's.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.upstream.try_allocate(bytes, stream)?;
         if bytes > 0 && !ptr.is_null() {

@@ -601,7 +601,9 @@ impl<R: MemoryResource> TrackingAdaptor<R> {
 
 memory_resource!(shared [R: MemoryResource] TrackingAdaptor<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: every pointer it hands out is one the upstream returned for the same request (it
+// only observes the call), and its properties are the upstream's: the upstream's promise holds.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     #[inline]
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.upstream.try_allocate(bytes, stream)?;

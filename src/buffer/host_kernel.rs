@@ -498,9 +498,11 @@ impl<T: Pod> HostKernelViews for ReadShape<T> {
             return &[];
         }
         // SAFETY: `prepare` checked that `len` elements of `T` at `addr` lie in the buffer and
-        // are aligned; on the host backend device memory is initialised host memory (zeroed at
-        // allocation; the crate trusts resources to hand out the device's memory, as every
-        // buffer operation does), and `T: Pod` makes any bytes a valid `T`. The launch stream reached the
+        // are aligned. The launch runs only on the host backend, whose device code is host
+        // code, and the buffer's resource promised (`MemoryResource` is an unsafe trait) that
+        // the range is memory its device may use, the buffer's alone while allocated: host
+        // memory here. It is initialised (the host backend zeroes it at allocation), and
+        // `T: Pod` makes any bytes a valid `T`. The launch stream reached the
         // kernel after the owner's writes so far (`begin_read`), and the owner's next write,
         // hand-off and free wait for the launch stream past this call (pending reader): no
         // write overlaps the call, and the memory stays allocated through it (caller's 1, 2).

@@ -1,6 +1,7 @@
 //! `BinningResource`: requests routed by size to bins, the rest to an upstream resource.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -92,9 +93,14 @@ pub struct BinningResource<R: MemoryResource + Clone = SharedResource> {
 
 struct Inner<R: MemoryResource + Clone> {
     upstream: R,
-    /// Sorted by size, sizes distinct.
+    /// Sorted by size, sizes distinct. Fixed once anything is allocated (`allocated`): a free
+    /// is routed by its size, so a bin added later would take frees of memory it never gave.
     bins: Vec<Bin<R>>,
     availability: Arc<Availability>,
+    /// Set by the first successful allocation, never cleared; read by `add_bin`, which has
+    /// the resource to itself (`&mut`, unshared), so relaxed suffices. Written once: the
+    /// hot path then only reads it.
+    allocated: AtomicBool,
 }
 
 struct Bin<R: MemoryResource + Clone> {
@@ -128,6 +134,7 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
                 upstream,
                 bins: Vec::new(),
                 availability,
+                allocated: AtomicBool::new(false),
             }),
         }
     }
@@ -157,13 +164,17 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
     /// served by `resource`, or by a new [`FixedSizeResource`] of `size`-byte blocks over the
     /// upstream when `resource` is `None`.
     ///
-    /// Bins can be added only while this handle is the only one: before the resource is
-    /// cloned (or after every clone is dropped), so that routing never takes a lock.
+    /// Bins can be added only while this handle is the only one (before the resource is
+    /// cloned, or after every clone is dropped), so that routing never takes a lock, and only
+    /// before its first allocation: frees are routed by size, so a new bin would be handed
+    /// frees of memory that another bin or the upstream allocated.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `size` is 0, a bin of that size exists, the resource
-    /// is shared, or `resource`'s capacity limit is below `size`; [`Error::DeviceMismatch`] when `resource` is of another device than the
-    /// upstream; the upstream's error when a new fixed-size bin's first batch cannot be
+    /// is shared or has allocated already, `resource`'s capacity limit is below `size`, or its memory lacks an access
+    /// the upstream's [`properties`](MemoryResource::properties) claim (the binning resource
+    /// reports those for every request); [`Error::DeviceMismatch`] when `resource` is of
+    /// another device than the upstream; the upstream's error when a new fixed-size bin's first batch cannot be
     /// allocated.
     ///
     /// ```
@@ -187,16 +198,41 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
         let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
             Error::invalid("bins can only be added before the binning resource is shared")
         })?;
+        if inner.allocated.load(Relaxed) {
+            return Err(Error::invalid(format!(
+                "a bin of {size} bytes cannot be added after the binning resource's first \
+                 allocation ({} bins now): frees are routed by size, and it would get frees of \
+                 memory out from another bin or the upstream",
+                inner.bins.len()
+            )));
+        }
         let at = match inner.bins.binary_search_by_key(&size, |b| b.size) {
             Ok(_) => return Err(Error::invalid(format!("a bin of {size} bytes exists"))),
             Err(at) => at,
         };
         let resource = match resource {
             Some(r) => {
-                let (expected, actual) =
-                    (inner.upstream.properties().device, r.properties().device);
-                if expected != actual {
-                    return Err(Error::DeviceMismatch { expected, actual });
+                let (wanted, given) = (inner.upstream.properties(), r.properties());
+                if wanted.device != given.device {
+                    return Err(Error::DeviceMismatch {
+                        expected: wanted.device,
+                        actual: given.device,
+                    });
+                }
+                // This resource reports the upstream's properties for every request, so a bin
+                // must offer each access they claim.
+                if (wanted.host_accessible && !given.host_accessible)
+                    || (wanted.device_accessible && !given.device_accessible)
+                {
+                    return Err(Error::invalid(format!(
+                        "a bin of {size} bytes served by memory that is host-accessible: {}, \
+                         device-accessible: {}, under an upstream whose memory is \
+                         host-accessible: {}, device-accessible: {}",
+                        given.host_accessible,
+                        given.device_accessible,
+                        wanted.host_accessible,
+                        wanted.device_accessible
+                    )));
                 }
                 // The bin's requests could never succeed there, and awaited ones would wait
                 // for ever (the binning resource's limit is the upstream's).
@@ -237,18 +273,27 @@ impl<R: MemoryResource + Clone> Inner<R> {
 
 memory_resource!(shared [R: MemoryResource + Clone] BinningResource<R>);
 
-impl<R: MemoryResource + Clone> Forward for Inner<R> {
+// SAFETY: a pointer it hands out is one that the bin serving its size, or the upstream,
+// returned for the same request: each keeps the promise, is of the upstream's device and
+// offers every access the upstream's properties (which this resource reports) claim
+// (`add_bin` checks both). Frees route by size back to the resource that allocated.
+unsafe impl<R: MemoryResource + Clone> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        match self.bin(bytes) {
+        let done = match self.bin(bytes) {
             Some(BinResource::Fixed(r)) => r.try_allocate(bytes, stream),
             Some(BinResource::Given(r)) => r.try_allocate(bytes, stream),
             None => self.upstream.try_allocate(bytes, stream),
+        };
+        // A load of a word written once: no store, so no cache line bounces between threads.
+        if done.is_ok() && !self.allocated.load(Relaxed) {
+            self.allocated.store(true, Relaxed);
         }
+        done
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // SAFETY: forwarded from the caller's contract; `bytes` routes the memory back to the
-        // resource that allocated it.
+        // resource that allocated it (the bins are fixed once anything is allocated).
         unsafe {
             match self.bin(bytes) {
                 Some(BinResource::Fixed(r)) => r.deallocate(ptr, bytes, stream),

@@ -19,9 +19,10 @@ type DeallocateFn = dyn Fn(DevicePtr, usize, &Stream) + Send + Sync;
 /// whatever state they need; that replaces RMM's `void*` arguments. A clone shares the closures.
 ///
 /// Every request reaches the allocate closure, 0 bytes included, as in RMM; the closure keeps
-/// the [`MemoryResource`] contract (256-byte aligned pointers, [`DevicePtr::NULL`] for 0 bytes,
+/// the [`MemoryResource`] contract (memory that is the caller's alone, of at least the size
+/// asked, 256-byte aligned, as `properties` describes it; [`DevicePtr::NULL`] for 0 bytes;
 /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when memory is short) because the
-/// resource cannot check it.
+/// resource cannot check it: [`new`](CallbackResource::new) is `unsafe` for that reason.
 ///
 /// By default allocations never wait: [`availability`](MemoryResource::availability) is
 /// `None`. Give the resource an [`Availability`] to notify
@@ -39,6 +40,7 @@ type DeallocateFn = dyn Fn(DevicePtr, usize, &Stream) + Send + Sync;
 /// A panic in a closure propagates to the caller of the resource.
 ///
 /// # Safety
+/// See [`new`](CallbackResource::new): its caller promises what the allocate closure returns.
 /// The deallocate closure is safe Rust, yet it may rely on
 /// [`MemoryResource::deallocate`]'s contract: the resource calls it only from that `unsafe fn`,
 /// so it only ever sees a pointer that the allocate closure returned for the same `bytes`, not
@@ -61,26 +63,26 @@ type DeallocateFn = dyn Fn(DevicePtr, usize, &Stream) + Send + Sync;
 /// let upstream = CudaResource::new(&device)?;
 /// let live = Arc::new(AtomicUsize::new(0));
 ///
-/// let mr = CallbackResource::new(
-///     upstream.properties(),
-///     {
-///         let (upstream, live) = (upstream.clone(), live.clone());
-///         move |bytes, stream| {
-///             let p = upstream.try_allocate(bytes, stream)?;
-///             live.fetch_add(bytes, Ordering::Relaxed);
-///             Ok(p)
-///         }
-///     },
-///     {
-///         let live = live.clone();
-///         move |ptr, bytes, stream| {
-///             live.fetch_sub(bytes, Ordering::Relaxed);
-///             // SAFETY: the resource calls this only under `deallocate`'s contract, and
-///             // `ptr` came from `upstream.try_allocate(bytes, ..)` in the closure above.
-///             unsafe { upstream.deallocate(ptr, bytes, stream) }
-///         }
-///     },
-/// );
+/// let count = {
+///     let (upstream, live) = (upstream.clone(), live.clone());
+///     move |bytes, stream: &Stream| {
+///         let p = upstream.try_allocate(bytes, stream)?;
+///         live.fetch_add(bytes, Ordering::Relaxed);
+///         Ok(p)
+///     }
+/// };
+/// let uncount = {
+///     let (upstream, live) = (upstream.clone(), live.clone());
+///     move |ptr, bytes, stream: &Stream| {
+///         live.fetch_sub(bytes, Ordering::Relaxed);
+///         // SAFETY: the resource calls this only under `deallocate`'s contract, and `ptr`
+///         // came from `upstream.try_allocate(bytes, ..)` in `count`.
+///         unsafe { upstream.deallocate(ptr, bytes, stream) }
+///     }
+/// };
+/// // SAFETY: every pointer is one `upstream` returned for the same request, and the
+/// // properties are its own: the promise is `upstream`'s.
+/// let mr = unsafe { CallbackResource::new(upstream.properties(), count, uncount) };
 ///
 /// let p = mr.try_allocate(1000, &stream)?;
 /// assert_eq!(live.load(Ordering::Relaxed), 1000);
@@ -106,7 +108,22 @@ impl CallbackResource {
     /// A resource whose `try_allocate` calls `allocate(bytes, stream)` and whose `deallocate`
     /// calls `deallocate(ptr, bytes, stream)`; `properties` is what
     /// [`properties`](MemoryResource::properties) reports.
-    pub fn new(
+    ///
+    /// # Safety
+    /// The resource implements [`MemoryResource`], an unsafe trait, by calling `allocate` and
+    /// reporting `properties`, so the caller promises for them what the trait's `# Safety`
+    /// asks of every resource:
+    /// 1. a pointer `allocate(bytes, ..)` returns (other than [`DevicePtr::NULL`], for 0
+    ///    bytes) starts at least `bytes` bytes that stay valid and are the resource user's
+    ///    alone until the deallocate closure gets them back: no pointer is handed out twice
+    ///    while live, and no range overlaps another live one;
+    /// 2. it is 256-byte aligned and allocated for `properties.device`;
+    /// 3. host code may read and write it when `properties.host_accessible` is true, and
+    ///    device code and copies may use it when `properties.device_accessible` is.
+    ///
+    /// Containers, host kernels and the host backend's copies read and write through these
+    /// pointers on that promise.
+    pub unsafe fn new(
         properties: Properties,
         allocate: impl Fn(usize, &Stream) -> Result<DevicePtr> + Send + Sync + 'static,
         deallocate: impl Fn(DevicePtr, usize, &Stream) + Send + Sync + 'static,
@@ -150,12 +167,13 @@ impl CallbackResource {
     /// limited.availability().unwrap().add_follower(&availability);
     ///
     /// let (a, d) = (limited.clone(), limited.clone());
-    /// let mr = CallbackResource::new(
-    ///     limited.properties(),
-    ///     move |bytes, stream| a.try_allocate(bytes, stream),
-    ///     // SAFETY: called only under `deallocate`'s contract; `ptr` came from `a`, a clone.
-    ///     move |ptr, bytes, stream| unsafe { d.deallocate(ptr, bytes, stream) },
-    /// )
+    /// // SAFETY: called only under `deallocate`'s contract; `ptr` came from `a`, a clone.
+    /// let free = move |ptr, bytes, stream: &Stream| unsafe { d.deallocate(ptr, bytes, stream) };
+    /// // SAFETY: every pointer is one `limited` (through `a`) returned for the same request,
+    /// // and the properties are its own.
+    /// let mr = unsafe {
+    ///     CallbackResource::new(limited.properties(), move |b, s| a.try_allocate(b, s), free)
+    /// }
     /// .with_availability(availability)
     /// .with_capacity_limit(4096);
     ///
@@ -170,7 +188,10 @@ impl CallbackResource {
     }
 }
 
-impl MemoryResource for CallbackResource {
+// SAFETY: it hands out what the allocate closure returns and reports the properties it was
+// given: `CallbackResource::new`, an `unsafe fn`, makes its caller promise that these keep
+// the contract.
+unsafe impl MemoryResource for CallbackResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         (self.callbacks.allocate)(bytes, stream)
     }

@@ -59,7 +59,11 @@ impl CudaResource {
     }
 }
 
-impl MemoryResource for CudaResource {
+// SAFETY: a pointer it hands out is a fresh allocation of the backend's raw allocator
+// (`cuMemAlloc`; host memory on the host backend) of `bytes` bytes, 256-byte aligned
+// (`Backend::allocate`), of this resource's device, freed only by `deallocate`. It says
+// host-accessible only on the host backend, whose device memory is host memory.
+unsafe impl MemoryResource for CudaResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         leaf_allocate(&self.device, MemoryKind::Device, bytes, stream)
     }

@@ -95,7 +95,10 @@ impl CudaAsyncManagedResource {
     }
 }
 
-impl MemoryResource for CudaAsyncManagedResource {
+// SAFETY: a pointer it hands out is its view's, a block of the device's managed-memory pool
+// (CUDA 13's managed `cuMemPool`; host memory on the host backend) of `bytes` bytes,
+// 256-byte aligned: managed memory, which host and device code may both use, as it says.
+unsafe impl MemoryResource for CudaAsyncManagedResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if bytes > self.total()? {
             return Err(Error::OutOfMemory {

@@ -89,7 +89,11 @@ impl CudaAsyncViewResource {
     }
 }
 
-impl MemoryResource for CudaAsyncViewResource {
+// SAFETY: a pointer it hands out is a fresh block of the driver pool
+// (`cuMemAllocFromPoolAsync`, 256-byte aligned or more; the host emulation's raw allocator)
+// of `bytes` bytes, of this resource's device, freed only by `deallocate`. It says
+// host-accessible only on the host backend, whose device memory is host memory.
+unsafe impl MemoryResource for CudaAsyncViewResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         check_stream(&self.device, stream)?;
         if bytes == 0 {

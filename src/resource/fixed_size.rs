@@ -266,7 +266,12 @@ impl<R: MemoryResource> Inner<R> {
 
 memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: a pointer it hands out is a block of one of its chunks, each an allocation of the
+// upstream held until the resource drops it: blocks are `block_size` bytes (a multiple of 256,
+// at least the request, which is refused above it) at 256-aligned offsets of a 256-aligned
+// chunk, and the free list hands each out once until it is freed. The properties are the
+// upstream's.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);

@@ -4,7 +4,8 @@
 //! RMM's `shared_resource<detail::X_impl>` is the model. A resource over an upstream (every
 //! adaptor, the sub-allocators) is a public handle, `X { inner: Arc<Inner> }`, over its shared
 //! state, which holds the upstream in a field `upstream`. The state implements [`Forward`]
-//! with only what the resource changes (an adaptor's allocate and free, a budget's capacity
+//! (an unsafe trait: it carries [`MemoryResource`]'s promise) with only what the resource
+//! changes (an adaptor's allocate and free, a budget's capacity
 //! limit); every method it leaves out forwards to the upstream. One line,
 //! `memory_resource!(shared [R: MemoryResource] X<R>);`, then writes the rest: the state's
 //! [`Wraps`], the handle's `Clone`, its `upstream()` accessor and its [`MemoryResource`] impl,
@@ -23,7 +24,8 @@
 //!
 //! memory_resource!(shared [R: MemoryResource] CountingAdaptor<R>);
 //!
-//! impl<R: MemoryResource> Forward for Inner<R> {
+//! // SAFETY: it returns what the upstream returned, and keeps its properties.
+//! unsafe impl<R: MemoryResource> Forward for Inner<R> {
 //!     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
 //!         self.count.fetch_add(1, Relaxed);
 //!         self.upstream.try_allocate(bytes, stream)
@@ -57,7 +59,15 @@ pub(crate) trait Wraps {
 /// [`MemoryResource`] contract, the rest forwarded to its [`upstream`](Wraps::upstream).
 ///
 /// The methods mean what [`MemoryResource`]'s of the same names mean.
-pub(crate) trait Forward: Wraps {
+///
+/// # Safety
+/// The handle's `MemoryResource` impl that `memory_resource!(shared ..)` writes is this
+/// state's, so an implementor keeps [`MemoryResource`]'s promise (see its `# Safety`) for
+/// what [`try_allocate`](Forward::try_allocate) returns and what
+/// [`properties`](Forward::properties) says. The defaults keep it by forwarding the
+/// upstream's, which keeps it itself (an unsafe trait too); a state that overrides either
+/// says in its impl's `// SAFETY:` comment why the promise still holds.
+pub(crate) unsafe trait Forward: Wraps {
     #[inline]
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         self.upstream().try_allocate(bytes, stream)
@@ -172,7 +182,10 @@ macro_rules! memory_resource {
             };
             use $crate::stream::Stream;
 
-            impl<$($generics)*> MemoryResource for $ty {
+            // SAFETY: every method is `$to`'s: a resource's (`delegate`), or the shared
+            // state's (`shared`), whose `Forward` impl promises the same (an unsafe trait
+            // with `MemoryResource`'s contract); the identity is no part of the promise.
+            unsafe impl<$($generics)*> MemoryResource for $ty {
                 #[inline]
                 fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
                     let $this = self;

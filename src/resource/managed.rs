@@ -65,7 +65,11 @@ impl ManagedResource {
     }
 }
 
-impl MemoryResource for ManagedResource {
+// SAFETY: a pointer it hands out is a fresh allocation of the backend's raw allocator of
+// managed memory (`cuMemAllocManaged`; host memory on the host backend) of `bytes` bytes,
+// 256-byte aligned (`Backend::allocate`), freed only by `deallocate`: host and device code of
+// its device may both use it, as it says.
+unsafe impl MemoryResource for ManagedResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.oversubscribe && bytes > self.total()? {
             return Err(Error::OutOfMemory {

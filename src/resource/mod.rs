@@ -165,6 +165,84 @@ impl Properties {
 /// [`deallocate`](MemoryResource::deallocate) on `s` lets the memory be reused by work ordered
 /// after that point of `s`.
 ///
+/// # Safety
+/// The trait is `unsafe` to implement (as allocator-api2's `Allocator` is): containers, host
+/// kernels and the host backend's copies build slices and write through the addresses a
+/// resource hands out, so safe code is sound only if every implementation keeps this promise.
+/// A pointer that [`try_allocate(bytes, stream)`](MemoryResource::try_allocate) returns (not
+/// [`DevicePtr::NULL`], which only a 0-byte request gets) is
+/// 1. the start of a range of at least `bytes` bytes that stays valid until it is given
+///    back with [`deallocate`](MemoryResource::deallocate), and is the caller's alone until
+///    then: the resource hands out no byte of it again, and neither it nor the resources it
+///    takes memory from access it meanwhile;
+/// 2. aligned to [`ALLOCATION_ALIGNMENT`] (256 bytes);
+/// 3. allocated for the device that [`properties().device`](MemoryResource::properties)
+///    names, usable in the stream order described above;
+/// 4. when [`properties()`](MemoryResource::properties) says `host_accessible`, memory that
+///    host code may read and write through the address, for as long as 1 holds; when it says
+///    `device_accessible`, memory that device code and copies on that device may use (on the
+///    host backend, whose device code and copies run on the host, that is host memory too).
+///
+/// `properties()` must not change over the resource's life. The other methods (figures,
+/// snapshots, waiting) are hints that safe code never relies on for soundness. An adaptor
+/// that hands out what its upstream returned keeps the promise by forwarding it; a resource
+/// that carves blocks out of its upstream's memory keeps it by never handing out one byte
+/// twice. [`CallbackResource`] takes closures, so its constructor is an `unsafe fn` with this
+/// promise as its contract.
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, DevicePtr, MemoryResource, Properties, Result, Stream};
+///
+/// /// Counts nothing, forwards everything: the promise holds because it is `inner`'s.
+/// #[derive(Debug)]
+/// struct Forwarding(CudaResource);
+///
+/// // SAFETY: every pointer is one `self.0` returned for the same request, and the properties
+/// // are its own: `CudaResource` keeps the promise, so this does too.
+/// unsafe impl MemoryResource for Forwarding {
+///     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+///         self.0.try_allocate(bytes, stream)
+///     }
+///     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+///         // SAFETY: the caller's contract, and `ptr` came from `self.0`.
+///         unsafe { self.0.deallocate(ptr, bytes, stream) }
+///     }
+///     fn properties(&self) -> Properties {
+///         self.0.properties()
+///     }
+/// }
+///
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let mr = Forwarding(CudaResource::new(&device)?);
+/// let p = mr.try_allocate(1000, &stream)?;
+/// unsafe { mr.deallocate(p, 1000, &stream) };
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+///
+/// The same resource without `unsafe` on its `impl` does not compile: nothing may claim to
+/// keep the promise by accident.
+///
+/// ```compile_fail,E0200
+/// use streamalloc::{CudaResource, DevicePtr, MemoryResource, Properties, Result, Stream};
+///
+/// #[derive(Debug)]
+/// struct Forwarding(CudaResource);
+///
+/// impl MemoryResource for Forwarding {
+///     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+///         self.0.try_allocate(bytes, stream)
+///     }
+///     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+///         // SAFETY: the caller's contract, and `ptr` came from `self.0`.
+///         unsafe { self.0.deallocate(ptr, bytes, stream) }
+///     }
+///     fn properties(&self) -> Properties {
+///         self.0.properties()
+///     }
+/// }
+/// ```
+///
 /// # Examples
 ///
 /// ```
@@ -181,7 +259,7 @@ impl Properties {
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
-pub trait MemoryResource: Send + Sync + fmt::Debug {
+pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
     /// Allocates `bytes` for use on `stream`, 256-byte aligned, without waiting for memory and
     /// without blocking the host. 0 bytes returns [`DevicePtr::NULL`].
     ///

@@ -46,7 +46,10 @@ impl HostResource {
     }
 }
 
-impl MemoryResource for HostResource {
+// SAFETY: a pointer it hands out is a fresh block of the system allocator
+// (`system_allocate`) of `bytes` bytes, 256-byte aligned, freed only by `deallocate`: host
+// memory, which it says; device-accessible only on the host backend, whose device is the host.
+unsafe impl MemoryResource for HostResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         check_stream(&self.device, stream)?;
         if bytes == 0 {

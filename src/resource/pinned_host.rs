@@ -48,7 +48,11 @@ impl PinnedHostResource {
     }
 }
 
-impl MemoryResource for PinnedHostResource {
+// SAFETY: a pointer it hands out is a fresh allocation of the backend's raw allocator of
+// pinned host memory (`cuMemHostAlloc` with device mapping, whose host and device addresses
+// are one; host memory on the host backend) of `bytes` bytes, 256-byte aligned
+// (`Backend::allocate`), freed only by `deallocate`: host and device may both use it.
+unsafe impl MemoryResource for PinnedHostResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         leaf_allocate(&self.device, MemoryKind::PinnedHost, bytes, stream)
     }

@@ -95,11 +95,14 @@ async fn an_awaited_request_above_any_resources_limit_is_too_large() {
     // A resource of the user's that only knows plain out-of-memory.
     let (device, s) = device(64 * MIB);
     let id = device.id();
-    let mr = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        move |bytes, _| Err(Error::out_of_memory(bytes, Some(0), id)),
-        |_, _, _| {},
-    )
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let mr = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            move |bytes, _| Err(Error::out_of_memory(bytes, Some(0), id)),
+            |_, _, _| {},
+        )
+    }
     .with_capacity_limit(MIB);
     assert_too_large(&mr.allocate(2 * MIB, &s).await.unwrap_err(), 2 * MIB, MIB);
 }

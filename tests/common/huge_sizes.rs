@@ -173,14 +173,18 @@ pub fn limiting_charges_nothing(device: Device) {
     // the budget refuses: a rounding that wrapped to a charge of 0 would let the request in.
     let asked = Arc::new(AtomicUsize::new(0));
     let counted = asked.clone();
-    let generous = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        move |_, _| {
-            counted.fetch_add(1, Ordering::Relaxed);
-            Ok(DevicePtr::from_raw(1 << 40))
-        },
-        |_, _, _| {},
-    );
+    // SAFETY: no pointer leaves the adaptor over it: the budget refuses every size the test asks
+    // for (checked below).
+    let generous = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            move |_, _| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                Ok(DevicePtr::from_raw(1 << 40))
+            },
+            |_, _, _| {},
+        )
+    };
     let mr = LimitingAdaptor::new(generous, 1 << 30);
     for bytes in edge_sizes() {
         let e = mr.try_allocate(bytes, &s).unwrap_err();
@@ -254,13 +258,18 @@ pub fn edge_configurations(device: Device) {
     binning.add_bin(4096, None).unwrap();
     // The leaf behind a callback, which claims no capacity limit, so that the bin is allowed.
     let (up, freeing) = (leaf(), leaf());
-    let unbounded = CallbackResource::new(
-        up.properties(),
-        move |bytes, stream| up.try_allocate(bytes, stream),
-        // SAFETY: called only under `deallocate`'s contract; the pointer came from `up`, whose
-        // clone `freeing` shares its device's memory.
-        move |ptr, bytes, stream| unsafe { freeing.deallocate(ptr, bytes, stream) },
-    );
+    // SAFETY: called only under `deallocate`'s contract; the pointer came from `up`, whose
+    // clone `freeing` shares its device's memory.
+    let free = move |ptr, bytes, stream: &Stream| unsafe { freeing.deallocate(ptr, bytes, stream) };
+    // SAFETY: every pointer is one `up` returned for the same request, with its properties: `up`
+    // keeps the promise.
+    let unbounded = unsafe {
+        CallbackResource::new(
+            up.properties(),
+            move |bytes, stream| up.try_allocate(bytes, stream),
+            free,
+        )
+    };
     binning
         .add_bin(usize::MAX, Some(Arc::new(unbounded)))
         .unwrap();

@@ -196,13 +196,19 @@ resource_suite!(
     |d| {
         let upstream = CudaAsyncResource::new(d).unwrap();
         let freeing = upstream.clone();
-        Arc::new(CallbackResource::new(
-            upstream.properties(),
-            move |bytes, stream| upstream.try_allocate(bytes, stream),
-            // SAFETY: called only under `deallocate`'s contract; the pointer came from
-            // `upstream`, a clone of `freeing`.
-            move |ptr, bytes, stream| unsafe { freeing.deallocate(ptr, bytes, stream) },
-        ))
+        // SAFETY: called only under `deallocate`'s contract; the pointer came from
+        // `upstream`, a clone of `freeing`.
+        let free =
+            move |ptr, bytes, stream: &Stream| unsafe { freeing.deallocate(ptr, bytes, stream) };
+        // SAFETY: every pointer is one `upstream` returned for the same request, with its
+        // properties: `upstream` keeps the promise.
+        Arc::new(unsafe {
+            CallbackResource::new(
+                upstream.properties(),
+                move |bytes, stream| upstream.try_allocate(bytes, stream),
+                free,
+            )
+        })
     },
     #[ignore = "needs a CUDA device"]
 );

@@ -11,13 +11,22 @@ fn addr(a: u64) -> DevicePtr {
 }
 
 /// An upstream that answers requests with `pointers`, in order, and records the calls.
-fn scripted(device: &Device, pointers: &'static [u64]) -> (CallbackResource, test_support::Calls) {
+///
+/// # Safety
+/// As [`recording`]: the caller uses the pointers as numbers only.
+unsafe fn scripted(
+    device: &Device,
+    pointers: &'static [u64],
+) -> (CallbackResource, test_support::Calls) {
     let next = Mutex::new(pointers.iter().copied());
-    recording(device, move |_| {
-        Ok(addr(
-            next.lock().next().expect("more requests than scripted"),
-        ))
-    })
+    // SAFETY: the caller's promise.
+    unsafe {
+        recording(device, move |_| {
+            Ok(addr(
+                next.lock().next().expect("more requests than scripted"),
+            ))
+        })
+    }
 }
 
 /// RMM's `ThrowOnInvalidAllocationAlignment` (255 and 768 fail, 256 works), and smaller
@@ -40,7 +49,8 @@ fn invalid_alignments_are_refused() {
 #[test]
 fn alignment_256_passes_everything_through() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[123]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[123]) };
     let mr = AlignedAdaptor::new(upstream, 256, 0).unwrap();
     assert_eq!(mr.try_allocate(5, &s).unwrap(), addr(123));
     free(&mr, addr(123), 5, &s);
@@ -58,7 +68,8 @@ fn alignment_256_passes_everything_through() {
 #[test]
 fn below_the_threshold_passes_through() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[123, 456]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[123, 456]) };
     let mr = AlignedAdaptor::new(upstream, 4096, 65536).unwrap();
     assert_eq!(mr.try_allocate(3, &s).unwrap(), addr(123));
     free(&mr, addr(123), 3, &s);
@@ -75,7 +86,8 @@ fn below_the_threshold_passes_through() {
         ]
     );
 
-    let (upstream, calls) = recording(&device, |_| Ok(DevicePtr::NULL));
+    // SAFETY: it hands out only the null pointer, which is no memory.
+    let (upstream, calls) = unsafe { recording(&device, |_| Ok(DevicePtr::NULL)) };
     let mr = AlignedAdaptor::new(upstream, 4096, 0).unwrap();
     assert_eq!(mr.try_allocate(0, &s).unwrap(), DevicePtr::NULL);
     free(&mr, DevicePtr::NULL, 0, &s);
@@ -93,7 +105,8 @@ fn below_the_threshold_passes_through() {
 #[test]
 fn an_aligned_upstream_pointer_comes_back_unchanged() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[4096]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[4096]) };
     let mr = AlignedAdaptor::new(upstream, 4096, 65536).unwrap();
     assert_eq!(mr.try_allocate(65536, &s).unwrap(), addr(4096));
     free(&mr, addr(4096), 65536, &s);
@@ -111,7 +124,8 @@ fn an_aligned_upstream_pointer_comes_back_unchanged() {
 #[test]
 fn the_upstream_pointer_is_aligned_up_and_found_again() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[256]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[256]) };
     let mr = AlignedAdaptor::new(upstream, 4096, 65536).unwrap();
     assert_eq!(mr.try_allocate(65536, &s).unwrap(), addr(4096));
     free(&mr, addr(4096), 65536, &s);
@@ -130,7 +144,8 @@ fn the_upstream_pointer_is_aligned_up_and_found_again() {
 #[test]
 fn several_live_allocations_each_find_their_own_pointer() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[256, 131584, 263168]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[256, 131584, 263168]) };
     let mr = AlignedAdaptor::new(upstream, 4096, 65536).unwrap();
     let sizes = [65536, 73728, 77800];
     let got: Vec<_> = sizes
@@ -187,17 +202,21 @@ fn an_address_reused_during_a_free_does_not_collide() {
     let frees = test_support::Calls::default();
     let upstream = {
         let (hook, frees) = (hook.clone(), frees.clone());
-        CallbackResource::new(
-            CudaResource::new(&device).unwrap().properties(),
-            |_, _| Ok(addr(256)), // the same address every time, as after a free
-            move |p, b, s| {
-                frees.lock().push(Call::Deallocate(p, b, s.id()));
-                let next = hook.lock().take();
-                if let Some(f) = next {
-                    f();
-                }
-            },
-        )
+        // SAFETY: the test uses the made-up pointer as a number only; nothing touches memory
+        // there.
+        unsafe {
+            CallbackResource::new(
+                CudaResource::new(&device).unwrap().properties(),
+                |_, _| Ok(addr(256)), // the same address every time, as after a free
+                move |p, b, s| {
+                    frees.lock().push(Call::Deallocate(p, b, s.id()));
+                    let next = hook.lock().take();
+                    if let Some(f) = next {
+                        f();
+                    }
+                },
+            )
+        }
     };
     let mr = AlignedAdaptor::new(upstream, 4096, 0).unwrap();
     let first = mr.try_allocate(8192, &s).unwrap();
@@ -226,7 +245,8 @@ fn an_address_reused_during_a_free_does_not_collide() {
 #[test]
 fn an_overflowing_padded_size_is_out_of_memory() {
     let (device, s) = host();
-    let (upstream, calls) = recording(&device, |_| unreachable!("never asked"));
+    // SAFETY: it hands out no pointer: the closure is never called.
+    let (upstream, calls) = unsafe { recording(&device, |_| unreachable!("never asked")) };
     let mr = AlignedAdaptor::new(upstream, 4096, 0).unwrap();
     let e = mr.try_allocate(usize::MAX - 100, &s).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
@@ -239,7 +259,8 @@ fn an_overflowing_padded_size_is_out_of_memory() {
 #[test]
 fn an_upstream_pointer_that_cannot_be_aligned_is_given_back() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[(1 << 63) + 256]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[(1 << 63) + 256]) };
     let mr = AlignedAdaptor::new(upstream, 1 << 63, 0).unwrap();
     let e = mr.try_allocate(256, &s).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
@@ -260,18 +281,21 @@ fn an_upstream_pointer_that_cannot_be_aligned_is_given_back() {
 fn an_overflowing_request_fails_at_once_even_awaited() {
     let (device, s) = host();
     let id = device.id();
-    let up = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        move |bytes, _| {
-            Err(Error::OutOfMemory {
-                details: None,
-                requested: bytes,
-                available: None,
-                device: id,
-            })
-        },
-        |_, _, _| {},
-    )
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let up = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            move |bytes, _| {
+                Err(Error::OutOfMemory {
+                    details: None,
+                    requested: bytes,
+                    available: None,
+                    device: id,
+                })
+            },
+            |_, _, _| {},
+        )
+    }
     .with_availability(Arc::new(crate::Availability::new()));
     let mr = AlignedAdaptor::new(up, 4096, 0).unwrap();
     assert!(mr.capacity_limit().is_some_and(|l| l < usize::MAX - 100));
@@ -334,7 +358,8 @@ fn a_waiting_allocation_resumes_after_a_free() {
 #[test]
 fn clones_share_the_map() {
     let (device, s) = host();
-    let (upstream, calls) = scripted(&device, &[256]);
+    // SAFETY: the test uses the scripted pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { scripted(&device, &[256]) };
     let mr = AlignedAdaptor::new(upstream, 4096, 0).unwrap();
     let copy = mr.clone();
     let p = mr.try_allocate(4096, &s).unwrap();

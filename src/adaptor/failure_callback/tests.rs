@@ -23,17 +23,20 @@ fn oom(bytes: usize, s: &Stream) -> Error {
 fn retries_once_then_returns_the_error() {
     let (device, s) = host();
     let sid = s.id();
-    let (upstream, calls) = recording(&device, {
-        let device = device.id();
-        move |bytes| {
-            Err(Error::OutOfMemory {
-                details: None,
-                requested: bytes,
-                available: Some(0),
-                device,
-            })
-        }
-    });
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe {
+        recording(&device, {
+            let device = device.id();
+            move |bytes| {
+                Err(Error::OutOfMemory {
+                    details: None,
+                    requested: bytes,
+                    available: Some(0),
+                    device,
+                })
+            }
+        })
+    };
     let attempts = Arc::new(Mutex::new(Vec::new()));
     let seen = attempts.clone();
     let mr = FailureCallbackAdaptor::new(upstream, move |f| {
@@ -73,7 +76,8 @@ fn other_errors_pass_through_untouched() {
     ];
     for error in errors {
         let answer = error.clone();
-        let (upstream, calls) = recording(&device, move |_| Err(answer.clone()));
+        // SAFETY: it hands out no pointer: every answer is an error.
+        let (upstream, calls) = unsafe { recording(&device, move |_| Err(answer.clone())) };
         let called = Arc::new(AtomicU32::new(0));
         let c = called.clone();
         let mr = FailureCallbackAdaptor::new(upstream, move |_| {
@@ -91,7 +95,8 @@ fn other_errors_pass_through_untouched() {
 #[test]
 fn success_and_frees_are_forwarded() {
     let (device, s) = host();
-    let (upstream, calls) = recording(&device, |_| Ok(DevicePtr::from_raw(0x4_0000)));
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (upstream, calls) = unsafe { recording(&device, |_| Ok(DevicePtr::from_raw(0x4_0000))) };
     let mr = FailureCallbackAdaptor::new(upstream, |_| panic!("no failure happened"));
     let p = mr.try_allocate(1024, &s).unwrap();
     assert_eq!(p, DevicePtr::from_raw(0x4_0000));

@@ -73,16 +73,19 @@ fn temp_path(name: &str) -> PathBuf {
 #[test]
 fn the_output_is_rmms_format_byte_for_byte() {
     let (device, s) = host();
-    let (up, _) = recording(&device, |bytes| match bytes {
-        0 => Ok(DevicePtr::NULL),
-        b if b > MIB => Err(Error::OutOfMemory {
-            details: None,
-            requested: b,
-            available: None,
-            device: crate::Device::host().id(),
-        }),
-        _ => Ok(DevicePtr::from_raw(0x7f3a_5c00_0000)),
-    });
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe {
+        recording(&device, |bytes| match bytes {
+            0 => Ok(DevicePtr::NULL),
+            b if b > MIB => Err(Error::OutOfMemory {
+                details: None,
+                requested: b,
+                available: None,
+                device: crate::Device::host().id(),
+            }),
+            _ => Ok(DevicePtr::from_raw(0x7f3a_5c00_0000)),
+        })
+    };
     let out = Shared::default();
     let mr = LoggingAdaptor::builder()
         .clock(fixed_clock())
@@ -596,4 +599,61 @@ fn lines_lost_to_a_panicking_writer_make_flush_fail() {
     let e = mr.flush().unwrap_err();
     assert!(matches!(e, Error::Io { .. }), "{e:?}");
     assert_eq!(mr.write_error(), Some(e));
+}
+
+/// A writer whose flush always fails, or panics.
+struct FailingFlush {
+    panics: bool,
+}
+
+impl Write for FailingFlush {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        assert!(!self.panics, "the user's writer panicked");
+        Err(io::Error::new(io::ErrorKind::StorageFull, "disk full"))
+    }
+}
+
+/// The last drop writes the rest and flushes, and cannot return what fails there: an error
+/// that neither `flush` nor `write_error` handed out goes to the device's deferred errors
+/// (a failing write, a failing final flush, a writer that panics on the last lines), and
+/// one they handed out is not reported twice.
+#[test]
+fn an_error_nobody_took_goes_to_the_device_at_the_last_drop() {
+    let (device, s) = host();
+    let writers: [(&str, Box<dyn Write + Send>); 3] = [
+        (
+            "write",
+            Box::new(Failing {
+                budget: LOG_HEADER.len() + 5,
+                taken: Shared::default(),
+            }),
+        ),
+        ("flush", Box::new(FailingFlush { panics: false })),
+        ("panic", Box::new(FailingFlush { panics: true })),
+    ];
+    for (how, writer) in writers {
+        let mr = LoggingAdaptor::to_writer(CudaResource::new(&device).unwrap(), writer).unwrap();
+        let p = mr.try_allocate(KIB, &s).unwrap();
+        free(&mr, p, KIB, &s);
+        drop(mr);
+        let e = device.take_deferred_error();
+        assert!(
+            matches!(&e, Some(Error::Io { context, .. }) if context.contains("allocation log")),
+            "{how}: {e:?}"
+        );
+        assert!(device.take_deferred_error().is_none(), "{how}: twice");
+    }
+    // Taken through `flush` before the drop: not reported again.
+    let mr = LoggingAdaptor::to_writer(
+        CudaResource::new(&device).unwrap(),
+        FailingFlush { panics: false },
+    )
+    .unwrap();
+    assert!(mr.flush().is_err());
+    drop(mr);
+    assert!(device.take_deferred_error().is_none());
 }

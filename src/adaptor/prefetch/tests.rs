@@ -94,7 +94,9 @@ fn a_failed_prefetch_is_deferred_and_the_memory_returned() {
 #[test]
 fn upstream_errors_pass_through() {
     let (device, s) = host();
-    let (upstream, calls) = recording(&device, |_| Err(Error::InvalidArgument("no".into())));
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let (upstream, calls) =
+        unsafe { recording(&device, |_| Err(Error::InvalidArgument("no".into()))) };
     let mr = PrefetchAdaptor::new(upstream);
     assert_eq!(
         mr.try_allocate(KIB, &s).unwrap_err(),

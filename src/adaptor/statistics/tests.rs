@@ -246,16 +246,21 @@ fn a_free_is_counted_before_it_reaches_the_upstream() {
     let (up_a, up_d, seen_d) = (upstream.clone(), upstream.clone(), seen.clone());
     let observed = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let observed_d = observed.clone();
-    let mr = StatisticsAdaptor::new(CallbackResource::new(
-        upstream.properties(),
-        move |bytes, stream| up_a.try_allocate(bytes, stream),
-        move |ptr, bytes, stream| {
-            let c = seen_d.get().expect("set below").counters();
-            observed_d.lock().push((c.bytes.value, c.allocations.value));
-            // SAFETY: the pointer came from `up_a`, a clone of `up_d`, with this size.
-            unsafe { up_d.deallocate(ptr, bytes, stream) };
-        },
-    ));
+    let observe_free = move |ptr, bytes, stream: &Stream| {
+        let c = seen_d.get().expect("set below").counters();
+        observed_d.lock().push((c.bytes.value, c.allocations.value));
+        // SAFETY: the pointer came from `up_a`, a clone of `up_d`, with this size.
+        unsafe { up_d.deallocate(ptr, bytes, stream) };
+    };
+    // SAFETY: every pointer is one `upstream` returned for the same request, with its properties:
+    // `upstream` keeps the promise.
+    let mr = StatisticsAdaptor::new(unsafe {
+        CallbackResource::new(
+            upstream.properties(),
+            move |bytes, stream| up_a.try_allocate(bytes, stream),
+            observe_free,
+        )
+    });
     assert!(seen.set(mr.clone()).is_ok());
     let p = mr.try_allocate(256, &s).unwrap();
     let q = mr.try_allocate(256, &s).unwrap();
@@ -340,7 +345,8 @@ fn scopes_under_concurrent_traffic_lose_nothing() {
 #[test]
 fn upstream_errors_pass_through_uncounted() {
     let (device, s) = host();
-    let (broken, calls) = recording(&device, |_| Err(Error::invalid("nope")));
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let (broken, calls) = unsafe { recording(&device, |_| Err(Error::invalid("nope"))) };
     let mr = StatisticsAdaptor::new(broken);
     assert_eq!(
         mr.try_allocate(KIB, &s).unwrap_err(),

@@ -145,7 +145,8 @@ struct Snapshotting {
     snapshots: std::sync::atomic::AtomicUsize,
 }
 
-impl MemoryResource for Snapshotting {
+// SAFETY: every pointer is one `inner` returned for the same request, with its properties.
+unsafe impl MemoryResource for Snapshotting {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> crate::Result<DevicePtr> {
         let p = self.inner.try_allocate(bytes, stream)?;
         self.live.fetch_add(bytes, Ordering::Relaxed);

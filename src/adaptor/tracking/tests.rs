@@ -10,13 +10,19 @@ use crate::{CallbackResource, CudaResource, Device, Error};
 
 /// A recording upstream that hands out 0x1000, 0x2000, ... and releases nothing, so bad frees
 /// reach no real allocator.
-fn fake(device: &Device) -> (CallbackResource, test_support::Calls) {
+///
+/// # Safety
+/// As [`recording`]: the caller uses the pointers as numbers only.
+unsafe fn fake(device: &Device) -> (CallbackResource, test_support::Calls) {
     let next = AtomicU64::new(0);
-    recording(device, move |_| {
-        Ok(DevicePtr::from_raw(
-            (next.fetch_add(1, Ordering::Relaxed) + 1) * 0x1000,
-        ))
-    })
+    // SAFETY: the caller's promise.
+    unsafe {
+        recording(device, move |_| {
+            Ok(DevicePtr::from_raw(
+                (next.fetch_add(1, Ordering::Relaxed) + 1) * 0x1000,
+            ))
+        })
+    }
 }
 
 #[test]
@@ -55,7 +61,8 @@ fn all_freed() {
 #[test]
 fn the_leak_report_lists_what_is_outstanding_in_address_order() {
     let (device, s) = host();
-    let (up, _) = fake(&device);
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe { fake(&device) };
     let mr = TrackingAdaptor::new(up);
     let a = mr.try_allocate(KIB, &s).unwrap();
     let b = mr.try_allocate(2 * KIB, &s).unwrap();
@@ -79,7 +86,8 @@ fn the_leak_report_lists_what_is_outstanding_in_address_order() {
 #[test]
 fn allocations_left_with_backtraces() {
     let (device, s) = host();
-    let (up, _) = fake(&device);
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe { fake(&device) };
     let mr = TrackingAdaptor::with_backtraces(up);
     assert!(mr.captures_backtraces());
     let p = mr.try_allocate(KIB, &s).unwrap();
@@ -179,7 +187,8 @@ fn untracked_frees_are_reported_and_never_underflow() {
 #[test]
 fn a_wrong_size_free_untracks_with_the_recorded_size() {
     let (device, s) = host();
-    let (up, calls) = fake(&device);
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, calls) = unsafe { fake(&device) };
     let mr = TrackingAdaptor::new(up);
     let p = mr.try_allocate(10 * MIB, &s).unwrap();
     free(&mr, p, 5 * MIB, &s);
@@ -211,7 +220,8 @@ fn a_wrong_size_free_untracks_with_the_recorded_size() {
 #[test]
 fn a_pointer_handed_out_twice_is_reported_and_replaced() {
     let (device, s) = host();
-    let (up, _) = recording(&device, |_| Ok(DevicePtr::from_raw(0x4000)));
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe { recording(&device, |_| Ok(DevicePtr::from_raw(0x4000))) };
     let mr = TrackingAdaptor::new(up);
     let p = mr.try_allocate(KIB, &s).unwrap();
     let q = mr.try_allocate(3 * KIB, &s).unwrap();
@@ -246,7 +256,8 @@ fn failed_allocations_are_not_recorded() {
     let (device, s) = host();
     let mr = TrackingAdaptor::new(CudaResource::new(&device).unwrap());
     assert!(mr.try_allocate(1 << 50, &s).unwrap_err().is_out_of_memory());
-    let (broken, _) = recording(&device, |_| Err(Error::invalid("nope")));
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let (broken, _) = unsafe { recording(&device, |_| Err(Error::invalid("nope"))) };
     let broken = TrackingAdaptor::new(broken);
     assert_eq!(
         broken.try_allocate(KIB, &s).unwrap_err(),
@@ -264,18 +275,21 @@ fn a_record_is_removed_before_the_free_reaches_the_upstream() {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let (a, seen_d) = (adaptor.clone(), seen.clone());
     let next = AtomicU64::new(1);
-    let up = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        move |_, _| {
-            Ok(DevicePtr::from_raw(
-                next.fetch_add(1, Ordering::Relaxed) * 256,
-            ))
-        },
-        move |_, _, _| {
-            let mr = a.get().expect("set below");
-            seen_d.lock().push(mr.outstanding_count());
-        },
-    );
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let up = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            move |_, _| {
+                Ok(DevicePtr::from_raw(
+                    next.fetch_add(1, Ordering::Relaxed) * 256,
+                ))
+            },
+            move |_, _, _| {
+                let mr = a.get().expect("set below");
+                seen_d.lock().push(mr.outstanding_count());
+            },
+        )
+    };
     let mr = TrackingAdaptor::new(up);
     assert!(adaptor.set(mr.clone()).is_ok());
     let p = mr.try_allocate(256, &s).unwrap();
@@ -288,7 +302,8 @@ fn a_record_is_removed_before_the_free_reaches_the_upstream() {
 #[test]
 fn issues_beyond_the_cap_are_counted_not_kept() {
     let (device, s) = host();
-    let (up, _) = fake(&device);
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe { fake(&device) };
     let mr = TrackingAdaptor::new(up);
     let n = MAX_TRACKING_ISSUES + 5;
     for i in 0..n {
@@ -347,7 +362,8 @@ impl Write for Captured {
 #[test]
 fn leaks_and_issues_are_logged_through_tracing() {
     let (device, s) = host();
-    let (up, _) = fake(&device);
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (up, _) = unsafe { fake(&device) };
     let mr = TrackingAdaptor::new(up);
     let out = Captured::default();
     let writer = out.clone();
@@ -456,17 +472,23 @@ fn records_over_all_shards_stay_exact_with_cross_thread_frees() {
 
 /// An upstream that hands out `(n << 20) | (bytes << 8)` for the n-th allocation (bytes below
 /// 4096), never reused: a record's size can be read back from its address.
-fn sized(device: &Device) -> CallbackResource {
+///
+/// # Safety
+/// As [`recording`]: the caller uses the pointers as numbers only.
+unsafe fn sized(device: &Device) -> CallbackResource {
     let next = AtomicU64::new(1);
-    CallbackResource::new(
-        CudaResource::new(device).unwrap().properties(),
-        move |bytes, _| {
-            assert!(bytes < 4096);
-            let n = next.fetch_add(1, Ordering::Relaxed);
-            Ok(DevicePtr::from_raw((n << 20) | ((bytes as u64) << 8)))
-        },
-        |_, _, _| {},
-    )
+    // SAFETY: the caller's promise.
+    unsafe {
+        CallbackResource::new(
+            CudaResource::new(device).unwrap().properties(),
+            move |bytes, _| {
+                assert!(bytes < 4096);
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                Ok(DevicePtr::from_raw((n << 20) | ((bytes as u64) << 8)))
+            },
+            |_, _, _| {},
+        )
+    }
 }
 
 /// The bytes `sized` encoded in `p`.
@@ -479,7 +501,8 @@ fn size_of(p: DevicePtr) -> usize {
 #[test]
 fn records_that_overflow_the_table_stay_exact() {
     let (device, s) = host();
-    let mr = TrackingAdaptor::with_table_buckets(sized(&device), 1);
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let mr = TrackingAdaptor::with_table_buckets(unsafe { sized(&device) }, 1);
     let held: Vec<_> = (1..=40)
         .map(|i| (mr.try_allocate(i * 8, &s).unwrap(), i * 8))
         .collect();
@@ -537,11 +560,14 @@ fn records_that_overflow_the_table_stay_exact() {
 #[test]
 fn an_address_the_table_cannot_hold_is_tracked_in_the_overflow() {
     let (device, s) = host();
-    let up = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        |_, _| Ok(DevicePtr::from_raw(u64::MAX)),
-        |_, _, _| {},
-    );
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let up = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            |_, _| Ok(DevicePtr::from_raw(u64::MAX)),
+            |_, _, _| {},
+        )
+    };
     let mr = TrackingAdaptor::new(up);
     let p = mr.try_allocate(KIB, &s).unwrap();
     assert_eq!(mr.inner.overflow_len(), 1);
@@ -563,11 +589,14 @@ fn a_reused_pointer_replaces_its_overflowed_record() {
     let (device, s) = host();
     let order =
         parking_lot::Mutex::new((1..=table::SLOTS as u64 + 1).chain([table::SLOTS as u64 + 1]));
-    let up = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        move |_, _| Ok(DevicePtr::from_raw(order.lock().next().unwrap() * 0x1000)),
-        |_, _, _| {},
-    );
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let up = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            move |_, _| Ok(DevicePtr::from_raw(order.lock().next().unwrap() * 0x1000)),
+            |_, _, _| {},
+        )
+    };
     let mr = TrackingAdaptor::with_table_buckets(up, 1);
     let held: Vec<_> = (0..=table::SLOTS)
         .map(|_| mr.try_allocate(KIB, &s).unwrap())
@@ -601,7 +630,9 @@ fn a_reused_pointer_replaces_its_overflowed_record() {
 fn many_threads_with_cross_thread_frees_leave_an_exact_snapshot() {
     for buckets in [2, TABLE_BUCKETS] {
         let (device, s) = host();
-        let mr = TrackingAdaptor::with_table_buckets(sized(&device), buckets);
+        // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory
+        // there.
+        let mr = TrackingAdaptor::with_table_buckets(unsafe { sized(&device) }, buckets);
         const THREADS: usize = 8;
         const EACH: usize = 400;
         let done = std::sync::atomic::AtomicBool::new(false);
@@ -679,182 +710,4 @@ fn many_threads_with_cross_thread_frees_leave_an_exact_snapshot() {
 
 /// Snapshots: the tracked request size and site on the upstream's live blocks, or a
 /// snapshot of its own over an upstream that keeps none.
-mod snapshot {
-    use std::collections::BTreeMap;
-
-    use super::*;
-    use crate::resource::{Block, BlockState, Properties, Segment};
-    use crate::MemorySnapshot;
-
-    const BASE: u64 = 0x7f00_0000_0000;
-    const SLOTS: u64 = 8;
-
-    /// An upstream that carves 4 KiB blocks out of one segment at `BASE` and answers
-    /// `snapshot` (no memory behind it: the tests never touch it).
-    #[derive(Debug)]
-    struct Carving {
-        properties: Properties,
-        live: Mutex<BTreeMap<u64, StreamId>>,
-    }
-
-    impl Carving {
-        fn new(device: &Device) -> Self {
-            Carving {
-                properties: CudaResource::new(device).unwrap().properties(),
-                live: Mutex::default(),
-            }
-        }
-    }
-
-    impl MemoryResource for Carving {
-        fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-            assert!(bytes <= 4096);
-            let mut live = self.live.lock();
-            let slot = (0..SLOTS)
-                .map(|k| BASE + k * 4096)
-                .find(|a| !live.contains_key(a))
-                .expect("a free slot");
-            live.insert(slot, stream.id());
-            Ok(DevicePtr::from_raw(slot))
-        }
-
-        unsafe fn deallocate(&self, ptr: DevicePtr, _bytes: usize, _stream: &Stream) {
-            self.live.lock().remove(&ptr.addr());
-        }
-
-        fn properties(&self) -> Properties {
-            self.properties
-        }
-
-        fn snapshot(&self) -> Option<MemorySnapshot> {
-            let mut snap = MemorySnapshot::new(self.properties.device, "carving");
-            let mut seg = Segment::new(DevicePtr::from_raw(BASE), (SLOTS * 4096) as usize);
-            let live = self.live.lock();
-            for k in 0..SLOTS {
-                let a = BASE + k * 4096;
-                let block = match live.get(&a) {
-                    Some(&s) => {
-                        Block::new(DevicePtr::from_raw(a), 4096, BlockState::Live).on_stream(s)
-                    }
-                    None => Block::new(DevicePtr::from_raw(a), 4096, BlockState::Free),
-                };
-                seg.blocks.push(block);
-            }
-            snap.segments.push(seg);
-            Some(snap)
-        }
-    }
-
-    fn live_blocks(snap: &MemorySnapshot) -> Vec<&Block> {
-        snap.blocks()
-            .map(|(_, b)| b)
-            .filter(|b| b.state == BlockState::Live)
-            .collect()
-    }
-
-    #[test]
-    fn live_blocks_of_the_upstream_get_the_tracked_size_and_site() {
-        let (device, s) = host();
-        let mr = TrackingAdaptor::with_backtraces(Carving::new(&device));
-        let a = mr.try_allocate(1000, &s).unwrap();
-        let b = mr.try_allocate(4096, &s).unwrap();
-        // Allocated behind the adaptor's back: live upstream, but nothing to add.
-        let c = mr.upstream().try_allocate(100, &s).unwrap();
-        let snap = mr.snapshot().expect("the upstream's snapshot");
-        assert_eq!(snap.resource, "carving");
-        assert_eq!(snap.reserved_bytes(), (SLOTS * 4096) as usize);
-        let live = live_blocks(&snap);
-        let got: Vec<_> = live
-            .iter()
-            .map(|b| (b.address, b.bytes, b.requested, b.site.is_some()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                (a, 4096, Some(1000), true),
-                (b, 4096, Some(4096), true),
-                (c, 4096, None, false),
-            ]
-        );
-        let site = live[0].site.as_ref().unwrap().to_string();
-        assert!(
-            site.contains("live_blocks_of_the_upstream_get_the_tracked_size_and_site")
-                || !crate::test_support::backtraces_have_symbols(),
-            "{site}"
-        );
-        // Free blocks are the upstream's, untouched.
-        assert!(snap
-            .blocks()
-            .filter(|(_, b)| b.state == BlockState::Free)
-            .all(|(_, b)| b.requested.is_none() && b.site.is_none()));
-        free(&mr, a, 1000, &s);
-        free(&mr, b, 4096, &s);
-        free(mr.upstream(), c, 100, &s);
-        assert!(live_blocks(&mr.snapshot().unwrap()).is_empty());
-    }
-
-    #[test]
-    fn over_an_upstream_without_snapshots_each_allocation_is_a_segment() {
-        let (device, s) = host();
-        let [t] = test_support::streams(&device);
-        let cuda = CudaResource::new(&device).unwrap();
-        assert!(cuda.snapshot().is_none());
-        let mr = TrackingAdaptor::with_backtraces(cuda);
-        assert_eq!(mr.snapshot().map(|s| s.segments.len()), Some(0));
-        let a = mr.try_allocate(3 * KIB, &s).unwrap();
-        let b = mr.try_allocate(MIB, &t).unwrap();
-        let snap = mr.snapshot().expect("one built from the records");
-        assert_eq!(
-            (snap.resource.as_str(), snap.device),
-            ("tracking", device.id())
-        );
-        let mut expected = vec![(a, 3 * KIB, s.id()), (b, MIB, t.id())];
-        expected.sort_unstable_by_key(|e| e.0);
-        let got: Vec<_> = snap
-            .segments
-            .iter()
-            .map(|seg| {
-                assert_eq!(seg.blocks.len(), 1);
-                let block = &seg.blocks[0];
-                assert_eq!((block.address, block.bytes), (seg.address, seg.bytes));
-                assert_eq!(block.state, BlockState::Live);
-                assert_eq!(block.requested, Some(block.bytes));
-                assert!(block.site.is_some());
-                (block.address, block.bytes, block.stream.unwrap())
-            })
-            .collect();
-        assert_eq!(got, expected);
-        assert_eq!(snap.live_bytes(), 3 * KIB + MIB);
-        let f = mr.fragmentation().expect("figures of that snapshot");
-        assert_eq!(f.largest_free_block, 0);
-        free(&mr, a, 3 * KIB, &s);
-        free(&mr, b, MIB, &t);
-        assert!(mr.snapshot().unwrap().segments.is_empty());
-    }
-
-    #[test]
-    fn without_backtraces_snapshots_leave_the_fast_path_as_it_was() {
-        let (device, s) = host();
-        let (up, _) = fake(&device);
-        let mr = TrackingAdaptor::new(up);
-        let ptrs: Vec<_> = (0..100)
-            .map(|_| mr.try_allocate(KIB, &s).unwrap())
-            .collect();
-        let snap = mr.snapshot().unwrap();
-        assert_eq!(snap.segments.len(), 100);
-        assert!(snap
-            .blocks()
-            .all(|(_, b)| b.site.is_none() && b.requested == Some(KIB)));
-        // Taking it moved no record out of the lock-free table, and the records still count.
-        assert_eq!(mr.inner.overflow_len(), 0);
-        assert_eq!(
-            (mr.outstanding_count(), mr.allocated_bytes()),
-            (100, 100 * KIB)
-        );
-        for p in ptrs {
-            free(&mr, p, KIB, &s);
-        }
-        assert_eq!(mr.issue_count(), 0);
-        assert_eq!(mr.inner.overflow_len(), 0);
-    }
-}
+mod snapshot;

@@ -78,11 +78,14 @@ fn memory_the_host_cannot_access_is_refused_before_allocating() {
         host_accessible: false,
         device: d.id(),
     };
-    let mr = CallbackResource::new(
-        device_only,
-        |_, _| panic!("nothing may be allocated"),
-        |_, _, _| panic!("nothing may be freed"),
-    );
+    // SAFETY: it hands out no pointer: the allocate closure panics.
+    let mr = unsafe {
+        CallbackResource::new(
+            device_only,
+            |_, _| panic!("nothing may be allocated"),
+            |_, _, _| panic!("nothing may be freed"),
+        )
+    };
     let e = block_on(PinnedHostVec::<u8>::new(16, &s, mr)).unwrap_err();
     assert_eq!(
         e,
@@ -221,27 +224,29 @@ fn elements_aligned_beyond_the_resource_are_refused() {
     let upstream = CudaResource::new(&d).unwrap();
     // A resource whose blocks are 256-byte aligned but never 512-byte aligned.
     let bases = Arc::new(Mutex::new(HashMap::new()));
-    let mr = CallbackResource::new(
-        upstream.properties(),
-        {
-            let (upstream, bases) = (upstream.clone(), bases.clone());
-            move |bytes, s| {
-                let base = upstream.try_allocate(bytes + 256, s)?;
-                let p = if base.is_aligned(512) {
-                    base.offset(256)
-                } else {
-                    base
-                };
-                bases.lock().unwrap().insert(p, base);
-                Ok(p)
-            }
-        },
-        move |p: DevicePtr, bytes, s| {
-            let base = bases.lock().unwrap().remove(&p).unwrap();
-            // SAFETY: `base` is what `upstream` returned for `bytes + 256` above.
-            unsafe { upstream.deallocate(base, bytes + 256, s) }
-        },
-    );
+    let shifted = {
+        let (upstream, bases) = (upstream.clone(), bases.clone());
+        move |bytes, s: &Stream| {
+            let base = upstream.try_allocate(bytes + 256, s)?;
+            let p = if base.is_aligned(512) {
+                base.offset(256)
+            } else {
+                base
+            };
+            bases.lock().unwrap().insert(p, base);
+            Ok(p)
+        }
+    };
+    let properties = upstream.properties();
+    let free = move |p: DevicePtr, bytes, s: &Stream| {
+        let base = bases.lock().unwrap().remove(&p).unwrap();
+        // SAFETY: `base` is what `upstream` returned for `bytes + 256` in `shifted`.
+        unsafe { upstream.deallocate(base, bytes + 256, s) }
+    };
+    // SAFETY: a pointer is 256 bytes into, or the start of, a block `upstream` returned for
+    // `bytes + 256` bytes (256-aligned either way, `bytes` bytes of the block after it), with
+    // `upstream`'s properties.
+    let mr = unsafe { CallbackResource::new(properties, shifted, free) };
     let e = block_on(PinnedHostVec::<Wide>::new(2, &s, mr)).unwrap_err();
     assert!(
         matches!(&e, Error::InvalidArgument(m) if m.contains("512")),

@@ -284,11 +284,14 @@ fn new_above_the_capacity_limit_is_too_large_at_once() {
         ),
         // Refuses with a plain out-of-memory error, but knows its limit.
         crate::resource::into_shared(
-            crate::CallbackResource::new(
-                CudaResource::new(&small).unwrap().properties(),
-                |bytes, s: &Stream| Err(Error::out_of_memory(bytes, Some(0), s.device().id())),
-                |_, _, _| {},
-            )
+            // SAFETY: it hands out no pointer: every answer is an error.
+            unsafe {
+                crate::CallbackResource::new(
+                    CudaResource::new(&small).unwrap().properties(),
+                    |bytes, s: &Stream| Err(Error::out_of_memory(bytes, Some(0), s.device().id())),
+                    |_, _, _| {},
+                )
+            }
             .with_capacity_limit(1 << 10),
         ),
     ] {

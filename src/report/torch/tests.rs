@@ -317,6 +317,9 @@ fn a_live_blocks_site_becomes_its_frames() {
     let blocks = list(get(&segments[0], "blocks"));
     let frames = list(get(&blocks[0], "frames"));
     assert!(!frames.is_empty());
+    // Blocks without a site, and free blocks, have none.
+    assert!(list(get(&blocks[1], "frames")).is_empty());
+    assert!(list(get(&blocks[5], "frames")).is_empty());
     if !crate::test_support::backtraces_have_symbols() {
         eprintln!("frame names not checked: this binary's backtraces have no symbols");
         return;
@@ -325,14 +328,15 @@ fn a_live_blocks_site_becomes_its_frames() {
         .iter()
         .find(|f| repr(get(f, "name")).contains("allocation_site_for_the_test"))
         .expect("the allocating function is a frame");
+    if !crate::test_support::backtraces_have_locations() {
+        eprintln!("frame files and lines not checked: this binary has no debug info");
+        return;
+    }
     assert!(
         repr(get(site, "filename")).ends_with("torch/tests.rs'"),
         "{site:?}"
     );
     assert!(matches!(get(site, "line"), Value::I64(l) if *l > 0));
-    // Blocks without a site, and free blocks, have none.
-    assert!(list(get(&blocks[1], "frames")).is_empty());
-    assert!(list(get(&blocks[5], "frames")).is_empty());
 }
 
 #[test]

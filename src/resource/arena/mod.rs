@@ -401,7 +401,11 @@ impl<R: MemoryResource> ArenaResource<R> {
 
 memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: a pointer it hands out is a block carved by the arena's core out of superblocks,
+// each an allocation of the upstream held until the resource returns it wholly free: blocks
+// are at least the request, at 256-aligned offsets of 256-aligned superblocks, and the core
+// hands out no byte twice until it is freed. The properties are the upstream's.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);

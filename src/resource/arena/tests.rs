@@ -960,19 +960,25 @@ fn a_request_keeps_the_superblock_it_grew_the_arena_by() {
     let cuda = CudaResource::new(&d).unwrap();
     let hook: Arc<StdMutex<Hook>> = Arc::default();
     let (up_cuda, up_hook) = (cuda.clone(), hook.clone());
-    let up = crate::resource::CallbackResource::new(
-        cuda.properties(),
-        move |bytes, s| {
-            // The armed growth stops here until the test holds `a`'s arena.
-            if let Some((growing, go)) = up_hook.lock().unwrap().take() {
-                growing.send(()).unwrap();
-                go.recv().unwrap();
-            }
-            up_cuda.try_allocate(bytes, s)
-        },
-        // SAFETY: frees what the allocate closure got from `cuda`, as the arena gives it back.
-        move |p, bytes, s| unsafe { cuda.deallocate(p, bytes, s) },
-    );
+    let properties = cuda.properties();
+    // SAFETY: frees what the allocate closure got from `cuda`, as the arena gives it back.
+    let give_back = move |p, bytes, s: &Stream| unsafe { cuda.deallocate(p, bytes, s) };
+    // SAFETY: every pointer is one `cuda` returned for the same request, with its properties:
+    // `cuda` keeps the promise.
+    let up = unsafe {
+        crate::resource::CallbackResource::new(
+            properties,
+            move |bytes, s| {
+                // The armed growth stops here until the test holds `a`'s arena.
+                if let Some((growing, go)) = up_hook.lock().unwrap().take() {
+                    growing.send(()).unwrap();
+                    go.recv().unwrap();
+                }
+                up_cuda.try_allocate(bytes, s)
+            },
+            give_back,
+        )
+    };
     let mr = ArenaResource::new(up, None).unwrap();
     let big = MIB - 4 * KIB;
     // `a`'s arena (slot 0) holds both superblocks of the first growth step, each nearly full.

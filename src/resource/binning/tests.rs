@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use super::BinningResource;
 use crate::test_support::{device as host, free};
 use crate::{
-    CudaResource, Device, DevicePtr, Error, LimitingAdaptor, MemoryResource, PoolResource,
-    Properties, Result, Stream,
+    CallbackResource, CudaResource, Device, DevicePtr, Error, LimitingAdaptor, MemoryResource,
+    PoolResource, Properties, Result, Stream,
 };
 
 const KIB: usize = 1 << 10;
@@ -36,7 +36,8 @@ impl Counting {
     }
 }
 
-impl MemoryResource for Counting {
+// SAFETY: every pointer is one `upstream` returned for the same request, with its properties.
+unsafe impl MemoryResource for Counting {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         self.allocations.fetch_add(1, Ordering::SeqCst);
         if bytes == 0 {
@@ -151,11 +152,53 @@ fn bins_are_checked() {
         PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(256 * KIB)).unwrap();
     let r = mr.add_bin(MIB, Some(Arc::new(small_pool)));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    // A bin of memory the host cannot touch, under an upstream (host-backend device memory)
+    // that says the host can: the binning resource would hand it out as host-accessible.
+    let device_only = Properties {
+        host_accessible: false,
+        ..up.properties()
+    };
+    let fail = move |bytes, s: &Stream| Err(Error::out_of_memory(bytes, None, s.device().id()));
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let device_only = unsafe { CallbackResource::new(device_only, fail, |_, _, _| {}) };
+    let r = mr.add_bin(2 * KIB, Some(Arc::new(device_only)));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("host-accessible: false")),
+        "{r:?}"
+    );
     let _shared = mr.clone();
     assert!(matches!(
         mr.add_bin(4 * KIB, None),
         Err(Error::InvalidArgument(_))
     ));
+}
+
+/// Frees are routed by size, so a bin added while memory is out would get frees of memory it
+/// never gave (here a `HostResource` freeing the upstream's pointer): once anything is
+/// allocated, bins are fixed.
+#[test]
+fn no_bin_is_added_after_an_allocation() {
+    let device = host();
+    let s = Stream::new(&device).unwrap();
+    let mut mr = BinningResource::new(CudaResource::new(&device).unwrap());
+    mr.add_bin(4 * KIB, None).unwrap();
+    let p = mr.try_allocate(5000, &s).unwrap(); // above every bin: the upstream's
+    let host_bin = Arc::new(crate::HostResource::new(&device).unwrap());
+    let r = mr.add_bin(8 * KIB, Some(host_bin));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("first allocation")),
+        "{r:?}"
+    );
+    assert_eq!(mr.bin_sizes(), [4 * KIB]);
+    free(&mr, p, 5000, &s); // back to the upstream, which gave it
+    s.synchronize_blocking().unwrap();
+    assert!(device.take_deferred_error().is_none());
+    assert_eq!(
+        device.host_controls().unwrap().allocated_bytes(),
+        128 * 4 * KIB
+    );
+    // Freed again, nothing is out, yet the bins stay as they were: allocated is for ever.
+    assert!(mr.add_bin(8 * KIB, None).is_err());
 }
 
 /// An awaited request waits for memory wherever its size routes it: here a bin whose upstream

@@ -18,7 +18,9 @@ fn host() -> (Device, Stream) {
 #[test]
 fn the_callbacks_are_invoked() {
     let (device, s) = host();
-    let (mr, calls) = test_support::recording(&device, |_| Ok(DevicePtr::from_raw(0x1000)));
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let (mr, calls) =
+        unsafe { test_support::recording(&device, |_| Ok(DevicePtr::from_raw(0x1000))) };
     let p = mr.try_allocate(10 * MIB, &s).unwrap();
     assert_eq!(p, DevicePtr::from_raw(0x1000));
     // SAFETY: the recording resource frees nothing; the pointer is its own.
@@ -39,19 +41,25 @@ fn closures_can_log() {
     let log = Arc::new(Mutex::new(String::new()));
     let upstream = CudaResource::new(&device).unwrap();
     let (up, l1, l2) = (upstream.clone(), log.clone(), log.clone());
-    let mr = CallbackResource::new(
-        upstream.properties(),
-        move |bytes, stream| {
-            l1.lock().push_str(&format!("Allocating {bytes} bytes\n"));
-            up.try_allocate(bytes, stream)
-        },
-        move |ptr, bytes, stream| {
-            l2.lock().push_str(&format!("Deallocating {bytes} bytes\n"));
-            // SAFETY: called only under `deallocate`'s contract; `ptr` came from a clone
-            // of `upstream`.
-            unsafe { upstream.deallocate(ptr, bytes, stream) }
-        },
-    );
+    let properties = upstream.properties();
+    let free = move |ptr, bytes, stream: &Stream| {
+        l2.lock().push_str(&format!("Deallocating {bytes} bytes\n"));
+        // SAFETY: called only under `deallocate`'s contract; `ptr` came from a clone
+        // of `upstream`.
+        unsafe { upstream.deallocate(ptr, bytes, stream) }
+    };
+    // SAFETY: every pointer is one `upstream` returned for the same request, with its properties:
+    // `upstream` keeps the promise.
+    let mr = unsafe {
+        CallbackResource::new(
+            properties,
+            move |bytes, stream| {
+                l1.lock().push_str(&format!("Allocating {bytes} bytes\n"));
+                up.try_allocate(bytes, stream)
+            },
+            free,
+        )
+    };
     let p = mr.try_allocate(10 * MIB, &s).unwrap();
     // SAFETY: allocated above with the same size, unused.
     unsafe { mr.deallocate(p, 10 * MIB, &s) };
@@ -72,13 +80,16 @@ fn clones_share_the_closures() {
     let (device, s) = host();
     let frees = Arc::new(AtomicUsize::new(0));
     let f = frees.clone();
-    let mr = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        |_, _| Ok(DevicePtr::from_raw(256)),
-        move |_, _, _| {
-            f.fetch_add(1, Ordering::SeqCst);
-        },
-    );
+    // SAFETY: the test uses the made-up pointers as numbers only; nothing touches memory there.
+    let mr = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            |_, _| Ok(DevicePtr::from_raw(256)),
+            move |_, _, _| {
+                f.fetch_add(1, Ordering::SeqCst);
+            },
+        )
+    };
     let copy = mr.clone();
     let p = mr.try_allocate(KIB, &s).unwrap();
     // SAFETY: the closures own no memory.
@@ -94,18 +105,21 @@ fn errors_and_properties_are_the_callers() {
         host_accessible: true,
         device: device.id(),
     };
-    let mr = CallbackResource::new(
-        properties,
-        |bytes, stream| {
-            Err(Error::OutOfMemory {
-                details: None,
-                requested: bytes,
-                available: Some(7),
-                device: stream.device().id(),
-            })
-        },
-        |_, _, _| {},
-    );
+    // SAFETY: it hands out no pointer: every answer is an error.
+    let mr = unsafe {
+        CallbackResource::new(
+            properties,
+            |bytes, stream| {
+                Err(Error::OutOfMemory {
+                    details: None,
+                    requested: bytes,
+                    available: Some(7),
+                    device: stream.device().id(),
+                })
+            },
+            |_, _, _| {},
+        )
+    };
     assert_eq!(mr.properties(), properties);
     assert_eq!(mr.capacity_limit(), None);
     assert!(mr.availability().is_none());
@@ -135,13 +149,18 @@ fn a_waiting_allocation_resumes_after_a_free() {
             .add_follower(&availability);
         let limit = limited.capacity_limit().expect("bounded");
         let (a, d) = (limited.clone(), limited.clone());
-        CallbackResource::new(
-            limited.properties(),
-            move |bytes, stream| a.try_allocate(bytes, stream),
-            // SAFETY: called only under `deallocate`'s contract; `ptr` came from `a`, a
-            // clone of the same adaptor.
-            move |ptr, bytes, stream| unsafe { d.deallocate(ptr, bytes, stream) },
-        )
+        // SAFETY: called only under `deallocate`'s contract; `ptr` came from `a`, a clone of
+        // the same adaptor.
+        let free = move |ptr, bytes, stream: &Stream| unsafe { d.deallocate(ptr, bytes, stream) };
+        // SAFETY: every pointer is one `limited` returned for the same request, with its
+        // properties: `limited` keeps the promise.
+        unsafe {
+            CallbackResource::new(
+                limited.properties(),
+                move |bytes, stream| a.try_allocate(bytes, stream),
+                free,
+            )
+        }
         .with_availability(availability)
         .with_capacity_limit(limit)
     });
@@ -150,11 +169,14 @@ fn a_waiting_allocation_resumes_after_a_free() {
 #[test]
 fn debug_names_the_settings() {
     let (device, _) = host();
-    let mr = CallbackResource::new(
-        CudaResource::new(&device).unwrap().properties(),
-        |_, _| Ok(DevicePtr::NULL),
-        |_, _, _| {},
-    )
+    // SAFETY: it hands out only the null pointer, which is no memory.
+    let mr = unsafe {
+        CallbackResource::new(
+            CudaResource::new(&device).unwrap().properties(),
+            |_, _| Ok(DevicePtr::NULL),
+            |_, _, _| {},
+        )
+    }
     .with_capacity_limit(KIB);
     let text = format!("{mr:?}");
     assert!(

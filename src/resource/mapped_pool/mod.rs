@@ -1,6 +1,8 @@
 //! `MappedPoolResource`: a pool over CUDA virtual memory management that grows in place.
 
+mod config;
 mod free_list;
+mod pages;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -9,7 +11,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use self::free_list::{BadFree, FreeList, Owner, Owners};
+pub use self::config::{MappedPoolConfig, MappedPoolStatistics};
+use self::free_list::{BadFree, FreeList, Owner};
+use self::pages::{Page, PendingRelease, Status};
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::BackendKind;
@@ -22,91 +26,6 @@ use crate::stream::{Event, Stream, StreamId};
 
 /// Every block is a multiple of this and aligned to it.
 const ALIGN: u64 = 256;
-
-/// The default release threshold keeps wholly free pages up to 1/`KEEP_DIVISOR` of the
-/// mapped pages (at least one page): W4's peak footprint stays within a few percent of its
-/// live bytes, and a steady allocate+free loop keeps its pages.
-const KEEP_DIVISOR: usize = 32;
-
-/// How a [`MappedPoolResource`] is set up: the address range it reserves and how much free
-/// memory it keeps mapped.
-///
-/// ```
-/// use streamalloc::MappedPoolConfig;
-///
-/// let config = MappedPoolConfig::default().reserve(1 << 30).release_threshold(64 << 20);
-/// assert_eq!(config.get_reserve(), Some(1 << 30));
-/// assert_eq!(config.get_release_threshold(), Some(64 << 20));
-/// assert_eq!(MappedPoolConfig::default().get_release_threshold(), None); // 1/32 of the mapped
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MappedPoolConfig {
-    reserve: Option<usize>,
-    release_threshold: Option<usize>,
-}
-
-impl MappedPoolConfig {
-    /// The virtual address range to reserve, in bytes (rounded up to the mapping
-    /// granularity): the most the pool can ever hand out at once.
-    pub fn reserve(mut self, bytes: usize) -> Self {
-        self.reserve = Some(bytes);
-        self
-    }
-
-    /// The range to reserve; `None` (the default) reserves twice the device's total memory:
-    /// address space is cheap, and the slack keeps the holes that long-lived blocks leave in
-    /// the range from refusing a request the device's memory could serve.
-    pub fn get_reserve(&self) -> Option<usize> {
-        self.reserve
-    }
-
-    /// Free memory the pool keeps mapped, in bytes, instead of the default (1/32 of the
-    /// mapped bytes, at least one page). Once wholly free pages (granules) add up to more,
-    /// the highest are unmapped and their physical memory released, as soon as the streams
-    /// that freed them have passed those frees, down to *half* the threshold: a pair of
-    /// allocate and free at the boundary then maps and unmaps once, not at every pair. 0
-    /// releases every wholly free page at once, for the smallest footprint at the cost of the
-    /// driver calls of mapping the same pages again (tens of microseconds each on a GPU);
-    /// `usize::MAX` releases only on [`trim`](MappedPoolResource::trim).
-    pub fn release_threshold(mut self, bytes: usize) -> Self {
-        self.release_threshold = Some(bytes);
-        self
-    }
-
-    /// The release threshold; `None` (the default) keeps free pages up to 1/32 of the mapped
-    /// bytes, at least one page (and releases down to half of that): W4's peak footprint
-    /// within 5 % of its live bytes, and no driver call in a steady allocate+free loop.
-    pub fn get_release_threshold(&self) -> Option<usize> {
-        self.release_threshold
-    }
-}
-
-/// A snapshot of a mapped pool's accounting ([`MappedPoolResource::statistics`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MappedPoolStatistics {
-    /// The reserved virtual address range, in bytes.
-    pub reserved_range: usize,
-    /// Bytes of physical memory mapped now: the pool's footprint on the device.
-    pub mapped_bytes: usize,
-    /// The most `mapped_bytes` has been since the pool was made or its peak reset.
-    pub peak_mapped_bytes: usize,
-    /// Bytes handed out and not freed, as the pool rounded them (to 256).
-    pub allocated_bytes: usize,
-    /// Live allocations.
-    pub live_allocations: usize,
-    /// Free bytes of the range, mapped or not.
-    pub free_bytes: usize,
-    /// Free blocks of the range.
-    pub free_blocks: usize,
-    /// The largest free block of the range, mapped or not.
-    pub largest_free_block: usize,
-    /// Mapped bytes wholly free and waiting for their streams to pass the frees before they
-    /// can be released.
-    pub pending_release_bytes: usize,
-    /// The mapping granularity (2 MiB on an H100 and on the host emulation).
-    pub granularity: usize,
-}
 
 /// A pool that maps physical memory on demand into one reserved virtual address range, so it
 /// grows in place and gives back what is free page by page: PyTorch's expandable segments,
@@ -159,7 +78,9 @@ pub struct MappedPoolStatistics {
 /// free of a pointer the pool does not hold as allocated with that size frees nothing and
 /// records an [`Error::InvalidArgument`] on the device
 /// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)); a pool dropped with
-/// allocations out leaks its mappings and records an [`Error::Leaked`] there.
+/// allocations out leaks its mappings and records an [`Error::Leaked`] there. The error of a
+/// stream that failed goes there too, when the pool meets it releasing pages (the pages
+/// then stay mapped) or waiting for its streams as it is dropped.
 ///
 /// # Examples
 ///
@@ -218,37 +139,6 @@ struct Inner {
     availability: Arc<Availability>,
 }
 
-/// What a page of the range holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Page {
-    Unmapped,
-    Mapped { handle: u64, status: Status },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
-    /// Some live block touches it (or it could not be released: see `release`).
-    InUse,
-    /// Wholly free; releasable once the events of pending release `id` complete.
-    Pending(u32),
-    /// Wholly free and its frees have completed: releasable at once.
-    Idle,
-    /// Wholly free, kept under the release threshold with no event recorded yet: fenced
-    /// (`fence`) only when it is to be released, so that a pool that keeps its pages mapped
-    /// records no event per free. (A page whose unmap failed goes back to `Idle`, to be
-    /// tried again by the next release.)
-    Unfenced,
-}
-
-/// Pages emptied by one free, and the events after which they may be unmapped.
-struct PendingRelease {
-    id: u32,
-    pages: std::ops::Range<usize>,
-    events: Vec<Event>,
-    /// Whether host functions after `events` will wake the wait queue (see `arm_wakeups`).
-    armed: bool,
-}
-
 struct State {
     list: FreeList,
     pages: Vec<Page>,
@@ -259,7 +149,9 @@ struct State {
     /// Pages in status `Unfenced`.
     unfenced: BTreeSet<usize>,
     pending: Vec<PendingRelease>,
-    next_pending: u32,
+    /// The id of the next pending release. Pages are matched to their release by id, so ids
+    /// must never come round while a release is pending: 64 bits, which no run counts through.
+    next_pending: u64,
     /// Each stream that freed into the pool, by owner number (kept for the pool's life, as
     /// [`PoolResource`](crate::PoolResource) keeps the streams that own its free memory).
     orders: Vec<FreeOrder>,
@@ -558,172 +450,6 @@ impl Inner {
         (offset / g) as usize..(offset + size).div_ceil(g) as usize
     }
 
-    /// Creates physical memory for the unmapped pages `run` and maps them (one page per
-    /// handle, so that each can be released alone). When the device is out of memory, first
-    /// releases every idle page (none under the request: `serve` claimed those) and tries
-    /// again. On failure nothing of the run stays mapped or created.
-    fn map_run(&self, state: &mut State, run: std::ops::Range<usize>) -> Result<()> {
-        let raw = self.device.raw();
-        let g = self.granularity;
-        let mut handles = Vec::with_capacity(run.len());
-        let mut failure = None;
-        for _ in run.clone() {
-            let mut created = raw.vmm_create(g);
-            if matches!(&created, Err(e) if e.is_out_of_memory()) {
-                // Idle pages hold physical memory the device may need: release them all.
-                self.collect(state, 0, 0);
-                created = raw.vmm_create(g);
-            }
-            match created {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        if failure.is_none() {
-            let va = self.base + (run.start * g) as u64;
-            // SAFETY: the run is pages of the pool's own reservation (aligned, inside it), all
-            // `Unmapped` (the caller found them so); each handle was just created with `g`
-            // bytes, once.
-            match unsafe { raw.vmm_map(va, g, &handles) } {
-                Ok(()) => {
-                    for (i, &handle) in run.zip(&handles) {
-                        state.pages[i] = Page::Mapped {
-                            handle,
-                            status: Status::InUse,
-                        };
-                        state.mapped_pages += 1;
-                    }
-                    return Ok(());
-                }
-                Err(e) => failure = Some(e),
-            }
-        }
-        for h in handles {
-            // SAFETY: created above, never mapped (or unmapped again by the failed map).
-            if let Err(e) = unsafe { raw.vmm_release(h, g) } {
-                self.device.defer_error(e);
-            }
-        }
-        Err(failure.expect("failed"))
-    }
-
-    /// Gives pages that `serve` claimed for a request it could not serve back their status
-    /// (a pending release that completed meanwhile makes them idle).
-    fn unclaim(state: &mut State, claimed: Vec<(usize, Status)>) {
-        for (i, status) in claimed {
-            let Page::Mapped { handle, .. } = state.pages[i] else {
-                continue;
-            };
-            let status = match status {
-                Status::Pending(id) if !state.pending.iter().any(|p| p.id == id) => Status::Idle,
-                other => other,
-            };
-            match status {
-                Status::Idle => {
-                    state.idle.insert(i);
-                }
-                Status::Unfenced => {
-                    state.unfenced.insert(i);
-                }
-                Status::InUse | Status::Pending(_) => {}
-            }
-            state.pages[i] = Page::Mapped { handle, status };
-        }
-    }
-
-    /// Unmaps page `index` and releases its physical memory; false (and the error deferred)
-    /// when the driver refused to unmap, in which case the page stays mapped, `Idle`, and the
-    /// caller puts it back in `idle`.
-    fn release_page(&self, state: &mut State, index: usize) -> bool {
-        let Page::Mapped { handle, .. } = state.pages[index] else {
-            return true;
-        };
-        let raw = self.device.raw();
-        let g = self.granularity;
-        let va = self.base + (index * g) as u64;
-        // SAFETY: the page is one mapping made by `map_run`; it is wholly free and every
-        // stream that freed into it has passed those frees (status `Idle`, see `collect`), so
-        // no queued or running work uses it.
-        if let Err(e) = unsafe { raw.vmm_unmap(va, g) } {
-            self.device.defer_error(e);
-            // Still wholly free and fenced: the caller keeps it idle, for the next release to
-            // try again.
-            state.pages[index] = Page::Mapped {
-                handle,
-                status: Status::Idle,
-            };
-            return false;
-        }
-        state.pages[index] = Page::Unmapped;
-        state.mapped_pages -= 1;
-        // SAFETY: unmapped just above, mapped nowhere else, released once.
-        if let Err(e) = unsafe { raw.vmm_release(handle, g) } {
-            self.device.defer_error(e);
-        }
-        true
-    }
-
-    /// The release threshold in pages, and the low-water mark a release goes down to.
-    fn keep_pages(&self, state: &State) -> (usize, usize) {
-        let high = match self.release_threshold {
-            Some(bytes) => bytes / self.granularity,
-            None => (state.mapped_pages / KEEP_DIVISOR).max(1),
-        };
-        (high, high / 2)
-    }
-
-    /// Makes pages whose pending frees have completed idle; when the wholly free pages
-    /// (idle or unfenced) are more than `high`, fences the unfenced ones and releases idle
-    /// pages, highest first, until at most `low` stay mapped. Returns the bytes released.
-    fn collect(&self, state: &mut State, high: usize, low: usize) -> usize {
-        if state.idle.len() + state.unfenced.len() > high && !state.unfenced.is_empty() {
-            let pages: Vec<usize> = std::mem::take(&mut state.unfenced).into_iter().collect();
-            self.fence(state, pages);
-        }
-        let mut pending = std::mem::take(&mut state.pending);
-        pending.retain(|p| {
-            // An event that reports an error has been reached too (the stream failed there).
-            let done = p.events.iter().all(|e| e.is_complete().unwrap_or(true));
-            if done {
-                for i in p.pages.clone() {
-                    if let Page::Mapped {
-                        handle,
-                        status: Status::Pending(id),
-                    } = state.pages[i]
-                    {
-                        if id == p.id {
-                            state.pages[i] = Page::Mapped {
-                                handle,
-                                status: Status::Idle,
-                            };
-                            state.idle.insert(i);
-                        }
-                    }
-                }
-            }
-            !done
-        });
-        state.pending = pending;
-        if state.idle.len() + state.unfenced.len() <= high {
-            return 0;
-        }
-        let mut released = 0;
-        let mut failed = Vec::new();
-        while state.idle.len() > low {
-            let i = state.idle.pop_last().expect("more than 0 idle pages");
-            if self.release_page(state, i) {
-                released += self.granularity;
-            } else {
-                failed.push(i);
-            }
-        }
-        state.idle.extend(failed);
-        released
-    }
-
     /// Serves `size` (aligned) for `stream`; `None` when the range has no free block of that
     /// size or the device no physical memory for its pages.
     fn serve(&self, state: &mut State, size: u64, stream: &Stream) -> Result<Option<u64>> {
@@ -846,22 +572,6 @@ impl Inner {
         }
     }
 
-    /// Makes each stream with pages pending release wake the wait queue once it passes their
-    /// frees: a request that failed may be served by those pages' physical memory, and no
-    /// free may ever come to wake it otherwise. Only on this slow path, once per release.
-    fn arm_wakeups(&self, state: &mut State) {
-        for p in state.pending.iter_mut().filter(|p| !p.armed) {
-            p.armed = true;
-            for e in &p.events {
-                let availability = Arc::clone(&self.availability);
-                // The host function only wakes wakers: no driver call.
-                if let Err(err) = e.stream().launch_host_fn(move || availability.notify()) {
-                    self.device.defer_error(err);
-                }
-            }
-        }
-    }
-
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if ptr.is_null() {
             return;
@@ -910,71 +620,14 @@ impl Inner {
         drop(state);
         self.availability.notify();
     }
-
-    /// Puts `pages` (wholly free: emptied by a free, or unfenced) up for release once every
-    /// stream that freed into their free blocks passes an event recorded now. On a driver
-    /// error recording one, the pages stay as they were (mapped, and used again like any free
-    /// memory) and the error is deferred.
-    fn fence(&self, state: &mut State, pages: Vec<usize>) {
-        let (Some(&low), Some(&high)) = (pages.first(), pages.last()) else {
-            return;
-        };
-        let g = self.granularity as u64;
-        let mut owners = Owners::default();
-        let mut last_block = None;
-        for &i in &pages {
-            if let Some((start, _, o)) = state.list.block_containing(i as u64 * g) {
-                if last_block != Some(start) {
-                    owners.join(o);
-                    last_block = Some(start);
-                }
-            }
-        }
-        let mut events = Vec::new();
-        for o in owners.iter() {
-            match state.orders[o as usize].stream().record() {
-                Ok(e) => events.push(e),
-                Err(e) => {
-                    self.device.defer_error(e);
-                    for &i in &pages {
-                        if matches!(
-                            state.pages[i],
-                            Page::Mapped {
-                                status: Status::Unfenced,
-                                ..
-                            }
-                        ) {
-                            state.unfenced.insert(i);
-                        }
-                    }
-                    return;
-                }
-            }
-        }
-        let id = state.next_pending;
-        state.next_pending = state.next_pending.wrapping_add(1);
-        for &i in &pages {
-            if let Page::Mapped { handle, status } = state.pages[i] {
-                debug_assert!(
-                    matches!(status, Status::InUse | Status::Unfenced),
-                    "page {i} fenced twice"
-                );
-                state.pages[i] = Page::Mapped {
-                    handle,
-                    status: Status::Pending(id),
-                };
-            }
-        }
-        state.pending.push(PendingRelease {
-            id,
-            pages: low..high + 1,
-            events,
-            armed: false,
-        });
-    }
 }
 
-impl MemoryResource for MappedPoolResource {
+// SAFETY: a pointer it hands out is `base` plus the start of a block of at least `bytes`
+// bytes (a multiple of 256 at a 256-aligned offset of the granule-aligned reservation) that
+// the free list hands out once until it is freed, with every page under it mapped (`serve`)
+// and kept mapped while the block is live (pages are released only when wholly free). It
+// says host-accessible only on the host backend, whose mappings are host memory.
+unsafe impl MemoryResource for MappedPoolResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         self.inner.try_allocate(bytes, stream)
     }
@@ -1074,7 +727,8 @@ impl Drop for Inner {
     /// Waits for the streams that freed into the pool (unmapping is not stream-ordered), then
     /// unmaps and releases every page and gives the range back. With allocations still out,
     /// it leaks everything instead (their memory must stay valid) and records an
-    /// [`Error::Leaked`].
+    /// [`Error::Leaked`]. The error of a stream that failed, and of a driver call that fails
+    /// here, is recorded on the device too.
     fn drop(&mut self) {
         let state = self.state.get_mut();
         let allocations = state.list.live_allocations();
@@ -1089,8 +743,9 @@ impl Drop for Inner {
         }
         for order in &state.orders {
             if let Err(e) = order.stream().synchronize_blocking() {
-                // A failed stream has stopped running work: its pages are unused.
-                tracing::debug!(%e, "a stream of a dropped mapped pool had failed");
+                // A failed stream has stopped running work: its pages are unused. The drop
+                // cannot return the error, so the device keeps it.
+                self.device.defer_error(e);
             }
         }
         let mut state = std::mem::replace(

@@ -546,3 +546,134 @@ fn releasing_idle_pages_for_a_request_never_unmaps_the_pages_it_covers() {
     pool.trim();
     assert_eq!(mapped(&device), 0);
 }
+
+/// An event that reports an error has not shown that its stream passed the frees: the failed
+/// stream's work may still run on a GPU. Its pages stay mapped, and the error goes to the
+/// device instead of being taken for completion.
+#[test]
+fn an_event_error_keeps_the_pages_and_reaches_the_device() {
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let pool = eager(&device);
+    let p = pool.try_allocate(PAGE, &s).unwrap();
+    device
+        .host_controls()
+        .unwrap()
+        .fail_next(FaultPoint::Memset, 1);
+    // SAFETY: `p..p + PAGE` is the pool's allocation, live until the free below, which is
+    // ordered after the memset on `s`.
+    unsafe { s.raw().memset(p.addr(), 0, PAGE) }.unwrap();
+    assert!(
+        s.synchronize_blocking().is_err(),
+        "the memset failed the stream"
+    );
+    // Eager: the emptied page is fenced with an event after the failure, and looked at at once.
+    free(&pool, p, PAGE, &s);
+    assert_eq!(mapped(&device), PAGE, "the page was released on an error");
+    let e = device
+        .take_deferred_error()
+        .expect("the error reaches the device");
+    assert!(
+        matches!(
+            e,
+            Error::Driver {
+                call: "cuMemsetD8Async",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Not pending for ever either (a waiter would wait on it): kept, as memory in use is.
+    let stats = pool.statistics();
+    assert_eq!((stats.pending_release_bytes, stats.mapped_bytes), (0, PAGE));
+    assert!(!pool.may_regain_memory(PAGE));
+    // The page is free memory still: a request on the stream takes it without mapping more.
+    let q = pool.try_allocate(PAGE, &s).unwrap();
+    assert_eq!((q, mapped(&device)), (p, PAGE));
+    free(&pool, q, PAGE, &s);
+    let _ = device.take_deferred_error(); // the same stream's error, met again
+}
+
+/// A page pending release is matched to its release by id: the ids must never come round
+/// again while an old release is still pending, or a later release whose page range spans
+/// that page takes it for its own and releases it under the old stream's work. Here the
+/// counter is set where 2^32 - 1 releases later would have left a `u32`.
+#[test]
+fn release_ids_never_come_round_to_a_release_still_pending() {
+    let device = host(1 << 30);
+    let [s, busy] = crate::test_support::streams(&device);
+    let keep = MappedPoolConfig::default().release_threshold(usize::MAX);
+    let pool = MappedPoolResource::with_config(&device, keep).unwrap();
+    // Four pages, one block each; the third is freed on a stream still busy for a while.
+    let blocks: Vec<_> = (0..4)
+        .map(|_| pool.try_allocate(PAGE, &s).unwrap())
+        .collect();
+    busy.enqueue_delay(Duration::from_millis(500)).unwrap();
+    free(&pool, blocks[2], PAGE, &busy);
+    let inner = &pool.inner;
+    let mut state = inner.state.lock();
+    state.unfenced.remove(&2);
+    inner.fence(&mut state, vec![2]); // pending until `busy` passes its delay
+    let old = state.pending.last().unwrap().id;
+    let pending_on_busy = Page::Mapped {
+        handle: match state.pages[2] {
+            Page::Mapped { handle, .. } => handle,
+            Page::Unmapped => unreachable!("mapped"),
+        },
+        status: Status::Pending(old),
+    };
+    assert_eq!(state.pages[2], pending_on_busy);
+    // As many releases later as a `u32` counts (each of these is done at once: live blocks
+    // have no free owners, so no events)...
+    state.next_pending = u32::MAX.into();
+    inner.fence(&mut state, vec![0]);
+    // ...a release of pages 1 and 3 spans page 2.
+    inner.fence(&mut state, vec![1, 3]);
+    inner.collect(&mut state, usize::MAX, usize::MAX);
+    assert_eq!(
+        state.pages[2], pending_on_busy,
+        "another release took the page still pending on `busy`"
+    );
+    drop(state);
+    // The other pages were marked as if wholly free: drop the pool with its blocks out (it
+    // leaks them, touching no page) rather than free them.
+    drop(pool);
+    assert!(matches!(
+        device.take_deferred_error(),
+        Some(Error::Leaked { allocations: 3, .. })
+    ));
+}
+
+/// The drop waits for the streams that freed into the pool; a stream that failed says so, and
+/// the drop cannot return it: the error goes to the device.
+#[test]
+fn a_failed_stream_met_by_the_drop_is_a_deferred_error() {
+    let device = host(1 << 30);
+    let s = Stream::new(&device).unwrap();
+    let keep = MappedPoolConfig::default().release_threshold(usize::MAX);
+    let pool = MappedPoolResource::with_config(&device, keep).unwrap();
+    let p = pool.try_allocate(PAGE, &s).unwrap();
+    device
+        .host_controls()
+        .unwrap()
+        .fail_next(FaultPoint::Memset, 1);
+    // SAFETY: `p..p + PAGE` is the pool's allocation, live until the free below, which is
+    // ordered after the memset on `s`.
+    unsafe { s.raw().memset(p.addr(), 0, PAGE) }.unwrap();
+    free(&pool, p, PAGE, &s); // kept mapped, unfenced: no event is looked at before the drop
+    assert!(device.take_deferred_error().is_none());
+    drop(pool);
+    let e = device
+        .take_deferred_error()
+        .expect("the drop's error reaches the device");
+    assert!(
+        matches!(
+            e,
+            Error::Driver {
+                call: "cuMemsetD8Async",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -1114,7 +1114,11 @@ impl<R: MemoryResource> Inner<R> {
 
 memory_resource!(shared [R: MemoryResource] PoolResource<R>);
 
-impl<R: MemoryResource> Forward for Inner<R> {
+// SAFETY: a pointer it hands out is a block carved by the pool's core out of its chunks,
+// each an allocation of the upstream held until `trim` or the drop returns it wholly free:
+// blocks are at least the request, at 256-aligned offsets of 256-aligned chunks, and the core
+// hands out no byte twice until it is freed. The properties are the upstream's.
+unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         // The fast path: a request for the stream's shard that the stream's own free blocks
         // there serve, under one lock, with no `Result` to build on the way. Anything else (a

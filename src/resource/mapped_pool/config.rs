@@ -1,0 +1,81 @@
+//! How a mapped pool is set up, and its figures.
+
+/// How a [`MappedPoolResource`](super::MappedPoolResource) is set up: the address range it reserves and how much free
+/// memory it keeps mapped.
+///
+/// ```
+/// use streamalloc::MappedPoolConfig;
+///
+/// let config = MappedPoolConfig::default().reserve(1 << 30).release_threshold(64 << 20);
+/// assert_eq!(config.get_reserve(), Some(1 << 30));
+/// assert_eq!(config.get_release_threshold(), Some(64 << 20));
+/// assert_eq!(MappedPoolConfig::default().get_release_threshold(), None); // 1/32 of the mapped
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MappedPoolConfig {
+    reserve: Option<usize>,
+    release_threshold: Option<usize>,
+}
+
+impl MappedPoolConfig {
+    /// The virtual address range to reserve, in bytes (rounded up to the mapping
+    /// granularity): the most the pool can ever hand out at once.
+    pub fn reserve(mut self, bytes: usize) -> Self {
+        self.reserve = Some(bytes);
+        self
+    }
+
+    /// The range to reserve; `None` (the default) reserves twice the device's total memory:
+    /// address space is cheap, and the slack keeps the holes that long-lived blocks leave in
+    /// the range from refusing a request the device's memory could serve.
+    pub fn get_reserve(&self) -> Option<usize> {
+        self.reserve
+    }
+
+    /// Free memory the pool keeps mapped, in bytes, instead of the default (1/32 of the
+    /// mapped bytes, at least one page). Once wholly free pages (granules) add up to more,
+    /// the highest are unmapped and their physical memory released, as soon as the streams
+    /// that freed them have passed those frees, down to *half* the threshold: a pair of
+    /// allocate and free at the boundary then maps and unmaps once, not at every pair. 0
+    /// releases every wholly free page at once, for the smallest footprint at the cost of the
+    /// driver calls of mapping the same pages again (tens of microseconds each on a GPU);
+    /// `usize::MAX` releases only on [`trim`](super::MappedPoolResource::trim).
+    pub fn release_threshold(mut self, bytes: usize) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// The release threshold; `None` (the default) keeps free pages up to 1/32 of the mapped
+    /// bytes, at least one page (and releases down to half of that): W4's peak footprint
+    /// within 5 % of its live bytes, and no driver call in a steady allocate+free loop.
+    pub fn get_release_threshold(&self) -> Option<usize> {
+        self.release_threshold
+    }
+}
+
+/// A snapshot of a mapped pool's accounting ([`MappedPoolResource::statistics`](super::MappedPoolResource::statistics)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MappedPoolStatistics {
+    /// The reserved virtual address range, in bytes.
+    pub reserved_range: usize,
+    /// Bytes of physical memory mapped now: the pool's footprint on the device.
+    pub mapped_bytes: usize,
+    /// The most `mapped_bytes` has been since the pool was made or its peak reset.
+    pub peak_mapped_bytes: usize,
+    /// Bytes handed out and not freed, as the pool rounded them (to 256).
+    pub allocated_bytes: usize,
+    /// Live allocations.
+    pub live_allocations: usize,
+    /// Free bytes of the range, mapped or not.
+    pub free_bytes: usize,
+    /// Free blocks of the range.
+    pub free_blocks: usize,
+    /// The largest free block of the range, mapped or not.
+    pub largest_free_block: usize,
+    /// Mapped bytes wholly free and waiting for their streams to pass the frees before they
+    /// can be released.
+    pub pending_release_bytes: usize,
+    /// The mapping granularity (2 MiB on an H100 and on the host emulation).
+    pub granularity: usize,
+}
