@@ -265,7 +265,14 @@ impl Backend for CudaBackend {
             // (caller, 2), where the event was just recorded.
             match unsafe { self.reclaimer.retire(event, kind, ptr, bytes) } {
                 Ok(()) => return Ok(()),
-                Err((event, _)) => drop(event),
+                Err(reclaim::NotRetired::NoThread(event)) => drop(event),
+                Err(reclaim::NotRetired::AlreadyQueued) => {
+                    return Err(Error::invalid(format!(
+                        "free of pointer {ptr:#x} on {}, whose earlier free is still queued \
+                         (a double free); refused",
+                        self.ctx.id()
+                    )));
+                }
             }
         }
         // SAFETY: the caller's contract, forwarded.

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashSet;
 
 use crate::backend::{BackendEvent, MemoryKind};
 use crate::error::Result;
@@ -47,6 +48,10 @@ struct Counts {
     blocks: usize,
     /// Their bytes of device memory ([`MemoryKind::Device`]).
     device_bytes: usize,
+    /// Their addresses: a second free of one is refused at once, as the driver would refuse
+    /// it (later, on the reclaiming thread, where the error would reach the device long after
+    /// the call that made it).
+    queued: FxHashSet<u64>,
 }
 
 /// The bytes of `kind` that count as device memory in [`Counts::device_bytes`].
@@ -58,14 +63,20 @@ fn device_bytes(kind: MemoryKind, bytes: usize) -> usize {
 }
 
 impl Outstanding {
-    fn add(&self, kind: MemoryKind, bytes: usize) {
+    /// Counts `ptr` as queued; `false`, and nothing counted, when it is queued already.
+    fn add(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> bool {
         let mut state = self.state.lock();
+        if !state.queued.insert(ptr) {
+            return false;
+        }
         state.blocks += 1;
         state.device_bytes += device_bytes(kind, bytes);
+        true
     }
 
-    fn done(&self, kind: MemoryKind, bytes: usize) {
+    fn done(&self, kind: MemoryKind, ptr: u64, bytes: usize) {
         let mut state = self.state.lock();
+        state.queued.remove(&ptr);
         state.blocks -= 1;
         state.device_bytes -= device_bytes(kind, bytes);
         if state.blocks == 0 {
@@ -91,6 +102,14 @@ impl std::fmt::Debug for Reclaimer {
     }
 }
 
+/// Why [`Reclaimer::retire`] did not take a block.
+pub(super) enum NotRetired {
+    /// No thread could be started, or it is gone: the caller frees the block itself.
+    NoThread(Arc<CudaEvent>),
+    /// The block is queued already: a double free, refused without touching anything.
+    AlreadyQueued,
+}
+
 impl Reclaimer {
     /// Queues the free of `ptr` (`bytes` of `kind`, from
     /// [`allocate`](super::memory::allocate)) for when `event` completes. Gives the block back
@@ -107,7 +126,7 @@ impl Reclaimer {
         kind: MemoryKind,
         ptr: u64,
         bytes: usize,
-    ) -> std::result::Result<(), (Arc<CudaEvent>, u64)> {
+    ) -> std::result::Result<(), NotRetired> {
         let mut queue = self.queue.lock();
         if queue.is_none() {
             let (tx, rx) = mpsc::channel();
@@ -116,11 +135,13 @@ impl Reclaimer {
                 .name("streamalloc-reclaim".into())
                 .spawn(move || reclaim(rx, &outstanding));
             if started.is_err() {
-                return Err((event, ptr));
+                return Err(NotRetired::NoThread(event));
             }
             *queue = Some(tx);
         }
-        self.outstanding.add(kind, bytes);
+        if !self.outstanding.add(kind, ptr, bytes) {
+            return Err(NotRetired::AlreadyQueued);
+        }
         let sent = queue.as_ref().expect("started above").send(Retired {
             event,
             kind,
@@ -128,8 +149,8 @@ impl Reclaimer {
             bytes,
         });
         sent.map_err(|mpsc::SendError(r)| {
-            self.outstanding.done(kind, bytes);
-            (r.event, r.ptr)
+            self.outstanding.done(kind, ptr, bytes);
+            NotRetired::NoThread(r.event)
         })
     }
 
@@ -176,7 +197,7 @@ fn reclaim(queue: Receiver<Retired>, outstanding: &Outstanding) {
             Err(error) => ctx.errors().report(error),
         }
         drop(event);
-        outstanding.done(kind, bytes);
+        outstanding.done(kind, ptr, bytes);
     }
 }
 
