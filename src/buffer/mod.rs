@@ -61,7 +61,10 @@ use uses::Uses;
 ///   for the owner's work so far and records an event on it when the read ends; the owner's
 ///   later writes and the free wait for it.
 /// - Drop: the owner waits for every recorded read, then the memory is deallocated on the
-///   owner, stream-ordered. Drop never blocks and never synchronizes.
+///   owner, stream-ordered. Drop never blocks and never synchronizes, except over the plain
+///   [`CudaResource`](crate::CudaResource) and [`ManagedResource`](crate::ManagedResource) on
+///   CUDA, whose free (`cuMemFree`) waits for the stream: use a pool or
+///   [`CudaAsyncResource`](crate::CudaAsyncResource) in async code.
 ///
 /// Work you enqueue yourself through [`ptr`](DeviceBuffer::ptr) is yours to order: enqueue it
 /// on the owner, or on a stream inside a [`ReadGuard`] (reads only). After a hand-off, the new

@@ -469,42 +469,6 @@ pub fn pinned_drop_does_not_block(device: Device) {
     }
 }
 
-/// Dropping a buffer of device or managed memory from a leaf resource (`cuMemFree` on CUDA)
-/// leaves its stream running: the free waits for the stream on a reclaiming thread, as a
-/// buffer's drop promises. On CUDA it blocked until the stage ended, before those frees left
-/// the caller's thread.
-pub fn leaf_buffer_drop_does_not_block(device: Device) {
-    let s = Stream::new(&device).unwrap();
-    let resources: [(&str, std::sync::Arc<dyn MemoryResource>); 2] = [
-        (
-            "device",
-            std::sync::Arc::new(CudaResource::new(&device).unwrap()),
-        ),
-        (
-            "managed",
-            std::sync::Arc::new(ManagedResource::new(&device).unwrap()),
-        ),
-    ];
-    for (what, mr) in resources {
-        let buf = DeviceBuffer::try_new(1 << 20, &s, mr).unwrap();
-        s.enqueue_delay(STALL / 3).unwrap();
-        let busy = s.record().unwrap();
-        drop(buf);
-        assert!(
-            !busy.is_complete().unwrap(),
-            "dropping a buffer of {what} memory waited for its stream"
-        );
-    }
-    s.synchronize_blocking().unwrap();
-    // Freed meanwhile: the same again is served.
-    let again = DeviceBuffer::try_new(1 << 20, &s, CudaResource::new(&device).unwrap()).unwrap();
-    assert_eq!(again.len(), 1 << 20);
-    if let Some(c) = device.host_controls() {
-        s.synchronize_blocking().unwrap();
-        assert_eq!(c.live_allocations(), 1, "the dropped buffers were freed");
-    }
-}
-
 /// Instantiates the buffer and stream cases for one device.
 #[macro_export]
 macro_rules! buffer_suite {
@@ -529,7 +493,6 @@ macro_rules! buffer_suite {
             $(#[$attr])* #[test] fn handoff_then_ptr_orders_raw_work() { suite::handoff_then_ptr_orders_raw_work($device) }
             $(#[$attr])* #[test] fn late_handoff_waits_for_the_last_use_only() { suite::late_handoff_waits_for_the_last_use_only($device) }
             $(#[$attr])* #[test] fn pinned_drop_does_not_block() { suite::pinned_drop_does_not_block($device) }
-            $(#[$attr])* #[test] fn leaf_buffer_drop_does_not_block() { suite::leaf_buffer_drop_does_not_block($device) }
         }
     };
 }

@@ -1,18 +1,18 @@
-//! Frees of the plain allocations (`cuMemFree` of device and managed memory, `cuMemFreeHost`
-//! of pinned host memory) off the caller's thread.
+//! Frees of pinned host memory (`cuMemFreeHost`) off the caller's thread.
 //!
-//! None of them is stream-ordered: the backend must first wait for the freeing stream, and the
-//! frees synchronize the device besides (`cuMemFreeHost` of 16 MiB takes 1.6 ms on an H100).
-//! Done on the caller's thread, every buffer dropped in an async task stalled that executor
-//! thread until the stream was idle, though a buffer's drop promises never to block. Instead,
-//! the free records an event on the stream and hands the block to one thread per device, which
-//! waits for the event and frees it: the caller's thread never blocks.
+//! The free is not stream-ordered: the backend must first wait for the freeing stream, and the
+//! free itself takes long (1.6 ms for 16 MiB on an H100). Done on the caller's thread, every
+//! `PinnedHostVec` dropped in an async task stalled that executor thread until the stream was
+//! idle. Instead, the free records an event on the stream and hands the block to one thread per
+//! device, which waits for the event and frees it: the caller's thread never blocks. (Device
+//! and managed memory are freed synchronously: deferred, their frees kept memory allocated past
+//! the next allocation and raised the pool's W4 footprint; the counting of queued device bytes
+//! below stays for any kind that is deferred.)
 //!
 //! Deferring a free must not make memory look used that a synchronous free would have given
 //! back: an allocation that fails for lack of memory waits for the queued frees and tries once
 //! more ([`Reclaimer::drain`]), and the device's free memory counts the device memory still
-//! queued here ([`Reclaimer::pending_device_bytes`]), so a pool that gave a chunk back and then
-//! grows, or sizes itself from the free memory, sees what it would have seen.
+//! queued here ([`Reclaimer::pending_device_bytes`]).
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;

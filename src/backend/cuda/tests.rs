@@ -530,32 +530,3 @@ fn crate_calls_inside_a_host_function_never_reach_the_driver() {
     // Outside host functions the same call works.
     other.record().unwrap();
 }
-
-#[cfg(feature = "gpu-tests")]
-#[test]
-#[ignore = "needs a CUDA device"]
-fn a_queued_device_free_counts_as_free_memory_at_once() {
-    // A free on a busy stream goes to the reclaiming thread; the device's free memory counts
-    // it at once, as a synchronous free would have.
-    let b = backend();
-    let s = stream();
-    let n = 512 << 20;
-    let p = b.allocate(MemoryKind::Device, n).unwrap();
-    let before = b.memory_info().unwrap().free;
-    s.delay(Duration::from_millis(300)).unwrap();
-    let busy = s.record().unwrap();
-    let start = Instant::now();
-    // SAFETY: allocated above, freed once; no work uses it.
-    unsafe { b.free(MemoryKind::Device, p, n, &s) }.unwrap();
-    assert!(
-        start.elapsed() < Duration::from_millis(100),
-        "the free blocked"
-    );
-    assert!(!busy.query().unwrap(), "the stream was still busy");
-    let after = b.memory_info().unwrap().free;
-    assert!(
-        after >= before + n,
-        "free memory {before} -> {after} after freeing {n}"
-    );
-    s.synchronize_blocking().unwrap();
-}
