@@ -137,7 +137,7 @@ impl Backend for HostBackend {
 
     fn create_stream(&self) -> Result<Arc<HostStream>> {
         self.memory().fail_if(FaultPoint::StreamCreate)?;
-        Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
+        Ok(Arc::new(HostStream::new(self.id, self.memory().clone())?))
     }
 
     fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<HostMemPool>> {

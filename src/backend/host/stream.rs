@@ -24,7 +24,12 @@ pub(crate) struct HostStream {
 }
 
 impl HostStream {
-    pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Self {
+    /// A stream and its worker thread.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when the worker thread cannot be started (the OS is
+    /// out of threads or memory), where CUDA's `cuStreamCreate` would fail too.
+    pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Result<Self> {
         memory.note_call();
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let queue = Arc::new(Queue {
@@ -44,12 +49,17 @@ impl HostStream {
         thread::Builder::new()
             .name(format!("streamalloc-host-stream-{handle}"))
             .spawn(move || worker.run())
-            .expect("failed to spawn a host stream worker thread");
-        HostStream {
+            .map_err(|e| {
+                crate::error::Error::io(
+                    "cuStreamCreate: starting a host stream's worker thread",
+                    &e,
+                )
+            })?;
+        Ok(HostStream {
             device,
             handle,
             queue,
-        }
+        })
     }
 
     fn enqueue(&self, op: Op) -> Result<()> {
