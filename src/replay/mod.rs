@@ -48,6 +48,7 @@
 
 mod error;
 mod parser;
+mod streams;
 mod whatif;
 
 use std::fmt;
@@ -57,6 +58,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
 pub use error::{ReplayError, ReplayResult};
 pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
+pub use streams::MAX_STREAMS;
+use streams::{Placed, ReplayStreams};
 pub use whatif::{replay_log, scan_log, LogSummary, Skipped, WhatIf, WhatIfOptions};
 
 use crate::device::Device;
@@ -188,8 +191,12 @@ pub struct ReplayReport {
     pub frees: usize,
     /// `allocate failure` events: logged failures are not retried, as in RMM.
     pub logged_failures: usize,
-    /// Distinct streams of the log, each replayed on a stream of its own.
+    /// Distinct streams of the log replayed on a stream of their own: at most
+    /// [`MAX_STREAMS`], the first ones met.
     pub streams: usize,
+    /// Events of the log's further streams, past [`MAX_STREAMS`]: replayed on one shared
+    /// stream.
+    pub streams_over_limit: usize,
     /// Events that did not go as logged, in log order.
     pub failures: Vec<ReplayFailure>,
     /// Allocations the log never freed, in log order; freed at the end of the replay.
@@ -217,6 +224,13 @@ impl fmt::Display for ReplayReport {
             self.unfreed.len(),
             self.failures.len()
         )?;
+        if self.streams_over_limit > 0 {
+            writeln!(
+                f,
+                "{} events of streams past the first {MAX_STREAMS} ran on one shared stream",
+                self.streams_over_limit
+            )?;
+        }
         for failure in &self.failures {
             writeln!(f, "{failure}")?;
         }
@@ -240,8 +254,10 @@ struct Live {
 /// without the timing.
 ///
 /// Each logged pointer is mapped to the pointer `mr` returns for it, each logged stream handle
-/// to a stream of `device` created for it (the default stream, handle 0, included), and each
-/// free goes to `mr` with the size the replay allocated, on its logged stream's stream.
+/// to a stream of `device` created for it (the default stream, handle 0, included) up to
+/// [`MAX_STREAMS`] of them (the events of further logged streams run on one shared stream,
+/// counted in [`ReplayReport::streams_over_limit`]: on the host backend a stream is a thread),
+/// and each free goes to `mr` with the size the replay allocated, on its logged stream's stream.
 /// `allocate failure` events are counted, not retried; allocations are
 /// [`try_allocate`](MemoryResource::try_allocate) calls, so a replay never waits for memory.
 /// Events that do not go as logged are reported with their line
@@ -297,7 +313,7 @@ pub fn replay<R: MemoryResource + ?Sized>(
             actual: device.id(),
         });
     }
-    let mut streams: FxHashMap<u64, Stream> = FxHashMap::default();
+    let mut streams = ReplayStreams::new(MAX_STREAMS);
     let mut live: FxHashMap<DevicePtr, Live> = FxHashMap::default();
     // Allocations logged with the null pointer (0 bytes): they cannot be told apart, so each
     // free of the null pointer takes the latest of them.
@@ -327,7 +343,7 @@ pub fn replay<R: MemoryResource + ?Sized>(
                             .push(fail(ReplayFailureKind::PointerAlreadyLive { allocated_at }));
                         continue;
                     }
-                    let stream = stream_for(&mut streams, e.stream, device)?;
+                    let stream = stream_for(&mut streams, &mut report, e.stream, device)?;
                     match mr.try_allocate(e.bytes, stream) {
                         Ok(ptr) => {
                             report.allocations += 1;
@@ -372,7 +388,7 @@ pub fn replay<R: MemoryResource + ?Sized>(
                             allocated: held.bytes,
                         }));
                     }
-                    let stream = stream_for(&mut streams, e.stream, device)?;
+                    let stream = stream_for(&mut streams, &mut report, e.stream, device)?;
                     // SAFETY: `held.ptr` came from `mr.try_allocate(held.bytes, ..)` above and
                     // left the live maps just now, so it is freed once, with its size; the
                     // replay never uses the memory, so no work needs ordering before the free.
@@ -394,7 +410,7 @@ pub fn replay<R: MemoryResource + ?Sized>(
             bytes: held.bytes,
         });
         let stream = streams
-            .get(&held.stream)
+            .of(held.stream)
             .expect("an allocation's stream was made for it");
         // SAFETY: as above: allocated by `mr` with this size, freed once, never used.
         unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
@@ -402,21 +418,24 @@ pub fn replay<R: MemoryResource + ?Sized>(
     }
     report.streams = streams.len();
     result?;
-    for stream in streams.values() {
+    for stream in streams.all() {
         stream.synchronize_blocking()?;
     }
     Ok(report)
 }
 
+/// The stream an event of `handle` runs on, counting it in `report` when it is past the cap.
 fn stream_for<'s>(
-    streams: &'s mut FxHashMap<u64, Stream>,
+    streams: &'s mut ReplayStreams,
+    report: &mut ReplayReport,
     handle: u64,
     device: &Device,
 ) -> Result<&'s Stream> {
-    Ok(match streams.entry(handle) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => e.insert(Stream::new(device)?),
-    })
+    let (stream, placed) = streams.get(handle, device)?;
+    if placed == Placed::OverLimit {
+        report.streams_over_limit += 1;
+    }
+    Ok(stream)
 }
 
 #[cfg(test)]

@@ -346,3 +346,28 @@ fn an_empty_log_replays_to_nothing() {
     assert_eq!(report, ReplayReport::default());
     assert!(report.is_clean());
 }
+
+/// A log with more streams than the cap (one per request, as some services log) gets at most
+/// `MAX_STREAMS` streams: on the host backend each is a thread. The rest share one stream,
+/// and every event is still replayed.
+#[test]
+fn a_log_of_more_streams_than_the_cap_makes_at_most_the_cap() {
+    let over = 10;
+    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for i in 0..(MAX_STREAMS + over) as u64 {
+        let (ptr, stream) = (0x7f00_0000_0000 + i * 0x1000, 0x1000 + i);
+        log += &format!("1,10:00:00.000000,allocate,{ptr:#x},256,{stream:#x}\n");
+        log += &format!("1,10:00:00.000001,free,{ptr:#x},256,{stream:#x}\n");
+    }
+    let (device, _) = host();
+    let mr = crate::StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
+    let report = replay(&parse_log_str(&log).unwrap(), &mr, &device).unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.streams, MAX_STREAMS);
+    assert_eq!(report.streams_over_limit, 2 * over);
+    assert_eq!(report.allocations, MAX_STREAMS + over);
+    assert_eq!(mr.allocations_counter().total, (MAX_STREAMS + over) as i64);
+    assert!(report
+        .to_string()
+        .contains(&format!("{} events of streams past the first", 2 * over)));
+}

@@ -11,6 +11,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::error::{ReplayError, ReplayResult};
 use super::parser::{Action, Event, EventReader};
+use super::streams::{Placed, ReplayStreams, MAX_STREAMS};
 use super::{ReplayFailure, ReplayFailureKind};
 use crate::device::Device;
 use crate::resource::{DevicePtr, Fragmentation, MemoryResource, MemorySnapshot};
@@ -55,7 +56,7 @@ impl Default for WhatIfOptions {
         WhatIfOptions {
             strict: false,
             max_failures: 100,
-            max_streams: 1024,
+            max_streams: MAX_STREAMS,
             snapshot_line: None,
             record: false,
         }
@@ -400,9 +401,7 @@ struct Run<'a, R: ?Sized> {
     mr: &'a R,
     device: &'a Device,
     options: &'a WhatIfOptions,
-    streams: FxHashMap<u64, Stream>,
-    /// Where events of streams past the limit run.
-    overflow: Option<Stream>,
+    streams: ReplayStreams,
     live: FxHashMap<u64, Live>,
     live_null: Vec<Live>,
     refused: FxHashSet<u64>,
@@ -422,40 +421,35 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
     }
 
     fn stream(&mut self, handle: u64, line: usize) -> ReplayResult<Stream> {
-        if let Some(s) = self.streams.get(&handle) {
-            return Ok(s.clone());
+        if self.options.strict && self.streams.is_over_limit(handle) {
+            return Err(ReplayError::TooManyStreams {
+                line,
+                limit: self.options.max_streams,
+            });
         }
-        let make = |device: &Device| {
-            Stream::new(device).map_err(|error| ReplayError::Resource { line, error })
-        };
-        if self.streams.len() >= self.options.max_streams {
-            if self.options.strict {
-                return Err(ReplayError::TooManyStreams {
-                    line,
-                    limit: self.options.max_streams,
-                });
+        let (s, placed) = self
+            .streams
+            .get(handle, self.device)
+            .map_err(|error| ReplayError::Resource { line, error })?;
+        match placed {
+            Placed::Known => {}
+            Placed::OverLimit => self.out.skipped.streams_over_limit += 1,
+            Placed::New => {
+                if let Some(t) = self.out.timeline.as_mut() {
+                    let name = if handle == 0 {
+                        "default stream (0)".to_owned()
+                    } else {
+                        format!("stream {handle:#x}")
+                    };
+                    t.name_stream(s.id(), name);
+                }
             }
-            self.out.skipped.streams_over_limit += 1;
-            if self.overflow.is_none() {
-                self.overflow = Some(make(self.device)?);
-            }
-            return Ok(self.overflow.clone().expect("made above"));
         }
-        let s = make(self.device)?;
-        if let Some(t) = self.out.timeline.as_mut() {
-            let name = if handle == 0 {
-                "default stream (0)".to_owned()
-            } else {
-                format!("stream {handle:#x}")
-            };
-            t.name_stream(s.id(), name);
-        }
-        self.streams.insert(handle, s.clone());
-        Ok(s)
+        Ok(s.clone())
     }
 
     fn synchronize(&self, line: usize) -> ReplayResult<()> {
-        for s in self.streams.values().chain(self.overflow.as_ref()) {
+        for s in self.streams.all() {
             s.synchronize_blocking()
                 .map_err(|error| ReplayError::Resource { line, error })?;
         }
@@ -629,8 +623,7 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
             self.out.unfreed += 1;
             let stream = self
                 .streams
-                .get(&held.stream)
-                .or(self.overflow.as_ref())
+                .of(held.stream)
                 .expect("an allocation's stream was made for it")
                 .clone();
             // SAFETY: as in `free`: allocated by `mr` with this size, freed once, never used.
@@ -713,8 +706,7 @@ pub fn replay_log<B: BufRead, R: MemoryResource + ?Sized>(
         mr,
         device,
         options,
-        streams: FxHashMap::default(),
-        overflow: None,
+        streams: ReplayStreams::new(options.max_streams),
         live: FxHashMap::default(),
         live_null: Vec::new(),
         refused: FxHashSet::default(),

@@ -81,7 +81,10 @@ use crate::sync::Arc;
 ///
 /// # Cancel safety
 /// Dropping it before it resolves leaves nothing allocated, nothing reserved, and no waiter in
-/// the queue; if it was the oldest waiter, the next one is woken in its place.
+/// the queue; if it was the oldest waiter, the next one is woken in its place. Forgetting it
+/// (`mem::forget`) while it waits leaks only its small waiter record: if it was told to retry,
+/// its turn passes to the next waiter after a second (see
+/// [`Availability`](crate::Availability)'s fairness), so later requests are not held.
 #[must_use = "futures do nothing unless awaited"]
 pub struct Allocate<'a, R: MemoryResource + ?Sized> {
     mr: &'a R,
@@ -349,7 +352,8 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         let availability = this.mr.availability().expect("queued on it");
         let wait = this.wait.as_mut().expect("queued above");
         wait.waiter.set_waker(cx.waker());
-        if availability.is_head(&wait.waiter) {
+        // Takes the turn it was told of (one not taken for long passes to the next waiter).
+        if availability.take_turn(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             if let Some(done) = this.retry() {
                 this.leave_queue(WaitEnd::Done);

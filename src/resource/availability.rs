@@ -29,7 +29,7 @@
 //! What `event-listener` does give — a notification passed on by a dropped listener — is
 //! `WaitQueue::remove` waking the new head, checked by the loom models in `loom_tests`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,8 +40,12 @@ use std::time::Duration;
 use crate::resource::WaitQueueStats;
 
 mod pending_frees;
-use crate::sync::{fence, Arc, AtomicUsize, Mutex};
+mod queue;
+use crate::sync::{Arc, AtomicUsize, Mutex};
 pub(crate) use pending_frees::PendingFrees;
+#[cfg(all(test, not(loom)))]
+pub(crate) use queue::STALLED_TURN;
+pub(crate) use queue::{WaitQueue, Waiter};
 
 /// The signal a resource fires when memory may have become available (a free, growth, a
 /// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.
@@ -57,6 +61,11 @@ pub(crate) use pending_frees::PendingFrees;
 /// and wait before it (strict priority, no ageing); a [deadline](crate::Allocate::deadline)
 /// bounds that wait.
 /// ([`try_allocate`](crate::MemoryResource::try_allocate) never waits and does not queue.)
+///
+/// A head that is told to retry and is not polled for a second (its future forgotten with
+/// `mem::forget`, or its task no longer polling it) loses its turn to the next waiter, so one
+/// such future cannot hold the queue for ever; when it is polled again it goes back to the
+/// front of its priority. Every waiter that is polled keeps its place.
 ///
 /// A resource that makes allocations wait implements
 /// [`MemoryResource::availability`](crate::MemoryResource::availability) and calls
@@ -409,8 +418,8 @@ impl Availability {
             return None;
         }
         let mut tasks = Vec::new();
-        for w in self.queue.waiters.lock().iter() {
-            let task = w.task?;
+        for task in self.queue.tasks() {
+            let task = task?;
             if !tasks.contains(&task) {
                 tasks.push(task);
             }
@@ -515,8 +524,17 @@ impl Availability {
 
     /// Whether `waiter` is the head of the queue (the one allowed to retry): the oldest of
     /// the highest priority.
+    #[cfg(loom)]
     pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
         self.queue.is_head(waiter)
+    }
+
+    /// `waiter` is being polled: it takes the turn it was told of, if any (a waiter that was
+    /// told to retry and does not poll for a second loses its place to the next one; see
+    /// [`WaitQueue`]), goes back in the queue if it lost its place so (at the front of its
+    /// priority), and learns whether it is the head, the one allowed to retry.
+    pub(crate) fn take_turn(&self, waiter: &Arc<Waiter>) -> bool {
+        self.queue.take_turn(waiter, || self.waiting.up())
     }
 
     /// Takes `waiter` out of the queue (served, timed out or cancelled), waking the next one if
@@ -534,213 +552,8 @@ impl fmt::Debug for Availability {
     }
 }
 
-/// One waiting allocation.
-#[derive(Debug, Default)]
-pub(crate) struct Waiter {
-    waker: Mutex<Option<Waker>>,
-    /// Its place in the queue: behind every waiter of equal or higher priority.
-    priority: i32,
-    /// The tokio task it waits in, if any.
-    task: Option<tokio::task::Id>,
-}
-
-impl Waiter {
-    pub(crate) fn set_waker(&self, waker: &Waker) {
-        let mut slot = self.waker.lock();
-        match &*slot {
-            Some(w) if w.will_wake(waker) => {}
-            _ => *slot = Some(waker.clone()),
-        }
-    }
-
-    fn wake(&self) {
-        let waker = self.waker.lock().clone();
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-/// Queue of waiters by priority (higher first), FIFO within a priority. Only the head retries;
-/// it is woken by `notify` and whenever the waiter before it leaves. A waiter of higher
-/// priority than the head becomes the head when it is pushed; it retries on its own right after
-/// (as every new waiter does), so the old head needs no wake-up.
-///
-/// No lost wake-up: a waiter is pushed (with its waker) *before* its retry, so a free that lands
-/// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it. The
-/// free side (resource state written, then `len` read) and the waiter side (`len` written, then
-/// resource state read) form a store-load pattern, so each side puts a `SeqCst` fence between
-/// its store and its load: at least one of them sees the other's store. (The loom model below
-/// found the lost wake-up that acquire/release alone allows.)
-#[derive(Debug, Default)]
-pub(crate) struct WaitQueue {
-    /// Number of queued waiters; read without the lock on every fast path.
-    len: AtomicUsize,
-    /// Sorted by priority, highest first; in arrival order within a priority.
-    waiters: Mutex<VecDeque<Arc<Waiter>>>,
-}
-
-impl WaitQueue {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
-    }
-
-    /// Queues a new waiter behind every waiter of equal or higher `priority`; calls `first`
-    /// (before the fence) if the queue was empty.
-    pub(crate) fn push(&self, waker: &Waker, priority: i32, first: impl FnOnce()) -> Arc<Waiter> {
-        let waiter = Arc::new(Waiter {
-            priority,
-            task: tokio::task::try_id(),
-            ..Waiter::default()
-        });
-        waiter.set_waker(waker);
-        let mut waiters = self.waiters.lock();
-        // Usually every waiter has the default priority: a push at the back, found at once.
-        let at = waiters
-            .iter()
-            .rposition(|w| w.priority >= priority)
-            .map_or(0, |i| i + 1);
-        waiters.insert(at, waiter.clone());
-        self.len.store(waiters.len(), Ordering::Release);
-        let was_empty = waiters.len() == 1;
-        drop(waiters);
-        if was_empty {
-            first();
-        }
-        // Pairs with the fence in `notify`: the caller's retry after this reads resource state.
-        fence(Ordering::SeqCst);
-        waiter
-    }
-
-    /// Whether `waiter` is the head (the one allowed to retry).
-    pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
-        self.waiters
-            .lock()
-            .front()
-            .is_some_and(|h| Arc::ptr_eq(h, waiter))
-    }
-
-    /// Takes `waiter` out of the queue (served, timed out or cancelled); calls `emptied` if
-    /// the queue is empty now. If it was the head, the new head is woken to retry: memory it
-    /// could use may be there already.
-    pub(crate) fn remove(&self, waiter: &Arc<Waiter>, emptied: impl FnOnce()) {
-        let mut waiters = self.waiters.lock();
-        let Some(i) = waiters.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
-            return;
-        };
-        waiters.remove(i);
-        self.len.store(waiters.len(), Ordering::Release);
-        let next = if i == 0 {
-            waiters.front().cloned()
-        } else {
-            None
-        };
-        let is_empty = waiters.is_empty();
-        drop(waiters);
-        // Woken outside the lock: the woken task's first step takes it (`is_head`).
-        if let Some(head) = next {
-            head.wake();
-        }
-        if is_empty {
-            emptied();
-        }
-    }
-
-    /// Wakes the head so it retries.
-    pub(crate) fn notify(&self) {
-        // Pairs with the fence in `push`: the caller changed resource state before this.
-        fence(Ordering::SeqCst);
-        if self.is_empty() {
-            return;
-        }
-        // Woken outside the lock: waking a parked worker is a system call, and the woken task's
-        // first step takes this lock (`is_head`).
-        let head = self.waiters.lock().front().cloned();
-        if let Some(head) = head {
-            head.wake();
-        }
-    }
-}
-
 #[cfg(all(test, loom))]
 mod loom_tests;
 
 #[cfg(all(test, not(loom)))]
-mod ledger_tests {
-    use super::Availability;
-
-    /// Records from tasks spread over several workers (several shards) add up; a notify forgets
-    /// them all, whichever shard holds them, and a record after it counts again while the
-    /// stale shards of the old epoch stay forgotten.
-    #[test]
-    fn records_in_every_shard_count_until_the_next_notify() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .build()
-            .unwrap();
-        let a = std::sync::Arc::new(Availability::new());
-        a.set_deadlock_detection(true);
-        let record = |bytes: usize| {
-            let a = a.clone();
-            rt.spawn(async move {
-                a.record_held(bytes);
-                tokio::task::yield_now().await;
-                a.record_held(bytes); // possibly on another worker: another shard
-                tokio::task::id()
-            })
-        };
-        // 16 tasks over 4 workers: some shard counts more than `FEW` of them, or all do in
-        // turn when tokio runs them on one.
-        let tasks: Vec<_> = (1..=16).map(|i| rt.block_on(record(i)).unwrap()).collect();
-        let each_twice: usize = (1..=16).map(|i| 2 * i).sum();
-        assert_eq!(a.holders.held_by(&tasks), each_twice);
-        assert_eq!(a.holders.held_by(&tasks[..1]), 2);
-        a.notify();
-        assert_eq!(a.holders.held_by(&tasks), 0, "a notify left counts");
-        a.notify(); // nothing recorded since: no new epoch, nothing changes
-        let late = rt.block_on(record(1000)).unwrap();
-        let all: Vec<_> = tasks.iter().copied().chain([late]).collect();
-        assert_eq!(a.holders.held_by(&all), 2000, "old-epoch counts came back");
-        a.notify();
-        assert_eq!(a.holders.held_by(&all), 0);
-    }
-
-    /// One thread (one shard) counting more tasks than its short list holds: each task's
-    /// records add up whichever part of the shard holds them.
-    #[test]
-    fn a_shard_counts_many_tasks() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let a = std::sync::Arc::new(Availability::new());
-        a.set_deadlock_detection(true);
-        let n = 3 * super::FEW;
-        let tasks: Vec<_> = (1..=n)
-            .map(|i| {
-                let a = a.clone();
-                rt.block_on(rt.spawn(async move {
-                    a.record_held(i);
-                    a.record_held(i);
-                    tokio::task::id()
-                }))
-                .unwrap()
-            })
-            .collect();
-        for (i, t) in tasks.iter().enumerate() {
-            assert_eq!(a.holders.held_by(&[*t]), 2 * (i + 1));
-        }
-        assert_eq!(a.holders.held_by(&tasks), n * (n + 1));
-    }
-
-    /// Outside a tokio task nothing is counted (holdings there are unknown).
-    #[test]
-    fn records_outside_a_task_are_not_counted() {
-        let a = Availability::new();
-        a.record_held(4096);
-        assert!(a.holders.shards.get().is_none());
-    }
-}
+mod ledger_tests;

@@ -672,6 +672,10 @@ pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource 
 #[cfg(test)]
 mod wait_tests;
 
+// The watchdog these test runs on a timer, which the loom models leave out.
+#[cfg(all(test, not(loom)))]
+mod forget_tests;
+
 #[cfg(test)]
 mod equality_tests;
 

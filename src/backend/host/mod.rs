@@ -138,7 +138,7 @@ impl Backend for HostBackend {
 
     fn create_stream(&self) -> Result<Arc<HostStream>> {
         self.memory().fail_if(FaultPoint::StreamCreate)?;
-        Ok(Arc::new(HostStream::new(self.id, self.memory().clone())))
+        Ok(Arc::new(HostStream::new(self.id, self.memory().clone())?))
     }
 
     fn create_mempool(&self, config: &MemPoolConfig) -> Result<Arc<HostMemPool>> {
@@ -154,8 +154,8 @@ impl Backend for HostBackend {
         self.memory().fail_if(FaultPoint::StreamCreate)?;
         let memory = self.memory().clone();
         Ok(Arc::new(match kind {
-            DefaultStream::Legacy => HostStream::new(self.id, memory),
-            DefaultStream::PerThread => HostStream::per_thread(self.id, memory),
+            DefaultStream::Legacy => HostStream::new(self.id, memory)?,
+            DefaultStream::PerThread => HostStream::per_thread(self.id, memory)?,
         }))
     }
 

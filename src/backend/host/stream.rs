@@ -26,7 +26,12 @@ pub(crate) struct HostStream {
 }
 
 impl HostStream {
-    pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Self {
+    /// A stream and its worker thread.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when the worker thread cannot be started (the OS is
+    /// out of threads or memory), where CUDA's `cuStreamCreate` would fail too.
+    pub(crate) fn new(device: DeviceId, memory: Arc<HostMemory>) -> Result<Self> {
         memory.note_call();
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let queue = Arc::new(Queue {
@@ -50,21 +55,29 @@ impl HostStream {
             thread::Builder::new()
                 .name(format!("streamalloc-host-stream-{handle}"))
                 .spawn(move || worker.run())
-                .expect("failed to spawn a host stream worker thread");
+                .map_err(|e| {
+                    crate::error::Error::io(
+                        "cuStreamCreate: starting a host stream's worker thread",
+                        &e,
+                    )
+                })?;
         }
-        HostStream {
+        Ok(HostStream {
             device,
             handle,
             queue,
             home: None,
-        }
+        })
     }
 
     /// The calling thread's emulated per-thread default stream: it belongs to this thread.
-    pub(crate) fn per_thread(device: DeviceId, memory: Arc<HostMemory>) -> Self {
-        let mut stream = HostStream::new(device, memory);
+    ///
+    /// # Errors
+    /// As [`new`](HostStream::new).
+    pub(crate) fn per_thread(device: DeviceId, memory: Arc<HostMemory>) -> Result<Self> {
+        let mut stream = HostStream::new(device, memory)?;
         stream.home = Some(HomeThread::current(device));
-        stream
+        Ok(stream)
     }
 
     fn enqueue(&self, op: Op) -> Result<()> {
