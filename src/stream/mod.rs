@@ -65,7 +65,8 @@ impl Stream {
     /// Creates a stream on `device` (non-blocking with respect to the legacy default stream).
     ///
     /// # Errors
-    /// A driver error when the stream cannot be created.
+    /// A driver error when the stream cannot be created; on the host backend,
+    /// [`Error::Io`](crate::Error::Io) when its worker thread cannot be started.
     pub fn new(device: &Device) -> Result<Stream> {
         let raw = device.raw().create_stream()?;
         Ok(Stream::wrap(device, raw))
