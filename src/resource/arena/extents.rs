@@ -22,7 +22,10 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::core::PAGE_SIZE;
-use super::levels::GLOBAL;
+
+/// The owner recorded for a page in the global arena (free or part of a large block), in
+/// [`Extents`]' page owners.
+pub(super) const GLOBAL: u32 = u32::MAX;
 
 /// The first page of a growing arena's large-request area.
 pub(super) const LARGE_AREA: u64 = 1 << 40;

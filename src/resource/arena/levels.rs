@@ -11,16 +11,13 @@ use parking_lot::{Mutex, RwLock};
 
 use super::config::ArenaDump;
 use super::core::{align_to_size_class, align_up, GlobalArena, Use, PAGE_SIZE, SUPERBLOCK_PAGES};
-use super::extents::{Extents, LARGE_AREA};
+use super::extents::{Extents, GLOBAL, LARGE_AREA};
 use super::slots::{cache_forget, Registry, SlotState, Slots};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::stream_order::{Fence, OrderCounters};
 use crate::resource::{Availability, DevicePtr, MemoryResource};
 use crate::stream::Stream;
-
-/// [`Inner::owners`] of a page in the global arena (free or part of a large block).
-pub(super) const GLOBAL: u32 = u32::MAX;
 
 /// The state every handle of one [`ArenaResource`](super::ArenaResource) shares.
 pub(super) struct Inner<R: MemoryResource> {

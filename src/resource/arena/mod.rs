@@ -24,8 +24,9 @@ pub use self::config::{ArenaConfig, ArenaDump};
 #[cfg(test)]
 use self::core::align_up;
 use self::core::{largest_size_class_within, GlobalArena, PAGE_SIZE, SUPERBLOCK_SIZE};
+use self::extents::GLOBAL;
 use self::extents::{Extent, Extents};
-use self::levels::{Growth, Inner, GLOBAL};
+use self::levels::{Growth, Inner};
 #[cfg(test)]
 use self::slots::SLOT_BUCKETS;
 use self::slots::{Registry, Slots};
