@@ -210,9 +210,6 @@ impl Backend for CudaBackend {
         // SAFETY: the context is current; both are valid out-pointers.
         let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
         self.ctx.check("cuMemGetInfo", r)?;
-        // Frees queued for the reclaiming thread are free to whoever dropped the memory (a
-        // synchronous free would have returned it by now; an allocation waits for them).
-        let free = (free + self.reclaimer.pending_device_bytes()).min(total);
         Ok(MemoryInfo { free, total })
     }
 
@@ -255,6 +252,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
+        let _ = bytes; // the driver's frees take the address alone
         // `cuMemFreeHost` needs the stream idle and takes milliseconds for large blocks: the
         // reclaiming thread does both once the stream passes this point, so that dropping a
         // pinned vector never blocks. Where no event can be recorded or no thread takes the
@@ -267,7 +265,7 @@ impl Backend for CudaBackend {
             // SAFETY: `ptr` came from `allocate(kind, bytes)` of this context and is freed
             // once, here (caller, 1); every use is ordered before this point of `stream`
             // (caller, 2), where the event was just recorded.
-            match unsafe { self.reclaimer.retire(event, kind, ptr, bytes) } {
+            match unsafe { self.reclaimer.retire(event, kind, ptr) } {
                 Ok(()) => return Ok(()),
                 Err(reclaim::NotRetired::NoThread(event)) => drop(event),
                 Err(reclaim::NotRetired::AlreadyQueued) => {

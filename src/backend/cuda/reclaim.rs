@@ -6,13 +6,11 @@
 //! idle. Instead, the free records an event on the stream and hands the block to one thread per
 //! device, which waits for the event and frees it: the caller's thread never blocks. (Device
 //! and managed memory are freed synchronously: deferred, their frees kept memory allocated past
-//! the next allocation and raised the pool's W4 footprint; the counting of queued device bytes
-//! below stays for any kind that is deferred.)
+//! the next allocation and raised the pool's W4 footprint.)
 //!
-//! Deferring a free must not make memory look used that a synchronous free would have given
-//! back: an allocation that fails for lack of memory waits for the queued frees and tries once
-//! more ([`Reclaimer::drain`]), and the device's free memory counts the device memory still
-//! queued here ([`Reclaimer::pending_device_bytes`]).
+//! Deferring a free must not make an allocation fail that a synchronous free would have let
+//! through: an allocation that fails for lack of memory waits for the queued frees and tries
+//! once more ([`Reclaimer::drain`]).
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -32,54 +30,28 @@ struct Retired {
     event: Arc<CudaEvent>,
     kind: MemoryKind,
     ptr: u64,
-    bytes: usize,
 }
 
 /// The blocks handed to the reclaiming thread and not yet freed.
 #[derive(Default)]
 struct Outstanding {
-    state: Mutex<Counts>,
-    none_left: Condvar,
-}
-
-#[derive(Default)]
-struct Counts {
-    /// Blocks queued and not yet freed.
-    blocks: usize,
-    /// Their bytes of device memory ([`MemoryKind::Device`]).
-    device_bytes: usize,
     /// Their addresses: a second free of one is refused at once, as the driver would refuse
     /// it (later, on the reclaiming thread, where the error would reach the device long after
     /// the call that made it).
-    queued: FxHashSet<u64>,
-}
-
-/// The bytes of `kind` that count as device memory in [`Counts::device_bytes`].
-fn device_bytes(kind: MemoryKind, bytes: usize) -> usize {
-    match kind {
-        MemoryKind::Device => bytes,
-        MemoryKind::Managed | MemoryKind::PinnedHost => 0,
-    }
+    queued: Mutex<FxHashSet<u64>>,
+    none_left: Condvar,
 }
 
 impl Outstanding {
-    /// Counts `ptr` as queued; `false`, and nothing counted, when it is queued already.
-    fn add(&self, kind: MemoryKind, ptr: u64, bytes: usize) -> bool {
-        let mut state = self.state.lock();
-        if !state.queued.insert(ptr) {
-            return false;
-        }
-        state.blocks += 1;
-        state.device_bytes += device_bytes(kind, bytes);
-        true
+    /// Counts `ptr` as queued; `false` when it is queued already.
+    fn add(&self, ptr: u64) -> bool {
+        self.queued.lock().insert(ptr)
     }
 
-    fn done(&self, kind: MemoryKind, ptr: u64, bytes: usize) {
-        let mut state = self.state.lock();
-        state.queued.remove(&ptr);
-        state.blocks -= 1;
-        state.device_bytes -= device_bytes(kind, bytes);
-        if state.blocks == 0 {
+    fn done(&self, ptr: u64) {
+        let mut queued = self.queued.lock();
+        queued.remove(&ptr);
+        if queued.is_empty() {
             self.none_left.notify_all();
         }
     }
@@ -97,7 +69,7 @@ pub(super) struct Reclaimer {
 impl std::fmt::Debug for Reclaimer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reclaimer")
-            .field("outstanding", &self.outstanding.state.lock().blocks)
+            .field("outstanding", &self.outstanding.queued.lock().len())
             .finish()
     }
 }
@@ -111,12 +83,12 @@ pub(super) enum NotRetired {
 }
 
 impl Reclaimer {
-    /// Queues the free of `ptr` (`bytes` of `kind`, from
+    /// Queues the free of `ptr` (of `kind`, from
     /// [`allocate`](super::memory::allocate)) for when `event` completes. Gives the block back
     /// when no thread can take it (it could not be started): the caller then frees it itself.
     ///
     /// # Safety
-    /// 1. `ptr` came from [`allocate`](super::memory::allocate)`(ctx, kind, bytes)` of the
+    /// 1. `ptr` came from [`allocate`](super::memory::allocate)`(ctx, kind, ..)` of the
     ///    context `event` belongs to, and is not freed yet; on `Ok` it belongs to the
     ///    reclaimer.
     /// 2. Every use of it is ordered before `event`.
@@ -125,7 +97,6 @@ impl Reclaimer {
         event: Arc<CudaEvent>,
         kind: MemoryKind,
         ptr: u64,
-        bytes: usize,
     ) -> std::result::Result<(), NotRetired> {
         let mut queue = self.queue.lock();
         if queue.is_none() {
@@ -139,50 +110,36 @@ impl Reclaimer {
             }
             *queue = Some(tx);
         }
-        if !self.outstanding.add(kind, ptr, bytes) {
+        if !self.outstanding.add(ptr) {
             return Err(NotRetired::AlreadyQueued);
         }
-        let sent = queue.as_ref().expect("started above").send(Retired {
-            event,
-            kind,
-            ptr,
-            bytes,
-        });
+        let sent = queue
+            .as_ref()
+            .expect("started above")
+            .send(Retired { event, kind, ptr });
         sent.map_err(|mpsc::SendError(r)| {
-            self.outstanding.done(kind, ptr, bytes);
+            self.outstanding.done(ptr);
             NotRetired::NoThread(r.event)
         })
     }
 
     /// Blocks until every block queued so far is freed (before retrying a failed allocation).
     pub(super) fn drain(&self) {
-        let mut state = self.outstanding.state.lock();
-        while state.blocks > 0 {
-            self.outstanding.none_left.wait(&mut state);
+        let mut queued = self.outstanding.queued.lock();
+        while !queued.is_empty() {
+            self.outstanding.none_left.wait(&mut queued);
         }
     }
 
     /// Whether blocks are queued and not yet freed.
     pub(super) fn busy(&self) -> bool {
-        self.outstanding.state.lock().blocks > 0
-    }
-
-    /// Bytes of device memory queued and not yet freed: free memory, as far as the caller
-    /// of a free can tell.
-    pub(super) fn pending_device_bytes(&self) -> usize {
-        self.outstanding.state.lock().device_bytes
+        !self.outstanding.queued.lock().is_empty()
     }
 }
 
 /// The reclaiming thread: frees each block once its stream has passed the free.
 fn reclaim(queue: Receiver<Retired>, outstanding: &Outstanding) {
-    for Retired {
-        event,
-        kind,
-        ptr,
-        bytes,
-    } in queue
-    {
+    for Retired { event, kind, ptr } in queue {
         let ctx = event.ctx.clone();
         // A failed wait leaves the block leaked rather than freed under running work.
         match event.synchronize_blocking() {
@@ -197,7 +154,7 @@ fn reclaim(queue: Receiver<Retired>, outstanding: &Outstanding) {
             Err(error) => ctx.errors().report(error),
         }
         drop(event);
-        outstanding.done(kind, ptr, bytes);
+        outstanding.done(ptr);
     }
 }
 
