@@ -67,6 +67,17 @@ pub(crate) struct UseState {
     handoff_waits: bool,
 }
 
+impl UseState {
+    /// An event on `owner` (the buffer's) after its work on the buffer so far: the last use's,
+    /// or one recorded now.
+    fn after_last_use(&self, owner: &Stream) -> Result<Event> {
+        match &self.last_use {
+            Some(event) => Ok(event.clone()),
+            None => owner.record(),
+        }
+    }
+}
+
 /// The use state with its lock held (or borrowed exclusively): the owner and what changes.
 /// `S` is the lock's guard, or `&mut UseState` on `&mut` paths.
 pub(crate) struct Locked<'a, S> {
@@ -149,10 +160,7 @@ impl Uses {
             // for. (With a hand-off still pending it did not: the new owner inherits those
             // events instead, and waits for no unrelated work queued on the old owner since.)
             // Its last use's event where it has one: not the work it queued since.
-            let last = match &state.last_use {
-                Some(event) => event.clone(),
-                None => self.owner.record()?,
-            };
+            let last = state.after_last_use(&self.owner)?;
             state.handed.push(last);
         }
         for event in state.readers.drain(..) {
@@ -329,10 +337,7 @@ impl<'a, S: DerefMut<Target = UseState>> Locked<'a, S> {
                 }
             }
         } else {
-            let event = match &self.state.last_use {
-                Some(event) => event.clone(),
-                None => self.owner.record()?,
-            };
+            let event = self.state.after_last_use(self.owner)?;
             stream.wait(&event)?;
         }
         Ok(())

@@ -253,13 +253,13 @@ impl Backend for CudaBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let _ = bytes; // the driver's frees take the address alone
-        // `cuMemFreeHost` needs the stream idle and takes milliseconds for large blocks: the
-        // reclaiming thread does both once the stream passes this point, so that dropping a
-        // pinned vector never blocks. Where no event can be recorded or no thread takes the
-        // block, it is freed here, synchronously. Device and managed memory are freed here:
-        // deferred, their frees kept memory allocated past the next allocation, and on an H200
-        // the pool's W4 footprint rose from 1.06 to 1.32 times its live peak (the large level
-        // gives each large block back at its free).
+                       // `cuMemFreeHost` needs the stream idle and takes milliseconds for large blocks: the
+                       // reclaiming thread does both once the stream passes this point, so that dropping a
+                       // pinned vector never blocks. Where no event can be recorded or no thread takes the
+                       // block, it is freed here, synchronously. Device and managed memory are freed here:
+                       // deferred, their frees kept memory allocated past the next allocation, and on an H200
+                       // the pool's W4 footprint rose from 1.06 to 1.32 times its live peak (the large level
+                       // gives each large block back at its free).
         let deferred = kind == MemoryKind::PinnedHost;
         if let (true, Ok(event)) = (deferred, stream.record()) {
             // SAFETY: `ptr` came from `allocate(kind, bytes)` of this context and is freed
