@@ -216,27 +216,53 @@ fn report_panic(ctx: &DeviceContext, payload: Box<dyn Any + Send>, what: &'stati
 }
 
 /// What a host function of this module owns: its work, and the context to report a panic to.
-struct HostCall<T> {
-    work: T,
+struct HostCall<W> {
+    work: W,
     ctx: Arc<DeviceContext>,
 }
 
-/// The host function of [`CudaStream::notify`].
+/// Work that a host function of this module runs on the driver's thread.
+trait HostWork: Send + 'static {
+    /// What a panic report calls it.
+    const WHAT: &'static str;
+    fn run(self);
+}
+
+impl HostWork for Arc<Completion> {
+    const WHAT: &'static str = "a completion";
+    fn run(self) {
+        self.complete();
+    }
+}
+
+/// The boxed closure of [`CudaStream::host_fn`].
+type HostFn = Box<dyn FnOnce() + Send>;
+
+impl HostWork for HostFn {
+    const WHAT: &'static str = "a host function";
+    fn run(self) {
+        self();
+    }
+}
+
+/// The host function of [`CudaStream::launch_host_work`].
 ///
 /// # Safety
-/// 1. `user_data` came from `Box::<HostCall<Arc<Completion>>>::into_raw` and this call owns it
-///    (the driver calls each host function exactly once).
-unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
-    // SAFETY: by this function's contract, `user_data` is an owned box leaked by `notify`; it
-    // is reclaimed exactly once, here. Taking it apart cannot panic.
-    let call = unsafe { Box::from_raw(user_data.cast::<HostCall<Arc<Completion>>>()) };
+/// 1. `user_data` came from `Box::<HostCall<W>>::into_raw` and this call owns it (the driver
+///    calls each host function exactly once).
+unsafe extern "C" fn host_work_trampoline<W: HostWork>(user_data: *mut c_void) {
+    // SAFETY: by this function's contract, `user_data` is an owned box leaked by
+    // `launch_host_work`; it is reclaimed exactly once, here. Taking it apart cannot panic.
+    let call = unsafe { Box::from_raw(user_data.cast::<HostCall<W>>()) };
+    // The work (a user's closure, through `Stream::launch_host_fn`) may use or drop handles of
+    // this crate: their driver calls fail while this guard lives, instead of reaching the driver.
     let _inside = super::context::enter_host_fn();
     let HostCall { work, ctx } = *call;
-    let outcome = panic::catch_unwind(AssertUnwindSafe(move || work.complete()));
+    let outcome = panic::catch_unwind(AssertUnwindSafe(move || work.run()));
     if let Err(payload) = outcome {
         // Reporting formats and allocates: it must not unwind into the driver either. A panic
         // of its own is forgotten, not dropped (its payload's `Drop` could panic again).
-        let report = AssertUnwindSafe(|| report_panic(&ctx, payload, "a completion"));
+        let report = AssertUnwindSafe(|| report_panic(&ctx, payload, W::WHAT));
         if let Err(again) = panic::catch_unwind(report) {
             std::mem::forget(again);
         }
@@ -245,30 +271,30 @@ unsafe extern "C" fn complete_trampoline(user_data: *mut c_void) {
     // thread): the device's backend holds it, and CUDA devices live for the process.
 }
 
-/// The boxed closure of [`CudaStream::host_fn`].
-type HostFn = Box<dyn FnOnce() + Send>;
-
-/// The host function of [`CudaStream::host_fn`].
-///
-/// # Safety
-/// 1. `user_data` came from `Box::<HostCall<HostFn>>::into_raw` and this call owns it (the
-///    driver calls each host function exactly once).
-unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) {
-    // SAFETY: by this function's contract, `user_data` is an owned box leaked by `host_fn`; it
-    // is reclaimed exactly once, here. Taking it apart cannot panic.
-    let call = unsafe { Box::from_raw(user_data.cast::<HostCall<HostFn>>()) };
-    // The closure (a user's, through `Stream::launch_host_fn`) may use or drop handles of this
-    // crate: their driver calls fail while this guard lives, instead of reaching the driver.
-    let _inside = super::context::enter_host_fn();
-    let HostCall { work, ctx } = *call;
-    let outcome = panic::catch_unwind(AssertUnwindSafe(work));
-    if let Err(payload) = outcome {
-        // Reporting formats and allocates: it must not unwind into the driver either. A panic
-        // of its own is forgotten, not dropped (its payload's `Drop` could panic again).
-        let report = AssertUnwindSafe(|| report_panic(&ctx, payload, "a host function"));
-        if let Err(again) = panic::catch_unwind(report) {
-            std::mem::forget(again);
+impl CudaStream {
+    /// Enqueues `work` to run on the driver's thread once the stream's prior work is done
+    /// (`cuLaunchHostFunc`). `work` must make no driver call: a completion makes none, and a
+    /// user closure's is the caller's contract (`BackendStream::host_fn`).
+    fn launch_host_work<W: HostWork>(&self, work: W) -> Result<()> {
+        self.ctx.bind()?;
+        let call = HostCall {
+            work,
+            ctx: self.ctx.clone(),
+        };
+        let user_data = Box::into_raw(Box::new(call)).cast::<c_void>();
+        // SAFETY: the context is current and the stream live. `host_work_trampoline::<W>`
+        // matches `CUhostFn`, cannot unwind, and takes ownership of `user_data` (a
+        // `Box<HostCall<W>>`) when the driver runs it, exactly once.
+        let r = unsafe {
+            sys::cuLaunchHostFunc(self.raw.0, Some(host_work_trampoline::<W>), user_data)
+        };
+        if let Err(e) = r.result() {
+            // SAFETY: the launch failed, so the driver will never run the trampoline: the box
+            // leaked above is still ours, and is reclaimed once, here.
+            drop(unsafe { Box::from_raw(user_data.cast::<HostCall<W>>()) });
+            return Err(self.ctx.error("cuLaunchHostFunc", e));
         }
+        Ok(())
     }
 }
 
@@ -305,44 +331,11 @@ impl BackendStream for CudaStream {
     }
 
     fn notify(&self, completion: Arc<Completion>) -> Result<()> {
-        self.ctx.bind()?;
-        let call = HostCall {
-            work: completion,
-            ctx: self.ctx.clone(),
-        };
-        let user_data = Box::into_raw(Box::new(call)).cast::<c_void>();
-        // SAFETY: the context is current and the stream live. `complete_trampoline` matches
-        // `CUhostFn`, makes no driver call, cannot unwind, and takes ownership of `user_data`
-        // (a `Box<HostCall<Arc<Completion>>>`) when the driver runs it, exactly once.
-        let r = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(complete_trampoline), user_data) };
-        if let Err(e) = r.result() {
-            // SAFETY: the launch failed, so the driver will never run the trampoline: the box
-            // leaked above is still ours, and is reclaimed once, here.
-            drop(unsafe { Box::from_raw(user_data.cast::<HostCall<Arc<Completion>>>()) });
-            return Err(self.ctx.error("cuLaunchHostFunc", e));
-        }
-        Ok(())
+        self.launch_host_work(completion)
     }
 
     fn host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
-        self.ctx.bind()?;
-        let call = HostCall {
-            work: f,
-            ctx: self.ctx.clone(),
-        };
-        let user_data = Box::into_raw(Box::new(call)).cast::<c_void>();
-        // SAFETY: the context is current and the stream live. `host_fn_trampoline` matches
-        // `CUhostFn`, cannot unwind, and takes ownership of `user_data` (a
-        // `Box<HostCall<HostFn>>`) when the driver runs it, exactly once. That `f` calls no
-        // driver function is the caller's contract (`BackendStream::host_fn`).
-        let r = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(host_fn_trampoline), user_data) };
-        if let Err(e) = r.result() {
-            // SAFETY: the launch failed, so the driver will never run the trampoline: the box
-            // leaked above is still ours, and is reclaimed once, here.
-            drop(unsafe { Box::from_raw(user_data.cast::<HostCall<HostFn>>()) });
-            return Err(self.ctx.error("cuLaunchHostFunc", e));
-        }
-        Ok(())
+        self.launch_host_work(f)
     }
 
     fn write_flag(&self, flag: &DeviceFlag) -> Result<()> {
