@@ -70,89 +70,80 @@ impl CudaBackend {
     }
 }
 
-/// Checks that an optional CUDA library can be loaded and has every symbol listed, before
-/// cudarc's dynamic loading (which panics on a missing library or symbol) is first used:
-/// `check_library!(cudarc::nvrtc::sys, "libnvrtc", "what needs it", [symbols])`, an
-/// `Result<(), String>` saying why not.
+/// Defines `fn $fn() -> Result<(), String>`: whether an optional CUDA library can be loaded
+/// and has every symbol listed, checked once, before cudarc's dynamic loading (which panics on
+/// a missing library or symbol) is first used; `Err` says why not.
 #[cfg(any(feature = "nvrtc", feature = "cublas"))]
-macro_rules! check_library {
-    ($sys:path, $name:literal, $purpose:literal, [$($symbol:literal),* $(,)?]) => {{
-        use $sys as sys;
-        // SAFETY: cudarc's `is_culib_present` only opens and closes the library.
-        if !unsafe { sys::is_culib_present() } {
-            Err(format!(
-                "{} need {}, which could not be loaded (install the CUDA toolkit's {}, or put \
-                 it on the library path)",
-                $purpose, $name, $name
-            ))
-        } else {
-            // SAFETY: the library is present (checked above), so `culib` opens it instead of
-            // panicking.
-            let lib = unsafe { sys::culib() };
-            let mut result = Ok(());
-            for symbol in [$($symbol),*] {
-                // SAFETY: the symbol is only looked up, never called through this pointer type.
-                if unsafe { lib.get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_err() {
-                    result = Err(format!(
-                        "{} need {} with {symbol}: the library is too old",
-                        $purpose, $name
+macro_rules! library_check {
+    ($(#[$attr:meta])* $fn:ident, $sys:path, $name:literal, $purpose:literal,
+     [$($symbol:literal),* $(,)?]) => {
+        $(#[$attr])*
+        pub(crate) fn $fn() -> std::result::Result<(), String> {
+            use $sys as sys;
+            static CHECKED: std::sync::OnceLock<std::result::Result<(), String>> =
+                std::sync::OnceLock::new();
+            CHECKED.get_or_init(|| {
+                // SAFETY: cudarc's `is_culib_present` only opens and closes the library.
+                if !unsafe { sys::is_culib_present() } {
+                    return Err(format!(
+                        "{} need {}, which could not be loaded (install the CUDA toolkit's {}, \
+                         or put it on the library path)",
+                        $purpose, $name, $name
                     ));
-                    break;
                 }
-            }
-            result
+                // SAFETY: the library is present (checked above), so `culib` opens it instead
+                // of panicking.
+                let lib = unsafe { sys::culib() };
+                for symbol in [$($symbol),*] {
+                    // SAFETY: the symbol is only looked up, never called through this type.
+                    if unsafe { lib.get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_err() {
+                        return Err(format!(
+                            "{} need {} with {symbol}: the library is too old",
+                            $purpose, $name
+                        ));
+                    }
+                }
+                Ok(())
+            })
+            .clone()
         }
-    }};
+    };
 }
 
-/// Whether NVRTC can be used, checked once: `Err` says why not.
-#[cfg(feature = "nvrtc")]
-pub(crate) fn nvrtc_available() -> std::result::Result<(), String> {
-    static CHECKED: std::sync::OnceLock<std::result::Result<(), String>> =
-        std::sync::OnceLock::new();
-    CHECKED
-        .get_or_init(|| {
-            check_library!(
-                cudarc::nvrtc::sys,
-                "libnvrtc",
-                "CUDA C kernels compiled at run time",
-                [
-                    "nvrtcCreateProgram",
-                    "nvrtcCompileProgram",
-                    "nvrtcGetPTXSize",
-                    "nvrtcGetPTX",
-                    "nvrtcGetProgramLogSize",
-                    "nvrtcGetProgramLog",
-                    "nvrtcDestroyProgram",
-                ]
-            )
-        })
-        .clone()
-}
+library_check!(
+    /// Whether NVRTC can be used, checked once: `Err` says why not.
+    #[cfg(feature = "nvrtc")]
+    nvrtc_available,
+    cudarc::nvrtc::sys,
+    "libnvrtc",
+    "CUDA C kernels compiled at run time",
+    [
+        "nvrtcCreateProgram",
+        "nvrtcCompileProgram",
+        "nvrtcGetPTXSize",
+        "nvrtcGetPTX",
+        "nvrtcGetProgramLogSize",
+        "nvrtcGetProgramLog",
+        "nvrtcDestroyProgram",
+    ]
+);
 
-/// Whether cuBLAS can be used, checked once: `Err` says why not.
-#[cfg(feature = "cublas")]
-pub(crate) fn cublas_available() -> std::result::Result<(), String> {
-    static CHECKED: std::sync::OnceLock<std::result::Result<(), String>> =
-        std::sync::OnceLock::new();
-    CHECKED
-        .get_or_init(|| {
-            check_library!(
-                cudarc::cublas::sys,
-                "libcublas",
-                "cuBLAS calls",
-                [
-                    "cublasCreate_v2",
-                    "cublasDestroy_v2",
-                    "cublasSetStream_v2",
-                    "cublasSgemm_v2",
-                    "cublasDgemm_v2",
-                    "cublasGemmEx",
-                ]
-            )
-        })
-        .clone()
-}
+library_check!(
+    /// Whether cuBLAS can be used, checked once: `Err` says why not.
+    #[cfg(feature = "cublas")]
+    cublas_available,
+    cudarc::cublas::sys,
+    "libcublas",
+    "cuBLAS calls",
+    [
+        "cublasCreate_v2",
+        "cublasDestroy_v2",
+        "cublasSetStream_v2",
+        "cublasSgemm_v2",
+        "cublasDgemm_v2",
+        "cublasGemmEx",
+    ]
+);
 
 #[cfg(test)]
 mod tests {
