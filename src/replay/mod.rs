@@ -47,16 +47,18 @@
 //! ```
 
 mod error;
+mod failure;
+mod live;
 mod parser;
 mod streams;
 mod whatif;
 
 use std::fmt;
 
-use rustc_hash::{FxHashMap, FxHashSet};
-
 pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
 pub use error::{ReplayError, ReplayResult};
+pub use failure::{ReplayFailure, ReplayFailureKind};
+use live::LiveSet;
 pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
 pub use streams::MAX_STREAMS;
 use streams::{Placed, ReplayStreams};
@@ -66,85 +68,6 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
-
-/// Why one event of a [`replay`] did not go as logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReplayFailureKind {
-    /// The resource refused an allocation the log records as successful.
-    AllocationFailed(Error),
-    /// A free of a pointer that is not live in the replay: the log never allocated it (it was
-    /// allocated before logging began), or freed it already.
-    UnknownPointer,
-    /// An allocation returned a pointer that the log has live already: the log is not a
-    /// complete record (a free is missing). The allocation is not replayed.
-    PointerAlreadyLive {
-        /// The line of the allocation that holds the pointer.
-        allocated_at: usize,
-    },
-    /// A free with another size than its allocation. The replay frees the size it allocated.
-    SizeMismatch {
-        /// The size the allocation had.
-        allocated: usize,
-    },
-}
-
-impl fmt::Display for ReplayFailureKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplayFailureKind::AllocationFailed(e) => write!(f, "the resource refused it: {e}"),
-            ReplayFailureKind::UnknownPointer => f.write_str("the pointer is not live"),
-            ReplayFailureKind::PointerAlreadyLive { allocated_at } => write!(
-                f,
-                "the pointer is live already, allocated at line {allocated_at}"
-            ),
-            ReplayFailureKind::SizeMismatch { allocated } => {
-                write!(f, "{allocated} B were allocated")
-            }
-        }
-    }
-}
-
-/// One event of a [`replay`] that did not go as logged, with its log line.
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind};
-/// use streamalloc::{CudaResource, Device};
-///
-/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
-///            7,10:00:00.000000,free,0x7f0000001000,256,0\n";
-/// let device = Device::host();
-/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device)?, &device)?;
-/// let failure = &report.failures[0];
-/// assert_eq!((failure.line, &failure.kind), (2, &ReplayFailureKind::UnknownPointer));
-/// assert_eq!(failure.to_string(), "line 2: free of 0x7f0000001000 (256 B): the pointer is not live");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayFailure {
-    /// The event's line in the log.
-    pub line: usize,
-    /// The event's action.
-    pub action: Action,
-    /// The event's pointer, as logged.
-    pub ptr: DevicePtr,
-    /// The event's size.
-    pub bytes: usize,
-    /// What went wrong.
-    pub kind: ReplayFailureKind,
-}
-
-impl fmt::Display for ReplayFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "line {}: {} of {} ({} B): {}",
-            self.line, self.action, self.ptr, self.bytes, self.kind
-        )
-    }
-}
 
 /// An allocation the log never freed; the replay frees it at the end, as RMM's does (see
 /// [`ReplayReport`]'s example).
@@ -238,16 +161,13 @@ impl fmt::Display for ReplayReport {
     }
 }
 
-/// A live allocation of the replay.
+/// Where the replay made a logged allocation.
 #[derive(Debug, Clone, Copy)]
-struct Live {
-    /// The pointer as logged.
-    logged: DevicePtr,
+struct Replayed {
     /// The pointer the replay got for it.
     ptr: DevicePtr,
-    bytes: usize,
+    /// Its logged stream.
     stream: u64,
-    line: usize,
 }
 
 /// Replays `events` against `mr`, in order, on streams of `device`: RMM's replay benchmark
@@ -314,85 +234,52 @@ pub fn replay<R: MemoryResource + ?Sized>(
         });
     }
     let mut streams = ReplayStreams::new(MAX_STREAMS);
-    let mut live: FxHashMap<DevicePtr, Live> = FxHashMap::default();
-    // Allocations logged with the null pointer (0 bytes): they cannot be told apart, so each
-    // free of the null pointer takes the latest of them.
-    let mut live_null: Vec<Live> = Vec::new();
-    // Logged pointers whose allocation failed here: their free is no second failure.
-    let mut refused: FxHashSet<DevicePtr> = FxHashSet::default();
+    let mut live: LiveSet<Replayed> = LiveSet::default();
     let mut report = ReplayReport {
         events: events.len(),
         ..ReplayReport::default()
     };
     let result = (|| {
         for e in events {
-            let fail = |kind| ReplayFailure {
-                line: e.line,
-                action: e.action,
-                ptr: e.ptr,
-                bytes: e.bytes,
-                kind,
-            };
             match e.action {
                 Action::AllocateFailure => report.logged_failures += 1,
                 Action::Allocate => {
-                    if let Some(held) = (!e.ptr.is_null()).then(|| live.get(&e.ptr)).flatten() {
-                        let allocated_at = held.line;
-                        report
-                            .failures
-                            .push(fail(ReplayFailureKind::PointerAlreadyLive { allocated_at }));
+                    if let Err(kind) = live.check_allocate(e) {
+                        report.failures.push(ReplayFailure::at(e, kind));
                         continue;
                     }
                     let stream = stream_for(&mut streams, &mut report, e.stream, device)?;
                     match mr.try_allocate(e.bytes, stream) {
                         Ok(ptr) => {
                             report.allocations += 1;
-                            refused.remove(&e.ptr);
-                            let entry = Live {
-                                logged: e.ptr,
-                                ptr,
-                                bytes: e.bytes,
-                                stream: e.stream,
-                                line: e.line,
-                            };
-                            if e.ptr.is_null() {
-                                live_null.push(entry);
-                            } else {
-                                live.insert(e.ptr, entry);
-                            }
+                            let stream = e.stream;
+                            live.allocated(e, Replayed { ptr, stream });
                         }
                         Err(error) => {
-                            refused.insert(e.ptr);
-                            report
-                                .failures
-                                .push(fail(ReplayFailureKind::AllocationFailed(error)));
+                            live.refused(e);
+                            let kind = ReplayFailureKind::AllocationFailed(error);
+                            report.failures.push(ReplayFailure::at(e, kind));
                         }
                     }
                 }
                 Action::Free => {
-                    let held = if e.ptr.is_null() {
-                        live_null.pop()
-                    } else {
-                        live.remove(&e.ptr)
-                    };
-                    let Some(held) = held else {
-                        if !refused.remove(&e.ptr) {
-                            report
-                                .failures
-                                .push(fail(ReplayFailureKind::UnknownPointer));
+                    let held = match live.free(e) {
+                        Ok(Some(held)) => held,
+                        Ok(None) => continue,
+                        Err(kind) => {
+                            report.failures.push(ReplayFailure::at(e, kind));
+                            continue;
                         }
-                        continue;
                     };
-                    if held.bytes != e.bytes {
-                        report.failures.push(fail(ReplayFailureKind::SizeMismatch {
-                            allocated: held.bytes,
-                        }));
+                    if let Some(kind) = held.size_mismatch(e) {
+                        report.failures.push(ReplayFailure::at(e, kind));
                     }
                     let stream = stream_for(&mut streams, &mut report, e.stream, device)?;
-                    // SAFETY: `held.ptr` came from `mr.try_allocate(held.bytes, ..)` above and
-                    // left the live maps just now, so it is freed once, with its size; the
-                    // replay never uses the memory, so no work needs ordering before the free.
-                    unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
+                    // SAFETY: `held.value.ptr` came from `mr.try_allocate(held.bytes, ..)`
+                    // above and left the live set just now, so it is freed once, with its
+                    // size; the replay never uses the memory, so no work needs ordering
+                    // before the free.
+                    unsafe { mr.deallocate(held.value.ptr, held.bytes, stream) };
                     report.frees += 1;
                 }
             }
@@ -401,19 +288,17 @@ pub fn replay<R: MemoryResource + ?Sized>(
     })();
     // Free what the log left allocated, on its allocation's stream, in log order (also after
     // an error, so that nothing leaks).
-    let mut left: Vec<Live> = live.into_values().chain(live_null).collect();
-    left.sort_unstable_by_key(|l| l.line);
-    for held in left {
+    for held in live.drain() {
         report.unfreed.push(Unfreed {
             line: held.line,
             ptr: held.logged,
             bytes: held.bytes,
         });
         let stream = streams
-            .of(held.stream)
+            .of(held.value.stream)
             .expect("an allocation's stream was made for it");
         // SAFETY: as above: allocated by `mr` with this size, freed once, never used.
-        unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
+        unsafe { mr.deallocate(held.value.ptr, held.bytes, stream) };
         report.frees += 1;
     }
     report.streams = streams.len();

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::thread;
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashSet;
 
 use super::*;
 use crate::test_support::{free, host, recording, Call, SplitMix64, KIB, MIB};
@@ -370,4 +371,35 @@ fn a_log_of_more_streams_than_the_cap_makes_at_most_the_cap() {
     assert!(report
         .to_string()
         .contains(&format!("{} events of streams past the first", 2 * over)));
+}
+
+/// Every pass over a log reads its live set alike: a free of the null pointer with nothing
+/// live is a no-op (as `free(nullptr)` is in RMM) for the replay, the what-if replay and the
+/// scan, and a free of a pointer never allocated is one skipped event for each.
+#[test]
+fn every_pass_reads_the_live_set_alike() {
+    let log = "\
+Thread,Time,Action,Pointer,Size,Stream
+1,00:00:00.000001,free,(nil),0,0
+1,00:00:00.000002,allocate,(nil),0,0
+1,00:00:00.000003,free,(nil),0,0
+1,00:00:00.000004,free,(nil),0,0
+1,00:00:00.000005,free,0x9000,64,0
+";
+    let (device, _) = host();
+    let mr = CudaResource::new(&device).unwrap();
+    let report = replay(&parse_log_str(log).unwrap(), &mr, &device).unwrap();
+    let kinds: Vec<_> = report.failures.iter().map(|f| (f.line, &f.kind)).collect();
+    assert_eq!(kinds, [(6, &ReplayFailureKind::UnknownPointer)], "{report}");
+    assert_eq!((report.allocations, report.frees), (1, 1));
+
+    let reader = || EventReader::new(log.as_bytes()).unwrap();
+    let options = WhatIfOptions::default();
+    let w = replay_log(reader(), &mr, &device, &options, &mut |_| {}).unwrap();
+    let lines: Vec<usize> = w.failure_samples.iter().map(|f| f.line).collect();
+    assert_eq!((lines, w.skipped.total()), (vec![6], 1));
+    assert_eq!((w.allocations, w.frees), (1, 1));
+
+    let s = scan_log(reader(), &options).unwrap();
+    assert_eq!((s.skipped.unknown_pointer, s.skipped.total()), (1, 1));
 }

@@ -7,12 +7,13 @@ use std::fmt;
 use std::io::BufRead;
 use std::time::{Duration, Instant};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use super::error::{ReplayError, ReplayResult};
+use super::failure::{ReplayFailure, ReplayFailureKind};
+use super::live::LiveSet;
 use super::parser::{Action, Event, EventReader};
 use super::streams::{Placed, ReplayStreams, MAX_STREAMS};
-use super::{ReplayFailure, ReplayFailureKind};
 use crate::device::Device;
 use crate::resource::{DevicePtr, Fragmentation, MemoryResource, MemorySnapshot};
 use crate::resource::{Timeline, TraceAction};
@@ -207,12 +208,9 @@ pub fn scan_log<B: BufRead>(
     options: &WhatIfOptions,
 ) -> ReplayResult<LogSummary> {
     let mut s = LogSummary::default();
-    let mut live: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut live: LiveSet<()> = LiveSet::default();
     let mut streams: FxHashSet<u64> = FxHashSet::default();
     let mut threads: FxHashSet<u64> = FxHashSet::default();
-    // Allocations logged with the null pointer, latest last (see `Run::free`).
-    let mut live_null: Vec<usize> = Vec::new();
-    let mut live_bytes = 0usize;
     for item in reader.by_ref() {
         let e = match item {
             Ok(e) => e,
@@ -233,79 +231,41 @@ pub fn scan_log<B: BufRead>(
         if threads.len() <= LogSummary::COUNT_LIMIT {
             threads.insert(e.thread);
         }
-        match e.action {
-            Action::AllocateFailure => s.logged_failures += 1,
+        let kind = match e.action {
+            Action::AllocateFailure => {
+                s.logged_failures += 1;
+                continue;
+            }
             Action::Allocate => {
                 s.allocations += 1;
-                if e.ptr.is_null() {
-                    // As the replay does: live until the next free of `(nil)` (0 bytes as a
-                    // rule; a logged size is counted all the same).
-                    live_null.push(e.bytes);
-                    add_live(&mut s, &mut live_bytes, e.bytes, e.line);
-                    continue;
-                }
-                if live.contains_key(&e.ptr.addr()) {
-                    let kind = ReplayFailureKind::PointerAlreadyLive { allocated_at: 0 };
-                    inconsistent(options, &e, &kind)?;
-                    s.skipped.add(&kind);
-                    continue;
-                }
-                live.insert(e.ptr.addr(), e.bytes);
-                add_live(&mut s, &mut live_bytes, e.bytes, e.line);
+                // An `allocate` of `(nil)` counts as the replay makes it: its logged size is
+                // live until the next free of `(nil)`.
+                live.check_allocate(&e).map(|()| live.allocated(&e, ()))
             }
             Action::Free => {
                 s.frees += 1;
-                let held = if e.ptr.is_null() {
-                    match live_null.pop() {
-                        Some(bytes) => Some(bytes),
-                        None => continue, // as the replay: a free of nothing, no skip
-                    }
-                } else {
-                    live.remove(&e.ptr.addr())
-                };
-                match held {
-                    Some(bytes) => {
-                        if bytes != e.bytes {
-                            let kind = ReplayFailureKind::SizeMismatch { allocated: bytes };
-                            inconsistent(options, &e, &kind)?;
-                            s.skipped.add(&kind);
-                        }
-                        live_bytes = live_bytes.saturating_sub(bytes);
-                    }
-                    None => {
-                        let kind = ReplayFailureKind::UnknownPointer;
-                        inconsistent(options, &e, &kind)?;
-                        s.skipped.add(&kind);
-                    }
-                }
+                live.free(&e).and_then(|held| match held {
+                    Some(held) => held.size_mismatch(&e).map_or(Ok(()), Err),
+                    None => Ok(()),
+                })
             }
+        };
+        if let Err(kind) = kind {
+            inconsistent(options, &e, &kind)?;
+            s.skipped.add(&kind);
         }
     }
+    s.peak_live = live.peak();
+    s.peak_line = live.peak_line();
     s.streams = streams.len();
     s.threads = threads.len();
     s.lines = reader.line();
     Ok(s)
 }
 
-/// Counts `bytes` more live at `line`, and the peak.
-fn add_live(s: &mut LogSummary, live_bytes: &mut usize, bytes: usize, line: usize) {
-    *live_bytes = live_bytes.saturating_add(bytes);
-    if *live_bytes > s.peak_live {
-        s.peak_live = *live_bytes;
-        s.peak_line = line;
-    }
-}
-
 fn inconsistent(options: &WhatIfOptions, e: &Event, kind: &ReplayFailureKind) -> ReplayResult<()> {
     if options.strict {
-        let message = ReplayFailure {
-            line: e.line,
-            action: e.action,
-            ptr: e.ptr,
-            bytes: e.bytes,
-            kind: kind.clone(),
-        }
-        .to_string();
+        let message = ReplayFailure::at(e, kind.clone()).to_string();
         // "line N: " is in the error's own prefix.
         let message = message
             .split_once(": ")
@@ -387,13 +347,13 @@ impl WhatIf {
     }
 }
 
-/// A live allocation of the replay.
+/// Where the replay made a logged allocation.
 #[derive(Debug, Clone, Copy)]
-struct Live {
+struct Replayed {
+    /// The pointer the replay got for it.
     ptr: DevicePtr,
-    bytes: usize,
+    /// Its logged stream.
     stream: u64,
-    line: usize,
 }
 
 /// The replay's state across batches.
@@ -402,10 +362,7 @@ struct Run<'a, R: ?Sized> {
     device: &'a Device,
     options: &'a WhatIfOptions,
     streams: ReplayStreams,
-    live: FxHashMap<u64, Live>,
-    live_null: Vec<Live>,
-    refused: FxHashSet<u64>,
-    live_bytes: usize,
+    live: LiveSet<Replayed>,
     /// Bytes the replay holds from `mr` (its own sizes), for resources that report no
     /// reserved bytes.
     held_bytes: usize,
@@ -492,7 +449,7 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
     fn skip(&mut self, e: &Event, kind: ReplayFailureKind) -> ReplayResult<()> {
         inconsistent(self.options, e, &kind)?;
         self.out.skipped.add(&kind);
-        self.keep(failure(e, kind));
+        self.keep(ReplayFailure::at(e, kind));
         Ok(())
     }
 
@@ -515,11 +472,8 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
     }
 
     fn allocate(&mut self, e: &Event) -> ReplayResult<()> {
-        if !e.ptr.is_null() {
-            if let Some(held) = self.live.get(&e.ptr.addr()) {
-                let allocated_at = held.line;
-                return self.skip(e, ReplayFailureKind::PointerAlreadyLive { allocated_at });
-            }
+        if let Err(kind) = self.live.check_allocate(e) {
+            return self.skip(e, kind);
         }
         let stream = self.stream(e.stream, e.line)?;
         self.out.operations += 1;
@@ -540,29 +494,25 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
         match result {
             Ok(ptr) => {
                 self.out.allocations += 1;
-                self.refused.remove(&e.ptr.addr());
-                let entry = Live {
-                    ptr,
-                    bytes: e.bytes,
-                    stream: e.stream,
-                    line: e.line,
-                };
-                if e.ptr.is_null() {
-                    self.live_null.push(entry);
-                } else {
-                    self.live.insert(e.ptr.addr(), entry);
-                }
-                self.live_bytes = self.live_bytes.saturating_add(e.bytes);
+                let logged = e.stream;
+                self.live.allocated(
+                    e,
+                    Replayed {
+                        ptr,
+                        stream: logged,
+                    },
+                );
                 self.held_bytes = self.held_bytes.saturating_add(e.bytes);
-                self.out.peak_live = self.out.peak_live.max(self.live_bytes);
+                self.out.peak_live = self.live.peak();
                 self.record(e, TraceAction::Alloc, ptr, &stream);
             }
             Err(error) => {
                 self.out.failures += 1;
-                if !e.ptr.is_null() {
-                    self.refused.insert(e.ptr.addr());
-                }
-                self.keep(failure(e, ReplayFailureKind::AllocationFailed(error)));
+                self.live.refused(e);
+                self.keep(ReplayFailure::at(
+                    e,
+                    ReplayFailureKind::AllocationFailed(error),
+                ));
                 self.record(e, TraceAction::Oom, DevicePtr::NULL, &stream);
             }
         }
@@ -570,76 +520,47 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
     }
 
     fn free(&mut self, e: &Event) -> ReplayResult<()> {
-        let held = if e.ptr.is_null() {
-            self.live_null.pop()
-        } else {
-            self.live.remove(&e.ptr.addr())
+        let held = match self.live.free(e) {
+            Ok(Some(held)) => held,
+            Ok(None) => return Ok(()),
+            Err(kind) => return self.skip(e, kind),
         };
-        let Some(held) = held else {
-            if e.ptr.is_null() || self.refused.remove(&e.ptr.addr()) {
-                return Ok(()); // its allocation failed here, or was of 0 bytes
-            }
-            return self.skip(e, ReplayFailureKind::UnknownPointer);
-        };
-        if held.bytes != e.bytes {
-            let allocated = held.bytes;
-            if let Err(refused) = self.skip(e, ReplayFailureKind::SizeMismatch { allocated }) {
+        if let Some(kind) = held.size_mismatch(e) {
+            if let Err(refused) = self.skip(e, kind) {
                 // Strict: the allocation stays live, so that the end frees it.
-                if e.ptr.is_null() {
-                    self.live_null.push(held);
-                } else {
-                    self.live.insert(e.ptr.addr(), held);
-                }
+                self.live.restore(held);
                 return Err(refused);
             }
         }
         let stream = self.stream(e.stream, e.line)?;
         self.out.operations += 1;
-        // SAFETY: `held.ptr` came from `mr.try_allocate(held.bytes, ..)` and left the live
-        // maps just now, so it is freed once, with its size; the replay never touches the
+        // SAFETY: `held.value.ptr` came from `mr.try_allocate(held.bytes, ..)` and left the
+        // live set just now, so it is freed once, with its size; the replay never touches the
         // memory, so no work needs ordering before the free.
-        unsafe { self.mr.deallocate(held.ptr, held.bytes, &stream) };
+        unsafe { self.mr.deallocate(held.value.ptr, held.bytes, &stream) };
         self.out.frees += 1;
-        self.live_bytes = self.live_bytes.saturating_sub(held.bytes);
         self.held_bytes = self.held_bytes.saturating_sub(held.bytes);
         let logged = Event {
             bytes: held.bytes,
             ..*e
         };
-        self.record(&logged, TraceAction::Free, held.ptr, &stream);
+        self.record(&logged, TraceAction::Free, held.value.ptr, &stream);
         Ok(())
     }
 
     /// Frees what the log left allocated, in log order, on its allocation's stream.
     fn free_the_rest(&mut self) {
-        let mut left: Vec<Live> = self
-            .live
-            .drain()
-            .map(|(_, l)| l)
-            .chain(self.live_null.drain(..))
-            .collect();
-        left.sort_unstable_by_key(|l| l.line);
-        for held in left {
+        for held in self.live.drain() {
             self.out.unfreed += 1;
             let stream = self
                 .streams
-                .of(held.stream)
+                .of(held.value.stream)
                 .expect("an allocation's stream was made for it")
                 .clone();
             // SAFETY: as in `free`: allocated by `mr` with this size, freed once, never used.
-            unsafe { self.mr.deallocate(held.ptr, held.bytes, &stream) };
+            unsafe { self.mr.deallocate(held.value.ptr, held.bytes, &stream) };
             self.out.frees += 1;
         }
-    }
-}
-
-fn failure(e: &Event, kind: ReplayFailureKind) -> ReplayFailure {
-    ReplayFailure {
-        line: e.line,
-        action: e.action,
-        ptr: e.ptr,
-        bytes: e.bytes,
-        kind,
     }
 }
 
@@ -707,10 +628,7 @@ pub fn replay_log<B: BufRead, R: MemoryResource + ?Sized>(
         device,
         options,
         streams: ReplayStreams::new(options.max_streams),
-        live: FxHashMap::default(),
-        live_null: Vec::new(),
-        refused: FxHashSet::default(),
-        live_bytes: 0,
+        live: LiveSet::default(),
         held_bytes: 0,
         first_time: None,
         out: WhatIf {
