@@ -30,7 +30,7 @@ pub enum ReplayError {
     },
     /// An event that cannot be replayed as logged (a free of a pointer that is not live, an
     /// allocation of a pointer that is live, a free with another size), refused in strict mode
-    /// ([`WhatIfOptions::strict`](super::WhatIfOptions::strict)); counted and skipped otherwise.
+    /// ([`ReplayOptions::strict`](super::ReplayOptions::strict)); counted and skipped otherwise.
     #[error("event log line {line}: {message}")]
     #[non_exhaustive]
     Inconsistent {
@@ -40,7 +40,7 @@ pub enum ReplayError {
         message: String,
     },
     /// The log names more distinct streams than a replay creates
-    /// ([`WhatIfOptions::max_streams`](super::WhatIfOptions::max_streams)): each is a real
+    /// ([`ReplayOptions::max_streams`](super::ReplayOptions::max_streams)): each is a real
     /// stream (a worker thread on the host backend, a driver stream on CUDA).
     #[error(
         "event log line {line}: more than {limit} distinct streams (each logged stream is \

@@ -49,13 +49,14 @@ impl fmt::Display for ReplayFailureKind {
 /// # Examples
 ///
 /// ```
-/// use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind};
+/// use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind, ReplayOptions};
 /// use streamalloc::{CudaResource, Device};
 ///
 /// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
 ///            7,10:00:00.000000,free,0x7f0000001000,256,0\n";
 /// let device = Device::host();
-/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device)?, &device)?;
+/// let mr = CudaResource::new(&device)?;
+/// let report = replay(parse_log_str(log)?, &mr, &device, &ReplayOptions::default())?;
 /// let failure = &report.failures[0];
 /// assert_eq!((failure.line, &failure.kind), (2, &ReplayFailureKind::UnknownPointer));
 /// assert_eq!(failure.to_string(), "line 2: free of 0x7f0000001000 (256 B): the pointer is not live");

@@ -99,6 +99,20 @@ pub struct Event {
     pub stream: u64,
 }
 
+/// A parsed event is an item of a log read as it goes, so that [`replay`](super::replay) takes
+/// either.
+impl From<Event> for ReplayResult<Event> {
+    fn from(e: Event) -> Self {
+        Ok(e)
+    }
+}
+
+impl From<&Event> for ReplayResult<Event> {
+    fn from(e: &Event) -> Self {
+        Ok(*e)
+    }
+}
+
 /// The longest line the reader takes, line end excluded: an RMM log line is under 120 bytes,
 /// so a longer one is not a log line, and reading it whole would cost its length in memory.
 const MAX_LINE: usize = 64 << 10;
