@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use super::parser::{Action, Event};
 use crate::error::Error;
 use crate::resource::DevicePtr;
+use crate::rmm_csv::{Action, Event};
 
 /// Why one event of a [`replay`](super::replay) did not go as logged.
 #[derive(Debug, Clone, PartialEq, Eq)]

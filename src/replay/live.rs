@@ -13,8 +13,8 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::failure::ReplayFailureKind;
-use super::parser::Event;
 use crate::resource::DevicePtr;
+use crate::rmm_csv::Event;
 
 /// A live allocation: as logged, with what the pass keeps for it (`value`).
 #[derive(Debug, Clone, Copy)]

@@ -48,21 +48,21 @@
 //! # }
 //! ```
 
-mod error;
 mod failure;
 mod live;
 mod options;
-mod parser;
 mod report;
 mod run;
 mod scan;
 mod streams;
 
-pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
-pub use error::{ReplayError, ReplayResult};
+pub use crate::adaptor::logging::LOG_FILE_ENV;
+pub use crate::rmm_csv::{
+    parse_log, parse_log_file, parse_log_str, Action, Event, EventReader, ReplayError,
+    ReplayResult, LOG_HEADER,
+};
 pub use failure::{ReplayFailure, ReplayFailureKind};
 pub use options::ReplayOptions;
-pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
 pub use report::{ReplayReport, Skipped, Unfreed};
 pub use scan::{scan_log, LogSummary};
 pub use streams::MAX_STREAMS;

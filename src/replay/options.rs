@@ -1,9 +1,9 @@
 //! How a replay (and a scan) treats a log: strictness, limits, what it records.
 
-use super::error::{ReplayError, ReplayResult};
 use super::failure::{ReplayFailure, ReplayFailureKind};
-use super::parser::Event;
 use super::streams::MAX_STREAMS;
+use crate::rmm_csv::Event;
+use crate::rmm_csv::{ReplayError, ReplayResult};
 
 /// How a [`replay`](super::replay) (and a [`scan_log`](super::scan_log)) treats the log.
 ///

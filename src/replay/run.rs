@@ -3,17 +3,17 @@
 
 use std::time::{Duration, Instant};
 
-use super::error::{ReplayError, ReplayResult};
 use super::failure::{ReplayFailure, ReplayFailureKind};
 use super::live::LiveSet;
 use super::options::ReplayOptions;
-use super::parser::{Action, Event};
 use super::report::{ReplayReport, Unfreed};
 use super::streams::{Placed, ReplayStreams};
 use crate::adaptor::{StatisticsAdaptor, TimelineAdaptor};
 use crate::device::Device;
 use crate::resource::MemoryResource;
 use crate::resource::{DevicePtr, MemoryStats};
+use crate::rmm_csv::{Action, Event};
+use crate::rmm_csv::{ReplayError, ReplayResult};
 use crate::stream::Stream;
 
 /// Events are read this many at a time, then replayed; only the replay is timed.

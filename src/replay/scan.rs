@@ -5,11 +5,11 @@ use std::io::BufRead;
 
 use rustc_hash::FxHashSet;
 
-use super::error::{ReplayError, ReplayResult};
 use super::live::LiveSet;
 use super::options::ReplayOptions;
-use super::parser::{Action, EventReader};
 use super::report::Skipped;
+use crate::rmm_csv::{Action, EventReader};
+use crate::rmm_csv::{ReplayError, ReplayResult};
 
 /// What a first pass over a log found ([`scan_log`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

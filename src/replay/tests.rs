@@ -1,37 +1,25 @@
-use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use parking_lot::Mutex;
 use rustc_hash::FxHashSet;
 
 use super::*;
-use crate::test_support::{free, host, recording, Call, SplitMix64, KIB, MIB};
+use crate::test_support::{
+    free, host, recording, Call, SharedWriter as Shared, SplitMix64, KIB, MIB,
+};
 use crate::{
     CudaResource, DevicePtr, Error, LimitingAdaptor, LoggingAdaptor, MemoryResource, PoolResource,
     SharedResource, StatisticsAdaptor, Stream,
 };
 
-/// A writer whose bytes the test can read while the adaptor holds it.
-#[derive(Clone, Default)]
-struct Shared(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Shared {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Shared {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().clone()).unwrap()
-    }
+/// Replays a parsed log with the default options.
+fn replay_events(
+    events: &[Event],
+    mr: &(impl MemoryResource + ?Sized),
+    device: &Device,
+) -> ReplayReport {
+    replay(events, mr, device, &ReplayOptions::default()).unwrap()
 }
 
 /// What a random workload left behind.
@@ -104,7 +92,7 @@ fn a_logged_workload_replays_to_the_same_figures() {
         let (fresh, _) = host();
         let pool = PoolResource::new(CudaResource::new(&fresh).unwrap(), 0, None).unwrap();
         let target = StatisticsAdaptor::new(pool);
-        let report = replay(&events, &target, &fresh, &ReplayOptions::default()).unwrap();
+        let report = replay_events(&events, &target, &fresh);
 
         assert!(report.is_clean(), "{report}");
         let made = recorded.allocations_counter();
@@ -170,7 +158,7 @@ fn a_multithreaded_log_replays_cleanly() {
 
     let (fresh, _) = host();
     let target = StatisticsAdaptor::new(CudaResource::new(&fresh).unwrap());
-    let report = replay(&events, &target, &fresh, &ReplayOptions::default()).unwrap();
+    let report = replay_events(&events, &target, &fresh);
     assert!(report.is_clean(), "{report}");
     assert!(report.unfreed.is_empty());
     assert_eq!(report.logged_failures, failures as u64);
@@ -201,13 +189,7 @@ Thread,Time,Action,Pointer,Size,Stream
 ";
     let (device, _) = host();
     let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
-    let report = replay(
-        parse_log_str(log).unwrap(),
-        &mr,
-        &device,
-        &ReplayOptions::default(),
-    )
-    .unwrap();
+    let report = replay_events(&parse_log_str(log).unwrap(), &mr, &device);
     assert!(report.is_clean(), "{report}");
     assert_eq!(
         (
@@ -244,7 +226,7 @@ Thread,Time,Action,Pointer,Size,Stream
         CudaResource::new(&device).unwrap(),
         KIB,
     ));
-    let report = replay(&events, &mr, &device, &ReplayOptions::default()).unwrap();
+    let report = replay_events(&events, &mr, &device);
     assert!(!report.is_clean());
     let got: Vec<(usize, &ReplayFailureKind)> =
         report.failures.iter().map(|f| (f.line, &f.kind)).collect();
@@ -323,13 +305,7 @@ Thread,Time,Action,Pointer,Size,Stream
             ))
         })
     };
-    let report = replay(
-        parse_log_str(log).unwrap(),
-        &mr,
-        &device,
-        &ReplayOptions::default(),
-    )
-    .unwrap();
+    let report = replay_events(&parse_log_str(log).unwrap(), &mr, &device);
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.streams, 3);
     let calls = calls.lock().clone();
@@ -366,13 +342,7 @@ fn a_resource_of_another_device_is_refused() {
 fn an_empty_log_replays_to_nothing() {
     let (device, _) = host();
     let events = parse_log_str(&format!("{LOG_HEADER}\n")).unwrap();
-    let report = replay(
-        &events,
-        &CudaResource::new(&device).unwrap(),
-        &device,
-        &ReplayOptions::default(),
-    )
-    .unwrap();
+    let report = replay_events(&events, &CudaResource::new(&device).unwrap(), &device);
     assert_eq!(
         format!("{report:?}"),
         format!("{:?}", ReplayReport::default())
@@ -394,13 +364,7 @@ fn a_log_of_more_streams_than_the_cap_makes_at_most_the_cap() {
     }
     let (device, _) = host();
     let mr = crate::StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
-    let report = replay(
-        parse_log_str(&log).unwrap(),
-        &mr,
-        &device,
-        &ReplayOptions::default(),
-    )
-    .unwrap();
+    let report = replay_events(&parse_log_str(&log).unwrap(), &mr, &device);
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.streams, MAX_STREAMS);
     assert_eq!(report.skipped.streams_over_limit, 2 * over as u64);
@@ -426,13 +390,7 @@ Thread,Time,Action,Pointer,Size,Stream
 ";
     let (device, _) = host();
     let mr = CudaResource::new(&device).unwrap();
-    let report = replay(
-        parse_log_str(log).unwrap(),
-        &mr,
-        &device,
-        &ReplayOptions::default(),
-    )
-    .unwrap();
+    let report = replay_events(&parse_log_str(log).unwrap(), &mr, &device);
     let kinds: Vec<_> = report.failures.iter().map(|f| (f.line, &f.kind)).collect();
     assert_eq!(kinds, [(6, &ReplayFailureKind::UnknownPointer)], "{report}");
     assert_eq!((report.allocations, report.frees), (1, 1));

@@ -1,15 +1,14 @@
 //! The what-if replay on bad input (counted skips, or typed errors with the line in strict
 //! mode; never a panic, never a hang), its figures, and RMM compatibility of our logs.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use crate::device::Device;
 use crate::replay::*;
 use crate::resource::MemoryResource;
 use crate::stream::Stream;
+use crate::test_support::SharedWriter;
 use crate::{
     ArenaResource, BinningResource, CudaAsyncResource, CudaResource, FixedSizeResource,
     LimitingAdaptor, LoggingAdaptor, MappedPoolResource, PoolResource, SharedResource,
@@ -354,20 +353,9 @@ fn the_peak_is_found_and_recorded() {
 /// `(nil)`, Time as `HH:MM:SS.micros`, Action one of three words.
 #[test]
 fn our_default_stream_logs_are_what_rmm_parses() {
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-    impl Write for Shared {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
     let device = Device::host();
     let stream = Stream::new(&device).unwrap();
-    let out = Shared::default();
+    let out = SharedWriter::default();
     let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1 << 20);
     let mr = LoggingAdaptor::builder()
         .streams_as_default(true)
@@ -382,7 +370,7 @@ fn our_default_stream_logs_are_what_rmm_parses() {
         mr.deallocate(z, 0, &stream);
     }
     mr.flush().unwrap();
-    let text = String::from_utf8(out.0.lock().clone()).unwrap();
+    let text = out.text();
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("Thread,Time,Action,Pointer,Size,Stream"));
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
