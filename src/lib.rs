@@ -82,6 +82,7 @@ mod ids;
 pub mod replay;
 pub mod report;
 mod resource;
+mod rmm_csv;
 mod stream;
 mod sync;
 #[cfg(test)]

@@ -201,3 +201,25 @@ pub(crate) fn backtraces_have_locations() -> bool {
         .to_string()
         .contains("test_support.rs:")
 }
+
+/// A writer whose bytes a test can read while an adaptor holds it (a clone shares them).
+#[derive(Clone, Default)]
+pub(crate) struct SharedWriter(pub(crate) Arc<Mutex<Vec<u8>>>);
+
+impl SharedWriter {
+    /// What was written, as text.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8(self.0.lock().clone()).unwrap()
+    }
+}
+
+impl std::io::Write for SharedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

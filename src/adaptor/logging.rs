@@ -16,24 +16,11 @@ use crate::resource::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 
-#[cfg(test)]
-pub(crate) use self::format::{CPointer, StreamHandle, TimeOfDay};
-use self::format::{LineFormatter, MAX_LINE};
-
-/// The header line of RMM's allocation log, which [`LoggingAdaptor`] writes first and the
-/// [`replay`](crate::replay) parser reads.
-pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+use crate::rmm_csv::{write_header, Action, LineFormatter, Record, MAX_LINE};
 
 /// The environment variable [`LoggingAdaptor::from_env`] reads the log file's path from (RMM's
 /// is `RMM_LOG_FILE`).
 pub const LOG_FILE_ENV: &str = "STREAMALLOC_LOG_FILE";
-
-/// The `Action` of a successful allocation.
-pub(crate) const ALLOCATE: &str = "allocate";
-/// The `Action` of a failed allocation.
-pub(crate) const ALLOCATE_FAILURE: &str = "allocate failure";
-/// The `Action` of a free.
-pub(crate) const FREE: &str = "free";
 
 type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 
@@ -42,7 +29,7 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// (with [`streams_as_default`](LoggingAdaptorBuilder::streams_as_default)) and RMM's logs
 /// replay here ([`replay`](crate::replay)).
 ///
-/// The first line is [`LOG_HEADER`], `Thread,Time,Action,Pointer,Size,Stream`; then one line per
+/// The first line is [`LOG_HEADER`](crate::replay::LOG_HEADER), `Thread,Time,Action,Pointer,Size,Stream`; then one line per
 /// call:
 ///
 /// | column | content |
@@ -158,17 +145,6 @@ struct Inner<R> {
 /// 3 MiB, when the writer falls behind).
 const BATCH: usize = 1024;
 const BATCHES_IN_FLIGHT: usize = 64;
-
-/// The raw fields of one line, formatted later by the writer thread.
-#[derive(Debug, Clone, Copy)]
-struct Record {
-    time: SystemTime,
-    thread: u64,
-    ptr: u64,
-    bytes: usize,
-    stream: u64,
-    action: &'static str,
-}
 
 enum Output {
     /// `auto_flush`: each line is formatted, written and flushed by the caller, under the
@@ -462,10 +438,8 @@ impl LoggingAdaptorBuilder {
     ) -> Result<LoggingAdaptor<R>> {
         let auto_flush = self.auto_flush.unwrap_or(false);
         let mut out = BufWriter::new(writer);
-        let header = out
-            .write_all(LOG_HEADER.as_bytes())
-            .and_then(|()| out.write_all(b"\n"))
-            .and_then(|()| if auto_flush { out.flush() } else { Ok(()) });
+        let header =
+            write_header(&mut out).and_then(|()| if auto_flush { out.flush() } else { Ok(()) });
         if let Err(e) = header {
             let what = path.as_ref().map_or_else(
                 || "writing the allocation log's header".to_owned(),
@@ -603,7 +577,7 @@ impl<R: MemoryResource> LoggingAdaptor<R> {
 }
 
 impl<R> Inner<R> {
-    fn log(&self, action: &'static str, ptr: DevicePtr, bytes: usize, stream: &Stream) {
+    fn log(&self, action: Action, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         if self.status.stopped.load(Relaxed) {
             return;
         }
@@ -616,14 +590,7 @@ impl<R> Inner<R> {
         let mut output = self.output.lock();
         // Read under the lock, so times never go backwards down the file.
         let time = self.clock.as_ref().map_or_else(SystemTime::now, |c| c());
-        let record = Record {
-            time,
-            thread,
-            ptr: ptr.addr(),
-            bytes,
-            stream: handle,
-            action,
-        };
+        let record = Record::new(thread, time, action, ptr.addr(), bytes, handle);
         match &mut *output {
             Output::Direct(sink) => {
                 sink.write_records(&[record]);
@@ -694,8 +661,8 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let result = self.upstream.try_allocate(bytes, stream);
         match &result {
-            Ok(ptr) => self.log(ALLOCATE, *ptr, bytes, stream),
-            Err(_) => self.log(ALLOCATE_FAILURE, DevicePtr::NULL, bytes, stream),
+            Ok(ptr) => self.log(Action::Allocate, *ptr, bytes, stream),
+            Err(_) => self.log(Action::AllocateFailure, DevicePtr::NULL, bytes, stream),
         }
         result
     }
@@ -703,7 +670,7 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         // Logged first: once the upstream has the memory back another thread may get it and
         // log its allocation.
-        self.log(FREE, ptr, bytes, stream);
+        self.log(Action::Free, ptr, bytes, stream);
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
     }
@@ -721,6 +688,5 @@ impl<R: MemoryResource> fmt::Debug for LoggingAdaptor<R> {
     }
 }
 
-mod format;
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::resource::forward::{memory_resource, Forward};
@@ -72,6 +73,8 @@ struct Record {
     since_sample: u64,
     /// The upstream's snapshot near the peak, and the live bytes when it was taken.
     peak: Option<(MemorySnapshot, usize)>,
+    /// The time to record events at instead of the clock's ([`TimelineAdaptor::set_time`]).
+    time: Option<Duration>,
 }
 
 impl<R: MemoryResource> TimelineAdaptor<R> {
@@ -98,6 +101,7 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
                     timeline,
                     since_sample: u64::MAX,
                     peak: None,
+                    time: None,
                 }),
                 snapshot_peaks: AtomicBool::new(false),
             }),
@@ -131,6 +135,12 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
             .map(|(s, _)| s.clone())
     }
 
+    /// Records the next events at `time` instead of the time since the timeline began: a
+    /// replay gives each event's logged time.
+    pub(crate) fn set_time(&self, time: Duration) {
+        self.inner.record.lock().time = Some(time);
+    }
+
     /// Names `stream` in the timeline (and so in reports).
     pub fn name_stream(&self, stream: &Stream, name: impl Into<String>) {
         self.inner
@@ -156,7 +166,12 @@ impl<R: MemoryResource> Inner<R> {
             record.timeline.set_reserved(reserved);
             record.since_sample = 0;
         }
-        record.timeline.record(action, ptr, bytes, stream.id());
+        match record.time {
+            Some(time) => record
+                .timeline
+                .record_at(time, action, ptr, bytes, stream.id()),
+            None => record.timeline.record(action, ptr, bytes, stream.id()),
+        }
         let live = record.timeline.live_bytes();
         if action == TraceAction::Alloc
             && self.snapshot_peaks.load(Ordering::Relaxed)

@@ -4,14 +4,16 @@
 //! here ([`parse_log`], [`parse_log_file`], [`EventReader`]) reads both its logs and RMM's
 //! (`logging_resource_adaptor`, `rmm.reinitialize(logging=True)`), and [`replay`] runs the
 //! events against a [`MemoryResource`] of your choosing, as RMM's `REPLAY_BENCHMARK` does, to
-//! compare resources on a recorded workload or to reproduce a failure.
+//! compare resources on a recorded workload or to reproduce a failure. [`scan_log`] reads a
+//! log once for its peak; a [`replay`] with [`ReplayOptions::record`] also records the
+//! timeline and the snapshot at that peak (what `streamalloc replay` reports).
 //!
 //! # Examples
 //!
 //! Record a workload, then replay it against a bounded pool and compare the figures:
 //!
 //! ```
-//! use streamalloc::replay::{parse_log_str, replay};
+//! use streamalloc::replay::{parse_log_str, replay, ReplayOptions};
 //! use streamalloc::{CudaResource, Device, LoggingAdaptor, MemoryResource, PoolResource,
 //!                   StatisticsAdaptor, Stream};
 //!
@@ -38,7 +40,7 @@
 //! let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
 //! let events = parse_log_str(&text)?;
 //! let target = StatisticsAdaptor::new(PoolResource::new(CudaResource::new(&device)?, 0, Some(8 << 20))?);
-//! let report = replay(&events, &target, &device)?;
+//! let report = replay(&events, &target, &device, &ReplayOptions::default())?;
 //! assert!(report.is_clean(), "{report}");
 //! assert_eq!(target.bytes_counter(), recorded.bytes_counter());
 //! assert_eq!(target.allocations_counter(), recorded.allocations_counter());
@@ -46,243 +48,70 @@
 //! # }
 //! ```
 
-mod error;
-mod parser;
+mod failure;
+mod live;
+mod options;
+mod report;
+mod run;
+mod scan;
 mod streams;
-mod whatif;
 
-use std::fmt;
-
-use rustc_hash::{FxHashMap, FxHashSet};
-
-pub use crate::adaptor::logging::{LOG_FILE_ENV, LOG_HEADER};
-pub use error::{ReplayError, ReplayResult};
-pub use parser::{parse_log, parse_log_file, parse_log_str, Action, Event, EventReader};
+pub use crate::adaptor::logging::LOG_FILE_ENV;
+pub use crate::rmm_csv::{
+    parse_log, parse_log_file, parse_log_str, Action, Event, EventReader, ReplayError,
+    ReplayResult, LOG_HEADER,
+};
+pub use failure::{ReplayFailure, ReplayFailureKind};
+pub use options::ReplayOptions;
+pub use report::{ReplayReport, Skipped, Unfreed};
+pub use scan::{scan_log, LogSummary};
 pub use streams::MAX_STREAMS;
-use streams::{Placed, ReplayStreams};
-pub use whatif::{replay_log, scan_log, LogSummary, Skipped, WhatIf, WhatIfOptions};
 
 use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::resource::{DevicePtr, MemoryResource};
-use crate::stream::Stream;
+use crate::resource::MemoryResource;
 
-/// Why one event of a [`replay`] did not go as logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReplayFailureKind {
-    /// The resource refused an allocation the log records as successful.
-    AllocationFailed(Error),
-    /// A free of a pointer that is not live in the replay: the log never allocated it (it was
-    /// allocated before logging began), or freed it already.
-    UnknownPointer,
-    /// An allocation returned a pointer that the log has live already: the log is not a
-    /// complete record (a free is missing). The allocation is not replayed.
-    PointerAlreadyLive {
-        /// The line of the allocation that holds the pointer.
-        allocated_at: usize,
-    },
-    /// A free with another size than its allocation. The replay frees the size it allocated.
-    SizeMismatch {
-        /// The size the allocation had.
-        allocated: usize,
-    },
-}
-
-impl fmt::Display for ReplayFailureKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplayFailureKind::AllocationFailed(e) => write!(f, "the resource refused it: {e}"),
-            ReplayFailureKind::UnknownPointer => f.write_str("the pointer is not live"),
-            ReplayFailureKind::PointerAlreadyLive { allocated_at } => write!(
-                f,
-                "the pointer is live already, allocated at line {allocated_at}"
-            ),
-            ReplayFailureKind::SizeMismatch { allocated } => {
-                write!(f, "{allocated} B were allocated")
-            }
-        }
-    }
-}
-
-/// One event of a [`replay`] that did not go as logged, with its log line.
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind};
-/// use streamalloc::{CudaResource, Device};
-///
-/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
-///            7,10:00:00.000000,free,0x7f0000001000,256,0\n";
-/// let device = Device::host();
-/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device)?, &device)?;
-/// let failure = &report.failures[0];
-/// assert_eq!((failure.line, &failure.kind), (2, &ReplayFailureKind::UnknownPointer));
-/// assert_eq!(failure.to_string(), "line 2: free of 0x7f0000001000 (256 B): the pointer is not live");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayFailure {
-    /// The event's line in the log.
-    pub line: usize,
-    /// The event's action.
-    pub action: Action,
-    /// The event's pointer, as logged.
-    pub ptr: DevicePtr,
-    /// The event's size.
-    pub bytes: usize,
-    /// What went wrong.
-    pub kind: ReplayFailureKind,
-}
-
-impl fmt::Display for ReplayFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "line {}: {} of {} ({} B): {}",
-            self.line, self.action, self.ptr, self.bytes, self.kind
-        )
-    }
-}
-
-/// An allocation the log never freed; the replay frees it at the end, as RMM's does (see
-/// [`ReplayReport`]'s example).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unfreed {
-    /// The allocation's line in the log.
-    pub line: usize,
-    /// Its pointer, as logged.
-    pub ptr: DevicePtr,
-    /// Its size.
-    pub bytes: usize,
-}
-
-/// What a [`replay`] did.
-///
-/// Its `Display` is a summary line, then one line per failure.
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::replay::{parse_log_str, replay, Unfreed};
-/// use streamalloc::{CudaResource, Device, DevicePtr};
-///
-/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
-///            3,12:00:00.000000,allocate,0x7f0000000000,4096,0x10\n";
-/// let device = Device::host();
-/// let report = replay(&parse_log_str(log)?, &CudaResource::new(&device)?, &device)?;
-/// assert!(report.is_clean());
-/// assert_eq!(report.unfreed, [Unfreed { line: 2, ptr: DevicePtr::from_raw(0x7f00_0000_0000), bytes: 4096 }]);
-/// assert_eq!(report.frees, 1); // the replay freed it at the end
-/// assert_eq!(
-///     report.to_string(),
-///     "1 events on 1 streams: 1 allocations, 1 frees, 0 logged failures, 1 unfreed, 0 failures\n"
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplayReport {
-    /// Events replayed.
-    pub events: usize,
-    /// Allocations that succeeded.
-    pub allocations: usize,
-    /// Frees made (of allocations the replay made), the ones at the end included.
-    pub frees: usize,
-    /// `allocate failure` events: logged failures are not retried, as in RMM.
-    pub logged_failures: usize,
-    /// Distinct streams of the log replayed on a stream of their own: at most
-    /// [`MAX_STREAMS`], the first ones met.
-    pub streams: usize,
-    /// Events of the log's further streams, past [`MAX_STREAMS`]: replayed on one shared
-    /// stream.
-    pub streams_over_limit: usize,
-    /// Events that did not go as logged, in log order.
-    pub failures: Vec<ReplayFailure>,
-    /// Allocations the log never freed, in log order; freed at the end of the replay.
-    pub unfreed: Vec<Unfreed>,
-}
-
-impl ReplayReport {
-    /// True when every event went as logged.
-    pub fn is_clean(&self) -> bool {
-        self.failures.is_empty()
-    }
-}
-
-impl fmt::Display for ReplayReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{} events on {} streams: {} allocations, {} frees, {} logged failures, {} \
-             unfreed, {} failures",
-            self.events,
-            self.streams,
-            self.allocations,
-            self.frees,
-            self.logged_failures,
-            self.unfreed.len(),
-            self.failures.len()
-        )?;
-        if self.streams_over_limit > 0 {
-            writeln!(
-                f,
-                "{} events of streams past the first {MAX_STREAMS} ran on one shared stream",
-                self.streams_over_limit
-            )?;
-        }
-        for failure in &self.failures {
-            writeln!(f, "{failure}")?;
-        }
-        Ok(())
-    }
-}
-
-/// A live allocation of the replay.
-#[derive(Debug, Clone, Copy)]
-struct Live {
-    /// The pointer as logged.
-    logged: DevicePtr,
-    /// The pointer the replay got for it.
-    ptr: DevicePtr,
-    bytes: usize,
-    stream: u64,
-    line: usize,
-}
-
-/// Replays `events` against `mr`, in order, on streams of `device`: RMM's replay benchmark
-/// without the timing.
+/// Replays a log's events against `mr`, in order, on streams of `device`: RMM's replay
+/// benchmark, with its figures. `events` is a parsed log (`&[Event]`) or a log read as it goes
+/// (an [`EventReader`]): events are taken 4096 at a time and only the live set is kept, so
+/// memory stays within the log's live allocations whatever its length.
 ///
 /// Each logged pointer is mapped to the pointer `mr` returns for it, each logged stream handle
 /// to a stream of `device` created for it (the default stream, handle 0, included) up to
-/// [`MAX_STREAMS`] of them (the events of further logged streams run on one shared stream,
-/// counted in [`ReplayReport::streams_over_limit`]: on the host backend a stream is a thread),
-/// and each free goes to `mr` with the size the replay allocated, on its logged stream's stream.
-/// `allocate failure` events are counted, not retried; allocations are
-/// [`try_allocate`](MemoryResource::try_allocate) calls, so a replay never waits for memory.
-/// Events that do not go as logged are reported with their line
-/// ([`ReplayReport::failures`]) and the replay goes on. Allocations the log never frees are
-/// freed at the end ([`ReplayReport::unfreed`]), and the function returns once every stream has
-/// reached its frees.
+/// [`ReplayOptions::max_streams`] of them (the events of further logged streams run on one
+/// shared stream, counted in [`Skipped::streams_over_limit`]: on the host backend a stream is a
+/// thread), and each free goes to `mr` with the size the replay allocated, on its logged
+/// stream's stream. `allocate failure` events are counted, not retried. Allocations are
+/// [`try_allocate`](MemoryResource::try_allocate) calls; one refused now, when
+/// [`MemoryResource::may_regain_memory`] says waiting could help, is retried once after
+/// synchronising the replay's streams (so their stream-ordered frees land): success counts as a
+/// wait, else it is refused. Nothing waits longer, so a replay never hangs. Malformed lines
+/// and events that do not add up (frees of pointers not live, ...) are counted, kept with their
+/// line ([`ReplayReport::failures`]) and skipped, or refused in
+/// [strict mode](ReplayOptions::strict). Allocations the log never frees are freed at the end
+/// ([`ReplayReport::unfreed`]), and the function returns once every stream has reached its
+/// frees.
 ///
 /// Unlike RMM's benchmark, which runs one thread per logged thread in the logged order, the
 /// replay runs on the calling thread: the order, and so every figure of a
-/// [`StatisticsAdaptor`](crate::StatisticsAdaptor) over `mr`, is the log's.
+/// [`StatisticsAdaptor`](crate::StatisticsAdaptor) over `mr`, is the log's. Only the replay
+/// loop is timed ([`ReplayReport::elapsed`]); with [`ReplayOptions::record`] off it makes
+/// nothing but the resource calls and the pointer-map look-ups, as RMM's replay benchmark does.
 ///
 /// # Stream ordering
 /// Nothing touches the memory, so frees need no ordering beyond their stream's; the function
 /// blocks until every stream it used is idle.
 ///
 /// # Errors
-/// [`Error::DeviceMismatch`] when `mr` allocates for another device; errors creating or
-/// synchronising a stream. Failures of single events are in the report, not errors.
+/// [`ReplayError::Resource`] when `mr` is of another device or a stream cannot be made or
+/// synchronised; [`ReplayError::Io`] when reading fails; in strict mode as [`scan_log`].
+/// Allocations the resource refuses are counted ([`ReplayReport::refused`]), not errors.
 ///
 /// # Examples
 ///
 /// An RMM log (RMM writes the default stream as `0` and null pointers as `(nil)`):
 ///
 /// ```
-/// use streamalloc::replay::{parse_log_str, replay};
+/// use streamalloc::replay::{parse_log_str, replay, ReplayOptions};
 /// use streamalloc::{CudaResource, Device, StatisticsAdaptor};
 ///
 /// let log = "\
@@ -295,147 +124,45 @@ struct Live {
 /// ";
 /// let device = Device::host();
 /// let mr = StatisticsAdaptor::new(CudaResource::new(&device)?);
-/// let report = replay(&parse_log_str(log)?, &mr, &device)?;
+/// let report = replay(&parse_log_str(log)?, &mr, &device, &ReplayOptions::default())?;
 /// assert!(report.is_clean());
 /// assert_eq!((report.allocations, report.frees, report.logged_failures), (2, 2, 1));
 /// assert_eq!(mr.bytes_counter().peak, 3000);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn replay<R: MemoryResource + ?Sized>(
-    events: &[Event],
+///
+/// Streaming a log, recording its timeline and the pool's snapshot at its peak:
+///
+/// ```
+/// use streamalloc::replay::{replay, EventReader, ReplayOptions};
+/// use streamalloc::{CudaResource, Device, PoolResource};
+///
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+///            1,00:00:00.000001,allocate,0x100,1000,0x5\n\
+///            2,00:00:00.000002,allocate,0x800,3000,0x6\n\
+///            1,00:00:00.000003,free,0x100,1000,0x5\n\
+///            2,00:00:00.000004,free,0x800,3000,0x6\n";
+/// let device = Device::host();
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 0, None)?;
+/// let options = ReplayOptions { record: true, snapshot_line: Some(3), ..Default::default() };
+/// let r = replay(EventReader::new(log.as_bytes())?, &pool, &device, &options)?;
+/// assert_eq!((r.peak_live, r.refused, r.waits, r.streams), (4000, 0, 0, 2));
+/// assert!(r.peak_reserved >= 4000);
+/// assert_eq!(r.timeline.unwrap().peak_live_bytes(), 4000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn replay<R, I>(
+    events: I,
     mr: &R,
     device: &Device,
-) -> Result<ReplayReport> {
-    let properties = mr.properties();
-    if properties.device != device.id() {
-        return Err(Error::DeviceMismatch {
-            expected: properties.device,
-            actual: device.id(),
-        });
-    }
-    let mut streams = ReplayStreams::new(MAX_STREAMS);
-    let mut live: FxHashMap<DevicePtr, Live> = FxHashMap::default();
-    // Allocations logged with the null pointer (0 bytes): they cannot be told apart, so each
-    // free of the null pointer takes the latest of them.
-    let mut live_null: Vec<Live> = Vec::new();
-    // Logged pointers whose allocation failed here: their free is no second failure.
-    let mut refused: FxHashSet<DevicePtr> = FxHashSet::default();
-    let mut report = ReplayReport {
-        events: events.len(),
-        ..ReplayReport::default()
-    };
-    let result = (|| {
-        for e in events {
-            let fail = |kind| ReplayFailure {
-                line: e.line,
-                action: e.action,
-                ptr: e.ptr,
-                bytes: e.bytes,
-                kind,
-            };
-            match e.action {
-                Action::AllocateFailure => report.logged_failures += 1,
-                Action::Allocate => {
-                    if let Some(held) = (!e.ptr.is_null()).then(|| live.get(&e.ptr)).flatten() {
-                        let allocated_at = held.line;
-                        report
-                            .failures
-                            .push(fail(ReplayFailureKind::PointerAlreadyLive { allocated_at }));
-                        continue;
-                    }
-                    let stream = stream_for(&mut streams, &mut report, e.stream, device)?;
-                    match mr.try_allocate(e.bytes, stream) {
-                        Ok(ptr) => {
-                            report.allocations += 1;
-                            refused.remove(&e.ptr);
-                            let entry = Live {
-                                logged: e.ptr,
-                                ptr,
-                                bytes: e.bytes,
-                                stream: e.stream,
-                                line: e.line,
-                            };
-                            if e.ptr.is_null() {
-                                live_null.push(entry);
-                            } else {
-                                live.insert(e.ptr, entry);
-                            }
-                        }
-                        Err(error) => {
-                            refused.insert(e.ptr);
-                            report
-                                .failures
-                                .push(fail(ReplayFailureKind::AllocationFailed(error)));
-                        }
-                    }
-                }
-                Action::Free => {
-                    let held = if e.ptr.is_null() {
-                        live_null.pop()
-                    } else {
-                        live.remove(&e.ptr)
-                    };
-                    let Some(held) = held else {
-                        if !refused.remove(&e.ptr) {
-                            report
-                                .failures
-                                .push(fail(ReplayFailureKind::UnknownPointer));
-                        }
-                        continue;
-                    };
-                    if held.bytes != e.bytes {
-                        report.failures.push(fail(ReplayFailureKind::SizeMismatch {
-                            allocated: held.bytes,
-                        }));
-                    }
-                    let stream = stream_for(&mut streams, &mut report, e.stream, device)?;
-                    // SAFETY: `held.ptr` came from `mr.try_allocate(held.bytes, ..)` above and
-                    // left the live maps just now, so it is freed once, with its size; the
-                    // replay never uses the memory, so no work needs ordering before the free.
-                    unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
-                    report.frees += 1;
-                }
-            }
-        }
-        Ok(())
-    })();
-    // Free what the log left allocated, on its allocation's stream, in log order (also after
-    // an error, so that nothing leaks).
-    let mut left: Vec<Live> = live.into_values().chain(live_null).collect();
-    left.sort_unstable_by_key(|l| l.line);
-    for held in left {
-        report.unfreed.push(Unfreed {
-            line: held.line,
-            ptr: held.logged,
-            bytes: held.bytes,
-        });
-        let stream = streams
-            .of(held.stream)
-            .expect("an allocation's stream was made for it");
-        // SAFETY: as above: allocated by `mr` with this size, freed once, never used.
-        unsafe { mr.deallocate(held.ptr, held.bytes, stream) };
-        report.frees += 1;
-    }
-    report.streams = streams.len();
-    result?;
-    for stream in streams.all() {
-        stream.synchronize_blocking()?;
-    }
-    Ok(report)
-}
-
-/// The stream an event of `handle` runs on, counting it in `report` when it is past the cap.
-fn stream_for<'s>(
-    streams: &'s mut ReplayStreams,
-    report: &mut ReplayReport,
-    handle: u64,
-    device: &Device,
-) -> Result<&'s Stream> {
-    let (stream, placed) = streams.get(handle, device)?;
-    if placed == Placed::OverLimit {
-        report.streams_over_limit += 1;
-    }
-    Ok(stream)
+    options: &ReplayOptions,
+) -> ReplayResult<ReplayReport>
+where
+    R: MemoryResource + ?Sized,
+    I: IntoIterator,
+    I::Item: Into<ReplayResult<Event>>,
+{
+    run::run(events.into_iter().map(Into::into), mr, device, options)
 }
 
 #[cfg(test)]

@@ -9,13 +9,13 @@ use crate::error::Result;
 use crate::stream::Stream;
 
 /// How many logged streams a replay gives streams of their own by default
-/// ([`WhatIfOptions::max_streams`](super::WhatIfOptions::max_streams); always, for
-/// [`replay`](super::replay)); events of further streams run on one shared stream.
+/// ([`ReplayOptions::max_streams`](super::ReplayOptions::max_streams)); events of further
+/// streams run on one shared stream.
 ///
 /// ```
-/// use streamalloc::replay::{WhatIfOptions, MAX_STREAMS};
+/// use streamalloc::replay::{ReplayOptions, MAX_STREAMS};
 ///
-/// assert_eq!(WhatIfOptions::default().max_streams, MAX_STREAMS);
+/// assert_eq!(ReplayOptions::default().max_streams, MAX_STREAMS);
 /// ```
 pub const MAX_STREAMS: usize = 1024;
 

@@ -1,35 +1,25 @@
-use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use parking_lot::Mutex;
+use rustc_hash::FxHashSet;
 
 use super::*;
-use crate::test_support::{free, host, recording, Call, SplitMix64, KIB, MIB};
+use crate::test_support::{
+    free, host, recording, Call, SharedWriter as Shared, SplitMix64, KIB, MIB,
+};
 use crate::{
-    CudaResource, LimitingAdaptor, LoggingAdaptor, PoolResource, SharedResource, StatisticsAdaptor,
+    CudaResource, DevicePtr, Error, LimitingAdaptor, LoggingAdaptor, MemoryResource, PoolResource,
+    SharedResource, StatisticsAdaptor, Stream,
 };
 
-/// A writer whose bytes the test can read while the adaptor holds it.
-#[derive(Clone, Default)]
-struct Shared(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Shared {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Shared {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().clone()).unwrap()
-    }
+/// Replays a parsed log with the default options.
+fn replay_events(
+    events: &[Event],
+    mr: &(impl MemoryResource + ?Sized),
+    device: &Device,
+) -> ReplayReport {
+    replay(events, mr, device, &ReplayOptions::default()).unwrap()
 }
 
 /// What a random workload left behind.
@@ -102,14 +92,14 @@ fn a_logged_workload_replays_to_the_same_figures() {
         let (fresh, _) = host();
         let pool = PoolResource::new(CudaResource::new(&fresh).unwrap(), 0, None).unwrap();
         let target = StatisticsAdaptor::new(pool);
-        let report = replay(&events, &target, &fresh).unwrap();
+        let report = replay_events(&events, &target, &fresh);
 
         assert!(report.is_clean(), "{report}");
         let made = recorded.allocations_counter();
-        assert_eq!(report.events, events.len());
+        assert_eq!(report.events, events.len() as u64);
         assert_eq!(report.allocations as i64, made.total);
-        assert_eq!(report.logged_failures, outcome.failures);
-        assert_eq!(report.frees, outcome.frees + outcome.leaked.len());
+        assert_eq!(report.logged_failures, outcome.failures as u64);
+        assert_eq!(report.frees, (outcome.frees + outcome.leaked.len()) as u64);
         assert_eq!(report.streams, 3);
         let mut unfreed: Vec<_> = report.unfreed.iter().map(|u| (u.ptr, u.bytes)).collect();
         let mut leaked: Vec<_> = outcome.leaked.iter().map(|&(p, b, _)| (p, b)).collect();
@@ -168,10 +158,10 @@ fn a_multithreaded_log_replays_cleanly() {
 
     let (fresh, _) = host();
     let target = StatisticsAdaptor::new(CudaResource::new(&fresh).unwrap());
-    let report = replay(&events, &target, &fresh).unwrap();
+    let report = replay_events(&events, &target, &fresh);
     assert!(report.is_clean(), "{report}");
     assert!(report.unfreed.is_empty());
-    assert_eq!(report.logged_failures, failures);
+    assert_eq!(report.logged_failures, failures as u64);
     assert_eq!(report.streams, 3);
     let (a, b) = (recorded.counters(), target.counters());
     assert_eq!(b.allocations.total, a.allocations.total);
@@ -199,7 +189,7 @@ Thread,Time,Action,Pointer,Size,Stream
 ";
     let (device, _) = host();
     let mr = StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
-    let report = replay(&parse_log_str(log).unwrap(), &mr, &device).unwrap();
+    let report = replay_events(&parse_log_str(log).unwrap(), &mr, &device);
     assert!(report.is_clean(), "{report}");
     assert_eq!(
         (
@@ -236,7 +226,7 @@ Thread,Time,Action,Pointer,Size,Stream
         CudaResource::new(&device).unwrap(),
         KIB,
     ));
-    let report = replay(&events, &mr, &device).unwrap();
+    let report = replay_events(&events, &mr, &device);
     assert!(!report.is_clean());
     let got: Vec<(usize, &ReplayFailureKind)> =
         report.failures.iter().map(|f| (f.line, &f.kind)).collect();
@@ -315,7 +305,7 @@ Thread,Time,Action,Pointer,Size,Stream
             ))
         })
     };
-    let report = replay(&parse_log_str(log).unwrap(), &mr, &device).unwrap();
+    let report = replay_events(&parse_log_str(log).unwrap(), &mr, &device);
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.streams, 3);
     let calls = calls.lock().clone();
@@ -334,16 +324,29 @@ fn a_resource_of_another_device_is_refused() {
     let (device, _) = host();
     let (other, _) = host();
     let mr: SharedResource = Arc::new(CudaResource::new(&other).unwrap());
-    let e = replay(&[], &*mr, &device).unwrap_err();
-    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
+    let none: &[Event] = &[];
+    let e = replay(none, &*mr, &device, &ReplayOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ReplayError::Resource {
+                line: 0,
+                error: Error::DeviceMismatch { .. }
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn an_empty_log_replays_to_nothing() {
     let (device, _) = host();
     let events = parse_log_str(&format!("{LOG_HEADER}\n")).unwrap();
-    let report = replay(&events, &CudaResource::new(&device).unwrap(), &device).unwrap();
-    assert_eq!(report, ReplayReport::default());
+    let report = replay_events(&events, &CudaResource::new(&device).unwrap(), &device);
+    assert_eq!(
+        format!("{report:?}"),
+        format!("{:?}", ReplayReport::default())
+    );
     assert!(report.is_clean());
 }
 
@@ -361,13 +364,44 @@ fn a_log_of_more_streams_than_the_cap_makes_at_most_the_cap() {
     }
     let (device, _) = host();
     let mr = crate::StatisticsAdaptor::new(CudaResource::new(&device).unwrap());
-    let report = replay(&parse_log_str(&log).unwrap(), &mr, &device).unwrap();
+    let report = replay_events(&parse_log_str(&log).unwrap(), &mr, &device);
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.streams, MAX_STREAMS);
-    assert_eq!(report.streams_over_limit, 2 * over);
-    assert_eq!(report.allocations, MAX_STREAMS + over);
+    assert_eq!(report.skipped.streams_over_limit, 2 * over as u64);
+    assert_eq!(report.allocations, (MAX_STREAMS + over) as u64);
     assert_eq!(mr.allocations_counter().total, (MAX_STREAMS + over) as i64);
     assert!(report
         .to_string()
         .contains(&format!("{} events of streams past the first", 2 * over)));
+}
+
+/// Every pass over a log reads its live set alike: a free of the null pointer with nothing
+/// live is a no-op (as `free(nullptr)` is in RMM) for the replay, the what-if replay and the
+/// scan, and a free of a pointer never allocated is one skipped event for each.
+#[test]
+fn every_pass_reads_the_live_set_alike() {
+    let log = "\
+Thread,Time,Action,Pointer,Size,Stream
+1,00:00:00.000001,free,(nil),0,0
+1,00:00:00.000002,allocate,(nil),0,0
+1,00:00:00.000003,free,(nil),0,0
+1,00:00:00.000004,free,(nil),0,0
+1,00:00:00.000005,free,0x9000,64,0
+";
+    let (device, _) = host();
+    let mr = CudaResource::new(&device).unwrap();
+    let report = replay_events(&parse_log_str(log).unwrap(), &mr, &device);
+    let kinds: Vec<_> = report.failures.iter().map(|f| (f.line, &f.kind)).collect();
+    assert_eq!(kinds, [(6, &ReplayFailureKind::UnknownPointer)], "{report}");
+    assert_eq!((report.allocations, report.frees), (1, 1));
+
+    let reader = || EventReader::new(log.as_bytes()).unwrap();
+    let options = ReplayOptions::default();
+    let w = replay(reader(), &mr, &device, &options).unwrap();
+    let lines: Vec<usize> = w.failures.iter().map(|f| f.line).collect();
+    assert_eq!((lines, w.skipped.total()), (vec![6], 1));
+    assert_eq!((w.allocations, w.frees), (1, 1));
+
+    let s = scan_log(reader(), &options).unwrap();
+    assert_eq!((s.skipped.unknown_pointer, s.skipped.total()), (1, 1));
 }

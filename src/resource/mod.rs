@@ -531,6 +531,9 @@ pub type SharedResource = Arc<dyn MemoryResource>;
 
 // A shared resource is the resource it shares.
 forward::memory_resource!(delegate [R: MemoryResource + ?Sized] Arc<R>, |this| &**this);
+// A borrowed resource is the resource it borrows: adaptors can wrap a resource the caller
+// keeps (a replay stacks its recording adaptors over the resource it is given).
+forward::memory_resource!(delegate ['a, R: MemoryResource + ?Sized] &'a R, |this| &**this);
 
 /// What tells one resource from another ([`MemoryResource::identity`]).
 ///

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind};
+use streamalloc::replay::{parse_log_str, replay, ReplayFailureKind, ReplayOptions};
 use streamalloc::{
     AlignedAdaptor, ArenaConfig, ArenaResource, BinningResource, CallbackResource, Counters,
     CudaResource, Device, DeviceBuffer, DevicePtr, FixedSizeResource, LimitingAdaptor,
@@ -233,7 +233,7 @@ pub fn replay_of_huge_sizes(device: Device) {
     log.push_str("1,10:00:00.000003,free,0x7f0000000000,4096,0\n");
     let events = parse_log_str(&log).unwrap();
     let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1 << 30);
-    let report = replay(&events, &mr, &device).unwrap();
+    let report = replay(&events, &mr, &device, &ReplayOptions::default()).unwrap();
     assert_eq!(report.allocations, 1, "{report}");
     assert_eq!(report.frees, 1, "{report}");
     assert_eq!(report.failures.len(), sizes.len(), "{report}");

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use streamalloc::replay::WhatIf;
+use streamalloc::replay::ReplayReport;
 use streamalloc::report::html::{
     segment_map_svg, segment_map_svg_named, timeline_svg, HtmlReport, ReportSection,
 };
@@ -37,7 +37,10 @@ pub(crate) fn html(file: File, report: &Report<'_>) -> io::Result<()> {
 
 /// Writes each resource's timeline and, where it gave one, its segment map at the peak as
 /// standalone SVG files into `dir` (made before the replay: [`open`]).
-pub(crate) fn svg(dir: &Path, rows: &[(ResourceKind, Result<WhatIf, String>)]) -> io::Result<()> {
+pub(crate) fn svg(
+    dir: &Path,
+    rows: &[(ResourceKind, Result<ReplayReport, String>)],
+) -> io::Result<()> {
     for (kind, row) in rows {
         let Ok(w) = row else { continue };
         let name = kind.name();
@@ -66,7 +69,7 @@ pub(crate) fn torch(
     file: File,
     path: &Path,
     device: &Device,
-    rows: &[(ResourceKind, Result<WhatIf, String>)],
+    rows: &[(ResourceKind, Result<ReplayReport, String>)],
 ) -> io::Result<()> {
     let ok = || rows.iter().filter_map(|(k, r)| Some((k, r.as_ref().ok()?)));
     let (snapshot, timeline) = match ok().find(|(_, w)| w.peak_snapshot.is_some()) {

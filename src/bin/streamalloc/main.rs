@@ -21,7 +21,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use streamalloc::replay::{
-    replay_log, scan_log, EventReader, LogSummary, ReplayError, WhatIf, WhatIfOptions,
+    replay, scan_log, EventReader, LogSummary, ReplayError, ReplayOptions, ReplayReport,
 };
 use streamalloc::{Device, HostConfig, DEFAULT_HOST_CAPACITY};
 
@@ -148,7 +148,7 @@ const EXIT_EXPORT: u8 = 3;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Replay(args) => match replay(&args) {
+        Command::Replay(args) => match replay_command(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, message)) => {
                 eprintln!("streamalloc: {message}");
@@ -242,6 +242,9 @@ fn device(choice: Option<DeviceChoice>, summary: &LogSummary) -> Result<Device, 
     }
 }
 
+/// The progress bar moves every this many events read.
+const PROGRESS_EVERY: u64 = 4096;
+
 /// A progress bar over every pass, drawn on stderr once the replay has taken a second, and
 /// only when stdout is a terminal.
 struct Progress {
@@ -277,11 +280,12 @@ impl Progress {
     }
 }
 
-fn replay(args: &ReplayArgs) -> Result<(), Failed> {
-    let options = WhatIfOptions {
+/// `streamalloc replay`.
+fn replay_command(args: &ReplayArgs) -> Result<(), Failed> {
+    let options = ReplayOptions {
         strict: args.strict,
         max_streams: args.max_streams,
-        ..WhatIfOptions::default()
+        ..ReplayOptions::default()
     };
     check_regular(&args.log)?;
     let outputs = exports::open(
@@ -297,28 +301,34 @@ fn replay(args: &ReplayArgs) -> Result<(), Failed> {
     resources.retain(|r| seen.insert(*r));
 
     let mut progress = Progress::new(summary.events * 2 * resources.len() as u64);
-    let mut rows: Vec<(ResourceKind, Result<WhatIf, String>)> = Vec::new();
+    let mut rows: Vec<(ResourceKind, Result<ReplayReport, String>)> = Vec::new();
     let mut done = 0u64;
     for &kind in &resources {
         let name = kind.name();
-        let mut run = |record: bool, done: &mut u64| -> Result<Result<WhatIf, String>, Failed> {
-            let mr = match kind.build(&device) {
-                Ok(mr) => mr,
-                Err(e) => return Ok(Err(e.to_string())),
+        let mut run =
+            |record: bool, done: &mut u64| -> Result<Result<ReplayReport, String>, Failed> {
+                let mr = match kind.build(&device) {
+                    Ok(mr) => mr,
+                    Err(e) => return Ok(Err(e.to_string())),
+                };
+                let options = ReplayOptions {
+                    record,
+                    snapshot_line: record.then_some(summary.peak_line),
+                    ..options.clone()
+                };
+                let base = *done;
+                // Counted as the replay reads them, outside its timed loop.
+                let mut read = 0u64;
+                let events = open(&args.log)?.inspect(|_| {
+                    read += 1;
+                    if read % PROGRESS_EVERY == 0 {
+                        progress.set(base + read, &name);
+                    }
+                });
+                let w = replay(events, &*mr, &device, &options).map_err(input_error)?;
+                *done = base + summary.events;
+                Ok(Ok(w))
             };
-            let options = WhatIfOptions {
-                record,
-                snapshot_line: record.then_some(summary.peak_line),
-                ..options.clone()
-            };
-            let base = *done;
-            let w = replay_log(open(&args.log)?, &*mr, &device, &options, &mut |n| {
-                progress.set(base + n, &name)
-            })
-            .map_err(input_error)?;
-            *done = base + summary.events;
-            Ok(Ok(w))
-        };
         let recorded = run(true, &mut done)?;
         let row = match recorded {
             Ok(mut w) => {

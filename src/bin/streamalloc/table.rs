@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use streamalloc::replay::{LogSummary, WhatIf};
+use streamalloc::replay::{LogSummary, ReplayFailureKind, ReplayReport};
 
 use crate::resources::ResourceKind;
 
@@ -12,7 +12,7 @@ pub(crate) struct Report<'a> {
     pub(crate) log: &'a Path,
     pub(crate) device: &'a str,
     pub(crate) summary: &'a LogSummary,
-    pub(crate) rows: &'a [(ResourceKind, Result<WhatIf, String>)],
+    pub(crate) rows: &'a [(ResourceKind, Result<ReplayReport, String>)],
 }
 
 /// `1234567` as `1.2 MiB`; bytes below 1 KiB as `512 B`.
@@ -67,7 +67,7 @@ impl Report<'_> {
                         bytes(w.peak_live),
                         bytes(w.peak_reserved),
                         format!("{:.2}", w.reserved_ratio()),
-                        w.failures.to_string(),
+                        w.refused.to_string(),
                         w.waits.to_string(),
                         format!("{:.0}", w.ns_per_operation()),
                         frag.map_or("-".into(), |f| bytes(f.largest_free_block)),
@@ -120,24 +120,19 @@ impl Report<'_> {
                 ));
             }
             let refused: Vec<_> = w
-                .failure_samples
+                .failures
                 .iter()
-                .filter(|f| {
-                    matches!(
-                        f.kind,
-                        streamalloc::replay::ReplayFailureKind::AllocationFailed(_)
-                    )
-                })
+                .filter(|f| matches!(f.kind, ReplayFailureKind::AllocationFailed(_)))
                 .take(3)
                 .collect();
             for f in &refused {
                 notes.push(format!("{}: {f}", kind.name()));
             }
-            if w.failures > refused.len() as u64 {
+            if w.refused > refused.len() as u64 {
                 notes.push(format!(
                     "{}: {} more failures",
                     kind.name(),
-                    w.failures - refused.len() as u64
+                    w.refused - refused.len() as u64
                 ));
             }
         }

@@ -1,24 +1,61 @@
-//! The lines of RMM's log, formatted by hand for the writer thread, with the `Display` types
-//! they are tested against.
+//! The lines of RMM's log, formatted by hand for the logging adaptor's writer thread, with the
+//! `Display` types they are tested against.
 
 #[cfg(test)]
 use std::fmt;
-#[cfg(test)]
-use std::time::SystemTime;
-use std::time::UNIX_EPOCH;
+use std::io::{self, Write};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::Record;
+use super::fields::{Action, LOG_HEADER};
+
+/// Writes the log's first line, [`LOG_HEADER`].
+pub(crate) fn write_header(out: &mut impl Write) -> io::Result<()> {
+    out.write_all(LOG_HEADER.as_bytes())?;
+    out.write_all(b"\n")
+}
+
+/// The raw fields of one line, formatted later ([`LineFormatter::line`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Record {
+    time: SystemTime,
+    thread: u64,
+    action: Action,
+    ptr: u64,
+    bytes: usize,
+    stream: u64,
+}
+
+impl Record {
+    /// A line's fields, in the columns' order: `Thread,Time,Action,Pointer,Size,Stream`.
+    pub(crate) fn new(
+        thread: u64,
+        time: SystemTime,
+        action: Action,
+        ptr: u64,
+        bytes: usize,
+        stream: u64,
+    ) -> Self {
+        Record {
+            time,
+            thread,
+            action,
+            ptr,
+            bytes,
+            stream,
+        }
+    }
+}
 
 /// The longest line: a 20-digit thread id, the time (15), the longest action (16), two
 /// 18-character hexadecimal numbers, a 20-digit size, five commas and the newline.
-pub(super) const MAX_LINE: usize = 20 + 15 + 16 + 18 + 20 + 18 + 6;
+pub(crate) const MAX_LINE: usize = 20 + 15 + 16 + 18 + 20 + 18 + 6;
 
 /// Formats records as lines of RMM's log: the bytes the `Display` types below print
 /// (`TimeOfDay`, `CPointer`, `StreamHandle`), written by hand because `write!` costs several
 /// times as much and the writer thread must keep up with the callers. The thread, the stream
 /// and the second of the day repeat from line to line, so the last of each is kept formatted.
 #[derive(Default)]
-pub(super) struct LineFormatter {
+pub(crate) struct LineFormatter {
     thread: Cached,
     stream: Cached,
     /// The last second of the day and its `HH:MM:SS.`.
@@ -127,7 +164,7 @@ impl Line {
 
 impl LineFormatter {
     /// Appends `record`'s line to `out`.
-    pub(super) fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
+    pub(crate) fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
         let mut line = Line {
             buf: [0; MAX_LINE + 20],
             len: 0,
@@ -155,7 +192,7 @@ impl LineFormatter {
         }
         line.byte(b',');
         // The action: one of three, at most 16 bytes.
-        let action = record.action.as_bytes();
+        let action = record.action.as_str().as_bytes();
         line.buf[line.len..line.len + action.len()].copy_from_slice(action);
         line.len += action.len();
         line.byte(b',');
@@ -221,3 +258,6 @@ impl fmt::Display for StreamHandle {
         hex_or(f, self.0, "0")
     }
 }
+
+#[cfg(test)]
+mod tests;

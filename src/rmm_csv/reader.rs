@@ -1,69 +1,13 @@
-//! RMM's allocation-log CSV, read line by line.
+//! RMM's allocation-log CSV, read line by line (RMM's `log_parser.hpp`).
 
-use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::adaptor::logging::{ALLOCATE, ALLOCATE_FAILURE, FREE};
-use crate::replay::error::{ReplayError, ReplayResult};
+use super::error::{ReplayError, ReplayResult};
+use super::fields::{excerpt, Action};
 use crate::resource::DevicePtr;
-
-/// What a log line records.
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::replay::Action;
-///
-/// assert_eq!("allocate failure".parse::<Action>(), Ok(Action::AllocateFailure));
-/// assert_eq!(Action::Free.to_string(), "free");
-/// assert!("realloc".parse::<Action>().is_err());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// `allocate`: an allocation that succeeded.
-    Allocate,
-    /// `allocate failure`: an allocation that failed (its pointer is `(nil)`).
-    AllocateFailure,
-    /// `free`: a free.
-    Free,
-}
-
-impl Action {
-    /// The action as the log spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Allocate => ALLOCATE,
-            Action::AllocateFailure => ALLOCATE_FAILURE,
-            Action::Free => FREE,
-        }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Action {
-    type Err = String;
-
-    /// Parses `allocate`, `allocate failure` or `free`; the error says what was found.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            ALLOCATE => Ok(Action::Allocate),
-            ALLOCATE_FAILURE => Ok(Action::AllocateFailure),
-            FREE => Ok(Action::Free),
-            other => Err(format!(
-                "Action: `{}` is none of `allocate`, `allocate failure`, `free`",
-                excerpt(other)
-            )),
-        }
-    }
-}
 
 /// One line of an allocation log.
 ///
@@ -97,6 +41,20 @@ pub struct Event {
     pub bytes: usize,
     /// The stream's handle in the logging process (0: the default stream).
     pub stream: u64,
+}
+
+/// A parsed event is an item of a log read as it goes, so that
+/// [`replay`](crate::replay::replay) takes either.
+impl From<Event> for ReplayResult<Event> {
+    fn from(e: Event) -> Self {
+        Ok(e)
+    }
+}
+
+impl From<&Event> for ReplayResult<Event> {
+    fn from(e: &Event) -> Self {
+        Ok(*e)
+    }
 }
 
 /// The longest line the reader takes, line end excluded: an RMM log line is under 120 bytes,
@@ -363,16 +321,6 @@ pub fn parse_log_file(path: impl AsRef<Path>) -> ReplayResult<Vec<Event>> {
 /// ```
 pub fn parse_log_str(text: &str) -> ReplayResult<Vec<Event>> {
     parse_log(text.as_bytes())
-}
-
-/// At most this many characters of a bad field go into an error message.
-const EXCERPT: usize = 40;
-
-fn excerpt(s: &str) -> String {
-    match s.char_indices().nth(EXCERPT) {
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-        None => s.to_owned(),
-    }
 }
 
 fn header(line: &str) -> std::result::Result<Columns, String> {

@@ -1,11 +1,14 @@
-//! The errors of reading an allocation log, apart from the crate's allocation errors.
+//! The errors of reading and replaying an allocation log, apart from the crate's allocation
+//! errors.
 
 use std::io;
 
-/// What can go wrong reading an allocation log ([`EventReader`](super::EventReader),
-/// [`parse_log`](super::parse_log) and friends): a line that is not in RMM's CSV format, or a
-/// failed read. Kept apart from [`Error`](crate::Error), so that callers of `try_allocate` never
-/// match on CSV errors.
+/// What can go wrong reading an allocation log ([`EventReader`](crate::replay::EventReader),
+/// [`parse_log`](crate::replay::parse_log) and friends) and replaying it
+/// ([`replay`](crate::replay::replay), [`scan_log`](crate::replay::scan_log)): a line that is
+/// not in RMM's CSV format, a failed read, an event refused in strict mode, a device error.
+/// Kept apart from [`Error`](crate::Error), so that callers of `try_allocate` never match on
+/// CSV errors.
 ///
 /// # Examples
 ///
@@ -30,7 +33,7 @@ pub enum ReplayError {
     },
     /// An event that cannot be replayed as logged (a free of a pointer that is not live, an
     /// allocation of a pointer that is live, a free with another size), refused in strict mode
-    /// ([`WhatIfOptions::strict`](super::WhatIfOptions::strict)); counted and skipped otherwise.
+    /// ([`ReplayOptions::strict`](crate::replay::ReplayOptions::strict)); counted and skipped otherwise.
     #[error("event log line {line}: {message}")]
     #[non_exhaustive]
     Inconsistent {
@@ -40,7 +43,7 @@ pub enum ReplayError {
         message: String,
     },
     /// The log names more distinct streams than a replay creates
-    /// ([`WhatIfOptions::max_streams`](super::WhatIfOptions::max_streams)): each is a real
+    /// ([`ReplayOptions::max_streams`](crate::replay::ReplayOptions::max_streams)): each is a real
     /// stream (a worker thread on the host backend, a driver stream on CUDA).
     #[error(
         "event log line {line}: more than {limit} distinct streams (each logged stream is \
@@ -61,7 +64,7 @@ pub enum ReplayError {
         /// The line being replayed (0: before the first event, or after the last).
         line: usize,
         /// The error.
-        error: crate::Error,
+        error: crate::error::Error,
     },
     /// Opening or reading the log failed.
     #[error("{context}: {message}")]

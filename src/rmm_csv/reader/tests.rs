@@ -4,8 +4,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use proptest::prelude::*;
 
 use super::*;
-use crate::adaptor::logging::{CPointer, StreamHandle, TimeOfDay, LOG_HEADER};
-use crate::replay::ReplayError;
+use crate::rmm_csv::{CPointer, ReplayError, StreamHandle, TimeOfDay, LOG_HEADER};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 

@@ -1,13 +1,14 @@
 //! The what-if replay on bad input (counted skips, or typed errors with the line in strict
 //! mode; never a panic, never a hang), its figures, and RMM compatibility of our logs.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
-use super::*;
-use crate::replay::LOG_HEADER;
+use crate::device::Device;
+use crate::replay::*;
+use crate::resource::MemoryResource;
+use crate::stream::Stream;
+use crate::test_support::SharedWriter;
 use crate::{
     ArenaResource, BinningResource, CudaAsyncResource, CudaResource, FixedSizeResource,
     LimitingAdaptor, LoggingAdaptor, MappedPoolResource, PoolResource, SharedResource,
@@ -26,10 +27,10 @@ fn log(rows: &[&str]) -> String {
     s
 }
 
-fn strict() -> WhatIfOptions {
-    WhatIfOptions {
+fn strict() -> ReplayOptions {
+    ReplayOptions {
         strict: true,
-        ..WhatIfOptions::default()
+        ..ReplayOptions::default()
     }
 }
 
@@ -37,9 +38,9 @@ fn run(
     text: &str,
     mr: &dyn MemoryResource,
     device: &Device,
-    o: &WhatIfOptions,
-) -> ReplayResult<WhatIf> {
-    replay_log(reader(text), mr, device, o, &mut |_| {})
+    o: &ReplayOptions,
+) -> ReplayResult<ReplayReport> {
+    replay(reader(text), mr, device, o)
 }
 
 fn error_line(e: &ReplayError) -> usize {
@@ -63,7 +64,7 @@ fn inconsistent_events_are_counted_or_refused_with_their_line() {
     ]);
     let device = Device::host();
     let mr = CudaResource::new(&device).unwrap();
-    let w = run(&text, &mr, &device, &WhatIfOptions::default()).unwrap();
+    let w = run(&text, &mr, &device, &ReplayOptions::default()).unwrap();
     assert_eq!(
         (
             w.skipped.unknown_pointer,
@@ -72,13 +73,13 @@ fn inconsistent_events_are_counted_or_refused_with_their_line() {
         ),
         (1, 1, 1)
     );
-    let lines: Vec<usize> = w.failure_samples.iter().map(|f| f.line).collect();
+    let lines: Vec<usize> = w.failures.iter().map(|f| f.line).collect();
     assert_eq!(lines, [3, 4, 5]);
     assert_eq!(
-        (w.allocations, w.frees, w.failures, w.peak_live),
+        (w.allocations, w.frees, w.refused, w.peak_live),
         (1, 1, 0, 256)
     );
-    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(reader(&text), &ReplayOptions::default()).unwrap();
     assert_eq!(s.skipped.total(), 3);
     assert_eq!(
         w.skipped.to_string(),
@@ -133,29 +134,27 @@ fn malformed_lines_are_skipped_or_refused_with_their_line() {
     bytes.extend_from_slice(b"1,00:00:00.000005,free,0x10"); // line 6: truncated
     let device = Device::host();
     let mr = CudaResource::new(&device).unwrap();
-    let w = replay_log(
+    let w = replay(
         EventReader::new(&bytes[..]).unwrap(),
         &mr,
         &device,
-        &WhatIfOptions::default(),
-        &mut |_| {},
+        &ReplayOptions::default(),
     )
     .unwrap();
     assert_eq!(w.skipped.malformed, 4);
-    assert_eq!((w.events, w.allocations, w.unfreed), (1, 1, 1));
+    assert_eq!((w.events, w.allocations, w.unfreed.len()), (1, 1, 1));
     let s = scan_log(
         EventReader::new(&bytes[..]).unwrap(),
-        &WhatIfOptions::default(),
+        &ReplayOptions::default(),
     )
     .unwrap();
     assert_eq!((s.skipped.malformed, s.events, s.lines), (4, 1, 6));
 
-    let e = replay_log(
+    let e = replay(
         EventReader::new(&bytes[..]).unwrap(),
         &mr,
         &device,
         &strict(),
-        &mut |_| {},
     )
     .unwrap_err();
     assert_eq!(error_line(&e), 3, "{e}");
@@ -198,7 +197,7 @@ fn sizes_near_usize_max_are_failures_on_every_resource() {
         &format!("1,00:00:00.000005,free,0x1000,{max},0x5"),
         "1,00:00:00.000006,free,0x4000,256,0x5",
     ]);
-    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(reader(&text), &ReplayOptions::default()).unwrap();
     assert_eq!(s.peak_live, usize::MAX, "saturates");
     let device = Device::host();
     let cuda = || CudaResource::new(&device).unwrap();
@@ -225,13 +224,13 @@ fn sizes_near_usize_max_are_failures_on_every_resource() {
         ),
     ];
     for (name, mr) in resources {
-        let options = WhatIfOptions {
+        let options = ReplayOptions {
             record: true,
             snapshot_line: Some(s.peak_line),
-            ..WhatIfOptions::default()
+            ..ReplayOptions::default()
         };
         let w = run(&text, &*mr, &device, &options).unwrap();
-        assert_eq!((w.failures, w.allocations, w.frees), (3, 1, 1), "{name}");
+        assert_eq!((w.refused, w.allocations, w.frees), (3, 1, 1), "{name}");
         assert_eq!(w.peak_live, 256, "{name}");
         assert_eq!(w.skipped.total(), 0, "{name}: {:?}", w.skipped);
     }
@@ -251,10 +250,10 @@ fn a_refusal_that_cannot_end_is_a_failure_not_a_hang() {
         "2,00:00:00.000005,allocate,0x300000,786432,0x6",
         "2,00:00:00.000006,free,0x300000,786432,0x6",
     ]);
-    let w = run(&text, &mr, &device, &WhatIfOptions::default()).unwrap();
-    assert_eq!((w.failures, w.waits, w.allocations, w.frees), (1, 0, 2, 2));
+    let w = run(&text, &mr, &device, &ReplayOptions::default()).unwrap();
+    assert_eq!((w.refused, w.waits, w.allocations, w.frees), (1, 0, 2, 2));
     assert_eq!(w.skipped.total(), 0);
-    assert_eq!(w.failure_samples[0].line, 3);
+    assert_eq!(w.failures[0].line, 3);
     assert_eq!(w.operations, 2 + 2 + 2, "the refused one was tried twice");
 }
 
@@ -272,8 +271,8 @@ fn failures_kept_are_bounded_and_all_are_counted() {
     let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
     let device = Device::host();
     let mr = CudaResource::new(&device).unwrap();
-    let w = run(&log(&rows), &mr, &device, &WhatIfOptions::default()).unwrap();
-    assert_eq!((w.failures, w.failure_samples.len()), (500, 100));
+    let w = run(&log(&rows), &mr, &device, &ReplayOptions::default()).unwrap();
+    assert_eq!((w.refused, w.failures.len()), (500, 100));
 }
 
 /// Streams past the limit run on one shared stream, counted; strict mode refuses the first
@@ -288,14 +287,14 @@ fn streams_past_the_limit_are_counted_or_refused() {
     ]);
     let device = Device::host();
     let mr = CudaResource::new(&device).unwrap();
-    let two = WhatIfOptions {
+    let two = ReplayOptions {
         max_streams: 2,
-        ..WhatIfOptions::default()
+        ..ReplayOptions::default()
     };
     let w = run(&text, &mr, &device, &two).unwrap();
     assert_eq!((w.streams, w.skipped.streams_over_limit), (2, 2));
-    assert_eq!((w.allocations, w.frees, w.unfreed), (3, 3, 2));
-    let strict_two = WhatIfOptions {
+    assert_eq!((w.allocations, w.frees, w.unfreed.len()), (3, 3, 2));
+    let strict_two = ReplayOptions {
         strict: true,
         ..two
     };
@@ -318,20 +317,20 @@ fn the_peak_is_found_and_recorded() {
         "2,10:00:00.000004,allocate,0x3000,500,0x5560f4acda50",
         "2,10:00:00.000005,free,0x2000,3000,0x5560f4acda50",
     ]);
-    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(reader(&text), &ReplayOptions::default()).unwrap();
     assert_eq!(
         (s.peak_live, s.peak_line, s.streams, s.threads),
         (4000, 3, 2, 2)
     );
     let device = Device::host();
     let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
-    let options = WhatIfOptions {
+    let options = ReplayOptions {
         record: true,
         snapshot_line: Some(s.peak_line),
-        ..WhatIfOptions::default()
+        ..ReplayOptions::default()
     };
     let w = run(&text, &pool, &device, &options).unwrap();
-    assert_eq!((w.peak_live, w.unfreed), (4000, 1));
+    assert_eq!((w.peak_live, w.unfreed.len()), (4000, 1));
     assert!(w.peak_reserved >= 4000, "{}", w.peak_reserved);
     if let Some(snap) = &w.peak_snapshot {
         assert_eq!(snap.live_bytes(), 4096, "rounded to 256 B: 1024 + 3072");
@@ -354,20 +353,9 @@ fn the_peak_is_found_and_recorded() {
 /// `(nil)`, Time as `HH:MM:SS.micros`, Action one of three words.
 #[test]
 fn our_default_stream_logs_are_what_rmm_parses() {
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-    impl Write for Shared {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
     let device = Device::host();
     let stream = Stream::new(&device).unwrap();
-    let out = Shared::default();
+    let out = SharedWriter::default();
     let limited = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 1 << 20);
     let mr = LoggingAdaptor::builder()
         .streams_as_default(true)
@@ -382,7 +370,7 @@ fn our_default_stream_logs_are_what_rmm_parses() {
         mr.deallocate(z, 0, &stream);
     }
     mr.flush().unwrap();
-    let text = String::from_utf8(out.0.lock().clone()).unwrap();
+    let text = out.text();
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("Thread,Time,Action,Pointer,Size,Stream"));
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
@@ -463,24 +451,17 @@ fn ten_million_rows_stream_through() {
             pending: Vec::new(),
         })
     };
-    let s = scan_log(EventReader::new(gen()).unwrap(), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(EventReader::new(gen()).unwrap(), &ReplayOptions::default()).unwrap();
     assert_eq!((s.events, s.streams, s.skipped.total()), (rows, 3, 0));
     let device = Device::host();
     let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
-    let options = WhatIfOptions {
+    let options = ReplayOptions {
         record: true,
         snapshot_line: Some(s.peak_line),
         ..Default::default()
     };
-    let w = replay_log(
-        EventReader::new(gen()).unwrap(),
-        &pool,
-        &device,
-        &options,
-        &mut |_| {},
-    )
-    .unwrap();
-    assert_eq!((w.events, w.failures, w.frees), (rows, 0, rows / 2));
+    let w = replay(EventReader::new(gen()).unwrap(), &pool, &device, &options).unwrap();
+    assert_eq!((w.events, w.refused, w.frees), (rows, 0, rows / 2));
     assert_eq!(w.peak_live, s.peak_live);
 }
 
@@ -494,11 +475,11 @@ fn a_long_line_is_a_counted_malformed_line_or_refused() {
         &long,
         "1,00:00:00.000002,free,0x1000,256,0x5",
     ]);
-    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(reader(&text), &ReplayOptions::default()).unwrap();
     assert_eq!((s.events, s.skipped.malformed, s.lines), (2, 1, 4));
     let device = Device::host();
     let mr = CudaResource::new(&device).unwrap();
-    let w = run(&text, &mr, &device, &WhatIfOptions::default()).unwrap();
+    let w = run(&text, &mr, &device, &ReplayOptions::default()).unwrap();
     assert_eq!((w.allocations, w.frees, w.skipped.malformed), (1, 1, 1));
     let e = scan_log(reader(&text), &strict()).unwrap_err();
     assert_eq!(error_line(&e), 3);
@@ -513,11 +494,11 @@ fn threads_and_streams_are_counted_exactly() {
         .map(|i| format!("{i},00:00:00.000001,allocate failure,(nil),256,{i:#x}"))
         .collect();
     let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
-    let s = scan_log(reader(&log(&rows)), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(reader(&log(&rows)), &ReplayOptions::default()).unwrap();
     assert_eq!((s.threads, s.streams), (5000, 5000));
-    let one = WhatIfOptions {
+    let one = ReplayOptions {
         max_streams: 1,
-        ..WhatIfOptions::default()
+        ..ReplayOptions::default()
     };
     let s = scan_log(reader(&log(&rows[..10])), &one).unwrap();
     assert_eq!((s.threads, s.streams), (10, 10));
@@ -533,10 +514,10 @@ fn null_allocations_count_the_same_in_the_scan_and_the_replay() {
         "1,00:00:00.000003,free,(nil),1000,0",
         "1,00:00:00.000004,free,0x2000,500,0",
     ]);
-    let s = scan_log(reader(&text), &WhatIfOptions::default()).unwrap();
+    let s = scan_log(reader(&text), &ReplayOptions::default()).unwrap();
     let device = Device::host();
     let mr = CudaResource::new(&device).unwrap();
-    let w = run(&text, &mr, &device, &WhatIfOptions::default()).unwrap();
+    let w = run(&text, &mr, &device, &ReplayOptions::default()).unwrap();
     assert_eq!((s.peak_live, s.peak_line), (1500, 3));
-    assert_eq!((w.peak_live, w.unfreed), (1500, 0));
+    assert_eq!((w.peak_live, w.unfreed.len()), (1500, 0));
 }
