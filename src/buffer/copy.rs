@@ -1,8 +1,6 @@
 //! Work on a buffer's bytes: fills, copies (device to device, to and from the host, deep
 //! clones) and prefetches, each ordered after the uses it must follow.
 
-use bytemuck::Pod;
-
 use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
@@ -152,7 +150,7 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host<B: HostBuffer>(&self, host: B) -> CopyToHost<B> {
+    pub fn copy_to_host<B: HostBuffer<Elem = u8>>(&self, host: B) -> CopyToHost<B> {
         let mut uses = self.uses.lock();
         let owner = match uses.ready() {
             Ok(owner) => owner,
@@ -196,10 +194,22 @@ impl DeviceBuffer {
     /// let host = buf.copy_from_host(vec![7u8, 8, 9]).await?;
     /// assert_eq!(host, [7, 8, 9]);
     /// assert!(buf.copy_from_host(vec![0u8; 4]).await.is_err()); // too long
+    /// buf.copy_from_host(vec![0; 3]).await?;                    // an untyped literal is bytes
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_from_host<B: HostBuffer>(&mut self, host: B) -> CopyFromHost<B> {
+    ///
+    /// A buffer's copies are bytes: typed host data goes through a
+    /// [`DeviceVec<T>`](crate::DeviceVec), or [`bytemuck::cast_slice`] to bytes.
+    ///
+    /// ```compile_fail
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device).unwrap();
+    /// let mut buf = DeviceBuffer::try_new(8, &stream, CudaResource::new(&device).unwrap()).unwrap();
+    /// let _ = buf.copy_from_host(vec![0i32; 2]); // refused: not bytes
+    /// ```
+    pub fn copy_from_host<B: HostBuffer<Elem = u8>>(&mut self, host: B) -> CopyFromHost<B> {
         let mut uses = self.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromHost::failed(e);
@@ -241,15 +251,15 @@ impl DeviceBuffer {
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(0)?;
-    /// let mut out = [1u16; 5];
+    /// let mut out = [1u8; 10];
     /// buf.copy_to_host_slice(&mut out).await?;
-    /// assert_eq!(out, [0, 0, 0, 0, 1]);             // 8 bytes: 4 elements
+    /// assert_eq!(out, [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]); // 8 bytes; the rest is untouched
     /// let e = buf.copy_to_host_slice(&mut [0u8; 7]).await.unwrap_err();
     /// assert!(matches!(e, Error::LengthMismatch { device_len: 8, host_len: 7, .. }));
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host_slice<'a, T: Pod>(&self, dst: &'a mut [T]) -> CopyToSlice<'a> {
+    pub fn copy_to_host_slice<'a>(&self, dst: &'a mut [u8]) -> CopyToSlice<'a> {
         let mut uses = self.uses.lock();
         let owner = match uses.ready() {
             Ok(owner) => owner,
@@ -288,13 +298,13 @@ impl DeviceBuffer {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
-    /// buf.copy_from_host_slice(&[0.25f64]).await?;
-    /// assert_eq!(buf.copy_to_host(vec![0f64; 1]).await?, [0.25]);
+    /// buf.copy_from_host_slice(&0.25f64.to_ne_bytes()).await?;
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 8]).await?, 0.25f64.to_ne_bytes());
     /// assert!(buf.copy_from_host_slice(&[0u8; 9]).await.is_err()); // too long
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_from_host_slice<T: Pod>(&mut self, src: &[T]) -> CopyFromSlice {
+    pub fn copy_from_host_slice(&mut self, src: &[u8]) -> CopyFromSlice {
         let mut uses = self.uses.get_mut();
         if let Err(e) = uses.order_owner_after_readers() {
             return CopyFromSlice::failed(e);

@@ -80,16 +80,19 @@ pub(super) mod sealed {
 /// # Examples
 ///
 /// ```
-/// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+/// use streamalloc::{CudaResource, Device, DeviceBuffer, DeviceVec, Stream};
 ///
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)?).await?;
+/// let mut v = DeviceVec::<f32>::new(4, &stream, CudaResource::new(&device)?).await?;
 /// let boxed: Box<[f32]> = vec![1.0, 2.0, 3.0, 4.0].into_boxed_slice();
-/// let boxed = buf.copy_from_host(boxed).await?;      // handed back when the copy is done
-/// let back = buf.copy_to_host(vec![0f32; 4]).await?; // 16 bytes, read as 4 floats
+/// let boxed = v.copy_from_host(boxed).await?;        // handed back when the copy is done
+/// let back = v.copy_to_host(vec![0f32; 4]).await?;
 /// assert_eq!(&back[..], &boxed[..]);
+/// let buf: DeviceBuffer = v.into();                  // a buffer's copies are bytes
+/// let bytes = buf.copy_to_host(vec![0u8; 16]).await?;
+/// assert_eq!(bytes, bytemuck::cast_slice::<f32, u8>(&boxed));
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```

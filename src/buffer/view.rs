@@ -256,7 +256,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host<B: HostBuffer>(&self, host: B) -> CopyToHost<B> {
+    pub fn copy_to_host<B: HostBuffer<Elem = u8>>(&self, host: B) -> CopyToHost<B> {
         let ptr = self.buf.ptr.offset(self.offset);
         let mut uses = self.buf.uses.lock();
         let owner = match uses.ready() {

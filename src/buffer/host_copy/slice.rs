@@ -38,11 +38,11 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
-/// buf.copy_from_host_slice(&[1.5f32, -2.0]).await?;
-/// let mut out = [0f32; 2];
+/// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
+/// buf.copy_from_host_slice(&[1, 2, 3, 4]).await?;
+/// let mut out = [0u8; 4];
 /// buf.copy_to_host_slice(&mut out).await?;
-/// assert_eq!(out, [1.5, -2.0]);
+/// assert_eq!(out, [1, 2, 3, 4]);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -65,14 +65,13 @@ impl<'a> CopyToSlice<'a> {
     /// # Safety
     /// As [`CopyToHost::start`]: `src..src + bytes` is device memory that is freed, and written
     /// by other streams, only after work on `stream` enqueued now has completed.
-    pub(crate) unsafe fn start<T: Pod>(
+    pub(crate) unsafe fn start(
         call: &'static str,
         stream: &Stream,
         src: DevicePtr,
         bytes: usize,
-        dst: &'a mut [T],
+        dst: &'a mut [u8],
     ) -> Self {
-        let dst: &'a mut [u8] = bytemuck::cast_slice_mut(dst);
         if dst.len() < bytes {
             return Self::failed(Error::LengthMismatch {
                 call,
@@ -110,8 +109,12 @@ impl<'a> CopyToSlice<'a> {
                 unit: "elements",
             });
         }
+        let (bytes, dst) = (
+            len * std::mem::size_of::<T>(),
+            bytemuck::cast_slice_mut(dst),
+        );
         // SAFETY: forwarded from the caller.
-        unsafe { Self::start(call, stream, src, len * std::mem::size_of::<T>(), dst) }
+        unsafe { Self::start(call, stream, src, bytes, dst) }
     }
 
     /// A future that resolves to `error`; nothing was enqueued.
@@ -170,12 +173,12 @@ impl fmt::Debug for CopyToSlice<'_> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
-/// let mut data = vec![7u32, 9];
+/// let mut buf = DeviceBuffer::new(2, &stream, CudaResource::new(&device)?).await?;
+/// let mut data = vec![7u8, 9];
 /// let copy = buf.copy_from_host_slice(&data);
 /// data[0] = 0;                               // the copy took the bytes already
 /// copy.await?;
-/// assert_eq!(buf.copy_to_host(vec![0u32; 2]).await?, [7, 9]);
+/// assert_eq!(buf.copy_to_host(vec![0u8; 2]).await?, [7, 9]);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -196,14 +199,13 @@ impl CopyFromSlice {
     /// # Safety
     /// As [`CopyFromHost::start`]: `dst..dst + capacity` is device memory that is freed, read
     /// or written by other streams only after work on `stream` enqueued now has completed.
-    pub(crate) unsafe fn start<T: Pod>(
+    pub(crate) unsafe fn start(
         call: &'static str,
         stream: &Stream,
         dst: DevicePtr,
         capacity: usize,
-        src: &[T],
+        src: &[u8],
     ) -> Self {
-        let src: &[u8] = bytemuck::cast_slice(src);
         if src.len() > capacity {
             return Self::failed(Error::LengthMismatch {
                 call,
@@ -239,8 +241,12 @@ impl CopyFromSlice {
                 unit: "elements",
             });
         }
+        let (bytes, src) = (
+            capacity * std::mem::size_of::<T>(),
+            bytemuck::cast_slice(src),
+        );
         // SAFETY: forwarded from the caller.
-        unsafe { Self::start(call, stream, dst, capacity * std::mem::size_of::<T>(), src) }
+        unsafe { Self::start(call, stream, dst, bytes, src) }
     }
 
     /// A future that resolves to `error`; nothing was enqueued.

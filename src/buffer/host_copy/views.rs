@@ -30,14 +30,15 @@ impl<'a> BufferView<'a> {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(1 << 20, &stream, CudaResource::new(&device)?).await?;
-    /// buf.copy_from_host_slice(&[1u32, 2, 3, 4]).await?;
+    /// buf.copy_from_host_slice(bytemuck::cast_slice(&[1u32, 2, 3, 4])).await?; // bytes of u32s
     /// let mut middle = [0u32; 2];
-    /// buf.slice(4..12)?.copy_to_host_slice(&mut middle).await?; // 8 bytes, not 1 MiB
+    /// let view = buf.slice(4..12)?;                                   // 8 bytes, not 1 MiB
+    /// view.copy_to_host_slice(bytemuck::cast_slice_mut(&mut middle)).await?;
     /// assert_eq!(middle, [2, 3]);
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host_slice<'h, T: Pod>(&self, dst: &'h mut [T]) -> CopyToSlice<'h> {
+    pub fn copy_to_host_slice<'h>(&self, dst: &'h mut [u8]) -> CopyToSlice<'h> {
         let ptr = self.buffer().ptr.offset(self.offset());
         let mut uses = self.buffer().uses.lock();
         let owner = match uses.ready() {
