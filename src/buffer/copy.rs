@@ -1,6 +1,7 @@
 //! Work on a buffer's bytes: fills, copies (device to device, to and from the host, deep
 //! clones) and prefetches, each ordered after the uses it must follow.
 
+use super::host_copy::{EnqueuedCopy, Unit};
 use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
@@ -161,7 +162,7 @@ impl DeviceBuffer {
         // owner, or on a later owner that waits for the old owner's work); the owner's own
         // later writes are stream-ordered after it, and its earlier owners' writes before it
         // (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start(owner, self.ptr, self.len, host) };
+        let copy = unsafe { CopyToHost::start(Unit::Bytes, owner, self.ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }
@@ -218,7 +219,8 @@ impl DeviceBuffer {
         // other streams only after a point of the owner that follows this copy (the free is on
         // the owner or a later owner that waits for this one; other streams read it only after
         // a `read_on` that waits for the owner); every recorded read is ordered before it.
-        let copy = unsafe { CopyFromHost::start(uses.owner(), self.ptr, self.len, host) };
+        let copy =
+            unsafe { CopyFromHost::start(Unit::Bytes, uses.owner(), self.ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }
@@ -267,8 +269,7 @@ impl DeviceBuffer {
         };
         // SAFETY: as in `copy_to_host`: the range lies in the allocation, which is freed, and
         // written by other streams, only after a point of the owner that follows this copy.
-        let copy =
-            unsafe { CopyToSlice::start("copy_to_host_slice", owner, self.ptr, self.len, dst) };
+        let copy = unsafe { CopyToSlice::start(Unit::Bytes, owner, self.ptr, self.len, dst) };
         uses.used_until(copy.done_event());
         copy
     }
@@ -312,15 +313,8 @@ impl DeviceBuffer {
         // SAFETY: as in `copy_from_host`: the range lies in the allocation, which is freed, read
         // or written by other streams only after a point of the owner that follows this copy;
         // every recorded read is ordered before it.
-        let copy = unsafe {
-            CopyFromSlice::start(
-                "copy_from_host_slice",
-                uses.owner(),
-                self.ptr,
-                self.len,
-                src,
-            )
-        };
+        let copy =
+            unsafe { CopyFromSlice::start(Unit::Bytes, uses.owner(), self.ptr, self.len, src) };
         uses.used_until(copy.done_event());
         copy
     }

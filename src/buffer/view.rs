@@ -3,6 +3,7 @@
 use std::fmt;
 use std::ops::{Bound, Range, RangeBounds};
 
+use super::host_copy::{EnqueuedCopy, Unit};
 use super::{CopyToHost, DeviceBuffer, HostBuffer};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -268,7 +269,7 @@ impl<'a> BufferView<'a> {
         // follows this copy (the free is on the owner or on a later owner that waits for this
         // one); the owner's own later writes are stream-ordered after it, its earlier owners'
         // before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start(owner, ptr, self.len, host) };
+        let copy = unsafe { CopyToHost::start(Unit::Bytes, owner, ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }

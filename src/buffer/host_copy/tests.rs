@@ -304,7 +304,7 @@ fn a_failed_copy_to_host_slice_leaves_the_slice_alone() {
 /// The typed starts that containers use: lengths and errors in elements.
 #[test]
 fn typed_starts_count_elements() {
-    use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice};
+    use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, Unit};
 
     let (_device, stream, buf) = setup(CompletionStrategy::Poller);
     // 16 f32 in 64 bytes. Every start below is sound: `buf` holds 64 bytes at `ptr`, is
@@ -312,18 +312,18 @@ fn typed_starts_count_elements() {
     let (ptr, n) = (buf.ptr(), 16);
     let sent: Vec<f32> = (0..n).map(|i| i as f32).collect();
     // SAFETY: as above.
-    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, sent) };
+    let copy = unsafe { CopyFromHost::start(Unit::Elements, &stream, ptr, n, sent) };
     let sent = block_on(copy).unwrap();
     // SAFETY: as above.
-    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; n]) };
+    let copy = unsafe { CopyToHost::start(Unit::Elements, &stream, ptr, n, vec![0f32; n]) };
     assert_eq!(block_on(copy).unwrap(), sent);
     let mut out = [0f32; 16];
     // SAFETY: as above.
-    let copy = unsafe { CopyToSlice::start_elems("test_to_slice", &stream, ptr, n, &mut out) };
+    let copy = unsafe { CopyToSlice::start(Unit::Elements, &stream, ptr, n, &mut out) };
     block_on(copy).unwrap();
     assert_eq!(&out[..], &sent[..]);
     // SAFETY: as above.
-    let copy = unsafe { CopyFromSlice::start_elems("test_from_slice", &stream, ptr, n, &[9f32]) };
+    let copy = unsafe { CopyFromSlice::start(Unit::Elements, &stream, ptr, n, &[9f32]) };
     block_on(copy).unwrap();
 
     let mismatch = |call, device_len, host_len| Error::LengthMismatch {
@@ -333,18 +333,30 @@ fn typed_starts_count_elements() {
         unit: "elements",
     };
     // SAFETY: as above.
-    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; 15]) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_to", 16, 15));
+    let copy = unsafe { CopyToHost::start(Unit::Elements, &stream, ptr, n, vec![0f32; 15]) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_to_host", 16, 15)
+    );
     // SAFETY: as above.
-    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, vec![0f32; 17]) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_from", 16, 17));
+    let copy = unsafe { CopyFromHost::start(Unit::Elements, &stream, ptr, n, vec![0f32; 17]) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_from_host", 16, 17)
+    );
     let mut short = [0f32; 3];
     // SAFETY: as above.
-    let copy = unsafe { CopyToSlice::start_elems("ts", &stream, ptr, n, &mut short) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("ts", 16, 3));
+    let copy = unsafe { CopyToSlice::start(Unit::Elements, &stream, ptr, n, &mut short) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_to_host_slice", 16, 3)
+    );
     // SAFETY: as above.
-    let copy = unsafe { CopyFromSlice::start_elems("fs", &stream, ptr, 2, &[0f32; 3]) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("fs", 2, 3));
+    let copy = unsafe { CopyFromSlice::start(Unit::Elements, &stream, ptr, 2, &[0f32; 3]) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_from_host_slice", 2, 3)
+    );
     let floats = DeviceVec::<f32>::from_buffer(buf).unwrap();
     assert_eq!(block_on(floats.to_vec()).unwrap()[..2], [9.0, 1.0]);
 }

@@ -3,7 +3,7 @@
 
 use bytemuck::Pod;
 
-use super::CopyToSlice;
+use super::{CopyToSlice, EnqueuedCopy, Unit};
 use crate::buffer::{BufferView, VecViewMut};
 
 impl<'a> BufferView<'a> {
@@ -49,7 +49,7 @@ impl<'a> BufferView<'a> {
         // memory is freed, and written by other streams, only after a point of the owner that
         // follows this copy; the owner's own later writes are stream-ordered after it, its
         // earlier owners' before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToSlice::start("copy_to_host_slice", owner, ptr, self.len(), dst) };
+        let copy = unsafe { CopyToSlice::start(Unit::Bytes, owner, ptr, self.len(), dst) };
         uses.used_until(copy.done_event());
         copy
     }

@@ -8,6 +8,7 @@ use std::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
+use crate::buffer::host_copy::{EnqueuedCopy, Unit};
 use crate::buffer::view::checked_range;
 use crate::buffer::{
     CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer,
@@ -240,7 +241,7 @@ impl<'a, T: Pod> VecView<'a, T> {
         // the owner that follows this copy (the free is on the owner or on a later owner that
         // waits for this one); the owner's own later writes are stream-ordered after it, its
         // earlier owners' before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start_elems("copy_to_host", owner, ptr, self.len, host) };
+        let copy = unsafe { CopyToHost::start(Unit::Elements, owner, ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }
@@ -279,8 +280,7 @@ impl<'a, T: Pod> VecView<'a, T> {
             Err(e) => return CopyToSlice::failed(e),
         };
         // SAFETY: as in `copy_to_host`.
-        let copy =
-            unsafe { CopyToSlice::start_elems("copy_to_host_slice", owner, ptr, self.len, host) };
+        let copy = unsafe { CopyToSlice::start(Unit::Elements, owner, ptr, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }
@@ -609,9 +609,8 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
         // of the owner that follows this copy (the free is on the owner or a later owner that
         // waits for this one; other streams read it only after a `read_on` that waits for the
         // owner); every recorded read is ordered before it (just above).
-        let copy = unsafe {
-            CopyFromHost::start_elems("copy_from_host", uses.owner(), dst, self.len, host)
-        };
+        let copy =
+            unsafe { CopyFromHost::start(Unit::Elements, uses.owner(), dst, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }
@@ -648,9 +647,8 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
             return CopyFromSlice::failed(e);
         }
         // SAFETY: as in `copy_from_host`.
-        let copy = unsafe {
-            CopyFromSlice::start_elems("copy_from_host_slice", uses.owner(), dst, self.len, host)
-        };
+        let copy =
+            unsafe { CopyFromSlice::start(Unit::Elements, uses.owner(), dst, self.len, host) };
         uses.used_until(copy.done_event());
         copy
     }
