@@ -1,7 +1,8 @@
 //! Work on a buffer's bytes: fills, copies (device to device, to and from the host, deep
 //! clones) and prefetches, each ordered after the uses it must follow.
 
-use super::host_copy::{EnqueuedCopy, Unit};
+use super::byte_range::{ByteRange, ByteRangeMut};
+use super::host_copy::Unit;
 use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
@@ -152,19 +153,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host<B: HostBuffer<Elem = u8>>(&self, host: B) -> CopyToHost<B> {
-        let mut uses = self.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToHost::failed(e),
-        };
-        // SAFETY: `ptr..ptr + len` lies in the allocation, which is freed, and written by other
-        // streams, only after a point of the owner that follows this copy (the free is on the
-        // owner, or on a later owner that waits for the old owner's work); the owner's own
-        // later writes are stream-ordered after it, and its earlier owners' writes before it
-        // (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start(Unit::Bytes, owner, self.ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+        ByteRange::whole(self).copy_to_host(Unit::Bytes, host)
     }
 
     /// Copies all of `host` into the start of the buffer, and hands `host` back when done.
@@ -211,18 +200,7 @@ impl DeviceBuffer {
     /// let _ = buf.copy_from_host(vec![0i32; 2]); // refused: not bytes
     /// ```
     pub fn copy_from_host<B: HostBuffer<Elem = u8>>(&mut self, host: B) -> CopyFromHost<B> {
-        let mut uses = self.uses.get_mut();
-        if let Err(e) = uses.order_owner_after_readers() {
-            return CopyFromHost::failed(e);
-        }
-        // SAFETY: `ptr..ptr + len` lies in the allocation, which is freed, read or written by
-        // other streams only after a point of the owner that follows this copy (the free is on
-        // the owner or a later owner that waits for this one; other streams read it only after
-        // a `read_on` that waits for the owner); every recorded read is ordered before it.
-        let copy =
-            unsafe { CopyFromHost::start(Unit::Bytes, uses.owner(), self.ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+        ByteRangeMut::whole(self).copy_from_host(Unit::Bytes, host)
     }
 
     /// Copies the bytes in use into the start of the borrowed slice `dst`, staged through an
@@ -262,16 +240,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host_slice<'a>(&self, dst: &'a mut [u8]) -> CopyToSlice<'a> {
-        let mut uses = self.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToSlice::failed(e),
-        };
-        // SAFETY: as in `copy_to_host`: the range lies in the allocation, which is freed, and
-        // written by other streams, only after a point of the owner that follows this copy.
-        let copy = unsafe { CopyToSlice::start(Unit::Bytes, owner, self.ptr, self.len, dst) };
-        uses.used_until(copy.done_event());
-        copy
+        ByteRange::whole(self).copy_to_host_slice(Unit::Bytes, dst)
     }
 
     /// Copies all of the borrowed slice `src` into the start of the buffer, staged through an
@@ -306,17 +275,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host_slice(&mut self, src: &[u8]) -> CopyFromSlice {
-        let mut uses = self.uses.get_mut();
-        if let Err(e) = uses.order_owner_after_readers() {
-            return CopyFromSlice::failed(e);
-        }
-        // SAFETY: as in `copy_from_host`: the range lies in the allocation, which is freed, read
-        // or written by other streams only after a point of the owner that follows this copy;
-        // every recorded read is ordered before it.
-        let copy =
-            unsafe { CopyFromSlice::start(Unit::Bytes, uses.owner(), self.ptr, self.len, src) };
-        uses.used_until(copy.done_event());
-        copy
+        ByteRangeMut::whole(self).copy_from_host_slice(Unit::Bytes, src)
     }
 
     /// A deep copy owned by `stream`, from the same resource, of exactly

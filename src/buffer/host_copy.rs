@@ -14,7 +14,6 @@ use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};
 
 mod slice;
-mod views;
 
 pub use slice::{CopyFromSlice, CopyToSlice};
 

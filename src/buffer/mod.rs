@@ -9,6 +9,7 @@
 //! bytes ([`copy`]) and changing its size ([`resize`]).
 
 mod alloc;
+mod byte_range;
 mod copy;
 #[cfg(feature = "cuda-driver")]
 mod cudarc;
@@ -16,6 +17,8 @@ mod guard;
 mod handoff;
 mod host_copy;
 mod host_kernel;
+#[cfg(feature = "cuda-driver")]
+mod kernel_read;
 mod peer;
 mod pinned;
 mod resize;
@@ -27,14 +30,14 @@ mod view;
 use std::fmt;
 use std::sync::OnceLock;
 
-#[cfg(feature = "cuda-driver")]
-pub use self::cudarc::KernelRead;
 pub use alloc::NewBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 pub use host_kernel::{
     HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape,
 };
+#[cfg(feature = "cuda-driver")]
+pub use kernel_read::KernelRead;
 pub use pinned::PinnedHostVec;
 pub use scalar::DeviceScalar;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};

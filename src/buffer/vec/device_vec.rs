@@ -9,7 +9,7 @@ use std::ops::RangeBounds;
 use bytemuck::Pod;
 
 use super::view::{VecView, VecViewMut};
-use crate::buffer::view::checked_range;
+use crate::buffer::byte_range::checked_range;
 use crate::buffer::{
     CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer, ReadGuard,
 };
