@@ -12,10 +12,10 @@ use std::ops::{Bound, Range, RangeBounds};
 
 use bytemuck::Pod;
 
+use super::device_buffer::DeviceBuffer;
 use super::host_copy::{
     CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, EnqueuedCopy, HostBuffer, Unit,
 };
-use super::DeviceBuffer;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::DevicePtr;

@@ -2,8 +2,9 @@
 //! clones) and prefetches, each ordered after the uses it must follow.
 
 use super::byte_range::{ByteRange, ByteRangeMut};
+use super::device_buffer::DeviceBuffer;
 use super::host_copy::Unit;
-use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
+use super::host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
 use crate::resource::check_stream;

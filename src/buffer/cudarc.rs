@@ -12,7 +12,10 @@ use cudarc::driver::{
 use bytemuck::Pod;
 
 use super::byte_range::{ByteRange, ByteRangeMut};
-use super::{DeviceBuffer, DeviceScalar, DeviceVec, ReadGuard, VecView, VecViewMut};
+use super::device_buffer::DeviceBuffer;
+use super::guard::ReadGuard;
+use super::scalar::DeviceScalar;
+use super::vec::{DeviceVec, VecView, VecViewMut};
 use crate::device::cudarc::driver_error;
 use crate::device::Device;
 use crate::error::{Error, Result};

@@ -27,7 +27,9 @@ use std::panic::{self, AssertUnwindSafe};
 use bytemuck::Pod;
 
 use super::byte_range::{elements, ByteRange, ByteRangeMut};
-use super::{BufferView, DeviceBuffer, DeviceVec, VecView, VecViewMut};
+use super::device_buffer::DeviceBuffer;
+use super::vec::{DeviceVec, VecView, VecViewMut};
+use super::view::BufferView;
 use crate::backend::panic_message;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;

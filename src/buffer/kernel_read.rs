@@ -8,7 +8,9 @@ use bytemuck::Pod;
 use cudarc::driver::{LaunchArgs, PushKernelArg};
 
 use super::byte_range::ByteRange;
-use super::{DeviceBuffer, DeviceScalar, DeviceVec, VecView, VecViewMut};
+use super::device_buffer::DeviceBuffer;
+use super::scalar::DeviceScalar;
+use super::vec::{DeviceVec, VecView, VecViewMut};
 use crate::error::Result;
 use crate::resource::DevicePtr;
 use crate::stream::Stream;

@@ -5,8 +5,9 @@ use std::fmt;
 use std::ops::RangeBounds;
 
 use super::byte_range::{checked_range, ByteRange};
+use super::device_buffer::DeviceBuffer;
 use super::host_copy::Unit;
-use super::{CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
+use super::host_copy::{CopyToHost, CopyToSlice, HostBuffer};
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::DevicePtr;

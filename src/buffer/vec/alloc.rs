@@ -13,7 +13,8 @@ use bytemuck::Pod;
 
 use super::device_vec::DeviceVec;
 use crate::buffer::alloc::{shared_for, NewBuffer};
-use crate::buffer::{DeviceBuffer, HostBuffer};
+use crate::buffer::device_buffer::DeviceBuffer;
+use crate::buffer::host_copy::HostBuffer;
 use crate::error::{Error, Result};
 use crate::resource::{into_shared, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
 use crate::stream::Stream;

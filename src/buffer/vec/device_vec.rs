@@ -10,9 +10,9 @@ use bytemuck::Pod;
 
 use super::view::{VecView, VecViewMut};
 use crate::buffer::byte_range::checked_range;
-use crate::buffer::{
-    CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer, ReadGuard,
-};
+use crate::buffer::device_buffer::DeviceBuffer;
+use crate::buffer::guard::ReadGuard;
+use crate::buffer::host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{DevicePtr, SharedResource};

@@ -9,10 +9,9 @@ use std::ops::{Range, RangeBounds};
 use bytemuck::Pod;
 
 use crate::buffer::byte_range::{checked_range, ByteRange, ByteRangeMut};
+use crate::buffer::device_buffer::DeviceBuffer;
 use crate::buffer::host_copy::Unit;
-use crate::buffer::{
-    CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer,
-};
+use crate::buffer::host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::DevicePtr;
