@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 
 use bytemuck::Pod;
 
-use super::{CopyFromHost, CopyToHost, EnqueuedCopy, Unit};
+use super::owned::{CopyFromHost, CopyToHost, EnqueuedCopy, Unit};
 use crate::error::{Error, Result};
 use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};

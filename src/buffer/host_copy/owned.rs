@@ -1,4 +1,5 @@
-//! Host↔device copies that own their host buffer until the device is done with it.
+//! Host↔device copies that own their host buffer until the device is done with it: the
+//! host buffers they take, the transfer that holds one, and the two futures.
 
 use std::fmt;
 use std::future::Future;
@@ -13,11 +14,7 @@ use crate::error::{Error, Result};
 use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};
 
-mod slice;
-
-pub use slice::{CopyFromSlice, CopyToSlice};
-
-pub(super) mod sealed {
+pub(in crate::buffer) mod sealed {
     use crate::stream::Stream;
 
     /// Takes an owned host buffer apart and puts it back together. Private: only the types
@@ -501,7 +498,7 @@ macro_rules! transfer_future {
     };
 }
 
-/// The future of [`DeviceBuffer::copy_to_host`](super::DeviceBuffer::copy_to_host): resolves to
+/// The future of [`DeviceBuffer::copy_to_host`](crate::DeviceBuffer::copy_to_host): resolves to
 /// the host buffer, its first `len()` bytes filled from the device buffer, once the copy has
 /// completed.
 ///
@@ -588,7 +585,7 @@ impl<B: HostBuffer> CopyToHost<B> {
 
 transfer_future!(CopyToHost);
 
-/// The future of [`DeviceBuffer::copy_from_host`](super::DeviceBuffer::copy_from_host):
+/// The future of [`DeviceBuffer::copy_from_host`](crate::DeviceBuffer::copy_from_host):
 /// resolves to the host buffer, unchanged, once its bytes have been copied to the device.
 ///
 /// The copy is enqueued on the buffer's owning stream when `copy_from_host` is called, not at
@@ -671,6 +668,3 @@ impl<B: HostBuffer> CopyFromHost<B> {
 }
 
 transfer_future!(CopyFromHost);
-
-#[cfg(test)]
-mod tests;
