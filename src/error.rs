@@ -98,7 +98,7 @@ pub enum Error {
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
     /// let buf = DeviceBuffer::new(100, &stream, CudaResource::new(&device)?).await?;
-    /// let e = buf.copy_to_host(vec![0f32; 24]).await.unwrap_err(); // 96 bytes < 100
+    /// let e = buf.copy_to_host(vec![0u8; 96]).await.unwrap_err(); // 96 bytes < 100
     /// assert!(matches!(e, Error::LengthMismatch { device_len: 100, host_len: 96, .. }), "{e}");
     /// # Ok::<(), Error>(())
     /// # }).unwrap();

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
+use super::device_buffer::DeviceBuffer;
 use super::uses::Uses;
-use super::DeviceBuffer;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::{

@@ -1,9 +1,10 @@
 //! Work on a buffer's bytes: fills, copies (device to device, to and from the host, deep
 //! clones) and prefetches, each ordered after the uses it must follow.
 
-use bytemuck::Pod;
-
-use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer};
+use super::byte_range::{ByteRange, ByteRangeMut};
+use super::device_buffer::DeviceBuffer;
+use super::host_copy::Unit;
+use super::host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
 use crate::resource::check_stream;
@@ -152,20 +153,8 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host<B: HostBuffer>(&self, host: B) -> CopyToHost<B> {
-        let mut uses = self.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToHost::failed(e),
-        };
-        // SAFETY: `ptr..ptr + len` lies in the allocation, which is freed, and written by other
-        // streams, only after a point of the owner that follows this copy (the free is on the
-        // owner, or on a later owner that waits for the old owner's work); the owner's own
-        // later writes are stream-ordered after it, and its earlier owners' writes before it
-        // (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start(owner, self.ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+    pub fn copy_to_host<B: HostBuffer<Elem = u8>>(&self, host: B) -> CopyToHost<B> {
+        ByteRange::whole(self).copy_to_host(Unit::Bytes, host)
     }
 
     /// Copies all of `host` into the start of the buffer, and hands `host` back when done.
@@ -196,21 +185,23 @@ impl DeviceBuffer {
     /// let host = buf.copy_from_host(vec![7u8, 8, 9]).await?;
     /// assert_eq!(host, [7, 8, 9]);
     /// assert!(buf.copy_from_host(vec![0u8; 4]).await.is_err()); // too long
+    /// buf.copy_from_host(vec![0; 3]).await?;                    // an untyped literal is bytes
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_from_host<B: HostBuffer>(&mut self, host: B) -> CopyFromHost<B> {
-        let mut uses = self.uses.get_mut();
-        if let Err(e) = uses.order_owner_after_readers() {
-            return CopyFromHost::failed(e);
-        }
-        // SAFETY: `ptr..ptr + len` lies in the allocation, which is freed, read or written by
-        // other streams only after a point of the owner that follows this copy (the free is on
-        // the owner or a later owner that waits for this one; other streams read it only after
-        // a `read_on` that waits for the owner); every recorded read is ordered before it.
-        let copy = unsafe { CopyFromHost::start(uses.owner(), self.ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+    ///
+    /// A buffer's copies are bytes: typed host data goes through a
+    /// [`DeviceVec<T>`](crate::DeviceVec), or [`bytemuck::cast_slice`] to bytes.
+    ///
+    /// ```compile_fail
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device).unwrap();
+    /// let mut buf = DeviceBuffer::try_new(8, &stream, CudaResource::new(&device).unwrap()).unwrap();
+    /// let _ = buf.copy_from_host(vec![0i32; 2]); // refused: not bytes
+    /// ```
+    pub fn copy_from_host<B: HostBuffer<Elem = u8>>(&mut self, host: B) -> CopyFromHost<B> {
+        ByteRangeMut::whole(self).copy_from_host(Unit::Bytes, host)
     }
 
     /// Copies the bytes in use into the start of the borrowed slice `dst`, staged through an
@@ -241,26 +232,16 @@ impl DeviceBuffer {
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
     /// buf.fill(0)?;
-    /// let mut out = [1u16; 5];
+    /// let mut out = [1u8; 10];
     /// buf.copy_to_host_slice(&mut out).await?;
-    /// assert_eq!(out, [0, 0, 0, 0, 1]);             // 8 bytes: 4 elements
+    /// assert_eq!(out, [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]); // 8 bytes; the rest is untouched
     /// let e = buf.copy_to_host_slice(&mut [0u8; 7]).await.unwrap_err();
     /// assert!(matches!(e, Error::LengthMismatch { device_len: 8, host_len: 7, .. }));
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host_slice<'a, T: Pod>(&self, dst: &'a mut [T]) -> CopyToSlice<'a> {
-        let mut uses = self.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToSlice::failed(e),
-        };
-        // SAFETY: as in `copy_to_host`: the range lies in the allocation, which is freed, and
-        // written by other streams, only after a point of the owner that follows this copy.
-        let copy =
-            unsafe { CopyToSlice::start("copy_to_host_slice", owner, self.ptr, self.len, dst) };
-        uses.used_until(copy.done_event());
-        copy
+    pub fn copy_to_host_slice<'a>(&self, dst: &'a mut [u8]) -> CopyToSlice<'a> {
+        ByteRange::whole(self).copy_to_host_slice(Unit::Bytes, dst)
     }
 
     /// Copies all of the borrowed slice `src` into the start of the buffer, staged through an
@@ -288,31 +269,14 @@ impl DeviceBuffer {
     /// # let device = Device::host();
     /// # let stream = Stream::new(&device)?;
     /// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
-    /// buf.copy_from_host_slice(&[0.25f64]).await?;
-    /// assert_eq!(buf.copy_to_host(vec![0f64; 1]).await?, [0.25]);
+    /// buf.copy_from_host_slice(&0.25f64.to_ne_bytes()).await?;
+    /// assert_eq!(buf.copy_to_host(vec![0u8; 8]).await?, 0.25f64.to_ne_bytes());
     /// assert!(buf.copy_from_host_slice(&[0u8; 9]).await.is_err()); // too long
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_from_host_slice<T: Pod>(&mut self, src: &[T]) -> CopyFromSlice {
-        let mut uses = self.uses.get_mut();
-        if let Err(e) = uses.order_owner_after_readers() {
-            return CopyFromSlice::failed(e);
-        }
-        // SAFETY: as in `copy_from_host`: the range lies in the allocation, which is freed, read
-        // or written by other streams only after a point of the owner that follows this copy;
-        // every recorded read is ordered before it.
-        let copy = unsafe {
-            CopyFromSlice::start(
-                "copy_from_host_slice",
-                uses.owner(),
-                self.ptr,
-                self.len,
-                src,
-            )
-        };
-        uses.used_until(copy.done_event());
-        copy
+    pub fn copy_from_host_slice(&mut self, src: &[u8]) -> CopyFromSlice {
+        ByteRangeMut::whole(self).copy_from_host_slice(Unit::Bytes, src)
     }
 
     /// A deep copy owned by `stream`, from the same resource, of exactly

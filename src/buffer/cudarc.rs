@@ -2,8 +2,6 @@
 //! arguments (`PushKernelArg`), with every use tracked like the buffer's own operations. The
 //! rules users see are in [`Stream::cudarc_stream`]'s docs ("Buffers in cudarc calls").
 
-use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -11,11 +9,13 @@ use cudarc::driver::{
     LaunchArgs, PushKernelArg, SyncOnDrop,
 };
 
-use std::mem::size_of;
-
 use bytemuck::Pod;
 
-use super::{DeviceBuffer, DeviceScalar, DeviceVec, ReadGuard, VecView, VecViewMut};
+use super::byte_range::{ByteRange, ByteRangeMut};
+use super::device_buffer::DeviceBuffer;
+use super::guard::ReadGuard;
+use super::scalar::DeviceScalar;
+use super::vec::{DeviceVec, VecView, VecViewMut};
 use crate::device::cudarc::driver_error;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -135,20 +135,9 @@ impl DeviceBuffer {
             },
             Ok(User::Unknown) => {
                 // `cs` joins the owner: the owner first takes over a pending hand-off.
-                if let Err(e) = self.uses.lock().ready() {
-                    return refuse(&self.device, cs, e);
-                }
-                let owner = match self.uses.owner().cudarc_stream_ref() {
-                    Ok(owner) => owner,
-                    Err(e) => return refuse(&self.device, cs, e),
-                };
-                match cs.join(owner) {
-                    Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
-                    Err(e) => refuse(
-                        &self.device,
-                        cs,
-                        driver_error(&self.device, "cuStreamWaitEvent", e),
-                    ),
+                match self.uses.lock().ready() {
+                    Ok(_) => self.join_owner(addr, cs),
+                    Err(e) => refuse(&self.device, cs, e),
                 }
             }
             Err(e) => refuse(&self.device, cs, e),
@@ -168,25 +157,44 @@ impl DeviceBuffer {
                 Ok(()) => (addr, SyncOnDrop::Record(None)),
                 Err(e) => refuse(&self.device, cs, e),
             },
-            Ok(User::Unknown) => {
-                if let Err(e) = self.uses.get_mut().order_owner_after_readers() {
-                    return refuse(&self.device, cs, e);
-                }
-                let owner = match self.uses.owner().cudarc_stream_ref() {
-                    Ok(owner) => owner,
-                    Err(e) => return refuse(&self.device, cs, e),
-                };
-                match cs.join(owner) {
-                    Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
-                    Err(e) => refuse(
-                        &self.device,
-                        cs,
-                        driver_error(&self.device, "cuStreamWaitEvent", e),
-                    ),
-                }
-            }
+            Ok(User::Unknown) => match self.uses.get_mut().order_owner_after_readers() {
+                Ok(()) => self.join_owner(addr, cs),
+                Err(e) => refuse(&self.device, cs, e),
+            },
             Err(e) => refuse(&self.device, cs, e),
         }
+    }
+
+    /// `cs`, a stream this crate does not know, waits for the owner's work so far; the
+    /// returned `SyncOnDrop` synchronizes it when cudarc's use ends.
+    fn join_owner<'a>(
+        &self,
+        addr: sys::CUdeviceptr,
+        cs: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let owner = match self.uses.owner().cudarc_stream_ref() {
+            Ok(owner) => owner,
+            Err(e) => return refuse(&self.device, cs, e),
+        };
+        match cs.join(owner) {
+            Ok(()) => (addr, SyncOnDrop::sync_stream(cs)),
+            Err(e) => refuse(
+                &self.device,
+                cs,
+                driver_error(&self.device, "cuStreamWaitEvent", e),
+            ),
+        }
+    }
+
+    /// Kernel arguments cannot return an error: a host-backend address given to a CUDA kernel
+    /// would fault, so it panics instead.
+    pub(crate) fn assert_device_memory(&self) {
+        assert!(
+            self.device.backend() == BackendKind::Cuda,
+            "memory of {} passed as a CUDA kernel argument: host-backend memory is not device \
+             memory (use Stream::launch_host_kernel there)",
+            self.device.id()
+        );
     }
 
     /// The field a kernel argument pushes: the address, checked to be device memory.
@@ -195,7 +203,7 @@ impl DeviceBuffer {
     /// On a host-backend buffer: cudarc's argument builder cannot take an error, and a kernel
     /// given a host-emulation address would fault.
     pub(crate) fn kernel_arg_ptr(&self) -> &DevicePtr {
-        assert_device_memory(&self.device);
+        self.assert_device_memory();
         // A kernel reads it on the owner (or under a read guard): the owner takes over a
         // pending hand-off first.
         self.ready_for_raw_use();
@@ -210,7 +218,7 @@ impl DeviceBuffer {
     /// then broken): a kernel argument cannot return the error, and writing without the wait
     /// would race with the readers.
     pub(crate) fn order_kernel_write(&mut self) {
-        assert_device_memory(&self.device);
+        self.assert_device_memory();
         if let Err(e) = self.uses.get_mut().order_owner_after_readers() {
             panic!(
                 "ordering a kernel write of a buffer on {} after its readers failed: {e}",
@@ -220,15 +228,43 @@ impl DeviceBuffer {
     }
 }
 
-/// Kernel arguments cannot return an error: a host-backend address given to a CUDA kernel
-/// would fault, so it panics instead.
-fn assert_device_memory(device: &Device) {
-    assert!(
-        device.backend() == BackendKind::Cuda,
-        "memory of {} passed as a CUDA kernel argument: host-backend memory is not device \
-         memory (use Stream::launch_host_kernel there)",
-        device.id()
-    );
+impl<'r> ByteRange<'r> {
+    /// cudarc's `device_ptr` of the range: a read of the whole buffer on `cs`, tracked.
+    fn cudarc_read<'a>(self, cs: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>)
+    where
+        'r: 'a,
+    {
+        self.buffer().cudarc_read(self.offset(), cs)
+    }
+
+    /// The field a kernel argument pushes for the range, launched on the owner: checked to be
+    /// device memory, after the owner takes over a pending hand-off.
+    fn kernel_arg(&self) -> &DevicePtr {
+        self.buffer().assert_device_memory();
+        self.buffer().ready_for_raw_use();
+        self.addr_ref()
+    }
+}
+
+impl ByteRangeMut<'_> {
+    /// cudarc's `device_ptr_mut` of the range: a write of the whole buffer on `cs`, tracked.
+    fn cudarc_write<'a>(&'a mut self, cs: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let offset = self.as_range().offset();
+        self.buffer_mut().cudarc_write(offset, cs)
+    }
+
+    /// As [`ByteRange::kernel_arg`].
+    fn kernel_arg(&self) -> &DevicePtr {
+        self.as_range().kernel_arg();
+        self.addr_ref()
+    }
+
+    /// The field a kernel argument pushes for a kernel that writes the range on the owner: the
+    /// owner first waits for every reader ([`DeviceBuffer::order_kernel_write`]).
+    fn kernel_write_arg(&mut self) -> &DevicePtr {
+        self.buffer_mut().order_kernel_write();
+        self.addr_ref()
+    }
 }
 
 /// The buffer as cudarc's slice of bytes; [`stream`](DeviceSlice::stream) is its owner's
@@ -355,8 +391,7 @@ impl<T: Pod> DeviceSlice<T> for VecView<'_, T> {
 /// Reads of the view's range, tracked as reads of the whole vector.
 impl<T: Pod> CudarcDevicePtr<T> for VecView<'_, T> {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        self.as_buffer()
-            .cudarc_read(self.start() * size_of::<T>(), stream)
+        self.bytes().cudarc_read(stream)
     }
 }
 
@@ -377,9 +412,7 @@ impl<T: Pod> DeviceSlice<T> for VecViewMut<'_, T> {
 /// Reads of the view's range, tracked as reads of the whole vector.
 impl<T: Pod> CudarcDevicePtr<T> for VecViewMut<'_, T> {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        self.as_view()
-            .as_buffer()
-            .cudarc_read(self.start() * size_of::<T>(), stream)
+        self.bytes().as_range().cudarc_read(stream)
     }
 }
 
@@ -389,8 +422,7 @@ impl<T: Pod> DevicePtrMut<T> for VecViewMut<'_, T> {
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        let offset = self.start() * size_of::<T>();
-        self.buffer_mut().cudarc_write(offset, stream)
+        self.bytes_mut().cudarc_write(stream)
     }
 }
 
@@ -428,9 +460,7 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecView<'c, T>> for La
     /// On a view of a host-backend vector.
     #[inline(always)]
     fn arg(&mut self, arg: &'b VecView<'c, T>) -> &mut Self {
-        assert_device_memory(arg.device());
-        arg.as_buffer().ready_for_raw_use();
-        self.arg(arg.addr_ref())
+        self.arg(arg.bytes().kernel_arg())
     }
 }
 
@@ -441,9 +471,7 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b mut VecViewMut<'c, T>>
 {
     #[inline(always)]
     fn arg(&mut self, arg: &'b mut VecViewMut<'c, T>) -> &mut Self {
-        arg.buffer_mut().order_kernel_write();
-        let arg: &'b VecViewMut<'c, T> = arg;
-        self.arg(arg.addr_ref())
+        self.arg(arg.bytes_mut().kernel_write_arg())
     }
 }
 
@@ -451,9 +479,7 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b mut VecViewMut<'c, T>>
 unsafe impl<'a, 'b: 'a, 'c: 'b, T: Pod> PushKernelArg<&'b VecViewMut<'c, T>> for LaunchArgs<'a> {
     #[inline(always)]
     fn arg(&mut self, arg: &'b VecViewMut<'c, T>) -> &mut Self {
-        assert_device_memory(arg.device());
-        arg.as_view().as_buffer().ready_for_raw_use();
-        self.arg(arg.addr_ref())
+        self.arg(arg.bytes().kernel_arg())
     }
 }
 
@@ -511,277 +537,6 @@ unsafe impl<'a, 'b: 'a, T: Pod + Send> PushKernelArg<&'b mut DeviceScalar<T>> fo
         arg.buffer_mut().order_kernel_write();
         let arg: &'b DeviceScalar<T> = arg;
         self.arg(arg.as_buffer().kernel_arg_ptr())
-    }
-}
-
-/// A read of a vector, view or scalar on a stream that may not own it, as a CUDA kernel
-/// argument (the kernel gets a `const T*` to the first element). Made by `on(&stream)`:
-/// [`DeviceVec::on`], [`VecView::on`], [`VecViewMut::on`], [`DeviceScalar::on`].
-///
-/// Plain `&v` kernel arguments are valid only on the owner stream (the builder cannot see the
-/// launch stream); this is the tracked form for any other stream of the device, which must be
-/// the launch stream.
-///
-/// # Stream ordering
-/// When made, the stream waits for the owner's work so far and is registered as a reader:
-/// the owner's next write, hand-off or free waits for everything enqueued on the stream until
-/// then, even if the guard is forgotten. Dropping it records the read's end on the stream
-/// (later, unrelated work there is then not waited for).
-///
-/// # Errors
-/// Dropping cannot return an error: a failure to record goes to
-/// [`Device::take_deferred_error`] (the stream stays a reader); [`finish`](KernelRead::finish)
-/// returns it.
-///
-/// # Panics
-/// Passing a guard over host-backend memory as a CUDA kernel argument panics.
-///
-/// # Examples
-///
-/// ```
-/// use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-///
-/// # futures::executor::block_on(async {
-/// let device = Device::host();
-/// let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-/// let v = DeviceVec::from_host(vec![1u32, 2, 3, 4], &owner, CudaResource::new(&device).unwrap()).await?;
-/// let tail = v.slice(2..)?;
-/// let read = tail.on(&reader)?;          // `reader` waits for the upload
-/// assert_eq!((read.len(), read.ptr()), (2, tail.ptr()));
-/// // On CUDA: reader.cudarc_stream()?.launch_builder(&f).arg(&read) ...
-/// read.finish()?;
-/// drop(v);                               // freed on `owner` after `reader`'s reads
-/// # Ok::<(), streamalloc::Error>(())
-/// # }).unwrap();
-/// ```
-#[must_use = "the read is registered when the guard is made; pass it as a kernel argument"]
-pub struct KernelRead<'a, T> {
-    buf: &'a DeviceBuffer,
-    /// The address of the first element, borrowed by the kernel argument.
-    addr: DevicePtr,
-    len: usize,
-    stream: Stream,
-    /// Set by `finish`, so `Drop` does not record a second time.
-    ended: bool,
-    _elem: PhantomData<&'a [T]>,
-}
-
-impl<'a, T> KernelRead<'a, T> {
-    /// Starts a read of `len` elements at byte `offset` of `buf` on `stream`.
-    fn new(buf: &'a DeviceBuffer, offset: usize, len: usize, stream: &Stream) -> Result<Self> {
-        buf.begin_read(stream)?;
-        Ok(KernelRead {
-            buf,
-            addr: buf.ptr().offset(offset),
-            len,
-            stream: stream.clone(),
-            ended: false,
-            _elem: PhantomData,
-        })
-    }
-
-    /// The address of the first element read.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
-    /// assert_eq!(v.slice(1..)?.on(&reader)?.ptr(), v.ptr().offset(8));
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn ptr(&self) -> DevicePtr {
-        self.addr
-    }
-
-    /// The number of elements read.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
-    /// assert_eq!(v.on(&reader)?.len(), 8);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when no element is read.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
-    /// assert!(v.slice(8..)?.on(&reader)?.is_empty());
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The stream the read belongs on: launch the kernel there.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
-    /// assert_eq!(v.on(&reader)?.stream(), &reader);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
-    /// Ends the read now, returning the error that dropping would defer.
-    ///
-    /// # Errors
-    /// A driver error when the event cannot be recorded (the stream then stays a reader).
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<u64>::try_new(8, &owner, CudaResource::new(&device).unwrap())?;
-    /// v.on(&reader)?.finish()?;
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn finish(mut self) -> Result<()> {
-        self.ended = true;
-        self.buf.end_read(&self.stream)
-    }
-}
-
-impl<T> Drop for KernelRead<'_, T> {
-    fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
-        if let Err(e) = self.buf.end_read(&self.stream) {
-            // The stream stays a pending reader (the free still waits for it).
-            self.buf.device().defer_error(e);
-        }
-    }
-}
-
-impl<T> fmt::Debug for KernelRead<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KernelRead")
-            .field("ptr", &self.addr)
-            .field("len", &self.len)
-            .field("stream", &self.stream.id())
-            .finish()
-    }
-}
-
-// SAFETY: pushes a reference to the guard's address field, borrowed for `'b`, which outlives
-// the builder; the guard's buffer is borrowed for `'c: 'b`, so the memory stays allocated.
-unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b KernelRead<'c, T>> for LaunchArgs<'a> {
-    /// A read on the guard's stream, which must be the launch stream.
-    ///
-    /// # Panics
-    /// On host-backend memory.
-    #[inline(always)]
-    fn arg(&mut self, arg: &'b KernelRead<'c, T>) -> &mut Self {
-        assert_device_memory(arg.buf.device());
-        self.arg(&arg.addr)
-    }
-}
-
-impl<T: Pod> DeviceVec<T> {
-    /// The vector as a kernel argument read on `stream` ([`KernelRead`]): `stream` waits for
-    /// the owner's work so far, and the owner's next write, hand-off or free waits for the
-    /// reads (forget-safe).
-    ///
-    /// # Errors
-    /// [`Error::DeviceMismatch`] for a stream of another device; driver errors.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Error, HostConfig, Stream};
-    /// let device = Device::host();
-    /// let other = Device::host_with(HostConfig::default());
-    /// let v = DeviceVec::<f32>::try_new(4, &Stream::new(&device)?, CudaResource::new(&device).unwrap())?;
-    /// assert!(matches!(v.on(&Stream::new(&other)?), Err(Error::DeviceMismatch { .. })));
-    /// # Ok::<(), Error>(())
-    /// ```
-    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'_, T>> {
-        KernelRead::new(self.as_buffer(), 0, self.len(), stream)
-    }
-}
-
-impl<'a, T: Pod> VecView<'a, T> {
-    /// The view as a kernel argument read on `stream` ([`KernelRead`]), tracked as a read of
-    /// the whole vector.
-    ///
-    /// # Errors
-    /// As [`DeviceVec::on`].
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let v = DeviceVec::<u16>::try_new(10, &owner, CudaResource::new(&device).unwrap())?;
-    /// assert_eq!(v.slice(4..)?.on(&reader)?.len(), 6);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'a, T>> {
-        KernelRead::new(
-            self.as_buffer(),
-            self.start() * size_of::<T>(),
-            self.len(),
-            stream,
-        )
-    }
-}
-
-impl<T: Pod> VecViewMut<'_, T> {
-    /// The view as a kernel argument read on `stream` ([`KernelRead`]), tracked as a read of
-    /// the whole vector.
-    ///
-    /// # Errors
-    /// As [`DeviceVec::on`].
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let mut v = DeviceVec::<u16>::try_new(10, &owner, CudaResource::new(&device).unwrap())?;
-    /// assert_eq!(v.slice_mut(..3)?.on(&reader)?.len(), 3);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'_, T>> {
-        let view = self.as_view();
-        KernelRead::new(
-            view.as_buffer(),
-            view.start() * size_of::<T>(),
-            view.len(),
-            stream,
-        )
-    }
-}
-
-impl<T: Pod + Send> DeviceScalar<T> {
-    /// The scalar as a kernel argument read on `stream` ([`KernelRead`]; the kernel gets a
-    /// `const T*`).
-    ///
-    /// # Errors
-    /// As [`DeviceVec::on`].
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceScalar, Stream};
-    /// # futures::executor::block_on(async {
-    /// # let device = Device::host();
-    /// # let (owner, reader) = (Stream::new(&device)?, Stream::new(&device)?);
-    /// let alpha = DeviceScalar::new(2.0f32, &owner, CudaResource::new(&device).unwrap()).await?;
-    /// assert_eq!(alpha.on(&reader)?.len(), 1);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn on(&self, stream: &Stream) -> Result<KernelRead<'_, T>> {
-        KernelRead::new(self.as_buffer(), 0, 1, stream)
     }
 }
 

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::resource::DevicePtr;
 use crate::stream::Stream;
 
-use super::DeviceBuffer;
+use super::device_buffer::DeviceBuffer;
 
 /// A read of a [`DeviceBuffer`] on a stream that may not own it, from
 /// [`DeviceBuffer::read_on`].

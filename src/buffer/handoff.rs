@@ -2,7 +2,8 @@
 //! reads on other streams, with the event waits they need (the algorithm is
 //! [`Uses`](super::uses::Uses)'s).
 
-use super::{DeviceBuffer, ReadGuard};
+use super::device_buffer::DeviceBuffer;
+use super::guard::ReadGuard;
 use crate::error::Result;
 use crate::resource::check_stream;
 use crate::stream::Stream;

@@ -26,7 +26,10 @@ use std::panic::{self, AssertUnwindSafe};
 
 use bytemuck::Pod;
 
-use super::{BufferView, DeviceBuffer, DeviceVec, VecView, VecViewMut};
+use super::byte_range::{elements, ByteRange, ByteRangeMut};
+use super::device_buffer::DeviceBuffer;
+use super::vec::{DeviceVec, VecView, VecViewMut};
+use super::view::BufferView;
 use crate::backend::panic_message;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;
@@ -111,6 +114,11 @@ impl<'a, T: Pod> HostRead<'a, T> {
         }
     }
 
+    /// The elements of `T` in `bytes`, a container's or view's range.
+    pub(crate) fn of(bytes: ByteRange<'a>) -> Self {
+        Self::new(bytes.buffer(), bytes.offset(), elements::<T>(bytes.len()))
+    }
+
     /// The number of elements the kernel will see.
     ///
     /// ```
@@ -149,6 +157,12 @@ impl<'a, T: Pod> HostWrite<'a, T> {
             len,
             _elem: PhantomData,
         }
+    }
+
+    /// The elements of `T` in `bytes`, a container's or view's range.
+    pub(crate) fn of(bytes: ByteRangeMut<'a>) -> Self {
+        let (buf, offset, len) = bytes.into_parts();
+        Self::new(buf, offset, elements::<T>(len))
     }
 
     /// The number of elements the kernel will see.
@@ -201,7 +215,7 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn host_read(&self) -> HostRead<'_, u8> {
-        HostRead::new(self, 0, self.len)
+        HostRead::of(ByteRange::whole(self))
     }
 
     /// The buffer's bytes as a write argument of a host kernel ([`Stream::launch_host_kernel`]):
@@ -226,8 +240,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn host_write(&mut self) -> HostWrite<'_, u8> {
-        let len = self.len;
-        HostWrite::new(self, 0, len)
+        HostWrite::of(ByteRangeMut::whole(self))
     }
 }
 
@@ -246,7 +259,7 @@ impl BufferView<'_> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn host_read(&self) -> HostRead<'_, u8> {
-        HostRead::new(self.buffer(), self.offset(), self.len())
+        HostRead::of(*self.bytes())
     }
 }
 
@@ -270,7 +283,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # }).unwrap();
     /// ```
     pub fn host_read(&self) -> HostRead<'_, T> {
-        HostRead::new(self.as_buffer(), 0, self.len())
+        HostRead::of(ByteRange::whole(self.as_buffer()))
     }
 
     /// The vector as a write argument of a host kernel ([`Stream::launch_host_kernel`]): the
@@ -293,8 +306,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # }).unwrap();
     /// ```
     pub fn host_write(&mut self) -> HostWrite<'_, T> {
-        let len = self.len();
-        HostWrite::new(self.buffer_mut(), 0, len)
+        HostWrite::of(ByteRangeMut::whole(self.buffer_mut()))
     }
 }
 
@@ -316,7 +328,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn host_read(&self) -> HostRead<'a, T> {
-        HostRead::new(self.as_buffer(), self.start() * size_of::<T>(), self.len())
+        HostRead::of(*self.bytes())
     }
 }
 
@@ -338,11 +350,7 @@ impl<T: Pod> VecViewMut<'_, T> {
     /// # }).unwrap();
     /// ```
     pub fn host_read(&self) -> HostRead<'_, T> {
-        HostRead::new(
-            self.as_view().as_buffer(),
-            self.start() * size_of::<T>(),
-            self.len(),
-        )
+        HostRead::of(self.bytes().as_range())
     }
 
     /// The view as a write argument of a host kernel ([`Stream::launch_host_kernel`]): the
@@ -362,8 +370,7 @@ impl<T: Pod> VecViewMut<'_, T> {
     /// # }).unwrap();
     /// ```
     pub fn host_write(&mut self) -> HostWrite<'_, T> {
-        let (offset, len) = (self.start() * size_of::<T>(), self.len());
-        HostWrite::new(self.buffer_mut(), offset, len)
+        HostWrite::of(self.bytes_mut().reborrow())
     }
 }
 

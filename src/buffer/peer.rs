@@ -9,7 +9,8 @@
 
 use bytemuck::Pod;
 
-use super::{DeviceBuffer, DeviceVec};
+use super::device_buffer::DeviceBuffer;
+use super::vec::DeviceVec;
 use crate::error::{Error, Result};
 use crate::resource::{into_shared, MemoryResource};
 use crate::stream::Stream;

@@ -18,8 +18,8 @@ use crate::stream::Stream;
 /// `cuMemHostAlloc` each time).
 ///
 /// It dereferences to `[T]` for host code and is a [`HostBuffer`], so
-/// [`DeviceBuffer::copy_to_host`](crate::DeviceBuffer::copy_to_host) and
-/// [`copy_from_host`](crate::DeviceBuffer::copy_from_host) take it by value and hand it back
+/// [`DeviceVec::copy_to_host`](crate::DeviceVec::copy_to_host) and
+/// [`copy_from_host`](crate::DeviceVec::copy_from_host) take it by value and hand it back
 /// when the copy is done. On CUDA such a copy is a plain `cuMemcpyAsync`, truly asynchronous,
 /// where a pageable `Vec<T>` is staged by the driver stream through a small pinned buffer.
 ///
@@ -52,7 +52,7 @@ use crate::stream::Stream;
 ///
 /// ```
 /// use streamalloc::{
-///     CudaResource, Device, DeviceBuffer, PinnedHostResource, PinnedHostVec, PoolResource,
+///     CudaResource, Device, DeviceVec, PinnedHostResource, PinnedHostVec, PoolResource,
 ///     Stream,
 /// };
 ///
@@ -60,12 +60,12 @@ use crate::stream::Stream;
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
 /// let staging = PoolResource::new(PinnedHostResource::new(&device)?, 1 << 20, None)?;
-/// let mut buf = DeviceBuffer::new(4 * 256, &stream, CudaResource::new(&device)?).await?;
+/// let mut v = DeviceVec::<f32>::new(256, &stream, CudaResource::new(&device)?).await?;
 /// for batch in 0..3 {
 ///     let mut host = PinnedHostVec::<f32>::new(256, &stream, staging.clone()).await?;
 ///     host.fill(batch as f32);
-///     let host = buf.copy_from_host(host).await?;  // a direct, asynchronous copy
-///     let back = buf.copy_to_host(host).await?;
+///     let host = v.copy_from_host(host).await?;    // a direct, asynchronous copy
+///     let back = v.copy_to_host(host).await?;
 ///     assert!(back.iter().all(|&x| x == batch as f32));
 /// }                                                // each batch reuses the pool's block
 /// # Ok::<(), streamalloc::Error>(())

@@ -2,7 +2,7 @@
 //! over, the old block freed stream-ordered.
 
 use super::alloc::{aligned_start, misaligned, padded_size};
-use super::DeviceBuffer;
+use super::device_buffer::DeviceBuffer;
 use crate::error::Result;
 use crate::resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;

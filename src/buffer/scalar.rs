@@ -7,7 +7,9 @@ use std::future::Future;
 use bytemuck::Pod;
 use futures::FutureExt;
 
-use super::{DeviceBuffer, DeviceVec, ReadGuard};
+use super::device_buffer::DeviceBuffer;
+use super::guard::ReadGuard;
+use super::vec::DeviceVec;
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::{DevicePtr, MemoryResource};

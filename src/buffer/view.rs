@@ -1,48 +1,17 @@
-//! Borrowed byte ranges of a buffer: [`BufferView`], and the range checks every view shares.
+//! Borrowed byte ranges of a buffer: [`BufferView`], a thin public face of the
+//! [`ByteRange`] core.
 
 use std::fmt;
-use std::ops::{Bound, Range, RangeBounds};
+use std::ops::RangeBounds;
 
-use super::{CopyToHost, DeviceBuffer, HostBuffer};
+use super::byte_range::{checked_range, ByteRange};
+use super::device_buffer::DeviceBuffer;
+use super::host_copy::Unit;
+use super::host_copy::{CopyToHost, CopyToSlice, HostBuffer};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::resource::DevicePtr;
 use crate::stream::Stream;
-
-/// `range` resolved against a length of `len` units (`what` names them in errors): the
-/// start and end, checked to be in order and in bounds.
-pub(crate) fn checked_range(
-    range: impl RangeBounds<usize>,
-    len: usize,
-    what: &str,
-) -> Result<Range<usize>> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => Some(s),
-        Bound::Excluded(&s) => s.checked_add(1),
-        Bound::Unbounded => Some(0),
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1),
-        Bound::Excluded(&e) => Some(e),
-        Bound::Unbounded => Some(len),
-    };
-    let (Some(start), Some(end)) = (start, end) else {
-        return Err(Error::invalid(format!(
-            "slice: a range bound past usize::MAX does not fit {len} {what}"
-        )));
-    };
-    if start > end {
-        return Err(Error::invalid(format!(
-            "slice: the range {start}..{end} is reversed (start > end)"
-        )));
-    }
-    if end > len {
-        return Err(Error::invalid(format!(
-            "slice: the range {start}..{end} is out of bounds of {len} {what}"
-        )));
-    }
-    Ok(start..end)
-}
 
 /// A borrowed byte range of a [`DeviceBuffer`], made by [`DeviceBuffer::slice`]: its copies
 /// read only the range, with the buffer's tracking.
@@ -69,18 +38,14 @@ pub(crate) fn checked_range(
 /// ```
 #[derive(Clone, Copy)]
 pub struct BufferView<'a> {
-    buf: &'a DeviceBuffer,
-    /// Byte offset into the buffer; `offset + len <= buf.len()`.
-    offset: usize,
-    /// Bytes in the view.
-    len: usize,
+    bytes: ByteRange<'a>,
 }
 
 impl DeviceBuffer {
     /// A view of the bytes `range` of the buffer (`..`, `a..b`, `a..=b`, `a..`, ...).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the range and the length when the range is reversed or
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the range and the length when the range is reversed or
     /// ends past [`len`](DeviceBuffer::len).
     ///
     /// # Examples
@@ -97,9 +62,7 @@ impl DeviceBuffer {
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BufferView<'_>> {
         let range = checked_range(range, self.len, "bytes")?;
         Ok(BufferView {
-            buf: self,
-            offset: range.start,
-            len: range.len(),
+            bytes: ByteRange::new(self, range.start, range.len()),
         })
     }
 }
@@ -116,8 +79,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
-        self.buf.ready_for_raw_use();
-        self.buf.ptr.offset(self.offset)
+        self.bytes.ptr()
     }
 
     /// The number of bytes in the view.
@@ -131,7 +93,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.len
+        self.bytes.len()
     }
 
     /// True when the view holds no byte.
@@ -145,7 +107,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.bytes.len() == 0
     }
 
     /// The view's byte offset in its buffer.
@@ -159,7 +121,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn offset(&self) -> usize {
-        self.offset
+        self.bytes.offset()
     }
 
     /// The buffer the view borrows.
@@ -173,7 +135,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn buffer(&self) -> &'a DeviceBuffer {
-        self.buf
+        self.bytes.buffer()
     }
 
     /// The buffer's owner, on which the view's copies are enqueued.
@@ -187,7 +149,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn stream(&self) -> Stream {
-        self.buf.stream()
+        self.bytes.stream()
     }
 
     /// The device of the memory.
@@ -201,7 +163,7 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn device(&self) -> &'a Device {
-        &self.buf.device
+        self.bytes.device()
     }
 
     /// A view of the bytes `range` of this view.
@@ -222,11 +184,9 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BufferView<'a>> {
-        let range = checked_range(range, self.len, "bytes")?;
+        let range = checked_range(range, self.len(), "bytes")?;
         Ok(BufferView {
-            buf: self.buf,
-            offset: self.offset + range.start,
-            len: range.len(),
+            bytes: self.bytes.range(range),
         })
     }
 
@@ -237,7 +197,8 @@ impl<'a> BufferView<'a> {
     /// As [`DeviceBuffer::copy_to_host`].
     ///
     /// # Errors
-    /// As [`CopyToHost`]: [`Error::InvalidArgument`] when `host` is shorter than the view.
+    /// As [`CopyToHost`]: [`Error::LengthMismatch`](crate::Error::LengthMismatch) (in bytes) when
+    /// `host` is shorter than the view.
     ///
     /// # Cancel safety
     /// As [`CopyToHost`].
@@ -256,30 +217,58 @@ impl<'a> BufferView<'a> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn copy_to_host<B: HostBuffer>(&self, host: B) -> CopyToHost<B> {
-        let ptr = self.buf.ptr.offset(self.offset);
-        let mut uses = self.buf.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToHost::failed(e),
-        };
-        // SAFETY: `ptr..ptr + len` lies inside the buffer (`offset + len <= buf.len`), whose
-        // memory is freed, and written by other streams, only after a point of the owner that
-        // follows this copy (the free is on the owner or on a later owner that waits for this
-        // one); the owner's own later writes are stream-ordered after it, its earlier owners'
-        // before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start(owner, ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+    pub fn copy_to_host<B: HostBuffer<Elem = u8>>(&self, host: B) -> CopyToHost<B> {
+        self.bytes.copy_to_host(Unit::Bytes, host)
+    }
+
+    /// Copies the view's bytes into the start of the borrowed slice `dst`, staged through an
+    /// owned host buffer; only the view's bytes are read. As
+    /// [`DeviceBuffer::copy_to_host_slice`](crate::DeviceBuffer::copy_to_host_slice)
+    /// otherwise.
+    ///
+    /// # Stream ordering
+    /// As [`DeviceBuffer::copy_to_host`](crate::DeviceBuffer::copy_to_host).
+    ///
+    /// # Errors
+    /// The future resolves to [`Error::LengthMismatch`](crate::Error::LengthMismatch) (in
+    /// bytes) when `dst` holds fewer bytes than the view; driver errors.
+    ///
+    /// # Cancel safety
+    /// As [`CopyToSlice`]: `dst` is written only when the future resolves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let mut buf = DeviceBuffer::new(1 << 20, &stream, CudaResource::new(&device)?).await?;
+    /// buf.copy_from_host_slice(bytemuck::cast_slice(&[1u32, 2, 3, 4])).await?; // bytes of u32s
+    /// let mut middle = [0u32; 2];
+    /// let view = buf.slice(4..12)?;                                   // 8 bytes, not 1 MiB
+    /// view.copy_to_host_slice(bytemuck::cast_slice_mut(&mut middle)).await?;
+    /// assert_eq!(middle, [2, 3]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_to_host_slice<'h>(&self, dst: &'h mut [u8]) -> CopyToSlice<'h> {
+        self.bytes.copy_to_host_slice(Unit::Bytes, dst)
+    }
+
+    /// The core the view is a face of (for the host-kernel and interop modules).
+    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
+    pub(crate) fn bytes(&self) -> &ByteRange<'a> {
+        &self.bytes
     }
 }
 
 impl fmt::Debug for BufferView<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufferView")
-            .field("ptr", &self.buf.ptr.offset(self.offset))
-            .field("offset", &self.offset)
-            .field("len", &self.len)
+            .field("ptr", &self.bytes.addr())
+            .field("offset", &self.bytes.offset())
+            .field("len", &self.bytes.len())
             .finish()
     }
 }

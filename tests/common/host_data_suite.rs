@@ -1,5 +1,5 @@
 //! Typed host data on a real backend: `Vec<T>`, `Box<[T]>`, `PinnedHostVec<T>` and borrowed
-//! slices copied to and from device buffers. On CUDA a `PinnedHostVec` takes the direct
+//! slices copied to and from device vectors (and, as bytes, buffers). On CUDA a `PinnedHostVec` takes the direct
 //! `cuMemcpyAsync` path and a `Vec` the staged pageable path, so both are exercised.
 
 use std::time::{Duration, Instant};
@@ -22,12 +22,12 @@ pub fn typed_round_trips(device: Device) {
     let mr = CudaAsyncResource::new(&device).unwrap();
     let s = Stream::new(&device).unwrap();
     for n in [0, 1, 63, 64, 1025, (3 << 20) + 5] {
-        let mut buf = DeviceBuffer::try_new(4 * n, &s, mr.clone()).unwrap();
+        let mut buf = DeviceVec::<f32>::try_new(n, &s, mr.clone()).unwrap();
         let sent = block_on(buf.copy_from_host(floats(n))).unwrap();
         let back = block_on(buf.copy_to_host(vec![0f32; n])).unwrap();
         assert_eq!(back, sent, "{n} floats");
         let m = n / 2;
-        let mut buf = DeviceBuffer::try_new(8 * m, &s, mr.clone()).unwrap();
+        let mut buf = DeviceVec::<u64>::try_new(m, &s, mr.clone()).unwrap();
         let longs: Box<[u64]> = (0..m as u64).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
         let longs = block_on(buf.copy_from_host(longs)).unwrap();
         let back = block_on(buf.copy_to_host(vec![0u64; m].into_boxed_slice())).unwrap();
@@ -40,8 +40,8 @@ pub fn pinned_round_trips(device: Device) {
     let s = Stream::new(&device).unwrap();
     let pool = PoolResource::new(PinnedHostResource::new(&device).unwrap(), 1 << 20, None).unwrap();
     block_on(async {
-        let mut buf = DeviceBuffer::new(4 << 20, &s, CudaAsyncResource::new(&device)?).await?;
         let n = 1 << 20;
+        let mut buf = DeviceVec::<f32>::new(n, &s, CudaAsyncResource::new(&device)?).await?;
         let sent = floats(n);
         let leaf =
             PinnedHostVec::from_slice(&sent, &s, PinnedHostResource::new(&device).unwrap()).await?;
@@ -50,7 +50,7 @@ pub fn pinned_round_trips(device: Device) {
             PinnedHostVec::<f32>::zeroed(n, &s, PinnedHostResource::new(&device).unwrap()).await?;
         let back = buf.copy_to_host(back).await?;
         assert_eq!(&back[..], &leaf[..]);
-        let mut buf = DeviceBuffer::new(4000, &s, CudaAsyncResource::new(&device)?).await?;
+        let mut buf = DeviceVec::<u32>::new(1000, &s, CudaAsyncResource::new(&device)?).await?;
         for batch in 0..4 {
             let mut staging = PinnedHostVec::<u32>::new(1000, &s, pool.clone()).await?;
             staging
@@ -74,16 +74,16 @@ pub fn borrowed_slices(device: Device) {
     let mut buf =
         DeviceBuffer::try_new(4 * n, &s, CudaAsyncResource::new(&device).unwrap()).unwrap();
     let mut sent = floats(n);
-    let copy = buf.copy_from_host_slice(&sent);
+    let copy = buf.copy_from_host_slice(bytemuck::cast_slice(&sent));
     sent[0] = 1.0; // taken at the call
     block_on(copy).unwrap();
     let mut back = vec![0f32; n];
-    block_on(buf.copy_to_host_slice(&mut back)).unwrap();
+    block_on(buf.copy_to_host_slice(bytemuck::cast_slice_mut(&mut back))).unwrap();
     assert_eq!(back, floats(n));
 
     let mut untouched = vec![0f32; n];
     s.enqueue_delay(LONG).unwrap();
-    std::mem::forget(buf.copy_to_host_slice(&mut untouched));
+    std::mem::forget(buf.copy_to_host_slice(bytemuck::cast_slice_mut(&mut untouched)));
     s.synchronize_blocking().unwrap();
     assert!(
         untouched.iter().all(|&x| x == 0.0),
@@ -95,7 +95,7 @@ pub fn borrowed_slices(device: Device) {
 pub fn length_mismatches(device: Device) {
     let s = Stream::new(&device).unwrap();
     let mut buf = DeviceBuffer::try_new(64, &s, CudaAsyncResource::new(&device).unwrap()).unwrap();
-    let e = block_on(buf.copy_to_host(vec![0f64; 7])).unwrap_err();
+    let e = block_on(buf.copy_to_host(vec![0u8; 56])).unwrap_err();
     assert!(
         matches!(
             e,
@@ -107,7 +107,7 @@ pub fn length_mismatches(device: Device) {
         ),
         "{e}"
     );
-    let e = block_on(buf.copy_from_host_slice(&[0u16; 33])).unwrap_err();
+    let e = block_on(buf.copy_from_host_slice(&[0u8; 66])).unwrap_err();
     assert!(
         matches!(
             e,

@@ -8,10 +8,10 @@ use std::task::{ready, Context, Poll};
 
 use bytemuck::Pod;
 
-use super::{CopyFromHost, CopyToHost};
+use super::owned::{CopyFromHost, CopyToHost, EnqueuedCopy, Unit};
 use crate::error::{Error, Result};
 use crate::resource::DevicePtr;
-use crate::stream::Stream;
+use crate::stream::{Event, Stream};
 
 /// The future of [`DeviceBuffer::copy_to_host_slice`](crate::DeviceBuffer::copy_to_host_slice):
 /// resolves once the device's bytes are in the borrowed slice.
@@ -38,11 +38,11 @@ use crate::stream::Stream;
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
-/// buf.copy_from_host_slice(&[1.5f32, -2.0]).await?;
-/// let mut out = [0f32; 2];
+/// let mut buf = DeviceBuffer::new(4, &stream, CudaResource::new(&device)?).await?;
+/// buf.copy_from_host_slice(&[1, 2, 3, 4]).await?;
+/// let mut out = [0u8; 4];
 /// buf.copy_to_host_slice(&mut out).await?;
-/// assert_eq!(out, [1.5, -2.0]);
+/// assert_eq!(out, [1, 2, 3, 4]);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -54,72 +54,46 @@ pub struct CopyToSlice<'a> {
 }
 
 impl<'a> CopyToSlice<'a> {
-    /// As [`CopyToHost::done_event`].
-    pub(crate) fn done_event(&self) -> Option<crate::stream::Event> {
-        self.staged.done_event()
-    }
-
-    /// Enqueues a copy of `bytes` from `src` into a staging buffer on `stream`; the future
-    /// fills the first `bytes` bytes of `dst` from it when it resolves.
+    /// Enqueues a copy of `len` elements of `T` from `src` into a staging buffer on `stream`;
+    /// the future fills the start of `dst` from it when it resolves. A slice of fewer elements
+    /// is an [`Error::LengthMismatch`] counted in `unit` (nothing was enqueued).
     ///
     /// # Safety
-    /// As [`CopyToHost::start`]: `src..src + bytes` is device memory that is freed, and written
-    /// by other streams, only after work on `stream` enqueued now has completed.
+    /// As [`CopyToHost::start`]: `src..src + len * size_of::<T>()` (a product that does not
+    /// overflow) is device memory that is freed, and written by other streams, only after work
+    /// on `stream` enqueued now has completed.
     pub(crate) unsafe fn start<T: Pod>(
-        call: &'static str,
-        stream: &Stream,
-        src: DevicePtr,
-        bytes: usize,
-        dst: &'a mut [T],
-    ) -> Self {
-        let dst: &'a mut [u8] = bytemuck::cast_slice_mut(dst);
-        if dst.len() < bytes {
-            return Self::failed(Error::LengthMismatch {
-                call,
-                device_len: bytes,
-                host_len: dst.len(),
-                unit: "bytes",
-            });
-        }
-        // SAFETY: forwarded from the caller; the staging buffer holds exactly `bytes`.
-        let staged = unsafe { CopyToHost::start(stream, src, bytes, vec![0u8; bytes]) };
-        CopyToSlice {
-            staged,
-            dst: Some(&mut dst[..bytes]),
-        }
-    }
-
-    /// [`start`](CopyToSlice::start) for typed device data: `len` elements of `T` at `src`. A
-    /// slice of fewer elements is an [`Error::LengthMismatch`] in elements, named `call`.
-    ///
-    /// # Safety
-    /// As [`start`](CopyToSlice::start), for `len * size_of::<T>()` bytes (which the caller's
-    /// device data holds, so the product does not overflow).
-    pub(crate) unsafe fn start_elems<T: Pod>(
-        call: &'static str,
+        unit: Unit,
         stream: &Stream,
         src: DevicePtr,
         len: usize,
         dst: &'a mut [T],
     ) -> Self {
         if dst.len() < len {
-            return Self::failed(Error::LengthMismatch {
-                call,
-                device_len: len,
-                host_len: dst.len(),
-                unit: "elements",
-            });
+            return Self::failed(unit.mismatch("copy_to_host_slice", len, dst.len()));
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { Self::start(call, stream, src, len * std::mem::size_of::<T>(), dst) }
+        let bytes = len * std::mem::size_of::<T>();
+        let dst: &'a mut [u8] = bytemuck::cast_slice_mut(dst);
+        // SAFETY: forwarded from the caller; the staging buffer holds exactly `bytes`.
+        let staged =
+            unsafe { CopyToHost::start(Unit::Bytes, stream, src, bytes, vec![0u8; bytes]) };
+        CopyToSlice {
+            staged,
+            dst: Some(&mut dst[..bytes]),
+        }
     }
+}
 
-    /// A future that resolves to `error`; nothing was enqueued.
-    pub(crate) fn failed(error: Error) -> Self {
+impl EnqueuedCopy for CopyToSlice<'_> {
+    fn failed(error: Error) -> Self {
         CopyToSlice {
             staged: CopyToHost::failed(error),
             dst: None,
         }
+    }
+
+    fn done_event(&self) -> Option<Event> {
+        self.staged.done_event()
     }
 }
 
@@ -170,12 +144,12 @@ impl fmt::Debug for CopyToSlice<'_> {
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(8, &stream, CudaResource::new(&device)?).await?;
-/// let mut data = vec![7u32, 9];
+/// let mut buf = DeviceBuffer::new(2, &stream, CudaResource::new(&device)?).await?;
+/// let mut data = vec![7u8, 9];
 /// let copy = buf.copy_from_host_slice(&data);
 /// data[0] = 0;                               // the copy took the bytes already
 /// copy.await?;
-/// assert_eq!(buf.copy_to_host(vec![0u32; 2]).await?, [7, 9]);
+/// assert_eq!(buf.copy_to_host(vec![0u8; 2]).await?, [7, 9]);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -185,69 +159,41 @@ pub struct CopyFromSlice {
 }
 
 impl CopyFromSlice {
-    /// As [`CopyToHost::done_event`].
-    pub(crate) fn done_event(&self) -> Option<crate::stream::Event> {
-        self.staged.done_event()
-    }
-
-    /// Copies `src` into a staging buffer, then enqueues its copy to the start of `dst`
-    /// (`capacity` bytes) on `stream`.
+    /// Copies `src` into a staging buffer, then enqueues its copy to the start of `dst`, room
+    /// for `capacity` elements of `T`, on `stream`. A slice of more elements is an
+    /// [`Error::LengthMismatch`] counted in `unit` (nothing was enqueued).
     ///
     /// # Safety
-    /// As [`CopyFromHost::start`]: `dst..dst + capacity` is device memory that is freed, read
-    /// or written by other streams only after work on `stream` enqueued now has completed.
+    /// As [`CopyFromHost::start`]: `dst..dst + capacity * size_of::<T>()` (a product that does
+    /// not overflow) is device memory that is freed, read or written by other streams only
+    /// after work on `stream` enqueued now has completed.
     pub(crate) unsafe fn start<T: Pod>(
-        call: &'static str,
+        unit: Unit,
         stream: &Stream,
         dst: DevicePtr,
         capacity: usize,
         src: &[T],
     ) -> Self {
-        let src: &[u8] = bytemuck::cast_slice(src);
         if src.len() > capacity {
-            return Self::failed(Error::LengthMismatch {
-                call,
-                device_len: capacity,
-                host_len: src.len(),
-                unit: "bytes",
-            });
+            return Self::failed(unit.mismatch("copy_from_host_slice", capacity, src.len()));
         }
-        // SAFETY: forwarded from the caller; the staging buffer is no longer than `capacity`.
-        let staged = unsafe { CopyFromHost::start(stream, dst, capacity, src.to_vec()) };
+        let bytes = capacity * std::mem::size_of::<T>();
+        let src: &[u8] = bytemuck::cast_slice(src);
+        // SAFETY: forwarded from the caller; the staging buffer is no longer than `bytes`.
+        let staged = unsafe { CopyFromHost::start(Unit::Bytes, stream, dst, bytes, src.to_vec()) };
         CopyFromSlice { staged }
     }
+}
 
-    /// [`start`](CopyFromSlice::start) for typed device data: room for `capacity` elements of
-    /// `T` at `dst`. A slice of more elements is an [`Error::LengthMismatch`] in elements,
-    /// named `call`.
-    ///
-    /// # Safety
-    /// As [`start`](CopyFromSlice::start), for `capacity * size_of::<T>()` bytes (which the
-    /// caller's device memory holds, so the product does not overflow).
-    pub(crate) unsafe fn start_elems<T: Pod>(
-        call: &'static str,
-        stream: &Stream,
-        dst: DevicePtr,
-        capacity: usize,
-        src: &[T],
-    ) -> Self {
-        if src.len() > capacity {
-            return Self::failed(Error::LengthMismatch {
-                call,
-                device_len: capacity,
-                host_len: src.len(),
-                unit: "elements",
-            });
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { Self::start(call, stream, dst, capacity * std::mem::size_of::<T>(), src) }
-    }
-
-    /// A future that resolves to `error`; nothing was enqueued.
-    pub(crate) fn failed(error: Error) -> Self {
+impl EnqueuedCopy for CopyFromSlice {
+    fn failed(error: Error) -> Self {
         CopyFromSlice {
             staged: CopyFromHost::failed(error),
         }
+    }
+
+    fn done_event(&self) -> Option<Event> {
+        self.staged.done_event()
     }
 }
 

@@ -2,7 +2,9 @@ use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 
-use crate::{CompletionStrategy, CudaResource, Device, DeviceBuffer, Error, HostConfig, Stream};
+use crate::{
+    CompletionStrategy, CudaResource, Device, DeviceBuffer, DeviceVec, Error, HostConfig, Stream,
+};
 
 const STRATEGIES: [CompletionStrategy; 3] = [
     CompletionStrategy::HostFunction,
@@ -104,43 +106,66 @@ fn buffer_64(device: &Device, stream: &Stream) -> DeviceBuffer {
 
 #[test]
 fn typed_vectors_and_boxes_copy_with_no_byte_conversion() {
-    let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
+    let (_device, _stream, buf) = setup(CompletionStrategy::Poller);
+    // A buffer's copies are bytes: typed host memory goes through a vector of its type, and
+    // retyping the vector reads the same bytes as another type.
+    let mut floats = DeviceVec::<f32>::from_buffer(buf).unwrap();
     let sent: Vec<f32> = (0..16).map(|i| i as f32 * 0.5 - 3.0).collect();
-    let sent = block_on(buf.copy_from_host(sent)).unwrap();
-    assert_eq!(block_on(buf.copy_to_host(vec![0f32; 16])).unwrap(), sent);
-    let words = block_on(buf.copy_to_host(vec![0u32; 16].into_boxed_slice())).unwrap();
+    let sent = block_on(floats.copy_from_host(sent)).unwrap();
+    assert_eq!(block_on(floats.copy_to_host(vec![0f32; 16])).unwrap(), sent);
+    let words = DeviceVec::<u32>::from_buffer(floats.into_buffer()).unwrap();
+    let words_back = block_on(words.copy_to_host(vec![0u32; 16].into_boxed_slice())).unwrap();
     let expected: Vec<u32> = sent.iter().map(|x| x.to_bits()).collect();
-    assert_eq!(&words[..], &expected[..]);
-    let longs: Box<[u64]> = (0..8u64).map(|i| i << 40 | i).collect();
-    let longs = block_on(buf.copy_from_host(longs)).unwrap();
+    assert_eq!(&words_back[..], &expected[..]);
+    let mut longs = DeviceVec::<u64>::from_buffer(words.into_buffer()).unwrap();
+    let sent: Box<[u64]> = (0..8u64).map(|i| i << 40 | i).collect();
+    let sent = block_on(longs.copy_from_host(sent)).unwrap();
     assert_eq!(
-        block_on(buf.copy_to_host(vec![0u64; 8])).unwrap(),
-        &longs[..]
+        block_on(longs.copy_to_host(vec![0u64; 8])).unwrap(),
+        &sent[..]
     );
 }
 
 #[test]
 fn raw_parts_keep_element_length_and_capacity() {
-    let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
+    let (_device, _stream, buf) = setup(CompletionStrategy::Poller);
+    let mut longs = DeviceVec::<u64>::from_buffer(buf).unwrap();
     let mut sent: Vec<u64> = Vec::with_capacity(100);
     sent.extend(0..8u64); // 64 bytes
     let cap = sent.capacity();
-    let mut sent = block_on(buf.copy_from_host(sent)).unwrap();
+    let mut sent = block_on(longs.copy_from_host(sent)).unwrap();
     assert_eq!((sent.len(), sent.capacity()), (8, cap));
     sent.extend(8..100u64); // within the capacity: wrong parts would corrupt the heap here
+    let words = DeviceVec::<u32>::from_buffer(longs.into_buffer()).unwrap();
     let mut back: Vec<u32> = Vec::with_capacity(40);
     back.resize(16, 0);
     let cap = back.capacity();
-    let mut back = block_on(buf.copy_to_host(back)).unwrap();
+    let mut back = block_on(words.copy_to_host(back)).unwrap();
     assert_eq!((back.len(), back.capacity()), (16, cap));
     assert_eq!(&back[..4], &[0, 0, 1, 0]);
     back.resize(40, 9);
 }
 
+/// Issue 22: an untyped literal given to a buffer's copies is bytes, so `vec![0; n]` fits an
+/// n-byte buffer (it used to infer `Vec<i32>`, four times too long, and fail at run time).
+#[test]
+fn an_untyped_literal_copies_as_bytes() {
+    let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
+    let n = buf.len();
+    let sent = block_on(buf.copy_from_host(vec![0; n])).unwrap();
+    let _: &Vec<u8> = &sent;
+    block_on(buf.copy_from_host_slice(&[0; 64])).unwrap();
+    let back = block_on(buf.copy_to_host(vec![1; n])).unwrap();
+    assert_eq!(back, vec![0u8; n]);
+    let mut out = [1; 64];
+    block_on(buf.copy_to_host_slice(&mut out)).unwrap();
+    assert_eq!(out, [0u8; 64]);
+}
+
 #[test]
 fn length_mismatches_name_both_lengths_in_bytes() {
     let (_device, _stream, mut buf) = setup(CompletionStrategy::Poller);
-    let e = block_on(buf.copy_to_host(vec![0f32; 15])).unwrap_err();
+    let e = block_on(buf.copy_to_host(vec![0u8; 60])).unwrap_err();
     assert_eq!(
         e,
         Error::LengthMismatch {
@@ -150,7 +175,7 @@ fn length_mismatches_name_both_lengths_in_bytes() {
             unit: "bytes"
         }
     );
-    let e = block_on(buf.copy_from_host(vec![0u32; 17])).unwrap_err();
+    let e = block_on(buf.copy_from_host(vec![0u8; 68])).unwrap_err();
     assert!(
         matches!(
             e,
@@ -163,7 +188,7 @@ fn length_mismatches_name_both_lengths_in_bytes() {
         ),
         "{e}"
     );
-    let e = block_on(buf.copy_to_host_slice(&mut [0u16; 31])).unwrap_err();
+    let e = block_on(buf.copy_to_host_slice(&mut [0u8; 62])).unwrap_err();
     assert!(
         matches!(
             e,
@@ -176,7 +201,7 @@ fn length_mismatches_name_both_lengths_in_bytes() {
         ),
         "{e}"
     );
-    let e = block_on(buf.copy_from_host_slice(&[0u64; 9])).unwrap_err();
+    let e = block_on(buf.copy_from_host_slice(&[0u8; 72])).unwrap_err();
     assert!(
         matches!(
             e,
@@ -201,13 +226,13 @@ fn borrowed_slices_round_trip() {
     let stream = Stream::new(&device).unwrap();
     let mut buf = buffer_64(&device, &stream);
     let sent: Vec<i16> = (0..32).map(|i| i * 1000 - 16000).collect();
-    block_on(buf.copy_from_host_slice(&sent)).unwrap();
+    block_on(buf.copy_from_host_slice(bytemuck::cast_slice(&sent))).unwrap();
     let mut back = [0i16; 32];
-    block_on(buf.copy_to_host_slice(&mut back)).unwrap();
+    block_on(buf.copy_to_host_slice(bytemuck::cast_slice_mut(&mut back))).unwrap();
     assert_eq!(&back[..], &sent[..]);
     // A longer slice gets the buffer's bytes at its start; the rest is untouched.
     let mut longer = [7i16; 40];
-    block_on(buf.copy_to_host_slice(&mut longer)).unwrap();
+    block_on(buf.copy_to_host_slice(bytemuck::cast_slice_mut(&mut longer))).unwrap();
     assert_eq!(&longer[..32], &sent[..]);
     assert_eq!(&longer[32..], &[7; 8]);
     // A shorter source fills the buffer's start.
@@ -279,7 +304,7 @@ fn a_failed_copy_to_host_slice_leaves_the_slice_alone() {
 /// The typed starts that containers use: lengths and errors in elements.
 #[test]
 fn typed_starts_count_elements() {
-    use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice};
+    use super::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, Unit};
 
     let (_device, stream, buf) = setup(CompletionStrategy::Poller);
     // 16 f32 in 64 bytes. Every start below is sound: `buf` holds 64 bytes at `ptr`, is
@@ -287,18 +312,18 @@ fn typed_starts_count_elements() {
     let (ptr, n) = (buf.ptr(), 16);
     let sent: Vec<f32> = (0..n).map(|i| i as f32).collect();
     // SAFETY: as above.
-    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, sent) };
+    let copy = unsafe { CopyFromHost::start(Unit::Elements, &stream, ptr, n, sent) };
     let sent = block_on(copy).unwrap();
     // SAFETY: as above.
-    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; n]) };
+    let copy = unsafe { CopyToHost::start(Unit::Elements, &stream, ptr, n, vec![0f32; n]) };
     assert_eq!(block_on(copy).unwrap(), sent);
     let mut out = [0f32; 16];
     // SAFETY: as above.
-    let copy = unsafe { CopyToSlice::start_elems("test_to_slice", &stream, ptr, n, &mut out) };
+    let copy = unsafe { CopyToSlice::start(Unit::Elements, &stream, ptr, n, &mut out) };
     block_on(copy).unwrap();
     assert_eq!(&out[..], &sent[..]);
     // SAFETY: as above.
-    let copy = unsafe { CopyFromSlice::start_elems("test_from_slice", &stream, ptr, n, &[9f32]) };
+    let copy = unsafe { CopyFromSlice::start(Unit::Elements, &stream, ptr, n, &[9f32]) };
     block_on(copy).unwrap();
 
     let mismatch = |call, device_len, host_len| Error::LengthMismatch {
@@ -308,22 +333,32 @@ fn typed_starts_count_elements() {
         unit: "elements",
     };
     // SAFETY: as above.
-    let copy = unsafe { CopyToHost::start_elems("test_to", &stream, ptr, n, vec![0f32; 15]) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_to", 16, 15));
+    let copy = unsafe { CopyToHost::start(Unit::Elements, &stream, ptr, n, vec![0f32; 15]) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_to_host", 16, 15)
+    );
     // SAFETY: as above.
-    let copy = unsafe { CopyFromHost::start_elems("test_from", &stream, ptr, n, vec![0f32; 17]) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("test_from", 16, 17));
+    let copy = unsafe { CopyFromHost::start(Unit::Elements, &stream, ptr, n, vec![0f32; 17]) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_from_host", 16, 17)
+    );
     let mut short = [0f32; 3];
     // SAFETY: as above.
-    let copy = unsafe { CopyToSlice::start_elems("ts", &stream, ptr, n, &mut short) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("ts", 16, 3));
-    // SAFETY: as above.
-    let copy = unsafe { CopyFromSlice::start_elems("fs", &stream, ptr, 2, &[0f32; 3]) };
-    assert_eq!(block_on(copy).unwrap_err(), mismatch("fs", 2, 3));
+    let copy = unsafe { CopyToSlice::start(Unit::Elements, &stream, ptr, n, &mut short) };
     assert_eq!(
-        block_on(buf.copy_to_host(vec![0f32; 16])).unwrap()[..2],
-        [9.0, 1.0]
+        block_on(copy).unwrap_err(),
+        mismatch("copy_to_host_slice", 16, 3)
     );
+    // SAFETY: as above.
+    let copy = unsafe { CopyFromSlice::start(Unit::Elements, &stream, ptr, 2, &[0f32; 3]) };
+    assert_eq!(
+        block_on(copy).unwrap_err(),
+        mismatch("copy_from_host_slice", 2, 3)
+    );
+    let floats = DeviceVec::<f32>::from_buffer(buf).unwrap();
+    assert_eq!(block_on(floats.to_vec()).unwrap()[..2], [9.0, 1.0]);
 }
 
 #[test]
@@ -332,7 +367,8 @@ fn views_copy_only_their_range_into_borrowed_slices() {
     let bytes: Vec<u8> = (0..64).collect();
     block_on(buf.copy_from_host_slice(&bytes)).unwrap();
     let mut words = [0u16; 3];
-    block_on(buf.slice(10..16).unwrap().copy_to_host_slice(&mut words)).unwrap();
+    let view = buf.slice(10..16).unwrap();
+    block_on(view.copy_to_host_slice(bytemuck::cast_slice_mut(&mut words))).unwrap();
     assert_eq!(
         words,
         [

@@ -1,5 +1,5 @@
 //! Borrowed element ranges of a [`DeviceVec`](super::DeviceVec): [`VecView`] and
-//! [`VecViewMut`].
+//! [`VecViewMut`], typed faces of the [`ByteRange`] core.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -8,10 +8,10 @@ use std::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
-use crate::buffer::view::checked_range;
-use crate::buffer::{
-    CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, HostBuffer,
-};
+use crate::buffer::byte_range::{checked_range, ByteRange, ByteRangeMut};
+use crate::buffer::device_buffer::DeviceBuffer;
+use crate::buffer::host_copy::Unit;
+use crate::buffer::host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::DevicePtr;
@@ -42,11 +42,10 @@ use crate::stream::Stream;
 /// # }).unwrap();
 /// ```
 pub struct VecView<'a, T: Pod> {
-    buf: &'a DeviceBuffer,
+    /// The elements' bytes.
+    bytes: ByteRange<'a>,
     /// First element; `start + len <= buf.len() / size_of::<T>()`.
     start: usize,
-    /// The address of element `start`, kept so a kernel argument can borrow it.
-    addr: DevicePtr,
     len: usize,
     _elem: PhantomData<&'a [T]>,
 }
@@ -60,18 +59,17 @@ impl<T: Pod> Clone for VecView<'_, T> {
 impl<T: Pod> Copy for VecView<'_, T> {}
 
 impl<'a, T: Pod> VecView<'a, T> {
-    /// The address of the first element, borrowed (a kernel argument pushes a reference).
-    #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
-    pub(crate) fn addr_ref(&self) -> &DevicePtr {
-        &self.addr
+    /// The core the view is a face of (for the host-kernel and interop modules).
+    pub(crate) fn bytes(&self) -> &ByteRange<'a> {
+        &self.bytes
     }
 
     /// A view of the elements `range` of `buf`, checked by the caller to be in bounds.
+    #[inline]
     pub(crate) fn new(buf: &'a DeviceBuffer, range: Range<usize>) -> Self {
-        debug_assert!(range.end * size_of::<T>() <= buf.len());
+        let size = size_of::<T>();
         VecView {
-            addr: buf.ptr.offset(range.start * size_of::<T>()),
-            buf,
+            bytes: ByteRange::new(buf, range.start * size, range.len() * size),
             start: range.start,
             len: range.len(),
             _elem: PhantomData,
@@ -89,8 +87,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
-        self.buf.ready_for_raw_use();
-        self.addr
+        self.bytes.ptr()
     }
 
     /// The number of elements in the view.
@@ -146,7 +143,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn as_buffer(&self) -> &'a DeviceBuffer {
-        self.buf
+        self.bytes.buffer()
     }
 
     /// The vector's owner, on which the view's copies are enqueued.
@@ -160,7 +157,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn stream(&self) -> Stream {
-        self.buf.stream()
+        self.bytes.stream()
     }
 
     /// The device of the memory.
@@ -174,7 +171,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn device(&self) -> &'a Device {
-        self.buf.device()
+        self.bytes.device()
     }
 
     /// A view of the elements `range` of this view.
@@ -197,7 +194,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<VecView<'a, T>> {
         let range = checked_range(range, self.len, "elements")?;
         Ok(VecView::new(
-            self.buf,
+            self.bytes.buffer(),
             self.start + range.start..self.start + range.end,
         ))
     }
@@ -229,20 +226,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host<B: HostBuffer<Elem = T>>(&self, host: B) -> CopyToHost<B> {
-        let ptr = self.addr;
-        let mut uses = self.buf.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToHost::failed(e),
-        };
-        // SAFETY: `ptr..ptr + len * size_of::<T>()` lies inside the buffer (the view is in
-        // bounds), whose memory is freed, and written by other streams, only after a point of
-        // the owner that follows this copy (the free is on the owner or on a later owner that
-        // waits for this one); the owner's own later writes are stream-ordered after it, its
-        // earlier owners' before it (`ready`). The owner changes only through `&mut`, so not meanwhile.
-        let copy = unsafe { CopyToHost::start_elems("copy_to_host", owner, ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+        self.bytes.copy_to_host(Unit::Elements, host)
     }
 
     /// Copies the view's elements into the start of the borrowed `host`, staged through owned
@@ -272,17 +256,7 @@ impl<'a, T: Pod> VecView<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_to_host_slice<'h>(&self, host: &'h mut [T]) -> CopyToSlice<'h> {
-        let ptr = self.addr;
-        let mut uses = self.buf.uses.lock();
-        let owner = match uses.ready() {
-            Ok(owner) => owner,
-            Err(e) => return CopyToSlice::failed(e),
-        };
-        // SAFETY: as in `copy_to_host`.
-        let copy =
-            unsafe { CopyToSlice::start_elems("copy_to_host_slice", owner, ptr, self.len, host) };
-        uses.used_until(copy.done_event());
-        copy
+        self.bytes.copy_to_host_slice(Unit::Elements, host)
     }
 
     /// The view's elements, copied into a new `Vec` on the owner.
@@ -320,7 +294,7 @@ impl<T: Pod> fmt::Debug for VecView<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VecView")
             .field("elem", &std::any::type_name::<T>())
-            .field("ptr", &self.addr)
+            .field("ptr", &self.bytes.addr())
             .field("start", &self.start)
             .field("len", &self.len)
             .finish()
@@ -351,28 +325,32 @@ impl<T: Pod> fmt::Debug for VecView<'_, T> {
 /// # }).unwrap();
 /// ```
 pub struct VecViewMut<'a, T: Pod> {
-    buf: &'a mut DeviceBuffer,
+    /// The elements' bytes.
+    bytes: ByteRangeMut<'a>,
     /// First element; `start + len <= buf.len() / size_of::<T>()`.
     start: usize,
-    /// The address of element `start`, kept so a kernel argument can borrow it.
-    addr: DevicePtr,
     len: usize,
     _elem: PhantomData<&'a mut [T]>,
 }
 
 impl<'a, T: Pod> VecViewMut<'a, T> {
-    /// The address of the first element, borrowed (a kernel argument pushes a reference).
+    /// The core the view is a face of (for the host-kernel and interop modules).
+    pub(crate) fn bytes_mut(&mut self) -> &mut ByteRangeMut<'a> {
+        &mut self.bytes
+    }
+
+    /// As [`bytes_mut`](VecViewMut::bytes_mut), shared.
     #[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
-    pub(crate) fn addr_ref(&self) -> &DevicePtr {
-        &self.addr
+    pub(crate) fn bytes(&self) -> &ByteRangeMut<'a> {
+        &self.bytes
     }
 
     /// A view of the elements `range` of `buf`, checked by the caller to be in bounds.
+    #[inline]
     pub(crate) fn new(buf: &'a mut DeviceBuffer, range: Range<usize>) -> Self {
-        debug_assert!(range.end * size_of::<T>() <= buf.len());
+        let size = size_of::<T>();
         VecViewMut {
-            addr: buf.ptr.offset(range.start * size_of::<T>()),
-            buf,
+            bytes: ByteRangeMut::new(buf, range.start * size, range.len() * size),
             start: range.start,
             len: range.len(),
             _elem: PhantomData,
@@ -391,7 +369,12 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn as_view(&self) -> VecView<'_, T> {
-        VecView::new(self.buf, self.start..self.start + self.len)
+        VecView {
+            bytes: self.bytes.as_range(),
+            start: self.start,
+            len: self.len,
+            _elem: PhantomData,
+        }
     }
 
     /// The address of the view's first element.
@@ -462,7 +445,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn stream(&self) -> Stream {
-        self.buf.stream()
+        self.bytes.as_range().stream()
     }
 
     /// The device of the memory.
@@ -476,14 +459,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn device(&self) -> &Device {
-        self.buf.device()
-    }
-
-    /// The whole vector's buffer, mutably, for crate code that hands it off before a write
-    /// (kernel launches).
-    #[allow(dead_code)] // used by the interop and host-kernel modules
-    pub(crate) fn buffer_mut(&mut self) -> &mut DeviceBuffer {
-        self.buf
+        self.bytes.as_range().device()
     }
 
     /// A mutable view of the elements `range` of this view (a reborrow).
@@ -505,11 +481,13 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// ```
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<VecViewMut<'_, T>> {
         let range = checked_range(range, self.len, "elements")?;
-        let start = self.start;
-        Ok(VecViewMut::new(
-            self.buf,
-            start + range.start..start + range.end,
-        ))
+        let size = size_of::<T>();
+        Ok(VecViewMut {
+            bytes: self.bytes.range_mut(range.start * size..range.end * size),
+            start: self.start + range.start,
+            len: range.len(),
+            _elem: PhantomData,
+        })
     }
 
     /// Copies the view's elements into the start of `host`, as
@@ -538,6 +516,41 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// ```
     pub fn copy_to_host<B: HostBuffer<Elem = T>>(&self, host: B) -> CopyToHost<B> {
         self.as_view().copy_to_host(host)
+    }
+
+    /// Copies the view's elements into the start of the borrowed slice `dst`, staged through an
+    /// owned host buffer: [`VecView::copy_to_host_slice`](crate::VecView::copy_to_host_slice)
+    /// of [`as_view`](VecViewMut::as_view).
+    ///
+    /// # Stream ordering
+    /// As [`VecView::copy_to_host_slice`](crate::VecView::copy_to_host_slice).
+    ///
+    /// # Errors
+    /// The future resolves to [`Error::LengthMismatch`](crate::Error::LengthMismatch) (in
+    /// elements) when `dst` is shorter than the view; driver errors.
+    ///
+    /// # Cancel safety
+    /// As [`CopyToSlice`]: `dst` is written only when the future resolves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
+    /// # futures::executor::block_on(async {
+    /// # let device = Device::host();
+    /// # let stream = Stream::new(&device)?;
+    /// let mut v = DeviceVec::from_host(vec![1i64, 2, 3], &stream, CudaResource::new(&device)?)
+    ///     .await?;
+    /// let mut tail = v.slice_mut(1..)?;
+    /// tail.copy_from_host_slice(&[-2, -3]).await?;
+    /// let mut out = [0i64; 2];
+    /// tail.copy_to_host_slice(&mut out).await?;
+    /// assert_eq!(out, [-2, -3]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn copy_to_host_slice<'h>(&self, dst: &'h mut [T]) -> CopyToSlice<'h> {
+        self.as_view().copy_to_host_slice(dst)
     }
 
     /// The view's elements, copied into a new `Vec`, as [`VecView::to_vec`].
@@ -599,21 +612,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host<B: HostBuffer<Elem = T>>(&mut self, host: B) -> CopyFromHost<B> {
-        let dst = self.addr;
-        let mut uses = self.buf.uses.get_mut();
-        if let Err(e) = uses.order_owner_after_readers() {
-            return CopyFromHost::failed(e);
-        }
-        // SAFETY: `dst..dst + len * size_of::<T>()` lies inside the buffer (the view is in
-        // bounds), whose memory is freed, read or written by other streams only after a point
-        // of the owner that follows this copy (the free is on the owner or a later owner that
-        // waits for this one; other streams read it only after a `read_on` that waits for the
-        // owner); every recorded read is ordered before it (just above).
-        let copy = unsafe {
-            CopyFromHost::start_elems("copy_from_host", uses.owner(), dst, self.len, host)
-        };
-        uses.used_until(copy.done_event());
-        copy
+        self.bytes.copy_from_host(Unit::Elements, host)
     }
 
     /// Copies all of the borrowed `host` into the start of the view, staged through owned
@@ -642,17 +641,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
     /// # }).unwrap();
     /// ```
     pub fn copy_from_host_slice(&mut self, host: &[T]) -> CopyFromSlice {
-        let dst = self.addr;
-        let mut uses = self.buf.uses.get_mut();
-        if let Err(e) = uses.order_owner_after_readers() {
-            return CopyFromSlice::failed(e);
-        }
-        // SAFETY: as in `copy_from_host`.
-        let copy = unsafe {
-            CopyFromSlice::start_elems("copy_from_host_slice", uses.owner(), dst, self.len, host)
-        };
-        uses.used_until(copy.done_event());
-        copy
+        self.bytes.copy_from_host_slice(Unit::Elements, host)
     }
 }
 
@@ -660,7 +649,7 @@ impl<T: Pod> fmt::Debug for VecViewMut<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VecViewMut")
             .field("elem", &std::any::type_name::<T>())
-            .field("ptr", &self.addr)
+            .field("ptr", &self.bytes.as_range().addr())
             .field("start", &self.start)
             .field("len", &self.len)
             .finish()

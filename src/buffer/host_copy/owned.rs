@@ -1,4 +1,5 @@
-//! Host↔device copies that own their host buffer until the device is done with it.
+//! Host↔device copies that own their host buffer until the device is done with it: the
+//! host buffers they take, the transfer that holds one, and the two futures.
 
 use std::fmt;
 use std::future::Future;
@@ -13,12 +14,7 @@ use crate::error::{Error, Result};
 use crate::resource::DevicePtr;
 use crate::stream::{Event, Stream};
 
-mod slice;
-mod views;
-
-pub use slice::{CopyFromSlice, CopyToSlice};
-
-pub(super) mod sealed {
+pub(in crate::buffer) mod sealed {
     use crate::stream::Stream;
 
     /// Takes an owned host buffer apart and puts it back together. Private: only the types
@@ -80,16 +76,19 @@ pub(super) mod sealed {
 /// # Examples
 ///
 /// ```
-/// use streamalloc::{CudaResource, Device, DeviceBuffer, Stream};
+/// use streamalloc::{CudaResource, Device, DeviceBuffer, DeviceVec, Stream};
 ///
 /// # futures::executor::block_on(async {
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
-/// let mut buf = DeviceBuffer::new(16, &stream, CudaResource::new(&device)?).await?;
+/// let mut v = DeviceVec::<f32>::new(4, &stream, CudaResource::new(&device)?).await?;
 /// let boxed: Box<[f32]> = vec![1.0, 2.0, 3.0, 4.0].into_boxed_slice();
-/// let boxed = buf.copy_from_host(boxed).await?;      // handed back when the copy is done
-/// let back = buf.copy_to_host(vec![0f32; 4]).await?; // 16 bytes, read as 4 floats
+/// let boxed = v.copy_from_host(boxed).await?;        // handed back when the copy is done
+/// let back = v.copy_to_host(vec![0f32; 4]).await?;
 /// assert_eq!(&back[..], &boxed[..]);
+/// let buf: DeviceBuffer = v.into();                  // a buffer's copies are bytes
+/// let bytes = buf.copy_to_host(vec![0u8; 16]).await?;
+/// assert_eq!(bytes, bytemuck::cast_slice::<f32, u8>(&boxed));
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -429,7 +428,77 @@ impl<B: HostBuffer> fmt::Debug for HostTransfer<B> {
     }
 }
 
-/// The future of [`DeviceBuffer::copy_to_host`](super::DeviceBuffer::copy_to_host): resolves to
+/// How a copy counts the device side of its length check, and names it in the error: bytes for
+/// a buffer and its byte views, elements for the typed containers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Bytes,
+    Elements,
+}
+
+impl Unit {
+    /// The [`Error::LengthMismatch`] of a copy named `call` between `device_len` and `host_len`
+    /// units.
+    pub(crate) fn mismatch(self, call: &'static str, device_len: usize, host_len: usize) -> Error {
+        let unit = match self {
+            Unit::Bytes => "bytes",
+            Unit::Elements => "elements",
+        };
+        Error::LengthMismatch {
+            call,
+            device_len,
+            host_len,
+            unit,
+        }
+    }
+}
+
+/// What the containers' one copy path needs of every copy future: the event recorded after
+/// the copy (the buffer's last use, for a later hand-off) and a future that fails at once.
+pub(crate) trait EnqueuedCopy: Sized {
+    /// A future that resolves to `error`; nothing was enqueued and the host side was dropped.
+    fn failed(error: Error) -> Self;
+
+    /// The event recorded on the stream right after the copy (`None` when nothing was
+    /// enqueued).
+    fn done_event(&self) -> Option<Event>;
+}
+
+/// The parts [`CopyToHost`] and [`CopyFromHost`] share: each is a [`HostTransfer`] that differs
+/// only in how it starts.
+macro_rules! transfer_future {
+    ($name:ident) => {
+        impl<B: HostBuffer> EnqueuedCopy for $name<B> {
+            fn failed(error: Error) -> Self {
+                $name {
+                    transfer: HostTransfer::ready(Err(error), 0),
+                }
+            }
+
+            fn done_event(&self) -> Option<Event> {
+                self.transfer.done_event()
+            }
+        }
+
+        impl<B: HostBuffer> Future for $name<B> {
+            type Output = Result<B>;
+
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
+                self.get_mut().transfer.poll_transfer(cx)
+            }
+        }
+
+        impl<B: HostBuffer> fmt::Debug for $name<B> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("transfer", &self.transfer)
+                    .finish()
+            }
+        }
+    };
+}
+
+/// The future of [`DeviceBuffer::copy_to_host`](crate::DeviceBuffer::copy_to_host): resolves to
 /// the host buffer, its first `len()` bytes filled from the device buffer, once the copy has
 /// completed.
 ///
@@ -477,27 +546,26 @@ pub struct CopyToHost<B: HostBuffer> {
 }
 
 impl<B: HostBuffer> CopyToHost<B> {
-    /// The event recorded on the stream right after the copy (`None` when nothing was
-    /// enqueued): the buffer's last use, for a later hand-off.
-    pub(crate) fn done_event(&self) -> Option<Event> {
-        self.transfer.done_event()
-    }
-
-    /// Enqueues a copy of `bytes` from `src` into the start of `host` on `stream`.
+    /// Enqueues a copy of `len` elements of `B::Elem` from `src` into the start of `host` on
+    /// `stream`. A host buffer of fewer elements is an [`Error::LengthMismatch`] counted in
+    /// `unit` (the host buffer is then dropped: nothing was enqueued).
     ///
     /// # Safety
-    /// `src..src + bytes` is device memory that is freed, and written by other streams, only
-    /// after work on `stream` enqueued now has completed.
-    pub(crate) unsafe fn start(stream: &Stream, src: DevicePtr, bytes: usize, host: B) -> Self {
-        let host_len = host.byte_len();
-        if host_len < bytes {
-            return CopyToHost::failed(Error::LengthMismatch {
-                call: "copy_to_host",
-                device_len: bytes,
-                host_len,
-                unit: "bytes",
-            });
+    /// `src..src + len * size_of::<B::Elem>()` (a product that does not overflow) is device
+    /// memory that is freed, and written by other streams, only after work on `stream` enqueued
+    /// now has completed.
+    pub(crate) unsafe fn start(
+        unit: Unit,
+        stream: &Stream,
+        src: DevicePtr,
+        len: usize,
+        host: B,
+    ) -> Self {
+        let host_len = host.elem_len();
+        if host_len < len {
+            return Self::failed(unit.mismatch("copy_to_host", len, host_len));
         }
+        let bytes = len * std::mem::size_of::<B::Elem>();
         let page_locked = host.page_locked();
         let transfer = HostTransfer::start(stream, host, bytes, |dst| {
             // SAFETY: `dst` is the start of the host buffer, at least `bytes` long (checked
@@ -513,59 +581,11 @@ impl<B: HostBuffer> CopyToHost<B> {
         });
         CopyToHost { transfer }
     }
-
-    /// [`start`](CopyToHost::start) for typed device data: `len` elements of `B::Elem` at
-    /// `src`. A host buffer of fewer elements is an [`Error::LengthMismatch`] in elements,
-    /// named `call`.
-    ///
-    /// # Safety
-    /// As [`start`](CopyToHost::start), for `len * size_of::<B::Elem>()` bytes (which the
-    /// caller's device data holds, so the product does not overflow).
-    pub(crate) unsafe fn start_elems(
-        call: &'static str,
-        stream: &Stream,
-        src: DevicePtr,
-        len: usize,
-        host: B,
-    ) -> Self {
-        if host.elem_len() < len {
-            return CopyToHost::failed(Error::LengthMismatch {
-                call,
-                device_len: len,
-                host_len: host.elem_len(),
-                unit: "elements",
-            });
-        }
-        let bytes = len * std::mem::size_of::<B::Elem>();
-        // SAFETY: forwarded from the caller.
-        unsafe { CopyToHost::start(stream, src, bytes, host) }
-    }
-
-    /// A future that resolves to `error`; the host buffer was dropped (nothing was enqueued).
-    pub(crate) fn failed(error: Error) -> Self {
-        CopyToHost {
-            transfer: HostTransfer::ready(Err(error), 0),
-        }
-    }
 }
 
-impl<B: HostBuffer> Future for CopyToHost<B> {
-    type Output = Result<B>;
+transfer_future!(CopyToHost);
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
-        self.get_mut().transfer.poll_transfer(cx)
-    }
-}
-
-impl<B: HostBuffer> fmt::Debug for CopyToHost<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CopyToHost")
-            .field("transfer", &self.transfer)
-            .finish()
-    }
-}
-
-/// The future of [`DeviceBuffer::copy_from_host`](super::DeviceBuffer::copy_from_host):
+/// The future of [`DeviceBuffer::copy_from_host`](crate::DeviceBuffer::copy_from_host):
 /// resolves to the host buffer, unchanged, once its bytes have been copied to the device.
 ///
 /// The copy is enqueued on the buffer's owning stream when `copy_from_host` is called, not at
@@ -610,26 +630,26 @@ pub struct CopyFromHost<B: HostBuffer> {
 }
 
 impl<B: HostBuffer> CopyFromHost<B> {
-    /// As [`CopyToHost::done_event`].
-    pub(crate) fn done_event(&self) -> Option<Event> {
-        self.transfer.done_event()
-    }
-
-    /// Enqueues a copy of all of `host` to the start of `dst` (`capacity` bytes) on `stream`.
+    /// Enqueues a copy of all of `host` to the start of `dst`, room for `capacity` elements of
+    /// `B::Elem`, on `stream`. A host buffer of more elements is an [`Error::LengthMismatch`]
+    /// counted in `unit` (the host buffer is then dropped: nothing was enqueued).
     ///
     /// # Safety
-    /// `dst..dst + capacity` is device memory that is freed, read or written by other streams
-    /// only after work on `stream` enqueued now has completed.
-    pub(crate) unsafe fn start(stream: &Stream, dst: DevicePtr, capacity: usize, host: B) -> Self {
-        let bytes = host.byte_len();
-        if bytes > capacity {
-            return CopyFromHost::failed(Error::LengthMismatch {
-                call: "copy_from_host",
-                device_len: capacity,
-                host_len: bytes,
-                unit: "bytes",
-            });
+    /// `dst..dst + capacity * size_of::<B::Elem>()` (a product that does not overflow) is device
+    /// memory that is freed, read or written by other streams only after work on `stream`
+    /// enqueued now has completed.
+    pub(crate) unsafe fn start(
+        unit: Unit,
+        stream: &Stream,
+        dst: DevicePtr,
+        capacity: usize,
+        host: B,
+    ) -> Self {
+        let host_len = host.elem_len();
+        if host_len > capacity {
+            return Self::failed(unit.mismatch("copy_from_host", capacity, host_len));
         }
+        let bytes = host.byte_len();
         let page_locked = host.page_locked();
         let transfer = HostTransfer::start(stream, host, bytes, |src| {
             // SAFETY: `src` is the start of the host buffer, `bytes` long, owned by the transfer
@@ -645,57 +665,6 @@ impl<B: HostBuffer> CopyFromHost<B> {
         });
         CopyFromHost { transfer }
     }
-
-    /// [`start`](CopyFromHost::start) for typed device data: room for `capacity` elements of
-    /// `B::Elem` at `dst`. A host buffer of more elements is an [`Error::LengthMismatch`] in
-    /// elements, named `call`.
-    ///
-    /// # Safety
-    /// As [`start`](CopyFromHost::start), for `capacity * size_of::<B::Elem>()` bytes (which
-    /// the caller's device memory holds, so the product does not overflow).
-    pub(crate) unsafe fn start_elems(
-        call: &'static str,
-        stream: &Stream,
-        dst: DevicePtr,
-        capacity: usize,
-        host: B,
-    ) -> Self {
-        if host.elem_len() > capacity {
-            return CopyFromHost::failed(Error::LengthMismatch {
-                call,
-                device_len: capacity,
-                host_len: host.elem_len(),
-                unit: "elements",
-            });
-        }
-        let bytes = capacity * std::mem::size_of::<B::Elem>();
-        // SAFETY: forwarded from the caller.
-        unsafe { CopyFromHost::start(stream, dst, bytes, host) }
-    }
-
-    /// A future that resolves to `error`; the host buffer was never taken.
-    pub(crate) fn failed(error: Error) -> Self {
-        CopyFromHost {
-            transfer: HostTransfer::ready(Err(error), 0),
-        }
-    }
 }
 
-impl<B: HostBuffer> Future for CopyFromHost<B> {
-    type Output = Result<B>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
-        self.get_mut().transfer.poll_transfer(cx)
-    }
-}
-
-impl<B: HostBuffer> fmt::Debug for CopyFromHost<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CopyFromHost")
-            .field("transfer", &self.transfer)
-            .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests;
+transfer_future!(CopyFromHost);

@@ -1,0 +1,19 @@
+//! [`DeviceVec<T>`]: a typed, uninitialised device array over a [`DeviceBuffer`] (RMM's
+//! `device_uvector`).
+//!
+//! The vector is a thin typed layer: it converts element counts to bytes (checked), and
+//! everything else — allocation, hand-off, read tracking, stream-ordered drop — is the
+//! buffer's, so there is one copy of that code.
+//!
+//! [`DeviceBuffer`]: crate::DeviceBuffer
+
+mod alloc;
+mod device_vec;
+mod view;
+
+pub use alloc::NewVec;
+pub use device_vec::DeviceVec;
+pub use view::{VecView, VecViewMut};
+
+#[cfg(test)]
+mod tests;
