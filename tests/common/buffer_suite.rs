@@ -434,6 +434,27 @@ pub fn handoff_then_ptr_orders_raw_work(device: Device) {
     );
 }
 
+/// As [`handoff_then_ptr_orders_raw_work`], for the typed vector's and scalar's `ptr()`.
+pub fn handoff_then_typed_ptr_orders_raw_work(device: Device) {
+    let mr = CudaAsyncResource::new(&device).unwrap();
+    let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let mut v = streamalloc::DeviceVec::<u32>::try_new(1024, &a, mr.clone()).unwrap();
+    let mut x = block_on(streamalloc::DeviceScalar::new(0u32, &a, mr)).unwrap();
+    a.enqueue_delay(LONG).unwrap();
+    let upload = v.copy_from_host(vec![1u32; 1024]); // enqueued now
+    x.set_value(2).unwrap();
+    let written = a.record().unwrap();
+    v.set_stream(&b).unwrap();
+    x.set_stream(&b).unwrap();
+    let _raw = (v.ptr(), x.ptr()); // ... a kernel of the user's on `b` would use them here
+    let raw_work = b.record().unwrap();
+    assert!(
+        other_done_when_complete(&raw_work, &written),
+        "work on the new owner through a typed ptr() ran before the old owner's write"
+    );
+    block_on(upload).unwrap();
+}
+
 /// Dropping a pinned vector of the leaf resource never blocks the thread, even while its stream
 /// is busy (`cuMemFreeHost` needs the stream idle: it runs on a driver thread afterwards).
 pub fn pinned_drop_does_not_block(device: Device) {
@@ -491,6 +512,7 @@ macro_rules! buffer_suite {
             $(#[$attr])* #[test] fn handoff_waits_at_the_new_owners_first_use() { suite::handoff_waits_at_the_new_owners_first_use($device) }
             $(#[$attr])* #[test] fn handoff_carried_on_skips_the_unused_owner() { suite::handoff_carried_on_skips_the_unused_owner($device) }
             $(#[$attr])* #[test] fn handoff_then_ptr_orders_raw_work() { suite::handoff_then_ptr_orders_raw_work($device) }
+            $(#[$attr])* #[test] fn handoff_then_typed_ptr_orders_raw_work() { suite::handoff_then_typed_ptr_orders_raw_work($device) }
             $(#[$attr])* #[test] fn late_handoff_waits_for_the_last_use_only() { suite::late_handoff_waits_for_the_last_use_only($device) }
             $(#[$attr])* #[test] fn pinned_drop_does_not_block() { suite::pinned_drop_does_not_block($device) }
         }

@@ -142,7 +142,7 @@ impl<T: Pod> DeviceVec<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn ptr(&self) -> DevicePtr {
-        self.buf.ptr
+        self.buf.ptr()
     }
 
     /// The stream that owns the vector: its operations are enqueued there and it frees it.
