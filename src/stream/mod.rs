@@ -381,12 +381,25 @@ impl std::hash::Hash for Stream {
     }
 }
 
+/// A stream prints as its id and device, as error messages name it.
+///
+/// ```
+/// # use streamalloc::{Device, Stream};
+/// let device = Device::host();
+/// let s = Stream::new(&device)?;
+/// assert_eq!(s.to_string(), format!("{} on host:0", s.id()));
+/// assert_eq!(format!("{s:?}"), format!("Stream({} on host:0)", s.id()));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+impl fmt::Display for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {}", self.inner.id, self.inner.device.id())
+    }
+}
+
 impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Stream")
-            .field("id", &self.inner.id)
-            .field("device", &self.inner.device.id())
-            .finish()
+        write!(f, "Stream({self})")
     }
 }
 
