@@ -416,7 +416,17 @@ impl LoggingAdaptorBuilder {
     /// [`Error::InvalidArgument`] when the variable is unset or empty; as
     /// [`build_to_file`](Self::build_to_file) otherwise.
     pub fn build_from_env<R: MemoryResource>(self, upstream: R) -> Result<LoggingAdaptor<R>> {
-        match std::env::var_os(LOG_FILE_ENV) {
+        self.build_from_var(upstream, std::env::var_os(LOG_FILE_ENV))
+    }
+
+    /// [`build_from_env`](Self::build_from_env) with the variable's value read already, so
+    /// tests need not set the process's environment (which other threads may be reading).
+    pub(crate) fn build_from_var<R: MemoryResource>(
+        self,
+        upstream: R,
+        value: Option<std::ffi::OsString>,
+    ) -> Result<LoggingAdaptor<R>> {
+        match value {
             Some(path) if !path.is_empty() => self.build_to_file(upstream, PathBuf::from(path)),
             unset_or_empty => Err(Error::invalid(format!(
                 "LoggingAdaptor::from_env: {LOG_FILE_ENV} is {}; set it to the path of the \

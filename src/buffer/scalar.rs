@@ -104,7 +104,7 @@ impl<T: Pod + Send> DeviceScalar<T> {
     /// # Ok::<(), streamalloc::Error>(())
     /// # }).unwrap();
     /// ```
-    pub fn value(&self) -> impl Future<Output = Result<T>> + 'static {
+    pub fn value(&self) -> impl Future<Output = Result<T>> + 'static + use<T> {
         let copy = self.vec.to_vec();
         async move { Ok(copy.await?[0]) }
     }

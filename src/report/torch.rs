@@ -378,7 +378,7 @@ struct Entry {
     event: crate::resource::TraceEvent,
 }
 
-fn torch_entries(e: &crate::resource::TraceEvent) -> impl Iterator<Item = Entry> {
+fn torch_entries(e: &crate::resource::TraceEvent) -> impl Iterator<Item = Entry> + use<> {
     let event = *e;
     let (first, second) = match e.action {
         TraceAction::Free => ("free_requested", Some("free_completed")),

@@ -68,8 +68,7 @@ fn capture(max: LevelFilter, f: impl FnOnce()) -> Vec<Captured> {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone().with_filter(max));
     tracing::subscriber::with_default(subscriber, f);
-    let events = capture.0.lock().clone();
-    events
+    capture.0.lock().clone()
 }
 
 fn ours(events: Vec<Captured>) -> Vec<Captured> {

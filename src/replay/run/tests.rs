@@ -444,14 +444,14 @@ impl Read for Generated {
 #[ignore = "10^7 rows: about a minute in a debug build"]
 fn ten_million_rows_stream_through() {
     let rows = 10_000_000;
-    let gen = || {
+    let csv = || {
         io::BufReader::new(Generated {
             rows,
             next: 0,
             pending: Vec::new(),
         })
     };
-    let s = scan_log(EventReader::new(gen()).unwrap(), &ReplayOptions::default()).unwrap();
+    let s = scan_log(EventReader::new(csv()).unwrap(), &ReplayOptions::default()).unwrap();
     assert_eq!((s.events, s.streams, s.skipped.total()), (rows, 3, 0));
     let device = Device::host();
     let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
@@ -460,7 +460,7 @@ fn ten_million_rows_stream_through() {
         snapshot_line: Some(s.peak_line),
         ..Default::default()
     };
-    let w = replay(EventReader::new(gen()).unwrap(), &pool, &device, &options).unwrap();
+    let w = replay(EventReader::new(csv()).unwrap(), &pool, &device, &options).unwrap();
     assert_eq!((w.events, w.refused, w.frees), (rows, 0, rows / 2));
     assert_eq!(w.peak_live, s.peak_live);
 }

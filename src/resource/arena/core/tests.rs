@@ -491,7 +491,7 @@ impl Model {
     fn first_fit(&self, size: u64) -> Option<u64> {
         self.free
             .iter()
-            .find(|(_, &n)| n >= size)
+            .find(|&(_, &n)| n >= size)
             .map(|(&start, _)| start)
     }
 }
@@ -600,7 +600,7 @@ fn run_arena_ops(ops: Vec<ArenaOp>) {
                 let expected: Vec<(u64, u64)> = m
                     .superblocks
                     .iter()
-                    .filter(|(&b, &n)| m.live.range(b..b + n).next().is_none())
+                    .filter(|&(&b, &n)| m.live.range(b..b + n).next().is_none())
                     .map(|(&b, &n)| (b, n))
                     .collect();
                 let got: Vec<(u64, u64)> = released.iter().map(|r| (r.base, r.size)).collect();
