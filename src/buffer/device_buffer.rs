@@ -1,5 +1,5 @@
 //! [`DeviceBuffer`] itself: what it holds, its accessors, its default and its free. Its other
-//! operations are grouped beside it: making one ([`alloc`](super::alloc)), handing it between
+//! operations are grouped beside it: making one ([`new_buffer`](super::new_buffer)), handing it between
 //! streams ([`handoff`](super::handoff)), working on its bytes ([`copy`](super::copy)) and
 //! changing its size ([`resize`](super::resize)).
 

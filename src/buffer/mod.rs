@@ -5,11 +5,10 @@
 //! the event waits that a hand-off, a write after a read and the free need.
 //!
 //! The buffer and its accessors are in [`device_buffer`]; its other operations are grouped
-//! beside it: making one ([`alloc`]), handing it between streams ([`handoff`]), working on its
+//! beside it: making one ([`new_buffer`]), handing it between streams ([`handoff`]), working on its
 //! bytes ([`copy`]) and changing its size ([`resize`]). Every container and view is a thin face
 //! of one (buffer, byte range) core ([`byte_range`]). This file only declares and re-exports.
 
-mod alloc;
 mod byte_range;
 mod copy;
 #[cfg(feature = "cuda-driver")]
@@ -21,6 +20,7 @@ mod host_copy;
 mod host_kernel;
 #[cfg(feature = "cuda-driver")]
 mod kernel_read;
+mod new_buffer;
 mod peer;
 mod pinned;
 mod resize;
@@ -29,7 +29,6 @@ mod uses;
 mod vec;
 mod view;
 
-pub use alloc::NewBuffer;
 pub use device_buffer::DeviceBuffer;
 pub use guard::ReadGuard;
 pub use host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
@@ -38,6 +37,7 @@ pub use host_kernel::{
 };
 #[cfg(feature = "cuda-driver")]
 pub use kernel_read::KernelRead;
+pub use new_buffer::NewBuffer;
 pub use pinned::PinnedHostVec;
 pub use scalar::DeviceScalar;
 pub use vec::{DeviceVec, NewVec, VecView, VecViewMut};

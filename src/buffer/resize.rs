@@ -1,8 +1,8 @@
 //! Changing a buffer's size and capacity: reallocation on the owner, the bytes in use copied
 //! over, the old block freed stream-ordered.
 
-use super::alloc::{aligned_start, misaligned, padded_size};
 use super::device_buffer::DeviceBuffer;
+use super::new_buffer::{aligned_start, misaligned, padded_size};
 use crate::error::Result;
 use crate::resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;

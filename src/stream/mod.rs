@@ -4,7 +4,7 @@
 #[cfg(feature = "cuda-driver")]
 mod cudarc;
 mod event;
-mod round_robin;
+mod stream_pool;
 
 use std::cell::RefCell;
 use std::fmt;
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 pub(crate) use crate::ids::StreamId;
 pub use event::Event;
-pub use round_robin::StreamPool;
+pub use stream_pool::StreamPool;
 
 use parking_lot::Mutex;
 

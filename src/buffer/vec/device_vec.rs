@@ -1,5 +1,5 @@
 //! The typed vector itself: its accessors, views, copies and conversions; making one and
-//! changing its size are in [`alloc`](super::alloc).
+//! changing its size are in [`new_vec`](super::new_vec).
 
 use std::fmt;
 use std::marker::PhantomData;

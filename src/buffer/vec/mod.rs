@@ -7,12 +7,12 @@
 //!
 //! [`DeviceBuffer`]: crate::DeviceBuffer
 
-mod alloc;
 mod device_vec;
+mod new_vec;
 mod view;
 
-pub use alloc::NewVec;
 pub use device_vec::DeviceVec;
+pub use new_vec::NewVec;
 pub use view::{VecView, VecViewMut};
 
 #[cfg(test)]

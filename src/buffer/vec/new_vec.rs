@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 
 use super::device_vec::DeviceVec;
-use crate::buffer::alloc::{shared_for, NewBuffer};
 use crate::buffer::device_buffer::DeviceBuffer;
 use crate::buffer::host_copy::HostBuffer;
+use crate::buffer::new_buffer::{shared_for, NewBuffer};
 use crate::error::{Error, Result};
 use crate::resource::{into_shared, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
 use crate::stream::Stream;
