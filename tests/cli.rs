@@ -5,6 +5,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+#[path = "browser/mod.rs"]
+mod browser;
+
 const EXCERPT: &str = "tests/data/rmm_26.10_5streams_excerpt.csv";
 
 fn streamalloc(args: &[&str]) -> Output {
