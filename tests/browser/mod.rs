@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use super::{streamalloc, text, EXCERPT};
+use super::{replay_excerpt, text};
 
 const GEOMETRY: &str = include_str!("geometry.js");
 
@@ -21,7 +21,7 @@ const WIDTHS: [(&str, u32); 2] = [("desktop", 1280), ("phone", 390)];
 
 fn chromium() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("STREAMALLOC_CHROMIUM") {
-        return Some(PathBuf::from(path));
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
     }
     let path = std::env::var_os("PATH")?;
     ["chromium", "chromium-browser", "google-chrome"]
@@ -71,11 +71,14 @@ fn run_chromium(browser: &Path, page: &Path, width: u32, height: u32, args: &[&s
     panic!("Chromium failed twice on {}: {last}", page.display());
 }
 
+/// A fresh profile folder for one Chromium run.
 fn tempfile_dir() -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let dir = std::env::temp_dir().join(format!(
-        "streamalloc-chromium-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        "streamalloc-chromium-{}-{nanos}",
+        std::process::id()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -148,16 +151,10 @@ fn the_report_in_a_browser_has_no_overlapping_or_cut_text() {
     );
     let dir = artifacts();
     let report = dir.join("report.html");
-    let out = streamalloc(&[
-        "replay",
-        EXCERPT,
-        "--resource",
+    let out = replay_excerpt(
         "pool,arena,binning,cuda-async",
-        "--device",
-        "host",
-        "--html",
-        report.to_str().unwrap(),
-    ]);
+        &["--html", report.to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let page = std::fs::read_to_string(&report).unwrap();
     let at = page.rfind("</body>").expect("the page has a body");

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::colours::{hex, tint, StreamColours, FREE, PENDING};
-use super::text::{bytes, escape, fit, text_width, wrap};
+use super::text::{bytes, escape, fit, svg_lines, text_width, wrap};
 use crate::resource::{BlockState, MemorySnapshot, Segment};
 
 const MARGIN: f64 = 16.0;
@@ -284,15 +284,7 @@ pub(crate) fn draw(
         .iter()
         .flat_map(|line| wrap(line, width - 2.0 * MARGIN, TEXT_PX))
         .collect();
-    for line in &lines {
-        let _ = writeln!(
-            body,
-            "<text x=\"{MARGIN}\" y=\"{y:.0}\">{}</text>",
-            escape(line)
-        );
-        y += LINE;
-    }
-    let height = y + 4.0;
+    let height = svg_lines(&mut body, &lines, MARGIN, y, LINE, "") + 4.0;
 
     let _ = writeln!(
         svg,
@@ -319,24 +311,9 @@ pub(crate) fn draw(
         svg,
         "<rect width=\"{width:.0}\" height=\"{height:.0}\" fill=\"#ffffff\"/>"
     );
-    let mut y = 18.0;
-    for line in &heading_lines {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{MARGIN}\" y=\"{y:.0}\" font-size=\"{HEADING_PX}\" font-weight=\"bold\">{}</text>",
-            escape(line)
-        );
-        y += HEADING_LINE;
-    }
-    y += LINE - HEADING_LINE;
-    for line in &what_lines {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{MARGIN}\" y=\"{y:.0}\" fill=\"#404040\">{}</text>",
-            escape(line)
-        );
-        y += LINE;
-    }
+    let bold = format!(" font-size=\"{HEADING_PX}\" font-weight=\"bold\"");
+    let y = svg_lines(&mut svg, &heading_lines, MARGIN, 18.0, HEADING_LINE, &bold);
+    svg_lines(&mut svg, &what_lines, MARGIN, y, LINE, " fill=\"#404040\"");
     svg.push_str(&body);
     svg.push_str("</svg>\n");
     (
@@ -365,10 +342,13 @@ fn figures(snapshot: &MemorySnapshot, names: &[String], colours: &StreamColours)
             .position(s)
             .map_or_else(|| s.to_string(), |i| names[i].clone())
     };
+    // Items of a list: a line breaks between items, not inside one (a stream's name from its
+    // figure), so their spaces do not break.
     let list = |items: Vec<String>| {
         let more = items.len().saturating_sub(LISTED);
         let mut s = items
             .into_iter()
+            .map(|item| item.replace(' ', "\u{a0}"))
             .take(LISTED)
             .collect::<Vec<_>>()
             .join(", ");

@@ -64,7 +64,7 @@ pub(crate) fn text_width(s: &str, font_px: f64, bold: bool) -> f64 {
         .chars()
         .map(|c| match c {
             'i' | 'j' | 'l' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | '·' => 0.3,
-            ' ' | 'f' | 't' | 'r' | 'I' | '(' | ')' | '[' | ']' | '-' | '/' => 0.42,
+            ' ' | '\u{a0}' | 'f' | 't' | 'r' | 'I' | '(' | ')' | '[' | ']' | '-' | '/' => 0.42,
             'm' | 'w' | 'M' | 'W' | '%' | '@' => 1.0,
             '×' | '≥' | '≤' | '+' | '=' | '<' | '>' | '~' => 0.84,
             'A'..='Z' => 0.78,
@@ -76,8 +76,9 @@ pub(crate) fn text_width(s: &str, font_px: f64, bold: bool) -> f64 {
     ems * font_px * if bold { 1.1 } else { 1.0 }
 }
 
-/// `s` cut into lines no wider than `max_px` at `font_px` ([`text_width`]): at spaces, and
-/// inside a word only when the word alone is wider than a line. Always at least one line.
+/// `s` cut into lines no wider than `max_px` at `font_px` ([`text_width`]): at spaces (not at
+/// no-break spaces), and inside a word only when the word alone is wider than a line. Always
+/// at least one line.
 pub(crate) fn wrap(s: &str, max_px: f64, font_px: f64) -> Vec<String> {
     let fits = |line: &str| text_width(line, font_px, false) <= max_px;
     let mut lines = Vec::new();
@@ -125,6 +126,28 @@ pub(crate) fn fit(s: &str, max_px: f64, font_px: f64) -> String {
     }
     out.push('…');
     out
+}
+
+/// Writes `lines` as SVG `<text>` elements at `x`, the first at `y`, each `step` under the
+/// one before, with `attributes` (` fill="…"`, or empty); returns where a next line would go.
+pub(crate) fn svg_lines(
+    svg: &mut String,
+    lines: &[String],
+    x: f64,
+    y: f64,
+    step: f64,
+    attributes: &str,
+) -> f64 {
+    let mut y = y;
+    for line in lines {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{x:.1}\" y=\"{y:.1}\"{attributes}>{}</text>",
+            escape(line)
+        );
+        y += step;
+    }
+    y
 }
 
 /// A byte step for about `ticks` ticks up to `max`: a power of two (256 MiB, 512 MiB, 1 GiB,
@@ -186,6 +209,16 @@ mod tests {
         assert!(lines.iter().all(|l| text_width(l, 11.0, false) <= 100.0));
         assert_eq!(lines.concat(), long);
         assert_eq!(wrap("", 10.0, 11.0), [""]);
+        // No-break spaces hold an item together; a line breaks between items.
+        let items = "stream\u{a0}a\u{a0}14.5\u{a0}MiB, stream\u{a0}b\u{a0}17\u{a0}MiB";
+        let width = text_width("stream\u{a0}a\u{a0}14.5\u{a0}MiB,", 11.0, false);
+        assert_eq!(
+            wrap(items, width + 1.0, 11.0),
+            [
+                "stream\u{a0}a\u{a0}14.5\u{a0}MiB,",
+                "stream\u{a0}b\u{a0}17\u{a0}MiB"
+            ]
+        );
         // Wider characters are wider: a line of digits is wider than one of dots.
         assert!(text_width("0000", 11.0, false) > text_width("....", 11.0, false));
         assert!(text_width("Ab", 13.0, true) > text_width("Ab", 13.0, false));

@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use super::colours::{hex, StreamColours, GRID, OOM, PEAK, RESERVED};
-use super::text::{byte_step, bytes, bytes_f, escape, fit, number_step, text_width, wrap};
+use super::text::{
+    byte_step, bytes, bytes_f, escape, fit, number_step, svg_lines, text_width, wrap,
+};
 use crate::resource::{SeriesPoint, Timeline, TraceAction};
 
 const LEFT: f64 = 76.0;
@@ -161,15 +163,8 @@ pub(crate) fn draw(
         svg,
         "<rect width=\"{width:.0}\" height=\"{height:.0}\" fill=\"#ffffff\"/>"
     );
-    for (i, line) in heading_lines.iter().enumerate() {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{MARGIN}\" y=\"{:.0}\" font-size=\"{HEADING_PX}\" \
-             font-weight=\"bold\">{}</text>",
-            18.0 + HEADING_LINE * i as f64,
-            escape(line)
-        );
-    }
+    let bold = format!(" font-size=\"{HEADING_PX}\" font-weight=\"bold\"");
+    svg_lines(&mut svg, &heading_lines, MARGIN, 18.0, HEADING_LINE, &bold);
 
     // Grid and byte axis.
     let mut tick = 0.0;
@@ -215,14 +210,14 @@ pub(crate) fn draw(
     } else {
         width / 2.0
     };
-    for (i, line) in caption_lines.iter().enumerate() {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{centre:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#404040\">{}</text>",
-            axis_y + X_TICKS + 2.0 + CAPTION_LINE * i as f64,
-            escape(line)
-        );
-    }
+    svg_lines(
+        &mut svg,
+        &caption_lines,
+        centre,
+        axis_y + X_TICKS + 2.0,
+        CAPTION_LINE,
+        " text-anchor=\"middle\" fill=\"#404040\"",
+    );
     if series.is_empty() {
         let _ = writeln!(
             svg,
