@@ -5,6 +5,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+#[path = "browser/mod.rs"]
+mod browser;
+
 const EXCERPT: &str = "tests/data/rmm_26.10_5streams_excerpt.csv";
 
 fn streamalloc(args: &[&str]) -> Output {
@@ -13,6 +16,21 @@ fn streamalloc(args: &[&str]) -> Output {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("the binary runs")
+}
+
+/// `streamalloc replay` of the excerpt on the host backend, over `resources`, with `more`
+/// arguments.
+fn replay_excerpt(resources: &str, more: &[&str]) -> Output {
+    let mut args = vec![
+        "replay",
+        EXCERPT,
+        "--resource",
+        resources,
+        "--device",
+        "host",
+    ];
+    args.extend_from_slice(more);
+    streamalloc(&args)
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -58,14 +76,7 @@ fn the_table_lists_each_resource_with_the_logs_peak() {
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(EXCERPT)).unwrap();
     let (peak, line) = peak_of(&log);
     assert!(peak > 100 << 20, "the excerpt's peak is {peak}");
-    let out = streamalloc(&[
-        "replay",
-        EXCERPT,
-        "--resource",
-        "pool,cuda",
-        "--device",
-        "host",
-    ]);
+    let out = replay_excerpt("pool,cuda", &[]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     let lines: Vec<&str> = stdout.lines().collect();
@@ -222,20 +233,17 @@ fn every_export_is_written() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("snapshot.pickle");
     let html = dir.join("report.html");
-    let out = streamalloc(&[
-        "replay",
-        EXCERPT,
-        "--resource",
+    let out = replay_excerpt(
         "pool,arena",
-        "--device",
-        "host",
-        "--torch-snapshot",
-        path.to_str().unwrap(),
-        "--html",
-        html.to_str().unwrap(),
-        "--svg",
-        dir.join("svg").to_str().unwrap(),
-    ]);
+        &[
+            "--torch-snapshot",
+            path.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+            "--svg",
+            dir.join("svg").to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     // Standalone pictures: both resources' timelines and segment maps.
     for name in [

@@ -4,13 +4,15 @@
 use std::fmt::Write as _;
 
 use super::colours::{hex, tint, StreamColours, FREE, PENDING};
-use super::text::{bytes, escape};
+use super::text::{bytes, escape, fit, svg_lines, text_width, wrap};
 use crate::resource::{BlockState, MemorySnapshot, Segment};
 
 const MARGIN: f64 = 16.0;
-const TOP: f64 = 30.0;
-/// Room for a segment's address and size left of its bar.
-const LABEL: f64 = 170.0;
+/// The font sizes of the heading and of every other text.
+const HEADING_PX: f64 = 13.0;
+const TEXT_PX: f64 = 11.0;
+/// From one heading line to the next.
+const HEADING_LINE: f64 = 16.0;
 const ROW: f64 = 14.0;
 const ROW_GAP: f64 = 6.0;
 const LINE: f64 = 16.0;
@@ -70,10 +72,65 @@ pub(crate) fn draw(
     let width = f64::from(width.max(320));
     let segments = &snapshot.segments;
     let wrapped = segments.len() > BARS;
-    let left = if wrapped { MARGIN } else { LABEL };
+    // Each bar's label left of it, in room for the widest, at most a third of the picture:
+    // address and size, or the size alone where those do not fit (the hover title has both).
+    let labels: Vec<String> = if wrapped {
+        Vec::new()
+    } else {
+        let room = (width / 3.0).floor();
+        let full: Vec<String> = segments
+            .iter()
+            .map(|s| format!("{:#x} · {}", s.address.addr(), bytes(s.bytes)))
+            .collect();
+        if full.iter().all(|l| text_width(l, TEXT_PX, false) <= room) {
+            full
+        } else {
+            segments
+                .iter()
+                .map(|s| fit(&bytes(s.bytes), room, TEXT_PX))
+                .collect()
+        }
+    };
+    let left = MARGIN
+        + labels
+            .iter()
+            .map(|l| text_width(l, TEXT_PX, false) + 8.0)
+            .fold(0.0, f64::max);
     let bar_columns = (width - left - MARGIN).floor().max(1.0) as usize;
     let pieces = layout(segments, wrapped, bar_columns);
     let rows = pieces.iter().map(|p| p.row + 1).max().unwrap_or(0);
+
+    // The heading, then what a row is, over the bars.
+    let heading = format!(
+        "Memory of {} on {}: {}, {} held",
+        snapshot.resource,
+        snapshot.device,
+        plural(segments.len(), "segment"),
+        bytes(snapshot.reserved_bytes())
+    );
+    let heading_lines = wrap(&heading, (width - 2.0 * MARGIN) / 1.1, HEADING_PX);
+    let what = if wrapped {
+        format!(
+            "The {} segments laid end to end in rows that wrap like text, a pixel {}; \
+             outlined where {OUTLINED} pixels or wider.",
+            segments.len(),
+            bytes(pieces.first().map_or(0.0, |p| p.per_column) as usize)
+        )
+    } else if segments.is_empty() {
+        String::new()
+    } else {
+        "A bar per segment (memory taken at once from the device or the upstream), to scale."
+            .to_owned()
+    };
+    let what_lines: Vec<String> = if what.is_empty() {
+        Vec::new()
+    } else {
+        wrap(&what, width - 2.0 * MARGIN, TEXT_PX)
+    };
+    let top = 18.0
+        + HEADING_LINE * (heading_lines.len() - 1) as f64
+        + LINE * what_lines.len() as f64
+        + 12.0;
 
     let mut svg = String::new();
     let mut body = String::new();
@@ -95,7 +152,7 @@ pub(crate) fn draw(
         }
     }
     for &(row, from, to, fill) in &rects {
-        let y = TOP + row as f64 * (ROW + ROW_GAP);
+        let y = top + row as f64 * (ROW + ROW_GAP);
         let paint = match fill {
             Fill::Live(Some(i)) => hex(StreamColours::of_index(i)),
             Fill::Live(None) => hex(LIVE_UNKNOWN),
@@ -127,7 +184,7 @@ pub(crate) fn draw(
     for piece in &pieces {
         let segment = &segments[piece.segment];
         let x0 = left + piece.column as f64;
-        let y = TOP + piece.row as f64 * (ROW + ROW_GAP);
+        let y = top + piece.row as f64 * (ROW + ROW_GAP);
         if wrapped && piece.columns < OUTLINED {
             continue;
         }
@@ -146,11 +203,10 @@ pub(crate) fn draw(
         if !wrapped {
             let _ = writeln!(
                 body,
-                "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{:#x} · {}</text>",
+                "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{}</text>",
                 left - 8.0,
                 y + 11.0,
-                segment.address.addr(),
-                bytes(segment.bytes)
+                escape(&labels[piece.segment])
             );
         }
     }
@@ -166,32 +222,25 @@ pub(crate) fn draw(
                 body,
                 "<rect x=\"{left:.0}\" y=\"{:.0}\" width=\"{columns}\" height=\"{ROW}\" \
                  fill=\"none\" stroke=\"#606060\" stroke-width=\"0.6\"/>",
-                TOP + row as f64 * (ROW + ROW_GAP)
+                top + row as f64 * (ROW + ROW_GAP)
             );
         }
-        let _ = writeln!(
-            body,
-            "<text x=\"{MARGIN}\" y=\"{:.0}\" fill=\"#404040\">{} segments one after the \
-             other, {} a pixel; outlined where {OUTLINED} pixels or wider</text>",
-            TOP + rows as f64 * (ROW + ROW_GAP) + 8.0,
-            segments.len(),
-            bytes(pieces.first().map_or(0.0, |p| p.per_column) as usize)
-        );
     }
     if segments.is_empty() {
         let _ = writeln!(
             body,
             "<text x=\"{MARGIN}\" y=\"{:.0}\">no segments: the resource holds no memory</text>",
-            TOP + 11.0
+            top + 11.0
         );
     }
 
     // The legend, then the fragmentation figures.
-    let mut y = TOP + rows.max(1) as f64 * (ROW + ROW_GAP) + if wrapped { 28.0 } else { 12.0 };
+    let mut y = top + rows.max(1) as f64 * (ROW + ROW_GAP) + 12.0;
     let mut x = MARGIN;
     let mut swatch = |body: &mut String, x: &mut f64, paint: String, label: String| {
-        let w = 26.0 + 6.5 * label.chars().count() as f64;
-        if *x + w > width - MARGIN && *x > MARGIN {
+        let label = fit(&label, width - 2.0 * MARGIN - 18.0, TEXT_PX);
+        let w = 32.0 + text_width(&label, TEXT_PX, false);
+        if *x + w - 14.0 > width - MARGIN && *x > MARGIN {
             *x = MARGIN;
             y += LINE;
         }
@@ -212,7 +261,7 @@ pub(crate) fn draw(
                 hex(StreamColours::of_index(*i)),
                 format!("live, {}", names[*i]),
             ),
-            None => (hex(LIVE_UNKNOWN), "live, stream not known".to_owned()),
+            None => (hex(LIVE_UNKNOWN), "live, stream not recorded".to_owned()),
         };
         swatch(&mut body, &mut x, paint, label);
     }
@@ -231,28 +280,16 @@ pub(crate) fn draw(
         swatch(&mut body, &mut x, hex(PENDING), "pending".to_owned());
     }
     y += LINE + 4.0;
-    let lines = figures(snapshot, &names, colours);
-    for line in &lines {
-        let _ = writeln!(
-            body,
-            "<text x=\"{MARGIN}\" y=\"{y:.0}\">{}</text>",
-            escape(line)
-        );
-        y += LINE;
-    }
-    let height = y + 4.0;
+    let lines: Vec<String> = figures(snapshot, &names, colours)
+        .iter()
+        .flat_map(|line| wrap(line, width - 2.0 * MARGIN, TEXT_PX))
+        .collect();
+    let height = svg_lines(&mut body, &lines, MARGIN, y, LINE, "") + 4.0;
 
     let _ = writeln!(
         svg,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
          viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"11\">"
-    );
-    let heading = format!(
-        "Segments of {} on {} ({}, {})",
-        snapshot.resource,
-        snapshot.device,
-        plural(segments.len(), "segment"),
-        bytes(snapshot.reserved_bytes())
     );
     let _ = writeln!(svg, "<title>{}</title>", escape(&heading));
     if !used_patterns.is_empty() {
@@ -272,17 +309,18 @@ pub(crate) fn draw(
     }
     let _ = writeln!(
         svg,
-        "<rect width=\"{width:.0}\" height=\"{height:.0}\" fill=\"#ffffff\"/>\n<text x=\"{MARGIN}\" \
-         y=\"18\" font-size=\"13\" font-weight=\"bold\">{}</text>",
-        escape(&heading)
+        "<rect width=\"{width:.0}\" height=\"{height:.0}\" fill=\"#ffffff\"/>"
     );
+    let bold = format!(" font-size=\"{HEADING_PX}\" font-weight=\"bold\"");
+    let y = svg_lines(&mut svg, &heading_lines, MARGIN, 18.0, HEADING_LINE, &bold);
+    svg_lines(&mut svg, &what_lines, MARGIN, y, LINE, " fill=\"#404040\"");
     svg.push_str(&body);
     svg.push_str("</svg>\n");
     (
         svg,
         MapFrame {
             left,
-            top: TOP,
+            top,
             row_height: ROW,
         },
     )
@@ -304,10 +342,13 @@ fn figures(snapshot: &MemorySnapshot, names: &[String], colours: &StreamColours)
             .position(s)
             .map_or_else(|| s.to_string(), |i| names[i].clone())
     };
+    // Items of a list: a line breaks between items, not inside one (a stream's name from its
+    // figure), so their spaces do not break.
     let list = |items: Vec<String>| {
         let more = items.len().saturating_sub(LISTED);
         let mut s = items
             .into_iter()
+            .map(|item| item.replace(' ', "\u{a0}"))
             .take(LISTED)
             .collect::<Vec<_>>()
             .join(", ");
@@ -320,29 +361,42 @@ fn figures(snapshot: &MemorySnapshot, names: &[String], colours: &StreamColours)
         .pending_bytes
         .iter()
         .fold(0usize, |a, &(_, b)| a.saturating_add(b));
-    let mut lines = vec![
-        format!(
-            "reserved {}{} · live {} · free {} ({} for every stream now) · pending {}",
-            bytes(f.reserved_bytes),
-            snapshot
-                .capacity
-                .map_or(String::new(), |c| format!(" of at most {}", bytes(c))),
-            bytes(f.live_bytes),
-            bytes(f.free_bytes()),
-            bytes(f.free_now_bytes),
-            bytes(pending)
-        ),
-        format!(
-            "largest free block {} (after other streams' events) · largest free now {} · \
-             fragmentation {:.2}",
-            bytes(f.largest_free_block),
-            bytes(f.largest_free_now),
-            f.fragmentation_ratio()
-        ),
-    ];
+    let mut lines = vec![format!(
+        "held {}{} · in live blocks {} · free {} ({} of it free for every stream now) · \
+         pending {} (freed, not yet reached by its stream)",
+        bytes(f.reserved_bytes),
+        snapshot
+            .capacity
+            .map_or(String::new(), |c| format!(" of at most {}", bytes(c))),
+        bytes(f.live_bytes),
+        bytes(f.free_bytes()),
+        bytes(f.free_now_bytes),
+        bytes(pending)
+    )];
+    let unknown: usize = f
+        .live_by_stream
+        .iter()
+        .filter(|(s, _)| s.is_none())
+        .map(|&(_, b)| b)
+        .sum();
+    if unknown > 0 {
+        lines.push(format!(
+            "live blocks of {} have no stream: {} does not record which stream holds them",
+            bytes(unknown),
+            snapshot.resource
+        ));
+    }
+    lines.push(format!(
+        "largest free block {} (once other streams' frees are reached) · largest free block \
+         any stream gets now {} · fragmentation {:.2} (0: the free memory is one block, \
+         towards 1: many small ones)",
+        bytes(f.largest_free_block),
+        bytes(f.largest_free_now),
+        f.fragmentation_ratio()
+    ));
     if !f.free_on_stream.is_empty() {
         lines.push(format!(
-            "free on a stream: {}",
+            "free for its stream only (freed there, others wait for it): {}",
             list(
                 f.free_on_stream
                     .iter()
@@ -351,7 +405,7 @@ fn figures(snapshot: &MemorySnapshot, names: &[String], colours: &StreamColours)
             )
         ));
         lines.push(format!(
-            "largest request served now, by stream: {}",
+            "largest block each stream gets now: {}",
             list(
                 f.largest_free_by_stream
                     .iter()
@@ -362,11 +416,11 @@ fn figures(snapshot: &MemorySnapshot, names: &[String], colours: &StreamColours)
     }
     if !f.free_extents.is_empty() {
         lines.push(format!(
-            "free extents: {}",
+            "free blocks by size: {}",
             list(
                 f.free_extents
                     .iter()
-                    .map(|b| format!("{} × ≥ {}", b.count, bytes(b.min_bytes)))
+                    .map(|b| format!("{} × {} or more", b.count, bytes(b.min_bytes)))
                     .collect()
             )
         ));

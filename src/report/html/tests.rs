@@ -232,9 +232,14 @@ fn the_page_escapes_hostile_names_and_balances_its_pictures() {
     assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;\u{fffd}"));
     assert!(!page.contains('\u{1}'));
     assert!(page.contains("cuda gives no snapshot"));
-    assert!(page.contains("<td class=\"n\">1.5 MiB</td>"));
+    assert!(page.contains(
+        "<td class=\"n\" data-label=\"&lt;script&gt;alert(1)&lt;/script&gt;\u{fffd}\">1.5 MiB</td>"
+    ));
+    // Each picture twice: wide, and narrow for a phone.
     let opens = page.matches("<svg").count();
-    assert_eq!(opens, 3);
+    assert_eq!(opens, 6);
+    assert_eq!(page.matches("<figure class=\"wide\">").count(), 3);
+    assert_eq!(page.matches("<figure class=\"narrow\">").count(), 3);
     assert_eq!(opens, page.matches("</svg>").count());
     let mut rest = page.as_str();
     while let Some(start) = rest.find("<svg") {

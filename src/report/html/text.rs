@@ -56,6 +56,100 @@ fn trim(s: String) -> String {
     }
 }
 
+/// The width of `s` in pixels at `font_px`, estimated from DejaVu Sans (the sans-serif of
+/// most Linux systems, and wider than the sans-serif of macOS and Windows), so that text laid
+/// out by this estimate fits where the browser draws it. `bold` widens it by a tenth.
+pub(crate) fn text_width(s: &str, font_px: f64, bold: bool) -> f64 {
+    let ems: f64 = s
+        .chars()
+        .map(|c| match c {
+            'i' | 'j' | 'l' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | '·' => 0.3,
+            ' ' | '\u{a0}' | 'f' | 't' | 'r' | 'I' | '(' | ')' | '[' | ']' | '-' | '/' => 0.42,
+            'm' | 'w' | 'M' | 'W' | '%' | '@' => 1.0,
+            '×' | '≥' | '≤' | '+' | '=' | '<' | '>' | '~' => 0.84,
+            'A'..='Z' => 0.78,
+            'a'..='z' | '0'..='9' => 0.64,
+            c if c.is_ascii() => 0.64,
+            _ => 1.0,
+        })
+        .sum();
+    ems * font_px * if bold { 1.1 } else { 1.0 }
+}
+
+/// `s` cut into lines no wider than `max_px` at `font_px` ([`text_width`]): at spaces (not at
+/// no-break spaces), and inside a word only when the word alone is wider than a line. Always
+/// at least one line.
+pub(crate) fn wrap(s: &str, max_px: f64, font_px: f64) -> Vec<String> {
+    let fits = |line: &str| text_width(line, font_px, false) <= max_px;
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in s.split(' ') {
+        let joined = if line.is_empty() {
+            word.to_owned()
+        } else {
+            format!("{line} {word}")
+        };
+        if fits(&joined) {
+            line = joined;
+            continue;
+        }
+        if !line.is_empty() {
+            lines.push(std::mem::take(&mut line));
+        }
+        // A word wider than a line: as many characters as fit, then the rest.
+        for c in word.chars() {
+            line.push(c);
+            if !fits(&line) && line.chars().count() > 1 {
+                line.pop();
+                lines.push(std::mem::replace(&mut line, c.to_string()));
+            }
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// `s`, cut to fit `max_px` at `font_px` with "…" at the end where it had to be cut.
+pub(crate) fn fit(s: &str, max_px: f64, font_px: f64) -> String {
+    if text_width(s, font_px, false) <= max_px {
+        return s.to_owned();
+    }
+    let mut out = String::new();
+    for c in s.chars() {
+        out.push(c);
+        if text_width(&out, font_px, false) + text_width("…", font_px, false) > max_px {
+            out.pop();
+            break;
+        }
+    }
+    out.push('…');
+    out
+}
+
+/// Writes `lines` as SVG `<text>` elements at `x`, the first at `y`, each `step` under the
+/// one before, with `attributes` (` fill="…"`, or empty); returns where a next line would go.
+pub(crate) fn svg_lines(
+    svg: &mut String,
+    lines: &[String],
+    x: f64,
+    y: f64,
+    step: f64,
+    attributes: &str,
+) -> f64 {
+    let mut y = y;
+    for line in lines {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{x:.1}\" y=\"{y:.1}\"{attributes}>{}</text>",
+            escape(line)
+        );
+        y += step;
+    }
+    y
+}
+
 /// A byte step for about `ticks` ticks up to `max`: a power of two (256 MiB, 512 MiB, 1 GiB,
 /// …), so that every tick reads as a round figure in binary units.
 pub(crate) fn byte_step(max: f64, ticks: usize) -> f64 {
@@ -96,6 +190,47 @@ mod tests {
         assert_eq!(bytes(64 << 20), "64 MiB");
         assert_eq!(bytes((12.3 * (1u64 << 30) as f64) as usize), "12.3 GiB");
         assert_eq!(bytes(usize::MAX), "16 EiB");
+    }
+
+    #[test]
+    fn wrapping_keeps_every_line_within_its_width_and_every_word() {
+        let s = "largest request each stream gets now: stream 0x5560f474fff0 6 MiB, \
+                 stream 0x5560f4b0b660 4 MiB";
+        let lines = wrap(s, 200.0, 11.0);
+        assert!(lines.len() > 1, "{lines:?}");
+        assert!(
+            lines.iter().all(|l| text_width(l, 11.0, false) <= 200.0),
+            "{lines:?}"
+        );
+        assert_eq!(lines.join(" "), s);
+        // A word wider than the line is cut inside, and nothing is lost.
+        let long = "0x".repeat(40);
+        let lines = wrap(&long, 100.0, 11.0);
+        assert!(lines.iter().all(|l| text_width(l, 11.0, false) <= 100.0));
+        assert_eq!(lines.concat(), long);
+        assert_eq!(wrap("", 10.0, 11.0), [""]);
+        // No-break spaces hold an item together; a line breaks between items.
+        let items = "stream\u{a0}a\u{a0}14.5\u{a0}MiB, stream\u{a0}b\u{a0}17\u{a0}MiB";
+        let width = text_width("stream\u{a0}a\u{a0}14.5\u{a0}MiB,", 11.0, false);
+        assert_eq!(
+            wrap(items, width + 1.0, 11.0),
+            [
+                "stream\u{a0}a\u{a0}14.5\u{a0}MiB,",
+                "stream\u{a0}b\u{a0}17\u{a0}MiB"
+            ]
+        );
+        // Wider characters are wider: a line of digits is wider than one of dots.
+        assert!(text_width("0000", 11.0, false) > text_width("....", 11.0, false));
+        assert!(text_width("Ab", 13.0, true) > text_width("Ab", 13.0, false));
+        assert_eq!(
+            fit("stream 0x5560f474fff0", 1000.0, 11.0),
+            "stream 0x5560f474fff0"
+        );
+        let cut = fit("stream 0x5560f474fff0", 60.0, 11.0);
+        assert!(
+            cut.ends_with('…') && text_width(&cut, 11.0, false) <= 60.0,
+            "{cut}"
+        );
     }
 
     #[test]

@@ -4,16 +4,31 @@
 use std::fmt::Write as _;
 
 use super::colours::{hex, StreamColours, GRID, OOM, PEAK, RESERVED};
-use super::text::{byte_step, bytes, bytes_f, escape, number_step};
+use super::text::{
+    byte_step, bytes, bytes_f, escape, fit, number_step, svg_lines, text_width, wrap,
+};
 use crate::resource::{SeriesPoint, Timeline, TraceAction};
 
 const LEFT: f64 = 76.0;
 const RIGHT: f64 = 16.0;
-const TOP: f64 = 30.0;
-const X_AXIS: f64 = 38.0;
+/// Left of the heading, and of the legend and the caption in narrow pictures.
+const MARGIN: f64 = 16.0;
+/// The font sizes of the heading and of every other text.
+const HEADING_PX: f64 = 13.0;
+const TEXT_PX: f64 = 11.0;
+/// From the top of one heading line to the next.
+const HEADING_LINE: f64 = 16.0;
+/// Under the heading, a band for the peak's label: nothing else is drawn there, so the label
+/// crosses no line of the plot.
+const PEAK_BAND: f64 = 28.0;
+/// Under the axis: the tick labels, then the caption's lines (`CAPTION_LINE` apart).
+const X_TICKS: f64 = 32.0;
+const CAPTION_LINE: f64 = 14.0;
 const LEGEND_ROW: f64 = 18.0;
 /// Legend names longer than this are cut (the hover title has them whole).
 const LEGEND_NAME: usize = 32;
+/// Pictures narrower than this start their legend at the left margin, not under the plot.
+const NARROW: f64 = 600.0;
 
 /// Where the plot lies in the picture: what the render test reads pixels against.
 #[derive(Debug, Clone, Copy)]
@@ -65,23 +80,36 @@ pub(crate) fn draw(
         })
         .collect();
     // The legend: stream swatches, then the reserved line and the peak, flowing in rows.
+    let legend_left = if width < NARROW { MARGIN } else { LEFT };
+    let name_room = width - RIGHT - legend_left - 18.0;
+    let shown: Vec<String> = entries
+        .iter()
+        .map(|e| {
+            let name: String = if e.name.chars().count() > LEGEND_NAME {
+                e.name.chars().take(LEGEND_NAME).chain(['…']).collect()
+            } else {
+                e.name.clone()
+            };
+            fit(&name, name_room, TEXT_PX)
+        })
+        .collect();
     let mut legend = Vec::new();
-    let (mut lx, mut row) = (LEFT, 0usize);
-    let mut place = |label_chars: usize| {
-        let w = 26.0 + 6.5 * label_chars.min(LEGEND_NAME + 1) as f64;
-        if lx + w > width - RIGHT && lx > LEFT {
-            lx = LEFT;
+    let (mut lx, mut row) = (legend_left, 0usize);
+    let mut place = |label: &str| {
+        let w = 32.0 + text_width(label, TEXT_PX, false);
+        if lx + w - 14.0 > width - RIGHT && lx > legend_left {
+            lx = legend_left;
             row += 1;
         }
         let at = (lx, row);
         lx += w;
         at
     };
-    for e in &entries {
-        legend.push(place(e.name.chars().count()));
+    for name in &shown {
+        legend.push(place(name));
     }
-    let reserved_at = place("reserved".len());
-    let peak_at = place("peak".len());
+    let reserved_at = place("reserved");
+    let peak_at = place("peak");
     // Refused allocations among the kept events, one mark per pixel column at most.
     let first_kept = timeline.series().first().map_or(0, |p| p.seq);
     let oom_seqs: Vec<u64> = timeline
@@ -89,10 +117,20 @@ pub(crate) fn draw(
         .filter(|e| e.action == TraceAction::Oom && e.seq >= first_kept)
         .map(|e| e.seq)
         .collect();
-    let oom_at = (!oom_seqs.is_empty()).then(|| place("out of memory".len()));
+    let oom_at = (!oom_seqs.is_empty()).then(|| place("out of memory"));
     let legend_height = (row + 1) as f64 * LEGEND_ROW + 8.0;
-    let height = f64::from(height.max(160)).max(TOP + 80.0 + X_AXIS + legend_height);
-    let plot_height = height - TOP - X_AXIS - legend_height;
+
+    let heading = match title {
+        Some(t) => format!("{t}: live bytes per stream, reserved bytes"),
+        None => "Live bytes per stream, reserved bytes".to_owned(),
+    };
+    let heading_lines = wrap(&heading, (width - 2.0 * MARGIN) / 1.1, HEADING_PX);
+    let top = 18.0 + HEADING_LINE * (heading_lines.len() - 1) as f64 + PEAK_BAND;
+    let caption = caption(timeline, &series);
+    let caption_lines = wrap(&caption, width - 2.0 * MARGIN, TEXT_PX);
+    let x_axis = X_TICKS + CAPTION_LINE * caption_lines.len() as f64;
+    let height = f64::from(height.max(160)).max(top + 80.0 + x_axis + legend_height);
+    let plot_height = height - top - x_axis - legend_height;
 
     let max_bytes = series
         .iter()
@@ -106,7 +144,7 @@ pub(crate) fn draw(
     let end_seq = series.last().map_or(1, |p| p.seq + 1) as f64;
     let frame = Frame {
         left: LEFT,
-        top: TOP,
+        top,
         width: width - LEFT - RIGHT,
         height: plot_height,
         first_seq,
@@ -120,19 +158,13 @@ pub(crate) fn draw(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
          viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"11\">"
     );
-    let heading = match title {
-        Some(t) => format!("{}: live bytes per stream, reserved bytes", escape(t)),
-        None => "Live bytes per stream, reserved bytes".to_owned(),
-    };
-    let _ = writeln!(svg, "<title>{heading}</title>");
+    let _ = writeln!(svg, "<title>{}</title>", escape(&heading));
     let _ = writeln!(
         svg,
         "<rect width=\"{width:.0}\" height=\"{height:.0}\" fill=\"#ffffff\"/>"
     );
-    let _ = writeln!(
-        svg,
-        "<text x=\"{LEFT}\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{heading}</text>"
-    );
+    let bold = format!(" font-size=\"{HEADING_PX}\" font-weight=\"bold\"");
+    svg_lines(&mut svg, &heading_lines, MARGIN, 18.0, HEADING_LINE, &bold);
 
     // Grid and byte axis.
     let mut tick = 0.0;
@@ -152,10 +184,12 @@ pub(crate) fn draw(
         tick += step;
     }
     // Event axis.
+    // As many ticks as their widest label leaves room for, up to six.
     let span = end_seq - first_seq;
-    let xstep = number_step(span, 6);
+    let label_room = text_width(&format!("{end_seq:.0}"), TEXT_PX, false) + 24.0;
+    let xstep = number_step(span, ((frame.width / label_room) as usize).clamp(2, 6));
     let mut seq = (first_seq / xstep).ceil() * xstep;
-    let axis_y = TOP + plot_height;
+    let axis_y = top + plot_height;
     while seq <= end_seq {
         let x = frame.x(seq);
         let _ = writeln!(
@@ -163,41 +197,33 @@ pub(crate) fn draw(
             "<line x1=\"{x:.1}\" y1=\"{axis_y:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#606060\"/>\
              <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{seq:.0}</text>",
             axis_y + 4.0,
-            axis_y + 16.0
+            axis_y + 18.0
         );
         seq += xstep;
     }
-    let _ = writeln!(
-        svg,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#404040\">event \
-         ({} recorded{}{})</text>",
-        LEFT + frame.width / 2.0,
-        axis_y + 31.0,
-        timeline.recorded_events(),
-        match (series.first(), series.last()) {
-            (Some(a), Some(b)) if b.time > a.time => format!(
-                ", {} to {}",
-                seconds(a.time.as_secs_f64()),
-                seconds(b.time.as_secs_f64())
-            ),
-            _ => String::new(),
-        },
-        if series.len() as u64 + 1 < timeline.recorded_events() {
-            format!(
-                ", drawn as {} points keeping each window's peak",
-                series.len()
-            )
-        } else {
-            String::new()
-        }
+    // The caption, centred under the plot where it fits, else under the whole picture.
+    let centre = if caption_lines.len() == 1
+        && text_width(&caption_lines[0], TEXT_PX, false) / 2.0 + MARGIN
+            <= (LEFT + frame.width / 2.0).min(width - LEFT - frame.width / 2.0)
+    {
+        LEFT + frame.width / 2.0
+    } else {
+        width / 2.0
+    };
+    svg_lines(
+        &mut svg,
+        &caption_lines,
+        centre,
+        axis_y + X_TICKS + 2.0,
+        CAPTION_LINE,
+        " text-anchor=\"middle\" fill=\"#404040\"",
     );
-
     if series.is_empty() {
         let _ = writeln!(
             svg,
             "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no events recorded</text>",
             LEFT + frame.width / 2.0,
-            TOP + plot_height / 2.0
+            top + plot_height / 2.0
         );
     }
 
@@ -257,20 +283,16 @@ pub(crate) fn draw(
         let x = frame.x(peak.seq as f64);
         let y = frame.y(peak.live_bytes as f64);
         let label = format!("peak {} live at event {}", bytes(peak.live_bytes), peak.seq);
-        let anchor = if x > LEFT + frame.width * 0.7 {
-            ("end", x - 8.0)
-        } else {
-            ("start", x + 8.0)
-        };
+        // In the band over the plot, centred on the peak as far as the plot's edges let it.
+        let w = text_width(&label, TEXT_PX, false);
+        let start = (x - w / 2.0).min(LEFT + frame.width - w).max(LEFT);
         let _ = writeln!(
             svg,
-            "<g><title>{label}</title><line x1=\"{x:.1}\" y1=\"{TOP:.1}\" x2=\"{x:.1}\" \
+            "<g><title>{label}</title><line x1=\"{x:.1}\" y1=\"{top:.1}\" x2=\"{x:.1}\" \
              y2=\"{axis_y:.1}\" stroke=\"{c}\" stroke-width=\"1\" stroke-dasharray=\"4 3\"/>\
              <circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{c}\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{}\" fill=\"{c}\">{label}</text></g>",
-            anchor.1,
-            (y - 8.0).max(TOP + 10.0),
-            anchor.0,
+             <text x=\"{start:.1}\" y=\"{:.1}\" fill=\"{c}\">{label}</text></g>",
+            top - 10.0,
             c = hex(PEAK)
         );
     }
@@ -294,19 +316,14 @@ pub(crate) fn draw(
     // Axis lines over the areas.
     let _ = writeln!(
         svg,
-        "<path d=\"M{LEFT:.1},{TOP:.1} V{axis_y:.1} H{:.1}\" fill=\"none\" stroke=\"#606060\"/>",
+        "<path d=\"M{LEFT:.1},{top:.1} V{axis_y:.1} H{:.1}\" fill=\"none\" stroke=\"#606060\"/>",
         LEFT + frame.width
     );
 
     // Legend.
-    let legend_top = axis_y + X_AXIS + 4.0;
-    for (e, (x, row)) in entries.iter().zip(&legend) {
+    let legend_top = axis_y + x_axis + 4.0;
+    for ((e, shown), (x, row)) in entries.iter().zip(&shown).zip(&legend) {
         let y = legend_top + *row as f64 * LEGEND_ROW;
-        let shown: String = if e.name.chars().count() > LEGEND_NAME {
-            e.name.chars().take(LEGEND_NAME).chain(['…']).collect()
-        } else {
-            e.name.clone()
-        };
         let _ = writeln!(
             svg,
             "<g><title>{}</title><rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"10\" \
@@ -316,7 +333,7 @@ pub(crate) fn draw(
             hex(e.colour),
             x + 18.0,
             y,
-            escape(&shown)
+            escape(shown)
         );
     }
     let (x, row) = reserved_at;
@@ -356,6 +373,30 @@ pub(crate) fn draw(
     }
     svg.push_str("</svg>\n");
     (svg, frame)
+}
+
+/// The event axis's caption: how many events, over what time, how they are drawn.
+fn caption(timeline: &Timeline, series: &[SeriesPoint]) -> String {
+    format!(
+        "event ({} recorded{}{})",
+        timeline.recorded_events(),
+        match (series.first(), series.last()) {
+            (Some(a), Some(b)) if b.time > a.time => format!(
+                ", {} to {}",
+                seconds(a.time.as_secs_f64()),
+                seconds(b.time.as_secs_f64())
+            ),
+            _ => String::new(),
+        },
+        if series.len() as u64 + 1 < timeline.recorded_events() {
+            format!(
+                ", drawn as {} points keeping each window's peak",
+                series.len()
+            )
+        } else {
+            String::new()
+        }
+    )
 }
 
 /// The step line through `values` (one per point of `series`, holding until the next point),
