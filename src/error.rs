@@ -103,11 +103,17 @@ pub enum Error {
     /// # Ok::<(), Error>(())
     /// # }).unwrap();
     /// ```
-    #[error("{call}: the device side holds {device_len} {unit}, the host side {host_len} {unit}")]
+    #[error(
+        "{call} of {element}: the device side holds {device_len} {unit}, the host side \
+         {host_len} {unit}"
+    )]
     #[non_exhaustive]
     LengthMismatch {
         /// The operation, e.g. `copy_to_host`.
         call: &'static str,
+        /// The host side's element type (`u8` for a buffer's bytes), as `std::any::type_name`
+        /// names it.
+        element: &'static str,
         /// The length of the device side, in `unit`s.
         device_len: usize,
         /// The length of the host side, in `unit`s.

@@ -666,7 +666,8 @@ fn host_copy_length_errors() {
                 call: "copy_to_host",
                 device_len: 100,
                 host_len: 99,
-                unit: "bytes"
+                unit: "bytes",
+                ..
             }
         ),
         "{e}"
@@ -679,7 +680,8 @@ fn host_copy_length_errors() {
                 call: "copy_from_host",
                 device_len: 100,
                 host_len: 101,
-                unit: "bytes"
+                unit: "bytes",
+                ..
             }
         ),
         "{e}"

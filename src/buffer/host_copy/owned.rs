@@ -439,13 +439,20 @@ pub(crate) enum Unit {
 impl Unit {
     /// The [`Error::LengthMismatch`] of a copy named `call` between `device_len` and `host_len`
     /// units.
-    pub(crate) fn mismatch(self, call: &'static str, device_len: usize, host_len: usize) -> Error {
+    /// `T` is the host side's element type, which the message names.
+    pub(crate) fn mismatch<T>(
+        self,
+        call: &'static str,
+        device_len: usize,
+        host_len: usize,
+    ) -> Error {
         let unit = match self {
             Unit::Bytes => "bytes",
             Unit::Elements => "elements",
         };
         Error::LengthMismatch {
             call,
+            element: std::any::type_name::<T>(),
             device_len,
             host_len,
             unit,
@@ -563,7 +570,7 @@ impl<B: HostBuffer> CopyToHost<B> {
     ) -> Self {
         let host_len = host.elem_len();
         if host_len < len {
-            return Self::failed(unit.mismatch("copy_to_host", len, host_len));
+            return Self::failed(unit.mismatch::<B::Elem>("copy_to_host", len, host_len));
         }
         let bytes = len * std::mem::size_of::<B::Elem>();
         let page_locked = host.page_locked();
@@ -647,7 +654,7 @@ impl<B: HostBuffer> CopyFromHost<B> {
     ) -> Self {
         let host_len = host.elem_len();
         if host_len > capacity {
-            return Self::failed(unit.mismatch("copy_from_host", capacity, host_len));
+            return Self::failed(unit.mismatch::<B::Elem>("copy_from_host", capacity, host_len));
         }
         let bytes = host.byte_len();
         let page_locked = host.page_locked();

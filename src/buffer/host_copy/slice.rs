@@ -70,7 +70,7 @@ impl<'a> CopyToSlice<'a> {
         dst: &'a mut [T],
     ) -> Self {
         if dst.len() < len {
-            return Self::failed(unit.mismatch("copy_to_host_slice", len, dst.len()));
+            return Self::failed(unit.mismatch::<T>("copy_to_host_slice", len, dst.len()));
         }
         let bytes = len * std::mem::size_of::<T>();
         let dst: &'a mut [u8] = bytemuck::cast_slice_mut(dst);
@@ -175,7 +175,7 @@ impl CopyFromSlice {
         src: &[T],
     ) -> Self {
         if src.len() > capacity {
-            return Self::failed(unit.mismatch("copy_from_host_slice", capacity, src.len()));
+            return Self::failed(unit.mismatch::<T>("copy_from_host_slice", capacity, src.len()));
         }
         let bytes = capacity * std::mem::size_of::<T>();
         let src: &[u8] = bytemuck::cast_slice(src);

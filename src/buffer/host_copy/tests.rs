@@ -170,10 +170,15 @@ fn length_mismatches_name_both_lengths_in_bytes() {
         e,
         Error::LengthMismatch {
             call: "copy_to_host",
+            element: "u8",
             device_len: 64,
             host_len: 60,
             unit: "bytes"
         }
+    );
+    assert_eq!(
+        e.to_string(),
+        "copy_to_host of u8: the device side holds 64 bytes, the host side 60 bytes"
     );
     let e = block_on(buf.copy_from_host(vec![0u8; 68])).unwrap_err();
     assert!(
@@ -328,6 +333,7 @@ fn typed_starts_count_elements() {
 
     let mismatch = |call, device_len, host_len| Error::LengthMismatch {
         call,
+        element: "f32",
         device_len,
         host_len,
         unit: "elements",
@@ -411,6 +417,7 @@ fn views_copy_only_their_range_into_borrowed_slices() {
                 device_len: 3,
                 host_len: 2,
                 unit: "elements",
+                element: "u32",
                 ..
             }
         ),
