@@ -1,5 +1,5 @@
 //! Awaited allocations from many tokio tasks at once: what the deadlock-detection ledger (the
-//! bytes each task holds, `src/resource/availability.rs`) costs an `allocate().await` + free
+//! bytes each task holds, `src/resource/contract/availability.rs`) costs an `allocate().await` + free
 //! pair when every worker of a multi-thread runtime allocates from one `PoolResource`.
 //!
 //! Each case runs one task per worker (1, 2, 4 workers), each on a stream of its own (as W3

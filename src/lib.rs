@@ -108,16 +108,16 @@ pub use device::{
 };
 pub use error::{Error, OutOfMemoryDetails, Result};
 pub use ids::{BackendKind, DeviceId, StreamId};
-/// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub use resource::fuzzing;
-pub use resource::registry::{
+pub use resource::defaults::registry::{
     available_device_memory, current_device_resource, current_device_resource_for,
     percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
     set_current_device_resource_for,
 };
-pub use resource::scoped::{with_resource, with_resource_sync, WithResource};
+pub use resource::defaults::scoped::{with_resource, with_resource_sync, WithResource};
+/// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use resource::fuzzing;
 pub use resource::CudaAsyncManagedResource;
 pub use resource::ReleasePolicy;
 pub use resource::{memory_stats, MemoryStats, WaitQueueStats};

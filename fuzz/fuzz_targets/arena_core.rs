@@ -1,4 +1,4 @@
-//! Random operation sequences on the arena resource's cores (`src/resource/arena/core*`): a
+//! Random operation sequences on the arena resource's cores (`src/resource/suballoc/arena/core*`): a
 //! global arena of pages lending superblocks to stream arenas and handing out large blocks,
 //! checked against a shadow model after every operation: live blocks never overlap, lie inside
 //! a superblock of their stream arena, are 256-byte aligned; large blocks and lent superblocks

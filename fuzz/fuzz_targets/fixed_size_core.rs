@@ -1,5 +1,5 @@
 //! Random operation sequences on the fixed-size resource's core
-//! (`src/resource/fixed_size/core.rs`) checked against a shadow model after every operation:
+//! (`src/resource/suballoc/fixed_size/core.rs`) checked against a shadow model after every operation:
 //! a block handed out is a block boundary of one chunk and not live already, a list serves
 //! exactly when the model says it holds blocks, a freed block is reusable at once, double and
 //! foreign frees are refused without a change, stealing moves half a victim's blocks, and the

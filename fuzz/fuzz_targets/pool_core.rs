@@ -1,4 +1,4 @@
-//! Random operation sequences on the pool resource's core (`src/resource/pool/core.rs`) checked
+//! Random operation sequences on the pool resource's core (`src/resource/suballoc/pool/core.rs`) checked
 //! against a shadow model after every operation: live blocks never overlap and lie inside one
 //! chunk, are 256-byte aligned, free bytes (total and per stream) and the counters equal the
 //! model's, a freed block is reusable at once by its stream, a stream named by

@@ -5,7 +5,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
 use crate::stream::Stream;
 

@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{
     align_up, Allocated, Availability, DevicePtr, MemoryResource, MemoryStats, SharedResource,
     ALLOCATION_ALIGNMENT,

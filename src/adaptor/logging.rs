@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 

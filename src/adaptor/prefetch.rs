@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{Allocated, DevicePtr, MemoryResource, MemoryStats, SharedResource};
 use crate::stream::Stream;
 

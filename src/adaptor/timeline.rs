@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{
     DevicePtr, MemoryResource, MemorySnapshot, SharedResource, Timeline, TraceAction,
 };

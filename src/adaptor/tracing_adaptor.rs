@@ -5,7 +5,7 @@ use std::time::Instant;
 use tracing::Level;
 
 use crate::error::Result;
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{DevicePtr, MemoryResource, SharedResource};
 use crate::stream::Stream;
 

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::error::Result;
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{
     Block, BlockState, DevicePtr, Fragmentation, MemoryResource, MemorySnapshot, Segment,
     SharedResource,

@@ -119,7 +119,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn with_current_resource(bytes: usize, stream: &Stream) -> NewBuffer<'_> {
-        let mr = crate::resource::registry::current_device_resource_for(stream.device());
+        let mr = crate::resource::defaults::registry::current_device_resource_for(stream.device());
         NewBuffer::new(bytes, ALLOCATION_ALIGNMENT, stream, mr)
     }
 

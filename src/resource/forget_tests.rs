@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 
-use crate::resource::availability::STALLED_TURN;
+use crate::resource::contract::availability::STALLED_TURN;
 use crate::test_support::free;
 use crate::{CudaResource, Device, HostConfig, LimitingAdaptor, MemoryResource, Stream};
 

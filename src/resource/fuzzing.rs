@@ -10,12 +10,12 @@
 #![allow(missing_docs, missing_debug_implementations)]
 
 use crate::ids::StreamId;
-use crate::resource::arena::core as arena;
-use crate::resource::fixed_size::core::FixedSizeCore as FixedCore;
-use crate::resource::pool::core::{PoolCore as PCore, StreamKey};
+use crate::resource::suballoc::arena::core as arena;
+use crate::resource::suballoc::fixed_size::core::FixedSizeCore as FixedCore;
+use crate::resource::suballoc::pool::core::{PoolCore as PCore, StreamKey};
 
 /// The granularity of every address and size of the cores (256 bytes).
-pub const ALIGN: usize = crate::resource::size::ALIGN;
+pub const ALIGN: usize = crate::resource::contract::size::ALIGN;
 /// The arena's page (64 KiB).
 pub const ARENA_PAGE_SIZE: usize = arena::PAGE_SIZE;
 /// The arena's smallest superblock (1 MiB).

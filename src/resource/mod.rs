@@ -1,60 +1,43 @@
 //! The memory-resource contract and the resources that implement it.
 
-mod allocate;
-mod arena;
-mod availability;
-mod binning;
-mod callback;
-mod cuda;
-mod cuda_async;
-mod cuda_async_managed;
-mod cuda_async_view;
-mod fixed_size;
-pub(crate) mod forward;
+pub(crate) mod contract;
+pub(crate) mod defaults;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod managed;
-mod mapped_pool;
-mod pageable;
-mod pinned_host;
-pub(crate) mod pool;
-pub(crate) mod registry;
-pub(crate) mod scoped;
-mod size;
-pub(crate) mod snapshot;
-mod stats;
-pub(crate) mod stream_order;
+pub(crate) mod inspect;
+pub(crate) mod leaf;
+pub(crate) mod suballoc;
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-pub use allocate::Allocate;
-pub(crate) use allocate::{held, try_without_waiting};
-pub use arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
-pub use availability::Availability;
-pub use binning::BinningResource;
-pub use callback::CallbackResource;
-pub use cuda::CudaResource;
-pub use cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
-pub use cuda_async_managed::CudaAsyncManagedResource;
-pub use cuda_async_view::CudaAsyncViewResource;
-pub use fixed_size::FixedSizeResource;
-pub use managed::ManagedResource;
-pub use mapped_pool::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
-pub use pageable::HostResource;
-pub use pinned_host::PinnedHostResource;
-pub use pool::{PoolResource, PoolStatistics, ReleasePolicy};
-pub(crate) use size::align_up;
-pub use size::ALLOCATION_ALIGNMENT;
-pub use snapshot::{
+pub use contract::allocate::Allocate;
+pub(crate) use contract::allocate::{held, try_without_waiting};
+pub use contract::availability::Availability;
+pub(crate) use contract::size::align_up;
+pub use contract::size::ALLOCATION_ALIGNMENT;
+pub(crate) use contract::stats::Allocated;
+pub use contract::stats::{MemoryStats, WaitQueueStats};
+pub use inspect::{
     Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment, SeriesPoint,
     Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS,
 };
-pub(crate) use stats::Allocated;
-pub use stats::{MemoryStats, WaitQueueStats};
+pub use leaf::callback::CallbackResource;
+pub use leaf::cuda::CudaResource;
+pub use leaf::cuda_async::{CudaAsyncResource, CudaAsyncResourceBuilder, ExportHandleType};
+pub use leaf::cuda_async_managed::CudaAsyncManagedResource;
+pub use leaf::cuda_async_view::CudaAsyncViewResource;
+pub use leaf::host::HostResource;
+pub use leaf::managed::ManagedResource;
+pub use leaf::pinned_host::PinnedHostResource;
+pub use suballoc::arena::{ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics};
+pub use suballoc::binning::BinningResource;
+pub use suballoc::fixed_size::FixedSizeResource;
+pub use suballoc::mapped_pool::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
+pub use suballoc::pool::{PoolResource, PoolStatistics, ReleasePolicy};
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
@@ -515,7 +498,7 @@ pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
 /// # Ok::<(), streamalloc::Error>(())
 /// ```
 pub fn memory_stats(device: &Device) -> MemoryStats {
-    registry::current_device_resource_for(device).memory_stats()
+    defaults::registry::current_device_resource_for(device).memory_stats()
 }
 
 /// Whether this thread runs under a tokio `current_thread` runtime, where blocking while
@@ -530,10 +513,10 @@ fn on_current_thread_runtime() -> bool {
 pub type SharedResource = Arc<dyn MemoryResource>;
 
 // A shared resource is the resource it shares.
-forward::memory_resource!(delegate [R: MemoryResource + ?Sized] Arc<R>, |this| &**this);
+contract::forward::memory_resource!(delegate [R: MemoryResource + ?Sized] Arc<R>, |this| &**this);
 // A borrowed resource is the resource it borrows: adaptors can wrap a resource the caller
 // keeps (a replay stacks its recording adaptors over the resource it is given).
-forward::memory_resource!(delegate ['a, R: MemoryResource + ?Sized] &'a R, |this| &**this);
+contract::forward::memory_resource!(delegate ['a, R: MemoryResource + ?Sized] &'a R, |this| &**this);
 
 /// What tells one resource from another ([`MemoryResource::identity`]).
 ///

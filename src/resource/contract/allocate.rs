@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_timer::Delay;
 
 use crate::error::{Error, Result};
-use crate::resource::availability::{WaitEnd, Waiter};
+use crate::resource::contract::availability::{WaitEnd, Waiter};
 use crate::resource::{check_resource, DevicePtr, MemoryResource};
 use crate::stream::Stream;
 use crate::sync::Arc;

@@ -18,7 +18,7 @@ pub use self::release::ReleasePolicy;
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::StreamId;
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{
     is_empty_request, Allocated, Availability, Block, DevicePtr, Fragmentation, MemoryResource,
     MemorySnapshot, MemoryStats, Segment, SharedResource,

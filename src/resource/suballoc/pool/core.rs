@@ -119,7 +119,7 @@ use self::live::LiveMap;
 
 /// The granularity of every address and size in the pool (`cuMemAlloc`'s alignment), and
 /// rounding to it: shared by every resource.
-pub(crate) use crate::resource::size::{align_up, ALIGN};
+pub(crate) use crate::resource::contract::size::{align_up, ALIGN};
 const ALIGN_LOG2: u32 = ALIGN.trailing_zeros();
 
 /// How many blocks of one class list [`PoolCore::oldest_block_for`] compares.

@@ -45,7 +45,7 @@ pub(crate) use self::global::{GlobalArena, Use};
 #[cfg(test)]
 use self::stream::Released;
 pub(crate) use self::stream::{Piece, StreamArena};
-pub(crate) use crate::resource::size::{
+pub(crate) use crate::resource::contract::size::{
     align_to_size_class, align_up, largest_size_class_within, ALIGN,
 };
 

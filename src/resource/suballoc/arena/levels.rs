@@ -15,7 +15,7 @@ use super::extents::{Extents, GLOBAL, LARGE_AREA};
 use super::slots::{cache_forget, Registry, SlotState, Slots};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::stream_order::{Fence, OrderCounters};
+use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
 use crate::resource::{Availability, DevicePtr, MemoryResource};
 use crate::stream::Stream;
 

@@ -8,14 +8,8 @@
 //! although memory looks free; `streamalloc::report` draws a snapshot (HTML) or exports it in
 //! PyTorch's memory-snapshot format.
 
-mod fragmentation;
-mod timeline;
-
 use std::backtrace::Backtrace;
 use std::sync::Arc;
-
-pub use fragmentation::{Fragmentation, FreeExtentBucket};
-pub use timeline::{SeriesPoint, Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS};
 
 use crate::device::DeviceId;
 use crate::ids::StreamId;
@@ -271,10 +265,5 @@ impl MemorySnapshot {
         for s in &mut self.segments {
             s.blocks.sort_unstable_by_key(|b| b.address);
         }
-    }
-
-    /// The fragmentation figures of this snapshot (see [`Fragmentation`]).
-    pub fn fragmentation(&self) -> Fragmentation {
-        Fragmentation::of(self)
     }
 }

@@ -8,7 +8,7 @@ use super::config::ArenaDump;
 use super::core::PAGE_SIZE;
 use super::levels::Inner;
 use crate::error::{Error, OutOfMemoryDetails};
-use crate::resource::stream_order::Fence;
+use crate::resource::suballoc::stream_order::Fence;
 use crate::resource::MemoryResource;
 use crate::stream::Stream;
 use crate::stream::StreamId;

@@ -130,7 +130,7 @@ pub(crate) unsafe trait Forward: Wraps {
 ///   resource's.
 macro_rules! memory_resource {
     (shared [$($generics:tt)*] $handle:ident<$r:ident>) => {
-        impl<$($generics)*> $crate::resource::forward::Wraps for Inner<$r> {
+        impl<$($generics)*> $crate::resource::contract::forward::Wraps for Inner<$r> {
             type Upstream = $r;
 
             fn upstream(&self) -> &$r {
@@ -153,7 +153,7 @@ macro_rules! memory_resource {
             }
         }
 
-        $crate::resource::forward::memory_resource!(
+        $crate::resource::contract::forward::memory_resource!(
             @impl [$($generics)*] $handle<$r>,
             |this| (&*this.inner),
             identity: $crate::resource::ResourceIdentity::of_shared(&this.inner)
@@ -161,7 +161,7 @@ macro_rules! memory_resource {
     };
 
     (delegate [$($generics:tt)*] $ty:ty, |$this:ident| $to:expr) => {
-        $crate::resource::forward::memory_resource!(
+        $crate::resource::contract::forward::memory_resource!(
             @impl [$($generics)*] $ty,
             |$this| $to,
             identity: $to.identity()
@@ -174,7 +174,7 @@ macro_rules! memory_resource {
         const _: () = {
             // Brings the `Forward` methods of a handle's state in reach of `$to.method()`.
             #[allow(unused_imports)]
-            use $crate::resource::forward::Forward as _;
+            use $crate::resource::contract::forward::Forward as _;
             use $crate::error::Result;
             use $crate::resource::{
                 Availability, DevicePtr, Fragmentation, MemoryResource, MemoryStats,

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::{Block, BlockState, MemorySnapshot};
+use super::snapshot::{Block, BlockState, MemorySnapshot};
 use crate::ids::StreamId;
 
 /// Free extents of sizes in `[min_bytes, 2 × min_bytes)`: one bucket of
@@ -80,6 +80,13 @@ pub struct Fragmentation {
     /// Free extents (as for `largest_free_block`) by size, powers of two, smallest first;
     /// empty buckets left out.
     pub free_extents: Vec<FreeExtentBucket>,
+}
+
+impl MemorySnapshot {
+    /// The fragmentation figures of this snapshot (see [`Fragmentation`]).
+    pub fn fragmentation(&self) -> Fragmentation {
+        Fragmentation::of(self)
+    }
 }
 
 impl Fragmentation {
@@ -219,7 +226,7 @@ impl fmt::Display for Fragmentation {
 mod tests {
     use super::*;
     use crate::device::Device;
-    use crate::resource::snapshot::Segment;
+    use crate::resource::inspect::Segment;
     use crate::resource::DevicePtr;
 
     fn block(at: u64, bytes: usize, state: BlockState, stream: Option<u64>) -> Block {

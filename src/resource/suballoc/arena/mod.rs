@@ -32,8 +32,8 @@ use self::slots::SLOT_BUCKETS;
 use self::slots::{Registry, Slots};
 pub use self::stats::ArenaStatistics;
 use crate::error::{Error, Result};
-use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::stream_order::{Fence, OrderCounters};
+use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
 use crate::resource::{
     is_empty_request, Allocated, Availability, DevicePtr, Fragmentation, MemoryResource,
     MemorySnapshot, MemoryStats, SharedResource,

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::core::StreamArena;
-use crate::resource::stream_order::{Fence, SharedFreeOrder, SharedFreeOrders};
+use crate::resource::suballoc::stream_order::{Fence, SharedFreeOrder, SharedFreeOrders};
 use crate::stream::StreamId;
 
 /// The key of a stream arena.

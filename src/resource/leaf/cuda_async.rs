@@ -3,7 +3,7 @@ use std::fmt;
 use crate::backend::MemPoolConfig;
 use crate::device::Device;
 use crate::error::Result;
-use crate::resource::forward::memory_resource;
+use crate::resource::contract::forward::memory_resource;
 use crate::resource::{CudaAsyncViewResource, MemoryResource};
 use crate::stream::Stream;
 

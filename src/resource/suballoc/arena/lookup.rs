@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::core::StreamArena;
 use super::levels::Inner;
 use super::slots::{cache_get, cache_put, ArenaKey};
-use crate::resource::stream_order::{Fence, SharedFreeOrder};
+use crate::resource::suballoc::stream_order::{Fence, SharedFreeOrder};
 use crate::resource::MemoryResource;
 use crate::stream::Stream;
 

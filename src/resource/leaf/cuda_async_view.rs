@@ -5,7 +5,7 @@ use crate::backend::AnyMemPool;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ids::BackendKind;
-use crate::resource::availability::PendingFrees;
+use crate::resource::contract::availability::PendingFrees;
 use crate::resource::{
     check_stream, Availability, CudaAsyncResource, DevicePtr, MemoryResource, Properties,
     ResourceIdentity,

@@ -3,7 +3,7 @@
 //!
 //! A plain single-threaded data structure over *addresses*: it knows nothing of CUDA, events or
 //! upstream resources. Each free list carries an opaque per-stream payload `O` (the wrapper's
-//! [`FreeOrder`](crate::resource::stream_order::FreeOrder): what another stream must wait for
+//! [`FreeOrder`](crate::resource::suballoc::stream_order::FreeOrder): what another stream must wait for
 //! before it takes blocks from that list); the wrapper decides when lists trade blocks and
 //! waits in between, puts the core behind a lock and takes chunks from the upstream.
 

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
-use crate::resource::scoped::scoped_resource_for;
+use crate::resource::defaults::scoped::scoped_resource_for;
 use crate::resource::{
     into_shared, CudaResource, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
 };

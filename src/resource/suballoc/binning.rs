@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::resource::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{Allocated, Fragmentation, MemorySnapshot, MemoryStats};
 use crate::resource::{Availability, DevicePtr, FixedSizeResource, MemoryResource, SharedResource};
 use crate::stream::Stream;

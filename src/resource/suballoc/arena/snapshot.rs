@@ -11,7 +11,7 @@
 use super::core::{Piece, PAGE_SIZE};
 use super::levels::Inner;
 use crate::ids::StreamId;
-use crate::resource::stream_order::Fence;
+use crate::resource::suballoc::stream_order::Fence;
 use crate::resource::{Block, BlockState, DevicePtr, MemoryResource, MemorySnapshot, Segment};
 
 impl<R: MemoryResource> Inner<R> {

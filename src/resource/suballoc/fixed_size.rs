@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 use self::core::FixedSizeCore;
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
-use crate::resource::forward::{memory_resource, Forward};
-use crate::resource::stream_order::FreeOrder;
+use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::resource::{
     align_up, is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr,
     Fragmentation, FreeExtentBucket, MemoryResource, MemorySnapshot, MemoryStats, Segment,

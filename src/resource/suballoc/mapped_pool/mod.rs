@@ -17,7 +17,7 @@ use self::pages::{Page, PendingRelease, Status};
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::BackendKind;
-use crate::resource::stream_order::FreeOrder;
+use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::resource::{
     is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr, MemoryResource,
     MemorySnapshot, MemoryStats, Properties, ResourceIdentity, Segment,

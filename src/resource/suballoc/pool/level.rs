@@ -8,8 +8,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::core::{PoolCore, StreamKey, ALIGN};
 use crate::error::Result;
 use crate::ids::StreamId;
-use crate::resource::snapshot::BlockState;
-use crate::resource::stream_order::FreeOrder;
+use crate::resource::inspect::BlockState;
+use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::Stream;
 
 pub(super) fn key(stream: &Stream) -> StreamKey {
