@@ -7,7 +7,6 @@ use super::host_copy::Unit;
 use super::host_copy::{CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, HostBuffer};
 use crate::backend::PrefetchTarget;
 use crate::error::{Error, Result};
-use crate::resource::check_stream;
 use crate::stream::Stream;
 
 impl DeviceBuffer {
@@ -312,7 +311,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub async fn try_clone_on(&self, stream: &Stream) -> Result<DeviceBuffer> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         let copy =
             Self::from_shared_aligned(self.len, self.alignment, stream, self.mr.clone()).await?;
         if self.len > 0 {
@@ -421,7 +420,7 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn prefetch_to(&self, target: PrefetchTarget, stream: &Stream) -> Result<bool> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         if self.len == 0 {
             return Ok(false);
         }

@@ -5,7 +5,6 @@
 use super::device_buffer::DeviceBuffer;
 use super::guard::ReadGuard;
 use crate::error::Result;
-use crate::resource::check_stream;
 use crate::stream::Stream;
 
 impl DeviceBuffer {
@@ -31,7 +30,7 @@ impl DeviceBuffer {
     /// a kernel argument): [`set_stream`](DeviceBuffer::set_stream), and `stream` waits for the
     /// hand-off now.
     pub(crate) fn take_for(&mut self, stream: &Stream) -> Result<()> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         self.uses.hand_to(stream)?;
         self.uses.get_mut().ready()?;
         Ok(())
@@ -76,7 +75,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn set_stream(&mut self, stream: &Stream) -> Result<()> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         self.uses.hand_to(stream)
     }
 
@@ -117,7 +116,7 @@ impl DeviceBuffer {
     /// hand-off or free waits for everything `stream` enqueued until then, even when the guard
     /// or argument that called this is forgotten.
     pub(crate) fn begin_read(&self, stream: &Stream) -> Result<()> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         self.uses.lock().begin_read(stream)
     }
 
@@ -160,7 +159,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn record_read(&self, stream: &Stream) -> Result<()> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         let mut uses = self.uses.lock();
         if stream == uses.owner() {
             return Ok(());

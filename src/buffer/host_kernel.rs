@@ -33,7 +33,6 @@ use super::view::BufferView;
 use crate::backend::panic_message;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;
-use crate::resource::check_stream;
 use crate::stream::Stream;
 
 /// A read argument of a host kernel: the kernel receives `&[T]`. Made by
@@ -435,7 +434,7 @@ mod sealed {
 /// Checks that `len` elements of `T` at byte `offset` lie inside `buf` and are aligned for `T`;
 /// returns their address.
 fn check_slice<T>(buf: &DeviceBuffer, stream: &Stream, offset: usize, len: usize) -> Result<u64> {
-    check_stream(buf.device(), stream)?;
+    stream.check_on(buf.device())?;
     let bytes = len
         .checked_mul(size_of::<T>())
         .and_then(|b| b.checked_add(offset))

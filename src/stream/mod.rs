@@ -188,6 +188,20 @@ impl Stream {
         &self.inner.device
     }
 
+    /// Checks that the stream belongs to `device`, as every resource and container requires
+    /// of the streams it is given.
+    #[inline]
+    pub(crate) fn check_on(&self, device: &Device) -> Result<()> {
+        if self.device() == device {
+            Ok(())
+        } else {
+            Err(crate::error::Error::DeviceMismatch {
+                expected: device.id(),
+                actual: self.device().id(),
+            })
+        }
+    }
+
     /// The driver's handle for this stream (`CUstream` as an integer on CUDA), for logs and
     /// interop with other CUDA libraries.
     pub fn raw_handle(&self) -> u64 {

@@ -37,7 +37,7 @@ use std::sync::{OnceLock, Weak};
 use std::task::Waker;
 use std::time::Duration;
 
-use crate::resource::WaitQueueStats;
+use crate::resource::contract::stats::WaitQueueStats;
 
 mod pending_frees;
 mod queue;

@@ -36,13 +36,16 @@
 //! The second form, `memory_resource!(delegate [..] T, |this| expr)`, is for a type that is
 //! another resource under a new name (`Arc<R>`, [`CudaAsyncResource`] over its view).
 //!
-//! [`ResourceIdentity::of_shared`]: crate::resource::ResourceIdentity::of_shared
+//! [`ResourceIdentity::of_shared`]: crate::resource::contract::properties::ResourceIdentity::of_shared
 //! [`CudaAsyncResource`]: crate::CudaAsyncResource
 
 use crate::error::Result;
-use crate::resource::{
-    Availability, DevicePtr, Fragmentation, MemoryResource, MemorySnapshot, MemoryStats, Properties,
-};
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::Properties;
+use crate::resource::contract::stats::MemoryStats;
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Fragmentation, MemorySnapshot};
 use crate::stream::Stream;
 
 /// The shared state's upstream: `memory_resource!(shared ..)` implements it from the state's
@@ -156,7 +159,7 @@ macro_rules! memory_resource {
         $crate::resource::contract::forward::memory_resource!(
             @impl [$($generics)*] $handle<$r>,
             |this| (&*this.inner),
-            identity: $crate::resource::ResourceIdentity::of_shared(&this.inner)
+            identity: $crate::resource::contract::properties::ResourceIdentity::of_shared(&this.inner)
         );
     };
 
@@ -176,10 +179,12 @@ macro_rules! memory_resource {
             #[allow(unused_imports)]
             use $crate::resource::contract::forward::Forward as _;
             use $crate::error::Result;
-            use $crate::resource::{
-                Availability, DevicePtr, Fragmentation, MemoryResource, MemoryStats,
-                MemorySnapshot, Properties, ResourceIdentity,
-            };
+            use $crate::resource::contract::availability::Availability;
+            use $crate::resource::device_ptr::DevicePtr;
+            use $crate::resource::contract::memory_resource::MemoryResource;
+            use $crate::resource::contract::properties::{Properties, ResourceIdentity};
+            use $crate::resource::contract::stats::MemoryStats;
+            use $crate::resource::inspect::{Fragmentation, MemorySnapshot};
             use $crate::stream::Stream;
 
             // SAFETY: every method is `$to`'s: a resource's (`delegate`), or the shared
@@ -254,3 +259,9 @@ macro_rules! memory_resource {
 }
 
 pub(crate) use memory_resource;
+
+// A shared resource is the resource it shares.
+memory_resource!(delegate [R: MemoryResource + ?Sized] std::sync::Arc<R>, |this| &**this);
+// A borrowed resource is the resource it borrows: adaptors can wrap a resource the caller
+// keeps (a replay stacks its recording adaptors over the resource it is given).
+memory_resource!(delegate ['a, R: MemoryResource + ?Sized] &'a R, |this| &**this);

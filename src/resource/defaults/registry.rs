@@ -7,10 +7,11 @@ use parking_lot::Mutex;
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
+use crate::resource::contract::memory_resource::{into_shared, MemoryResource, SharedResource};
+use crate::resource::contract::size::ALLOCATION_ALIGNMENT;
+use crate::resource::contract::stats::MemoryStats;
 use crate::resource::defaults::scoped::scoped_resource_for;
-use crate::resource::{
-    into_shared, CudaResource, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::leaf::cuda::CudaResource;
 
 fn registry() -> &'static Mutex<HashMap<DeviceId, SharedResource>> {
     static REGISTRY: OnceLock<Mutex<HashMap<DeviceId, SharedResource>>> = OnceLock::new();
@@ -181,6 +182,24 @@ pub fn percent_of_free_device_memory(device: &Device, percent: u32) -> Result<us
     let free = device.memory_info()?.free as u128;
     let bytes = (free * u128::from(percent) / 100) as usize;
     Ok(bytes / ALLOCATION_ALIGNMENT * ALLOCATION_ALIGNMENT)
+}
+
+/// The [`memory_stats`](MemoryResource::memory_stats) of `device`'s current resource
+/// ([`current_device_resource_for`](crate::current_device_resource_for)): PyTorch's
+/// `torch.cuda.memory_stats(device)`.
+///
+/// ```
+/// use streamalloc::{CudaResource, Device, HostConfig, PoolResource, StatisticsAdaptor};
+///
+/// let device = Device::host_with(HostConfig::default());
+/// let pool = PoolResource::new(CudaResource::new(&device)?, 1 << 20, None)?;
+/// streamalloc::set_current_device_resource_for(&device, std::sync::Arc::new(StatisticsAdaptor::new(pool)))?;
+/// let stats = streamalloc::memory_stats(&device);
+/// assert_eq!((stats.allocated_bytes, stats.reserved_bytes), (Some(0), Some(1 << 20)));
+/// # Ok::<(), streamalloc::Error>(())
+/// ```
+pub fn memory_stats(device: &Device) -> MemoryStats {
+    current_device_resource_for(device).memory_stats()
 }
 
 #[cfg(test)]

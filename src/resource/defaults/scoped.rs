@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use pin_project::pin_project;
 
 use crate::device::DeviceId;
-use crate::resource::{into_shared, MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::{into_shared, MemoryResource, SharedResource};
 
 thread_local! {
     /// The resources of the scopes being polled (or run) on this thread, outermost first,

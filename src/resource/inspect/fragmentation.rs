@@ -226,8 +226,8 @@ impl fmt::Display for Fragmentation {
 mod tests {
     use super::*;
     use crate::device::Device;
+    use crate::resource::device_ptr::DevicePtr;
     use crate::resource::inspect::Segment;
-    use crate::resource::DevicePtr;
 
     fn block(at: u64, bytes: usize, state: BlockState, stream: Option<u64>) -> Block {
         let mut b = Block::new(DevicePtr::from_raw(at), bytes, state);

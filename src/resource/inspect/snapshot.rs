@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::device::DeviceId;
 use crate::ids::StreamId;
-use crate::resource::DevicePtr;
+use crate::resource::device_ptr::DevicePtr;
 
 /// What a block of a [`Segment`] is doing at the moment of a [`MemorySnapshot`].
 ///

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::ids::StreamId;
-use crate::resource::DevicePtr;
+use crate::resource::device_ptr::DevicePtr;
 
 /// What a [`TraceEvent`] records (PyTorch's trace actions, in its words where it has them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -2,8 +2,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::resource::ResourceIdentity;
-use crate::resource::{Availability, DevicePtr, MemoryResource, Properties};
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::Properties;
+use crate::resource::contract::properties::ResourceIdentity;
+use crate::resource::device_ptr::DevicePtr;
 use crate::stream::Stream;
 
 /// The allocate closure of a [`CallbackResource`].

@@ -4,7 +4,8 @@ use crate::backend::MemPoolConfig;
 use crate::device::Device;
 use crate::error::Result;
 use crate::resource::contract::forward::memory_resource;
-use crate::resource::{CudaAsyncViewResource, MemoryResource};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::leaf::cuda_async_view::CudaAsyncViewResource;
 use crate::stream::Stream;
 
 /// Which OS handle a [`CudaAsyncResource`]'s memory can be exported as, for IPC
@@ -68,6 +69,14 @@ impl ExportHandleType {
 pub struct CudaAsyncResource {
     /// A view of the pool this resource created: the last handle to it destroys the pool.
     view: CudaAsyncViewResource,
+}
+
+// Here rather than beside the view, which then needs nothing of this file.
+impl CudaAsyncViewResource {
+    /// A view of `owner`'s pool. The view keeps the pool alive.
+    pub fn of(owner: &CudaAsyncResource) -> Self {
+        owner.view().clone()
+    }
 }
 
 /// Settings of a [`CudaAsyncResource`]; `Option` fields with documented defaults.

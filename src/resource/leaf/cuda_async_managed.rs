@@ -2,9 +2,10 @@ use std::fmt;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::{
-    CudaAsyncViewResource, DevicePtr, MemoryResource, Properties, ResourceIdentity,
-};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::{Properties, ResourceIdentity};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::leaf::cuda_async_view::CudaAsyncViewResource;
 use crate::stream::Stream;
 
 /// Stream-ordered allocation of managed (unified) memory from the device's default managed

@@ -5,18 +5,18 @@ use crate::backend::AnyMemPool;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ids::BackendKind;
+use crate::resource::contract::availability::Availability;
 use crate::resource::contract::availability::PendingFrees;
-use crate::resource::{
-    check_stream, Availability, CudaAsyncResource, DevicePtr, MemoryResource, Properties,
-    ResourceIdentity,
-};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::{Properties, ResourceIdentity};
+use crate::resource::device_ptr::DevicePtr;
 use crate::stream::Stream;
 
 /// Stream-ordered allocation from a driver pool that something else owns (RMM's
-/// `cuda_async_view_memory_resource`): another [`CudaAsyncResource`]'s pool, or the device's
+/// `cuda_async_view_memory_resource`): another [`CudaAsyncResource`](crate::CudaAsyncResource)'s pool, or the device's
 /// default pool. It never changes or destroys the pool.
 ///
-/// A [`CudaAsyncResource`] is such a view of the pool it owns: the two allocate alike, and a
+/// A [`CudaAsyncResource`](crate::CudaAsyncResource) is such a view of the pool it owns: the two allocate alike, and a
 /// view of an owner's pool is the same resource as the owner
 /// ([`is_equal`](MemoryResource::is_equal)).
 ///
@@ -44,11 +44,6 @@ pub struct CudaAsyncViewResource {
 }
 
 impl CudaAsyncViewResource {
-    /// A view of `owner`'s pool. The view keeps the pool alive.
-    pub fn of(owner: &CudaAsyncResource) -> Self {
-        owner.view().clone()
-    }
-
     /// A view of `pool`, a pool of `device`.
     pub(crate) fn over(device: &Device, pool: AnyMemPool) -> Self {
         CudaAsyncViewResource {
@@ -95,7 +90,7 @@ impl CudaAsyncViewResource {
 // host-accessible only on the host backend, whose device memory is host memory.
 unsafe impl MemoryResource for CudaAsyncViewResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -153,10 +148,10 @@ unsafe impl MemoryResource for CudaAsyncViewResource {
     /// unsafe { mr.deallocate(p, 1 << 20, &stream) };
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
-    fn memory_stats(&self) -> crate::resource::MemoryStats {
-        crate::resource::MemoryStats {
+    fn memory_stats(&self) -> crate::resource::contract::stats::MemoryStats {
+        crate::resource::contract::stats::MemoryStats {
             reserved_bytes: self.pool.reserved().ok(),
-            ..crate::resource::MemoryStats::default()
+            ..crate::resource::contract::stats::MemoryStats::default()
         }
     }
 

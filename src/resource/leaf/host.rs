@@ -2,8 +2,10 @@ use crate::backend::pageable::{system_allocate, system_free};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;
-use crate::resource::ResourceIdentity;
-use crate::resource::{check_stream, DevicePtr, MemoryResource, Properties};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::Properties;
+use crate::resource::contract::properties::ResourceIdentity;
+use crate::resource::device_ptr::DevicePtr;
 use crate::stream::Stream;
 
 /// Pageable system memory from the global allocator, 256-byte aligned.
@@ -51,7 +53,7 @@ impl HostResource {
 // memory, which it says; device-accessible only on the host backend, whose device is the host.
 unsafe impl MemoryResource for HostResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        check_stream(&self.device, stream)?;
+        stream.check_on(&self.device)?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }

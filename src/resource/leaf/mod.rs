@@ -8,3 +8,4 @@ pub(crate) mod cuda_async_view;
 pub(crate) mod host;
 pub(crate) mod managed;
 pub(crate) mod pinned_host;
+pub(crate) mod raw;

@@ -1,8 +1,11 @@
 use crate::backend::MemoryKind;
 use crate::device::Device;
 use crate::error::Result;
-use crate::resource::ResourceIdentity;
-use crate::resource::{leaf_allocate, leaf_deallocate, DevicePtr, MemoryResource, Properties};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::Properties;
+use crate::resource::contract::properties::ResourceIdentity;
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::leaf::raw::{leaf_allocate, leaf_deallocate};
 use crate::stream::Stream;
 
 /// Page-locked host memory that the device reads and writes directly and that async copies

@@ -5,9 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::resource::contract::availability::Availability;
 use crate::resource::contract::forward::{memory_resource, Forward};
-use crate::resource::{Allocated, Fragmentation, MemorySnapshot, MemoryStats};
-use crate::resource::{Availability, DevicePtr, FixedSizeResource, MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::stats::{Allocated, MemoryStats};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Fragmentation, MemorySnapshot};
+use crate::resource::suballoc::fixed_size::FixedSizeResource;
 use crate::stream::Stream;
 
 /// How many blocks each fixed-size bin takes from the upstream at a time (RMM's default).

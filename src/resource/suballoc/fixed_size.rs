@@ -13,13 +13,17 @@ use parking_lot::Mutex;
 use self::core::FixedSizeCore;
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::{memory_resource, Forward};
-use crate::resource::suballoc::stream_order::FreeOrder;
-use crate::resource::{
-    align_up, is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr,
-    Fragmentation, FreeExtentBucket, MemoryResource, MemorySnapshot, MemoryStats, Segment,
-    SharedResource,
+use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::size::align_up;
+use crate::resource::contract::stats::{Allocated, MemoryStats};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{
+    Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment,
 };
+use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Stream, StreamId};
 
 /// RMM's default block size for a fixed-size resource.
@@ -152,7 +156,7 @@ impl<R: MemoryResource> FixedSizeResource<R> {
                     "{blocks_to_preallocate} blocks of {block_size} bytes overflow"
                 ))
             })?;
-        let device = crate::resource::upstream_device(&upstream)?;
+        let device = crate::resource::contract::checks::upstream_device(&upstream)?;
         let availability = Availability::following(upstream.availability());
         let mr = FixedSizeResource {
             inner: Arc::new(Inner {

@@ -15,8 +15,10 @@ use super::extents::{Extents, GLOBAL, LARGE_AREA};
 use super::slots::{cache_forget, Registry, SlotState, Slots};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::device_ptr::DevicePtr;
 use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
-use crate::resource::{Availability, DevicePtr, MemoryResource};
 use crate::stream::Stream;
 
 /// The state every handle of one [`ArenaResource`](super::ArenaResource) shares.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::core::StreamArena;
 use super::levels::Inner;
 use super::slots::{cache_get, cache_put, ArenaKey};
+use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::suballoc::stream_order::{Fence, SharedFreeOrder};
-use crate::resource::MemoryResource;
 use crate::stream::Stream;
 
 impl<R: MemoryResource> Inner<R> {

@@ -32,12 +32,14 @@ use self::slots::SLOT_BUCKETS;
 use self::slots::{Registry, Slots};
 pub use self::stats::ArenaStatistics;
 use crate::error::{Error, Result};
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::stats::{Allocated, MemoryStats};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Fragmentation, MemorySnapshot};
 use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
-use crate::resource::{
-    is_empty_request, Allocated, Availability, DevicePtr, Fragmentation, MemoryResource,
-    MemorySnapshot, MemoryStats, SharedResource,
-};
 use crate::stream::Stream;
 
 /// RMM's arena allocator (`arena_memory_resource`) over any upstream resource: a global arena
@@ -233,7 +235,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn with_config(upstream: R, config: ArenaConfig) -> Result<Self> {
-        let device = crate::resource::upstream_device(&upstream)?;
+        let device = crate::resource::contract::checks::upstream_device(&upstream)?;
         let home = Stream::new(&device)?;
         let (extents, growth, global, limit) = match config.arena_size {
             Some(requested) => {

@@ -11,8 +11,10 @@
 use super::core::{Piece, PAGE_SIZE};
 use super::levels::Inner;
 use crate::ids::StreamId;
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Block, BlockState, MemorySnapshot, Segment};
 use crate::resource::suballoc::stream_order::Fence;
-use crate::resource::{Block, BlockState, DevicePtr, MemoryResource, MemorySnapshot, Segment};
 
 impl<R: MemoryResource> Inner<R> {
     /// Takes the registry's read lock, every stream arena's lock and the global arena's lock

@@ -8,8 +8,8 @@ use super::config::ArenaDump;
 use super::core::PAGE_SIZE;
 use super::levels::Inner;
 use crate::error::{Error, OutOfMemoryDetails};
+use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::suballoc::stream_order::Fence;
-use crate::resource::MemoryResource;
 use crate::stream::Stream;
 use crate::stream::StreamId;
 

@@ -10,7 +10,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::device::Device;
 use crate::device::HostConfig;
-use crate::resource::{BlockState, CudaResource};
+use crate::resource::inspect::BlockState;
+use crate::resource::leaf::cuda::CudaResource;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -2,7 +2,8 @@
 //! of the upstream's live blocks that hold them, so that no byte is counted twice.
 
 use crate::device::DeviceId;
-use crate::resource::{Block, BlockState, DevicePtr, MemorySnapshot, Segment};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Block, BlockState, MemorySnapshot, Segment};
 
 /// Nests `bins` (the bins' segments) into `upstream`'s snapshot: a live block of the upstream
 /// that holds bin segments (a bin's chunk, taken from the same upstream) is cut there, the bin

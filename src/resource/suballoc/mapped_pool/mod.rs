@@ -17,11 +17,14 @@ use self::pages::{Page, PendingRelease, Status};
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::BackendKind;
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::checks::is_empty_request;
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::properties::{Properties, ResourceIdentity};
+use crate::resource::contract::stats::{Allocated, MemoryStats};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Block, BlockState, MemorySnapshot, Segment};
 use crate::resource::suballoc::stream_order::FreeOrder;
-use crate::resource::{
-    is_empty_request, Allocated, Availability, Block, BlockState, DevicePtr, MemoryResource,
-    MemorySnapshot, MemoryStats, Properties, ResourceIdentity, Segment,
-};
 use crate::stream::{Event, Stream, StreamId};
 
 /// Every block is a multiple of this and aligned to it.

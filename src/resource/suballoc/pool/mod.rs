@@ -18,11 +18,13 @@ pub use self::release::ReleasePolicy;
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::ids::StreamId;
+use crate::resource::contract::availability::Availability;
+use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::{memory_resource, Forward};
-use crate::resource::{
-    is_empty_request, Allocated, Availability, Block, DevicePtr, Fragmentation, MemoryResource,
-    MemorySnapshot, MemoryStats, Segment, SharedResource,
-};
+use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::stats::{Allocated, MemoryStats};
+use crate::resource::device_ptr::DevicePtr;
+use crate::resource::inspect::{Block, Fragmentation, MemorySnapshot, Segment};
 use crate::stream::Stream;
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
@@ -346,7 +348,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 )));
             }
         }
-        let device = crate::resource::upstream_device(&upstream)?;
+        let device = crate::resource::contract::checks::upstream_device(&upstream)?;
         let availability = Availability::following(upstream.availability());
         let capacity = maximum_size
             .or(upstream.capacity_limit())
