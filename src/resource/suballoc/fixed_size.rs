@@ -15,7 +15,7 @@ use crate::device::Device;
 use crate::error::{Error, OutOfMemoryDetails, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
-use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::memory_resource;
 use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
 use crate::resource::contract::size::align_up;
 use crate::resource::contract::stats::{Allocated, MemoryStats};
@@ -275,7 +275,7 @@ memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
 // at least the request, which is refused above it) at 256-aligned offsets of a 256-aligned
 // chunk, and the free list hands each out once until it is freed. The properties are the
 // upstream's.
-unsafe impl<R: MemoryResource> Forward for Inner<R> {
+unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);
@@ -337,8 +337,8 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
         self.availability.notify();
     }
 
-    fn availability(&self) -> Option<&Availability> {
-        Some(&self.availability)
+    fn wait_queue(&self) -> &Availability {
+        &self.availability
     }
 
     fn capacity_limit(&self) -> Option<usize> {
@@ -370,7 +370,7 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
     /// that took it over from another stream's list — or [`Free`](BlockState::Free) once that
     /// stream has passed an event recorded after its frees. The list's stream reuses it at
     /// once; another takes it (with half of that list) after waiting for that event.
-    fn snapshot(&self) -> Option<MemorySnapshot> {
+    fn snapshot(&self) -> MemorySnapshot {
         let (layout, passed) = {
             let state = self.state.lock();
             (state.layout(), passed_lists(&state))
@@ -395,12 +395,12 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
                 .collect();
             snap.segments.push(segment);
         }
-        Some(snap)
+        snap
     }
 
     /// The figures of [`snapshot`](Forward::snapshot), from the counts alone (no block list):
     /// every free extent is one block.
-    fn fragmentation(&self) -> Option<Fragmentation> {
+    fn fragmentation(&self) -> Fragmentation {
         let (chunks, live, mut free_by_stream, passed) = {
             let state = self.state.lock();
             let passed = passed_lists(&state);
@@ -442,7 +442,7 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
                 bytes: free_blocks * size,
             }];
         }
-        Some(f)
+        f
     }
 
     /// While a block is in use, a free brings one back; else only the upstream could give the

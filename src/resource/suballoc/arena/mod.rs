@@ -34,11 +34,11 @@ pub use self::stats::ArenaStatistics;
 use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
-use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::memory_resource;
 use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
-use crate::resource::inspect::{Fragmentation, MemorySnapshot};
+use crate::resource::inspect::MemorySnapshot;
 use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
 use crate::stream::Stream;
 
@@ -408,7 +408,7 @@ memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
 // each an allocation of the upstream held until the resource returns it wholly free: blocks
 // are at least the request, at 256-aligned offsets of 256-aligned superblocks, and the core
 // hands out no byte twice until it is freed. The properties are the upstream's.
-unsafe impl<R: MemoryResource> Forward for Inner<R> {
+unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         if is_empty_request(&self.device, bytes, stream)? {
             return Ok(DevicePtr::NULL);
@@ -489,8 +489,8 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
         self.availability.notify();
     }
 
-    fn availability(&self) -> Option<&Availability> {
-        Some(&self.availability)
+    fn wait_queue(&self) -> &Availability {
+        &self.availability
     }
 
     fn capacity_limit(&self) -> Option<usize> {
@@ -512,12 +512,8 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
     }
 
     /// See [`ArenaResource`]'s section on snapshots.
-    fn snapshot(&self) -> Option<MemorySnapshot> {
-        Some(self.take_snapshot())
-    }
-
-    fn fragmentation(&self) -> Option<Fragmentation> {
-        Some(self.take_snapshot().fragmentation())
+    fn snapshot(&self) -> MemorySnapshot {
+        self.take_snapshot()
     }
 
     /// Only a live allocation or a pending free can bring memory back (a growing arena that

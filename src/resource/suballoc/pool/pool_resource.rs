@@ -15,11 +15,11 @@ use super::statistics::PoolStatistics;
 use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
-use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::memory_resource;
 use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
-use crate::resource::inspect::{Fragmentation, MemorySnapshot};
+use crate::resource::inspect::MemorySnapshot;
 use crate::stream::Stream;
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
@@ -386,7 +386,7 @@ memory_resource!(shared [R: MemoryResource] PoolResource<R>);
 // each an allocation of the upstream held until `trim` or the drop returns it wholly free:
 // blocks are at least the request, at 256-aligned offsets of 256-aligned chunks, and the core
 // hands out no byte twice until it is freed. The properties are the upstream's.
-unsafe impl<R: MemoryResource> Forward for Inner<R> {
+unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         // The fast path: a request for the stream's shard that the stream's own free blocks
         // there serve, under one lock, with no `Result` to build on the way. Anything else (a
@@ -511,8 +511,8 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
         }
     }
 
-    fn availability(&self) -> Option<&Availability> {
-        Some(&self.availability)
+    fn wait_queue(&self) -> &Availability {
+        &self.availability
     }
 
     /// A live allocation may come back; so may the upstream's memory, which the pool follows.
@@ -547,13 +547,8 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
     }
 
     /// The pool's chunks (see [`PoolResource::snapshot`]).
-    fn snapshot(&self) -> Option<MemorySnapshot> {
-        Some(self.take_snapshot())
-    }
-
-    /// Read from the snapshot (its free extents merge the streams' free memory).
-    fn fragmentation(&self) -> Option<Fragmentation> {
-        Some(self.take_snapshot().fragmentation())
+    fn snapshot(&self) -> MemorySnapshot {
+        self.take_snapshot()
     }
 
     fn capacity_limit(&self) -> Option<usize> {
