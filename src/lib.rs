@@ -28,26 +28,24 @@
 //! # }).unwrap();
 //! ```
 //!
-//! # Concepts
-//! - [`Device`]: a GPU or the host emulation; [`Device::default`] picks.
-//! - [`Stream`], [`Event`], [`StreamPool`]: ordered device work; events resolve as futures
-//!   through the device's completion driver ([`CompletionStrategy`]).
-//! - [`MemoryResource`]: `try_allocate` (never waits), `allocate` (a future that waits for
-//!   memory on resources with a wait queue, [`Availability`]), stream-ordered `deallocate`.
-//!   Leaf resources: [`CudaResource`], [`CudaAsyncResource`], [`CudaAsyncViewResource`],
-//!   [`ManagedResource`], [`PinnedHostResource`], [`HostResource`], [`CallbackResource`].
-//! - Sub-allocators over any upstream: [`PoolResource`] (coalescing, stream shards for many
-//!   threads, `trim`), [`ArenaResource`] (per-stream arenas over a global arena),
-//!   [`FixedSizeResource`], [`BinningResource`].
-//! - Adaptors, stacked over any resource: [`LimitingAdaptor`] (an awaitable byte budget),
-//!   [`AlignedAdaptor`], [`FailureCallbackAdaptor`], [`PrefetchAdaptor`], [`TracingAdaptor`].
-//! - [`DeviceBuffer`]: owning device memory that tracks which stream owns it and which streams
-//!   read it, and orders its free after all of them.
-//! - Per-device defaults: [`current_device_resource`], [`set_current_device_resource`]; a
-//!   current resource for one task or call: [`with_resource`], [`with_resource_sync`].
-//! - Observing a resource: [`StatisticsAdaptor`] (counters in scopes), [`TrackingAdaptor`]
-//!   (outstanding allocations, leaks, bad frees), [`LoggingAdaptor`] (RMM's CSV log), and
-//!   [`replay`] (RMM's logs and ours, parsed and replayed against any resource).
+//! # Where things are
+//! The crate root holds what a first program needs: [`Device`], [`Stream`] and [`Event`];
+//! [`MemoryResource`] with [`CudaAsyncResource`], [`CudaResource`] and [`PoolResource`];
+//! [`DeviceBuffer`] and [`DeviceVec`]; the per-device default resource; [`Error`] and
+//! [`Result`]. The rest lives in a module named for its concept:
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`device`] | [`Device`] and its settings ([`device::HostConfig`], [`device::CompletionStrategy`]), the host backend's controls and fault injection |
+//! | [`stream`] | [`Stream`], [`Event`] (a future) and [`stream::StreamPool`] |
+//! | [`resource`] | the [`MemoryResource`] contract and every resource: leaves over the driver ([`CudaAsyncResource`], [`resource::ManagedResource`], …), sub-allocators over an upstream ([`PoolResource`], [`resource::ArenaResource`], [`resource::BinningResource`], …), per-device defaults and scoped overrides |
+//! | [`adaptor`] | resources stacked over another: limits, statistics, tracking, logging (RMM's CSV), tracing, failure callbacks, alignment, prefetch, timelines |
+//! | [`buffer`] | [`DeviceBuffer`], [`DeviceVec`], [`buffer::DeviceScalar`], [`buffer::PinnedHostVec`], views, copy futures and host kernels |
+//! | [`snapshot`] | seeing memory: [`snapshot::MemorySnapshot`], [`snapshot::Fragmentation`], [`snapshot::Timeline`] |
+//! | [`replay`], [`report`] | RMM's allocation logs replayed on any resource; HTML and PyTorch exports |
+//!
+//! Every name that lived at the root before keeps working there (hidden from these docs), so
+//! code written against earlier versions compiles unchanged.
 //!
 //! # Feature flags
 //! - Default: `cuda-13000`, `nvrtc`, `cublas` — the CUDA backend over cudarc bound to CUDA 13.0
@@ -71,69 +69,90 @@
 
 // The floors, bottom to top; each module imports only those below it (no circle):
 // `ids`, `sync` → `error` → `backend` (host/, cuda/) → `device` (config, completion driver) →
-// `stream` → `resource` → `adaptor`, `buffer` → `replay`, `report`. The flat re-exports below are the
-// public API; the module paths are not.
-mod adaptor;
+// `stream` → `resource` → `rmm_csv` → `adaptor`, `buffer` → `replay`, `report`.
+pub mod adaptor;
 mod backend;
-mod buffer;
-mod device;
+pub mod buffer;
+pub mod device;
 mod error;
 mod ids;
 pub mod replay;
 pub mod report;
-mod resource;
+pub mod resource;
 mod rmm_csv;
-mod stream;
+pub mod stream;
 mod sync;
 #[cfg(test)]
 mod test_support;
 
-pub use adaptor::TimelineAdaptor;
+/// Seeing memory: a resource's segments and blocks ([`MemorySnapshot`]), what is free for which
+/// stream ([`Fragmentation`]), and the history of its allocations ([`Timeline`], which the
+/// [`TimelineAdaptor`] records).
+pub mod snapshot {
+    #[doc(inline)]
+    pub use crate::resource::inspect::{
+        Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment, SeriesPoint,
+        Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS,
+    };
+}
+
+// What a first program needs.
+pub use buffer::{DeviceBuffer, DeviceVec};
+pub use device::Device;
+pub use error::{Error, OutOfMemoryDetails, Result};
+pub use resource::{
+    current_device_resource, set_current_device_resource, CudaAsyncResource, CudaResource,
+    DevicePtr, MemoryResource, PoolResource, SharedResource,
+};
+pub use stream::{Event, Stream};
+
+// Every other name the root held before, kept for code written against it; the docs show each
+// in its module.
+#[doc(hidden)]
 pub use adaptor::{
     AlignedAdaptor, Allocation, AllocationFailure, Counter, Counters, FailureCallbackAdaptor,
     LeakReport, LimitingAdaptor, LoggingAdaptor, LoggingAdaptorBuilder, PrefetchAdaptor,
-    StatisticsAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue, MAX_TRACKING_ISSUES,
+    StatisticsAdaptor, TimelineAdaptor, TracingAdaptor, TrackingAdaptor, TrackingIssue,
+    MAX_TRACKING_ISSUES,
 };
-pub use backend::host::{FaultPoint, HostControls};
-pub use backend::{MemoryInfo, PrefetchTarget};
 #[cfg(feature = "cuda-driver")]
+#[doc(hidden)]
 pub use buffer::KernelRead;
+#[doc(hidden)]
 pub use buffer::{
-    BufferView, CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceBuffer, DeviceScalar,
-    DeviceVec, HostBuffer, NewBuffer, NewVec, PinnedHostVec, ReadGuard, VecView, VecViewMut,
+    BufferView, CopyFromHost, CopyFromSlice, CopyToHost, CopyToSlice, DeviceScalar, HostBuffer,
+    HostKernelArgs, HostKernelViews, HostRead, HostWrite, NewBuffer, NewVec, PinnedHostVec,
+    ReadGuard, ReadShape, VecView, VecViewMut, WriteShape,
 };
-pub use buffer::{HostKernelArgs, HostKernelViews, HostRead, HostWrite, ReadShape, WriteShape};
+#[doc(hidden)]
 pub use device::{
-    CompletionStrategy, Device, HostConfig, DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,
+    CompletionStrategy, FaultPoint, HostConfig, HostControls, MemoryInfo, PrefetchTarget,
+    DEFAULT_HOST_CAPACITY, DEFERRED_ERRORS_KEPT,
 };
-pub use error::{Error, OutOfMemoryDetails, Result};
+#[doc(hidden)]
 pub use ids::{BackendKind, DeviceId, StreamId};
-pub use resource::defaults::registry::{
-    available_device_memory, current_device_resource, current_device_resource_for,
-    percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
-    set_current_device_resource_for,
-};
-pub use resource::defaults::scoped::{with_resource, with_resource_sync, WithResource};
 /// The allocator cores for the fuzz targets in `fuzz/`: not part of the API.
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use resource::fuzzing;
-pub use resource::CudaAsyncManagedResource;
-pub use resource::ReleasePolicy;
-pub use resource::{memory_stats, MemoryStats, WaitQueueStats};
+#[doc(hidden)]
 pub use resource::{
-    Allocate, ArenaConfig, ArenaDump, ArenaResource, ArenaStatistics, Availability,
-    BinningResource, CallbackResource, CudaAsyncResource, CudaAsyncResourceBuilder,
-    CudaAsyncViewResource, CudaResource, DevicePtr, ExportHandleType, FixedSizeResource,
-    HostResource, ManagedResource, MemoryResource, PinnedHostResource, PoolResource,
-    PoolStatistics, Properties, ResourceIdentity, SharedResource, ALLOCATION_ALIGNMENT,
+    available_device_memory, current_device_resource_for, memory_stats,
+    percent_of_free_device_memory, reset_current_device_resource_for,
+    set_current_device_resource_for, with_resource, with_resource_sync, Allocate, ArenaConfig,
+    ArenaDump, ArenaResource, ArenaStatistics, Availability, BinningResource, CallbackResource,
+    CudaAsyncManagedResource, CudaAsyncResourceBuilder, CudaAsyncViewResource, ExportHandleType,
+    FixedSizeResource, HostResource, ManagedResource, MappedPoolConfig, MappedPoolResource,
+    MappedPoolStatistics, MemoryStats, PinnedHostResource, PoolStatistics, Properties,
+    ReleasePolicy, ResourceIdentity, WaitQueueStats, WithResource, ALLOCATION_ALIGNMENT,
 };
-pub use resource::{
+#[doc(hidden)]
+pub use snapshot::{
     Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment, SeriesPoint,
     Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS,
 };
-pub use resource::{MappedPoolConfig, MappedPoolResource, MappedPoolStatistics};
-pub use stream::{Event, Stream, StreamPool};
+#[doc(hidden)]
+pub use stream::StreamPool;
 
 /// The cudarc this crate is built with: its driver API, and nvrtc and cuBLAS under the features
 /// of the same names. Use it rather than a cudarc dependency of your own, so that both are the

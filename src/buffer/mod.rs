@@ -1,13 +1,16 @@
-//! Owning device memory with stream-ordered drop and cross-stream use tracking.
+//! Containers of device memory with stream-ordered drop and cross-stream use tracking:
+//! [`DeviceBuffer`] (bytes, RMM's `device_buffer`), [`DeviceVec`] (typed, RMM's
+//! `device_uvector`), [`DeviceScalar`], [`PinnedHostVec`], their views, the futures of their
+//! host copies, and host kernels.
 //!
-//! [`DeviceBuffer`] is RMM's `device_buffer` with the stream hand-off made automatic: the
-//! buffer knows which stream owns it and which other streams read it ([`uses`]), and inserts
-//! the event waits that a hand-off, a write after a read and the free need.
+//! A container knows which stream owns it and which other streams read it, and inserts the
+//! event waits that a hand-off, a write after a read and the free need.
 //!
-//! The buffer and its accessors are in [`device_buffer`]; its other operations are grouped
-//! beside it: making one ([`new_buffer`]), handing it between streams ([`handoff`]), working on its
-//! bytes ([`copy`]) and changing its size ([`resize`]). Every container and view is a thin face
-//! of one (buffer, byte range) core ([`byte_range`]). This file only declares and re-exports.
+//! In the source, the buffer and its accessors are in `device_buffer.rs`; its other operations
+//! are grouped beside it: making one (`new_buffer.rs`), handing it between streams
+//! (`handoff.rs`), working on its bytes (`copy.rs`) and changing its size (`resize.rs`). Every
+//! container and view is a thin face of one (buffer, byte range) core (`byte_range.rs`); the
+//! use tracking is `uses.rs`. This file only declares and re-exports.
 
 mod byte_range;
 mod copy;

@@ -1,5 +1,6 @@
-//! Devices: which backend, which ordinal, how much memory, their settings ([`config`]), and the
-//! completion driver ([`notify`]) that turns their events into wake-ups.
+//! Devices: which backend, which ordinal, how much memory, their settings ([`HostConfig`],
+//! [`CompletionStrategy`]), the host backend's controls and fault injection ([`HostControls`],
+//! [`FaultPoint`]), and the completion driver that turns their events into wake-ups.
 //!
 //! The device sits on the backend and below streams: the driver arms on a stream's id and its
 //! backend streams, never on a [`Stream`](crate::Stream).
@@ -15,11 +16,13 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
+pub use crate::backend::host::{FaultPoint, HostControls};
+pub use crate::backend::{MemoryInfo, PrefetchTarget};
 pub(crate) use crate::ids::DeviceId;
 pub use config::{CompletionStrategy, HostConfig, DEFAULT_HOST_CAPACITY};
 
-use crate::backend::host::{HostBackend, HostControls};
-use crate::backend::{AnyBackend, AnyEvent, Completion, MemoryInfo};
+use crate::backend::host::HostBackend;
+use crate::backend::{AnyBackend, AnyEvent, Completion};
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, StreamId};
 use notify::{CompletionDriver, ShadowStream};
@@ -277,7 +280,7 @@ impl Device {
     /// The first error of a stream that failed or whose event could not be recorded; the
     /// other streams are still waited for. A [per-thread default
     /// stream](crate::Stream::per_thread_default) of another thread cannot be reached from this
-    /// one: [`Error::WrongThread`](crate::Error::WrongThread) while a handle to it lives.
+    /// one: [`Error::WrongThread`] while a handle to it lives.
     ///
     /// # Cancel safety
     /// Dropping the future leaves every stream untouched.
@@ -325,7 +328,7 @@ impl Device {
     /// # Errors
     /// The first error a stream reported; the other streams are still waited for. As
     /// [`synchronize`](Device::synchronize), a per-thread default stream of another thread is
-    /// [`Error::WrongThread`](crate::Error::WrongThread).
+    /// [`Error::WrongThread`].
     ///
     /// ```
     /// use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The memory-resource contract and the resources that implement it.
+//! The memory-resource contract and the resources that implement it: leaves over the driver,
+//! sub-allocators over an upstream, and the per-device default resource.
 
 pub(crate) mod contract;
 pub(crate) mod defaults;
@@ -20,11 +21,16 @@ pub(crate) use contract::size::align_up;
 pub use contract::size::ALLOCATION_ALIGNMENT;
 pub(crate) use contract::stats::Allocated;
 pub use contract::stats::{MemoryStats, WaitQueueStats};
-pub use defaults::registry::memory_stats;
+pub use defaults::registry::{
+    available_device_memory, current_device_resource, current_device_resource_for, memory_stats,
+    percent_of_free_device_memory, reset_current_device_resource_for, set_current_device_resource,
+    set_current_device_resource_for,
+};
+pub use defaults::scoped::{with_resource, with_resource_sync, WithResource};
 pub use device_ptr::DevicePtr;
-pub use inspect::{
-    Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment, SeriesPoint,
-    Timeline, TraceAction, TraceEvent, TIMELINE_STREAMS,
+pub(crate) use inspect::{
+    Block, BlockState, Fragmentation, MemorySnapshot, Segment, SeriesPoint, Timeline, TraceAction,
+    TraceEvent,
 };
 pub use leaf::callback::CallbackResource;
 pub use leaf::cuda::CudaResource;

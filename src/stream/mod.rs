@@ -1,5 +1,5 @@
 //! Streams and their events, and a round-robin set of streams. Events resolve through the
-//! device's completion driver ([`crate::device::notify`]).
+//! device's completion driver (see [`CompletionStrategy`](crate::device::CompletionStrategy)).
 
 #[cfg(feature = "cuda-driver")]
 mod cudarc;
