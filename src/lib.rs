@@ -198,6 +198,7 @@ mod book {
         Completion => "completion.md",
         Performance => "performance.md",
         Faults => "faults.md",
+        Layout => "layout.md",
     }
 
     /// The README's examples, exactly as a user copies them.
