@@ -324,5 +324,4 @@ impl FreeList {
 }
 
 #[cfg(test)]
-#[path = "free_list_tests.rs"]
 mod tests;
