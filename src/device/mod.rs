@@ -22,10 +22,10 @@ pub(crate) use crate::ids::DeviceId;
 pub use config::{CompletionStrategy, HostConfig, DEFAULT_HOST_CAPACITY};
 
 use crate::backend::host::HostBackend;
-use crate::backend::{AnyBackend, AnyEvent, Completion};
+use crate::backend::AnyBackend;
 use crate::error::{Error, Result};
-use crate::ids::{BackendKind, StreamId};
-use notify::{CompletionDriver, ShadowStream};
+use crate::ids::BackendKind;
+use notify::CompletionDriver;
 
 /// A device: a CUDA GPU or the host emulation of one. A cheap `Clone` handle.
 ///
@@ -419,21 +419,10 @@ impl Device {
         &self.inner.backend
     }
 
-    /// Arranges for `completion` to be completed once `event`, recorded on the stream
-    /// `stream` as its `seq`-th event, is: through the device's completion driver, with `shadow` the stream's private
-    /// notification stream.
-    pub(crate) fn arm_completion(
-        &self,
-        stream: StreamId,
-        shadow: &ShadowStream,
-        event: &AnyEvent,
-        seq: u64,
-        completion: &Arc<Completion>,
-    ) -> Result<()> {
-        let backend = &self.inner.backend;
-        self.inner
-            .driver
-            .arm(backend, stream, shadow, event, seq, completion)
+    /// The device's completion driver, which arms on this device's backend
+    /// ([`raw`](Device::raw)).
+    pub(crate) fn completion_driver(&self) -> &CompletionDriver {
+        &self.inner.driver
     }
 }
 

@@ -119,7 +119,9 @@ impl Future for Event {
         }
         if !inner.armed.swap(true, Ordering::AcqRel) {
             let stream = &inner.stream;
-            let armed = stream.device().arm_completion(
+            let device = stream.device();
+            let armed = device.completion_driver().arm(
+                device.raw(),
                 stream.id(),
                 stream.shadow(),
                 &inner.raw,

@@ -79,7 +79,15 @@ fn an_arm_ends_a_long_park() {
     short.synchronize_blocking().unwrap();
     let completion = Arc::new(Completion::default());
     device
-        .arm_completion(b.id(), b.shadow(), short.raw(), 0, &completion)
+        .completion_driver()
+        .arm(
+            device.raw(),
+            b.id(),
+            b.shadow(),
+            short.raw(),
+            0,
+            &completion,
+        )
         .unwrap();
     wait_until("the short event's completion", || completion.is_done());
     assert_eq!(

@@ -330,22 +330,17 @@ impl Timeline {
 mod tests {
     use super::*;
 
+    /// Records `action` of `bytes` at one address on stream `stream`.
+    fn event(t: &mut Timeline, action: TraceAction, bytes: usize, stream: u64) {
+        t.record(action, DevicePtr::from_raw(0x1000), bytes, StreamId(stream));
+    }
+
     fn alloc(t: &mut Timeline, bytes: usize, stream: u64) {
-        t.record(
-            TraceAction::Alloc,
-            DevicePtr::from_raw(0x1000),
-            bytes,
-            StreamId(stream),
-        );
+        event(t, TraceAction::Alloc, bytes, stream);
     }
 
     fn free(t: &mut Timeline, bytes: usize, stream: u64) {
-        t.record(
-            TraceAction::Free,
-            DevicePtr::from_raw(0x1000),
-            bytes,
-            StreamId(stream),
-        );
+        event(t, TraceAction::Free, bytes, stream);
     }
 
     #[test]

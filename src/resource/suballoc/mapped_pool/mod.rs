@@ -161,6 +161,24 @@ struct State {
     owner_of: FxHashMap<StreamId, Owner>,
 }
 
+impl State {
+    /// A free list over `reserved` bytes of address space, `pages` pages of it, none mapped.
+    fn new(reserved: usize, pages: usize) -> Self {
+        State {
+            list: FreeList::new(reserved as u64),
+            pages: vec![Page::Unmapped; pages],
+            mapped_pages: 0,
+            peak_mapped_pages: 0,
+            idle: BTreeSet::new(),
+            unfenced: BTreeSet::new(),
+            pending: Vec::new(),
+            next_pending: 0,
+            orders: Vec::new(),
+            owner_of: FxHashMap::default(),
+        }
+    }
+}
+
 fn align_up(bytes: usize) -> Option<u64> {
     let bytes = u64::try_from(bytes).ok()?;
     bytes.checked_add(ALIGN - 1).map(|b| b & !(ALIGN - 1))
@@ -218,18 +236,7 @@ impl MappedPoolResource {
                 capacity,
                 granularity,
                 release_threshold: config.get_release_threshold(),
-                state: Mutex::new(State {
-                    list: FreeList::new(reserved as u64),
-                    pages: vec![Page::Unmapped; pages],
-                    mapped_pages: 0,
-                    peak_mapped_pages: 0,
-                    idle: BTreeSet::new(),
-                    unfenced: BTreeSet::new(),
-                    pending: Vec::new(),
-                    next_pending: 0,
-                    orders: Vec::new(),
-                    owner_of: FxHashMap::default(),
-                }),
+                state: Mutex::new(State::new(reserved, pages)),
                 availability: Arc::new(Availability::new()),
             }),
         })
@@ -751,21 +758,7 @@ impl Drop for Inner {
                 self.device.defer_error(e);
             }
         }
-        let mut state = std::mem::replace(
-            &mut *self.state.get_mut(),
-            State {
-                list: FreeList::new(0),
-                pages: Vec::new(),
-                mapped_pages: 0,
-                peak_mapped_pages: 0,
-                idle: BTreeSet::new(),
-                unfenced: BTreeSet::new(),
-                pending: Vec::new(),
-                next_pending: 0,
-                orders: Vec::new(),
-                owner_of: FxHashMap::default(),
-            },
-        );
+        let mut state = std::mem::replace(&mut *self.state.get_mut(), State::new(0, 0));
         let mut stuck = false;
         for i in 0..state.pages.len() {
             stuck |= !self.release_page(&mut state, i);
