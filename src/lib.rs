@@ -73,6 +73,7 @@
 pub mod adaptor;
 mod backend;
 pub mod buffer;
+mod builder;
 pub mod device;
 mod error;
 mod ids;

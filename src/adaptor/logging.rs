@@ -354,21 +354,16 @@ impl LoggingAdaptorBuilder {
         Self::default()
     }
 
-    /// Flush after every line (default `false`): slower, but nothing is lost if the process
-    /// dies.
-    pub fn auto_flush(mut self, auto_flush: bool) -> Self {
-        self.auto_flush = Some(auto_flush);
-        self
-    }
-
-    /// Write `0`, the default stream, in the `Stream` column of every line (default `false`:
-    /// each stream's [`raw_handle`](Stream::raw_handle)). RMM's replay benchmark refuses logs
-    /// with other streams ("Non-default streams not currently supported"), and a
-    /// [`Stream`] is never the default stream, so this is the way to a log that replays in
-    /// RMM. The [`replay`](crate::replay) here takes both.
-    pub fn streams_as_default(mut self, streams_as_default: bool) -> Self {
-        self.streams_as_default = Some(streams_as_default);
-        self
+    crate::builder::option_setters! {
+        /// Flush after every line (default `false`): slower, but nothing is lost if the process
+        /// dies.
+        fn auto_flush(auto_flush: bool) => auto_flush;
+        /// Write `0`, the default stream, in the `Stream` column of every line (default `false`:
+        /// each stream's [`raw_handle`](Stream::raw_handle)). RMM's replay benchmark refuses logs
+        /// with other streams ("Non-default streams not currently supported"), and a
+        /// [`Stream`] is never the default stream, so this is the way to a log that replays in
+        /// RMM. The [`replay`](crate::replay) here takes both.
+        fn streams_as_default(streams_as_default: bool) => streams_as_default;
     }
 
     /// The clock whose time of day (in UTC) fills the `Time` column (default

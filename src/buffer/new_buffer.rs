@@ -486,26 +486,25 @@ impl<'a> NewBuffer<'a> {
         self
     }
 
-    /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use streamalloc::{CudaResource, Device, DeviceBuffer, LimitingAdaptor, Stream};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let device = Device::host();
-    /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
-    /// let _held = DeviceBuffer::new(1024, &stream, mr.clone()).await?;
-    /// let soon = Instant::now() + Duration::from_millis(10);
-    /// let late = DeviceBuffer::new(512, &stream, mr).deadline(soon).await;
-    /// assert!(matches!(late, Err(streamalloc::Error::Timeout { requested: 512, .. })));
-    /// # Ok::<(), streamalloc::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn deadline(mut self, deadline: Instant) -> Self {
-        self.deadline = Some(deadline);
-        self
+    crate::builder::option_setters! {
+        /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
+        ///
+        /// ```
+        /// use std::time::{Duration, Instant};
+        /// use streamalloc::{CudaResource, Device, DeviceBuffer, LimitingAdaptor, Stream};
+        ///
+        /// # futures::executor::block_on(async {
+        /// let device = Device::host();
+        /// let stream = Stream::new(&device)?;
+        /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
+        /// let _held = DeviceBuffer::new(1024, &stream, mr.clone()).await?;
+        /// let soon = Instant::now() + Duration::from_millis(10);
+        /// let late = DeviceBuffer::new(512, &stream, mr).deadline(soon).await;
+        /// assert!(matches!(late, Err(streamalloc::Error::Timeout { requested: 512, .. })));
+        /// # Ok::<(), streamalloc::Error>(())
+        /// # }).unwrap();
+        /// ```
+        fn deadline(deadline: Instant) => deadline;
     }
 
     /// Gives up with [`Error::Timeout`] if the memory is not there within `timeout`, counted

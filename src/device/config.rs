@@ -23,10 +23,9 @@ pub struct HostConfig {
 pub const DEFAULT_HOST_CAPACITY: usize = 16 << 30;
 
 impl HostConfig {
-    /// Bytes of emulated device memory; allocations beyond it fail with out-of-memory.
-    pub fn capacity(mut self, bytes: usize) -> Self {
-        self.capacity = Some(bytes);
-        self
+    crate::builder::option_setters! {
+        /// Bytes of emulated device memory; allocations beyond it fail with out-of-memory.
+        fn capacity(bytes: usize) => capacity;
     }
 
     /// The emulated memory: [`DEFAULT_HOST_CAPACITY`] unless set.
@@ -34,10 +33,9 @@ impl HostConfig {
         self.capacity.unwrap_or(DEFAULT_HOST_CAPACITY)
     }
 
-    /// The device's completion strategy (default [`CompletionStrategy::Poller`]).
-    pub fn completion_strategy(mut self, strategy: CompletionStrategy) -> Self {
-        self.completion_strategy = Some(strategy);
-        self
+    crate::builder::option_setters! {
+        /// The device's completion strategy (default [`CompletionStrategy::Poller`]).
+        fn completion_strategy(strategy: CompletionStrategy) => completion_strategy;
     }
 
     pub(crate) fn get_completion_strategy(&self) -> CompletionStrategy {

@@ -507,26 +507,25 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
         self.bytes
     }
 
-    /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let device = Device::host();
-    /// let stream = Stream::new(&device)?;
-    /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
-    /// let held = mr.allocate(1024, &stream).await?;
-    /// let err = mr.allocate(256, &stream).deadline(Instant::now() + Duration::from_millis(10)).await;
-    /// assert!(matches!(err, Err(streamalloc::Error::Timeout { requested: 256, .. })));
-    /// unsafe { mr.deallocate(held, 1024, &stream) };
-    /// # Ok::<(), streamalloc::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn deadline(mut self, deadline: Instant) -> Self {
-        self.deadline = Some(deadline);
-        self
+    crate::builder::option_setters! {
+        /// Gives up with [`Error::Timeout`] if the memory is not there by `deadline`.
+        ///
+        /// ```
+        /// use std::time::{Duration, Instant};
+        /// use streamalloc::{CudaResource, Device, LimitingAdaptor, MemoryResource, Stream};
+        ///
+        /// # futures::executor::block_on(async {
+        /// let device = Device::host();
+        /// let stream = Stream::new(&device)?;
+        /// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 1024);
+        /// let held = mr.allocate(1024, &stream).await?;
+        /// let err = mr.allocate(256, &stream).deadline(Instant::now() + Duration::from_millis(10)).await;
+        /// assert!(matches!(err, Err(streamalloc::Error::Timeout { requested: 256, .. })));
+        /// unsafe { mr.deallocate(held, 1024, &stream) };
+        /// # Ok::<(), streamalloc::Error>(())
+        /// # }).unwrap();
+        /// ```
+        fn deadline(deadline: Instant) => deadline;
     }
 
     /// Gives up with [`Error::Timeout`] if the memory is not there within `timeout`, counted

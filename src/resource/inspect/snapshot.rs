@@ -117,16 +117,11 @@ impl Block {
         }
     }
 
-    /// The block, on `stream`.
-    pub fn on_stream(mut self, stream: StreamId) -> Self {
-        self.stream = Some(stream);
-        self
-    }
-
-    /// The block, with the bytes its caller asked for.
-    pub fn with_requested(mut self, requested: usize) -> Self {
-        self.requested = Some(requested);
-        self
+    crate::builder::option_setters! {
+        /// The block, on `stream`.
+        fn on_stream(stream: StreamId) => stream;
+        /// The block, with the bytes its caller asked for.
+        fn with_requested(requested: usize) => requested;
     }
 
     /// The address one past the block (saturating).

@@ -142,52 +142,47 @@ impl CallbackResource {
         }
     }
 
-    /// Reports `limit` as the largest request that could ever succeed, so that awaited requests
-    /// above it fail at once instead of waiting. Default: no limit.
-    pub fn with_capacity_limit(mut self, limit: usize) -> Self {
-        self.capacity_limit = Some(limit);
-        self
-    }
-
-    /// Lets awaited allocations wait for memory: they queue on `availability` and retry when
-    /// it is [notified](Availability::notify). Default: none, so they fail with out-of-memory.
-    ///
-    /// Whoever frees memory notifies it: the deallocate closure, or, for closures over another
-    /// resource, that resource, through
-    /// [`Availability::add_follower`].
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use streamalloc::{Availability, CallbackResource, CudaResource, Device, LimitingAdaptor,
-    ///                   MemoryResource, Stream};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let device = Device::host();
-    /// let stream = Stream::new(&device)?;
-    /// let limited = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
-    /// // Frees in `limited` wake allocations waiting here.
-    /// let availability = Arc::new(Availability::new());
-    /// limited.availability().unwrap().add_follower(&availability);
-    ///
-    /// let (a, d) = (limited.clone(), limited.clone());
-    /// // SAFETY: called only under `deallocate`'s contract; `ptr` came from `a`, a clone.
-    /// let free = move |ptr, bytes, stream: &Stream| unsafe { d.deallocate(ptr, bytes, stream) };
-    /// // SAFETY: every pointer is one `limited` (through `a`) returned for the same request,
-    /// // and the properties are its own.
-    /// let mr = unsafe {
-    ///     CallbackResource::new(limited.properties(), move |b, s| a.try_allocate(b, s), free)
-    /// }
-    /// .with_availability(availability)
-    /// .with_capacity_limit(4096);
-    ///
-    /// let p = mr.allocate(4096, &stream).await?;
-    /// # unsafe { mr.deallocate(p, 4096, &stream) };
-    /// # Ok::<(), streamalloc::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn with_availability(mut self, availability: Arc<Availability>) -> Self {
-        self.availability = Some(availability);
-        self
+    crate::builder::option_setters! {
+        /// Reports `limit` as the largest request that could ever succeed, so that awaited requests
+        /// above it fail at once instead of waiting. Default: no limit.
+        fn with_capacity_limit(limit: usize) => capacity_limit;
+        /// Lets awaited allocations wait for memory: they queue on `availability` and retry when
+        /// it is [notified](Availability::notify). Default: none, so they fail with out-of-memory.
+        ///
+        /// Whoever frees memory notifies it: the deallocate closure, or, for closures over another
+        /// resource, that resource, through
+        /// [`Availability::add_follower`].
+        ///
+        /// ```
+        /// use std::sync::Arc;
+        /// use streamalloc::{Availability, CallbackResource, CudaResource, Device, LimitingAdaptor,
+        ///                   MemoryResource, Stream};
+        ///
+        /// # futures::executor::block_on(async {
+        /// let device = Device::host();
+        /// let stream = Stream::new(&device)?;
+        /// let limited = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
+        /// // Frees in `limited` wake allocations waiting here.
+        /// let availability = Arc::new(Availability::new());
+        /// limited.availability().unwrap().add_follower(&availability);
+        ///
+        /// let (a, d) = (limited.clone(), limited.clone());
+        /// // SAFETY: called only under `deallocate`'s contract; `ptr` came from `a`, a clone.
+        /// let free = move |ptr, bytes, stream: &Stream| unsafe { d.deallocate(ptr, bytes, stream) };
+        /// // SAFETY: every pointer is one `limited` (through `a`) returned for the same request,
+        /// // and the properties are its own.
+        /// let mr = unsafe {
+        ///     CallbackResource::new(limited.properties(), move |b, s| a.try_allocate(b, s), free)
+        /// }
+        /// .with_availability(availability)
+        /// .with_capacity_limit(4096);
+        ///
+        /// let p = mr.allocate(4096, &stream).await?;
+        /// # unsafe { mr.deallocate(p, 4096, &stream) };
+        /// # Ok::<(), streamalloc::Error>(())
+        /// # }).unwrap();
+        /// ```
+        fn with_availability(availability: Arc<Availability>) => availability;
     }
 }
 

@@ -89,24 +89,15 @@ pub struct CudaAsyncResourceBuilder {
 }
 
 impl CudaAsyncResourceBuilder {
-    /// Primes the pool with this many bytes (allocated and freed once at construction).
-    /// Default: no priming.
-    pub fn initial_pool_size(mut self, bytes: usize) -> Self {
-        self.initial_pool_size = Some(bytes);
-        self
-    }
-
-    /// Bytes the pool keeps cached when the device synchronizes
-    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`). Default `u64::MAX`: keep everything.
-    pub fn release_threshold(mut self, bytes: u64) -> Self {
-        self.release_threshold = Some(bytes);
-        self
-    }
-
-    /// The OS handle type memory may be exported as. Default [`ExportHandleType::None`].
-    pub fn export_handle_type(mut self, kind: ExportHandleType) -> Self {
-        self.export_handle_type = Some(kind);
-        self
+    crate::builder::option_setters! {
+        /// Primes the pool with this many bytes (allocated and freed once at construction).
+        /// Default: no priming.
+        fn initial_pool_size(bytes: usize) => initial_pool_size;
+        /// Bytes the pool keeps cached when the device synchronizes
+        /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`). Default `u64::MAX`: keep everything.
+        fn release_threshold(bytes: u64) => release_threshold;
+        /// The OS handle type memory may be exported as. Default [`ExportHandleType::None`].
+        fn export_handle_type(kind: ExportHandleType) => export_handle_type;
     }
 
     /// Creates the pool.

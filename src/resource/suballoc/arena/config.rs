@@ -62,12 +62,11 @@ pub struct ArenaConfig {
 pub(crate) const ARENA_GROWTH_STEP: usize = 2 << 20;
 
 impl ArenaConfig {
-    /// Makes an arena of a fixed size, as RMM's: `bytes` taken from the upstream at
-    /// construction, rounded down to a multiple of 64 KiB (at least 1 MiB), for the arena's
-    /// whole life. Without it the arena grows on demand ([`growth_step`](Self::growth_step)).
-    pub fn arena_size(mut self, bytes: usize) -> Self {
-        self.arena_size = Some(bytes);
-        self
+    crate::builder::option_setters! {
+        /// Makes an arena of a fixed size, as RMM's: `bytes` taken from the upstream at
+        /// construction, rounded down to a multiple of 64 KiB (at least 1 MiB), for the arena's
+        /// whole life. Without it the arena grows on demand ([`growth_step`](Self::growth_step)).
+        fn arena_size(bytes: usize) => arena_size;
     }
 
     /// The arena size if set; `None` (the default) means an arena that starts empty and grows
@@ -81,13 +80,12 @@ impl ArenaConfig {
         self.arena_size
     }
 
-    /// For a growing arena (no [`arena_size`](Self::arena_size)): the least bytes it takes
-    /// from the upstream when it must grow, a multiple of 64 KiB of at least 1 MiB. A request
-    /// larger than the step takes an extent of its own size. Before growing, the arena gives
-    /// its wholly free extents back to the upstream (none of them could serve the request).
-    pub fn growth_step(mut self, bytes: usize) -> Self {
-        self.growth_step = Some(bytes);
-        self
+    crate::builder::option_setters! {
+        /// For a growing arena (no [`arena_size`](Self::arena_size)): the least bytes it takes
+        /// from the upstream when it must grow, a multiple of 64 KiB of at least 1 MiB. A request
+        /// larger than the step takes an extent of its own size. Before growing, the arena gives
+        /// its wholly free extents back to the upstream (none of them could serve the request).
+        fn growth_step(bytes: usize) => growth_step;
     }
 
     /// The growth step; default 2 MiB (two superblocks).
@@ -95,11 +93,10 @@ impl ArenaConfig {
         self.growth_step.unwrap_or(ARENA_GROWTH_STEP)
     }
 
-    /// For a growing arena: the most bytes it holds from the upstream at once (rounded down to
-    /// 64 KiB); larger requests fail at once.
-    pub fn maximum_size(mut self, bytes: usize) -> Self {
-        self.maximum_size = Some(bytes);
-        self
+    crate::builder::option_setters! {
+        /// For a growing arena: the most bytes it holds from the upstream at once (rounded down to
+        /// 64 KiB); larger requests fail at once.
+        fn maximum_size(bytes: usize) => maximum_size;
     }
 
     /// The maximum size if set; `None` (the default) means the device's total memory.
@@ -107,10 +104,9 @@ impl ArenaConfig {
         self.maximum_size
     }
 
-    /// Describes the arena's state in `dump` whenever a request fails with out-of-memory.
-    pub fn dump_on_failure(mut self, dump: ArenaDump) -> Self {
-        self.dump_on_failure = Some(dump);
-        self
+    crate::builder::option_setters! {
+        /// Describes the arena's state in `dump` whenever a request fails with out-of-memory.
+        fn dump_on_failure(dump: ArenaDump) => dump_on_failure;
     }
 
     /// Where failures are dumped; default `None`, no dump.
@@ -118,12 +114,11 @@ impl ArenaConfig {
         self.dump_on_failure.as_ref()
     }
 
-    /// Rounds requests up to RMM's jemalloc-style size classes (256 B steps to 2 KiB, then four
-    /// classes per doubling, up to 256 GiB) instead of to 256 bytes: more waste inside blocks,
-    /// less fragmentation between them. RMM builds with them under `RMM_ARENA_USE_SIZE_CLASSES`.
-    pub fn size_classes(mut self, on: bool) -> Self {
-        self.size_classes = Some(on);
-        self
+    crate::builder::option_setters! {
+        /// Rounds requests up to RMM's jemalloc-style size classes (256 B steps to 2 KiB, then four
+        /// classes per doubling, up to 256 GiB) instead of to 256 bytes: more waste inside blocks,
+        /// less fragmentation between them. RMM builds with them under `RMM_ARENA_USE_SIZE_CLASSES`.
+        fn size_classes(on: bool) => size_classes;
     }
 
     /// Whether size classes are used; default `false` (256-byte rounding, as RMM's default
@@ -132,12 +127,11 @@ impl ArenaConfig {
         self.size_classes.unwrap_or(false)
     }
 
-    /// Gives every (thread, stream) pair its own arena instead of every stream, for threads
-    /// that share a stream. A thread's arenas keep their superblocks after the thread exits
-    /// until they are wholly free and the arena is defragmented.
-    pub fn per_thread_arenas(mut self, on: bool) -> Self {
-        self.per_thread_arenas = Some(on);
-        self
+    crate::builder::option_setters! {
+        /// Gives every (thread, stream) pair its own arena instead of every stream, for threads
+        /// that share a stream. A thread's arenas keep their superblocks after the thread exits
+        /// until they are wholly free and the arena is defragmented.
+        fn per_thread_arenas(on: bool) => per_thread_arenas;
     }
 
     /// Whether arenas are per (thread, stream); default `false` (per stream).

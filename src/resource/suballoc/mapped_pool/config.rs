@@ -18,11 +18,10 @@ pub struct MappedPoolConfig {
 }
 
 impl MappedPoolConfig {
-    /// The virtual address range to reserve, in bytes (rounded up to the mapping
-    /// granularity): the most the pool can ever hand out at once.
-    pub fn reserve(mut self, bytes: usize) -> Self {
-        self.reserve = Some(bytes);
-        self
+    crate::builder::option_setters! {
+        /// The virtual address range to reserve, in bytes (rounded up to the mapping
+        /// granularity): the most the pool can ever hand out at once.
+        fn reserve(bytes: usize) => reserve;
     }
 
     /// The range to reserve; `None` (the default) reserves twice the device's total memory:
@@ -32,17 +31,16 @@ impl MappedPoolConfig {
         self.reserve
     }
 
-    /// Free memory the pool keeps mapped, in bytes, instead of the default (1/32 of the
-    /// mapped bytes, at least one page). Once wholly free pages (granules) add up to more,
-    /// the highest are unmapped and their physical memory released, as soon as the streams
-    /// that freed them have passed those frees, down to *half* the threshold: a pair of
-    /// allocate and free at the boundary then maps and unmaps once, not at every pair. 0
-    /// releases every wholly free page at once, for the smallest footprint at the cost of the
-    /// driver calls of mapping the same pages again (tens of microseconds each on a GPU);
-    /// `usize::MAX` releases only on [`trim`](super::MappedPoolResource::trim).
-    pub fn release_threshold(mut self, bytes: usize) -> Self {
-        self.release_threshold = Some(bytes);
-        self
+    crate::builder::option_setters! {
+        /// Free memory the pool keeps mapped, in bytes, instead of the default (1/32 of the
+        /// mapped bytes, at least one page). Once wholly free pages (granules) add up to more,
+        /// the highest are unmapped and their physical memory released, as soon as the streams
+        /// that freed them have passed those frees, down to *half* the threshold: a pair of
+        /// allocate and free at the boundary then maps and unmaps once, not at every pair. 0
+        /// releases every wholly free page at once, for the smallest footprint at the cost of the
+        /// driver calls of mapping the same pages again (tens of microseconds each on a GPU);
+        /// `usize::MAX` releases only on [`trim`](super::MappedPoolResource::trim).
+        fn release_threshold(bytes: usize) => release_threshold;
     }
 
     /// The release threshold; `None` (the default) keeps free pages up to 1/32 of the mapped

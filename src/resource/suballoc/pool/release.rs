@@ -52,16 +52,11 @@ pub struct ReleasePolicy {
 }
 
 impl ReleasePolicy {
-    /// Keep at most `bytes` free in the pool's global levels (see the type's docs).
-    pub fn keep_free(mut self, bytes: usize) -> Self {
-        self.keep_free = Some(bytes);
-        self
-    }
-
-    /// Trim the pool once it has served no allocation for `idle` (see the type's docs).
-    pub fn idle(mut self, idle: Duration) -> Self {
-        self.idle = Some(idle);
-        self
+    crate::builder::option_setters! {
+        /// Keep at most `bytes` free in the pool's global levels (see the type's docs).
+        fn keep_free(bytes: usize) => keep_free;
+        /// Trim the pool once it has served no allocation for `idle` (see the type's docs).
+        fn idle(idle: Duration) => idle;
     }
 
     /// The free bytes kept; `None` (the default) keeps all.
