@@ -3,7 +3,6 @@
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
-use std::fmt;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
@@ -172,6 +171,7 @@ pub(super) const MAX_IDLE_EVENTS: usize = 1024;
 
 /// A device's primary context and what hangs off it; shared by the backend and every stream,
 /// event and pool of the device, so it outlives them all.
+#[derive(Debug)]
 pub(crate) struct DeviceContext {
     id: DeviceId,
     pub(super) device: sys::CUdevice,
@@ -446,11 +446,3 @@ impl Drop for DeviceContext {
     }
 }
 
-impl fmt::Debug for DeviceContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DeviceContext")
-            .field("id", &self.id)
-            .field("ctx", &self.ctx)
-            .finish()
-    }
-}

@@ -1,5 +1,4 @@
 use std::ffi::{c_int, c_void};
-use std::fmt;
 use std::ptr;
 use std::sync::Arc;
 
@@ -14,6 +13,7 @@ use super::stream::CudaStream;
 
 /// A driver memory pool (`CUmemoryPool`): one this crate created (destroyed on drop) or the
 /// device's default pool (never destroyed).
+#[derive(Debug)]
 pub(crate) struct CudaMemPool {
     ctx: Arc<DeviceContext>,
     raw: RawMemPool,
@@ -208,15 +208,6 @@ impl Drop for CudaMemPool {
     }
 }
 
-impl fmt::Debug for CudaMemPool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaMemPool")
-            .field("device", &self.ctx.id())
-            .field("raw", &self.raw)
-            .field("owned", &self.owned)
-            .finish()
-    }
-}
 
 impl BackendMemPool for CudaMemPool {
     type Stream = CudaStream;

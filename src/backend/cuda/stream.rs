@@ -1,6 +1,5 @@
 use std::any::Any;
 use std::ffi::{c_uint, c_void};
-use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 use std::sync::{Arc, OnceLock};
@@ -29,6 +28,7 @@ const CU_STREAM_PER_THREAD: usize = 0x2;
 
 /// A `CUstream`: one created with `CU_STREAM_NON_BLOCKING` and destroyed on drop, or one of the
 /// context's built-in default streams, which is never destroyed.
+#[derive(Debug)]
 pub(crate) struct CudaStream {
     ctx: Arc<DeviceContext>,
     raw: RawStream,
@@ -187,15 +187,6 @@ fn free_staging(ctx: &DeviceContext, staging: Option<u64>) {
     }
 }
 
-impl fmt::Debug for CudaStream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaStream")
-            .field("device", &self.ctx.id())
-            .field("raw", &self.raw)
-            .field("owned", &self.owned)
-            .finish()
-    }
-}
 
 /// Reports a panic caught on a driver thread to the device's deferred errors and drops its
 /// payload, without letting anything unwind further.
