@@ -149,21 +149,20 @@ library_check!(
 mod tests {
     /// Checking for an optional library never panics (cudarc's loader would) and, where the
     /// library is missing (machines without the CUDA toolkit, CI), names it.
-    #[cfg(feature = "nvrtc")]
     #[test]
-    fn a_missing_nvrtc_is_an_error_naming_it() {
-        match super::nvrtc_available() {
-            Ok(()) => println!("libnvrtc is installed here"),
-            Err(why) => assert!(why.contains("libnvrtc"), "{why}"),
-        }
-    }
-
-    #[cfg(feature = "cublas")]
-    #[test]
-    fn a_missing_cublas_is_an_error_naming_it() {
-        match super::cublas_available() {
-            Ok(()) => println!("libcublas is installed here"),
-            Err(why) => assert!(why.contains("libcublas"), "{why}"),
+    fn a_missing_library_is_an_error_naming_it() {
+        type Check = fn() -> Result<(), String>;
+        let checks: &[(&str, Check)] = &[
+            #[cfg(feature = "nvrtc")]
+            ("libnvrtc", super::nvrtc_available),
+            #[cfg(feature = "cublas")]
+            ("libcublas", super::cublas_available),
+        ];
+        for (name, check) in checks {
+            match check() {
+                Ok(()) => println!("{name} is installed here"),
+                Err(why) => assert!(why.contains(name), "{why}"),
+            }
         }
     }
 }
