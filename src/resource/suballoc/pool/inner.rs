@@ -288,16 +288,7 @@ impl<R: MemoryResource> Inner<R> {
             // memory held tracks the memory in use instead of the history of request sizes.
             self.give_back(global.release_empty_chunks(false));
         }
-        match self.expand(global, grow, size, stream) {
-            Ok(()) => {}
-            Err(e) if e.is_out_of_memory() => return Ok(None),
-            Err(e) => return Err(e),
-        }
-        let p = global
-            .core
-            .allocate(size, super::level::key(stream))
-            .expect("a fresh chunk serves the request");
-        Ok(Some(p))
+        self.grow_and_serve(global, grow, size, stream)
     }
 
     /// Granular pools: serves `size` (aligned, above [`LARGE_BLOCK`]) for `stream` from the
@@ -329,12 +320,24 @@ impl<R: MemoryResource> Inner<R> {
         if excess > 0 {
             self.give_back(large.release_empty_chunks_upto(false, excess));
         }
-        match self.expand(&mut large, grow, size, stream) {
+        self.grow_and_serve(&mut large, grow, size, stream)
+    }
+
+    /// Grows `level` by a chunk of `grow` bytes and serves `size` for `stream` from it; `None`
+    /// when the upstream is out of memory.
+    fn grow_and_serve(
+        &self,
+        level: &mut Level,
+        grow: usize,
+        size: usize,
+        stream: &Stream,
+    ) -> Result<Option<u64>> {
+        match self.expand(level, grow, size, stream) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e),
         }
-        let p = large
+        let p = level
             .core
             .allocate(size, super::level::key(stream))
             .expect("a fresh chunk serves the request");
