@@ -445,4 +445,3 @@ impl Drop for DeviceContext {
         }
     }
 }
-

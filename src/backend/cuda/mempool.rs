@@ -208,7 +208,6 @@ impl Drop for CudaMemPool {
     }
 }
 
-
 impl BackendMemPool for CudaMemPool {
     type Stream = CudaStream;
 

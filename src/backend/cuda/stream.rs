@@ -187,7 +187,6 @@ fn free_staging(ctx: &DeviceContext, staging: Option<u64>) {
     }
 }
 
-
 /// Reports a panic caught on a driver thread to the device's deferred errors and drops its
 /// payload, without letting anything unwind further.
 fn report_panic(ctx: &DeviceContext, payload: Box<dyn Any + Send>, what: &'static str) {
