@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use cudarc::driver::CudaStream;
 use parking_lot::Mutex;
 
-use super::{Stream, StreamInner};
+use super::handle::{Stream, StreamInner};
 use crate::backend::{AnyBackend, AnyStream};
 use crate::device::Device;
 use crate::error::{Error, Result};

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::handle::Stream;
 use crate::backend::{AnyEvent, Completion};
 use crate::error::Result;
-use crate::stream::Stream;
 
 /// A point in a [`Stream`]; a future that resolves when the device has passed it.
 ///
@@ -143,5 +143,62 @@ impl fmt::Debug for Event {
             .field("stream", &self.inner.stream.id())
             .field("done", &self.inner.completion.is_done())
             .finish()
+    }
+}
+
+// Here rather than beside the handle: recording makes an `Event`, and the handle's file then
+// needs nothing of this one.
+impl Stream {
+    /// Records an event at the current end of this stream: it completes when all work enqueued
+    /// so far has completed.
+    ///
+    /// # Errors
+    /// A driver error when the event cannot be created or recorded.
+    pub fn record(&self) -> Result<Event> {
+        let (raw, seq) = self.inner.shadow.record(&self.inner.raw)?;
+        Ok(Event::new(self.clone(), raw, seq))
+    }
+
+    /// Makes work enqueued on this stream from now on wait until `event` completes, without
+    /// blocking the host.
+    ///
+    /// # Errors
+    /// A driver error; waiting on an event of another device's stream is allowed by CUDA and
+    /// by the host backend.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.inner.raw.wait_event(event.raw())
+    }
+
+    /// Makes work enqueued on this stream from now on wait for everything enqueued on `other`
+    /// so far, without blocking the host: [`record`](Stream::record) on `other`, then
+    /// [`wait`](Stream::wait) here (PyTorch's `Stream.wait_stream`). Waiting for itself does
+    /// nothing.
+    ///
+    /// # Stream ordering
+    /// Only work enqueued on `other` before the call is waited for.
+    ///
+    /// # Errors
+    /// A driver error when recording or waiting fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{Device, Stream};
+    ///
+    /// let device = Device::host();
+    /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// b.enqueue_delay(Duration::from_millis(20))?; // b is busy
+    /// a.wait_stream(&b)?;                            // a's later work runs after it
+    /// let on_a = a.record()?;
+    /// assert!(!on_a.is_complete()?);
+    /// on_a.synchronize_blocking()?;
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn wait_stream(&self, other: &Stream) -> Result<()> {
+        if self == other {
+            return Ok(());
+        }
+        self.wait(&other.record()?)
     }
 }

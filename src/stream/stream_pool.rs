@@ -1,8 +1,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::handle::Stream;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 
 /// A fixed set of streams handed out round-robin (RMM's `cuda_stream_pool`).
 ///
