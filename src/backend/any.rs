@@ -11,9 +11,10 @@ use std::time::Duration;
 #[cfg(feature = "cuda-driver")]
 use super::cuda::{CudaBackend, CudaEvent, CudaMemPool, CudaStream};
 use super::host::{HostBackend, HostEvent, HostMemPool, HostStream};
-use super::{
-    Backend, BackendEvent, BackendMemPool, BackendStream, Completion, DefaultStream, DeviceFlag,
-    ErrorSink, FlagSlab, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
+use crate::backend::flags::{DeviceFlag, FlagSlab};
+use crate::backend::seam::{
+    Backend, BackendEvent, BackendMemPool, BackendStream, Completion, DefaultStream, ErrorSink,
+    MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;

@@ -243,7 +243,9 @@ impl<'a> ByteRangeMut<'a> {
         }
     }
 
-    /// The whole buffer, for crate code that hands it off before a write (kernel launches).
+    /// The whole buffer, for crate code that hands it off before a write (cudarc kernel
+    /// launches).
+    #[cfg(feature = "cuda-driver")]
     pub(crate) fn buffer_mut(&mut self) -> &mut DeviceBuffer {
         self.buf
     }

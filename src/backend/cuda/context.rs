@@ -10,7 +10,7 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use crate::backend::ErrorSink;
+use crate::backend::seam::ErrorSink;
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 

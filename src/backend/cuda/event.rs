@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use crate::backend::BackendEvent;
+use crate::backend::seam::BackendEvent;
 use crate::error::Result;
 
 use super::context::DeviceContext;

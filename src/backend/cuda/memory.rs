@@ -6,7 +6,7 @@ use std::ptr;
 
 use cudarc::driver::sys;
 
-use crate::backend::{BackendStream, MemoryKind};
+use crate::backend::seam::{BackendStream, MemoryKind};
 use crate::error::{Error, Result};
 
 use super::context::DeviceContext;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use crate::backend::{BackendMemPool, MemPoolConfig};
+use crate::backend::seam::{BackendMemPool, MemPoolConfig};
 use crate::error::{Error, Result};
 
 use super::context::DeviceContext;

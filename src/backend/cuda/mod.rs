@@ -35,10 +35,12 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
-use crate::backend::{
-    Backend, BackendStream, DefaultStream, ErrorSink, FlagSlab, MemPoolConfig, MemoryInfo,
-    MemoryKind, PrefetchTarget, FLAG_SLOTS,
+use crate::backend::seam::{
+    Backend, BackendStream, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind,
+    PrefetchTarget,
 };
+
+use crate::backend::flags::{FlagSlab, FLAG_SLOTS};
 use crate::error::{Error, Result};
 use crate::ids::{BackendKind, DeviceId};
 

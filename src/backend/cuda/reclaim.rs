@@ -19,7 +19,7 @@ use cudarc::driver::sys;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 
-use crate::backend::{BackendEvent, MemoryKind};
+use crate::backend::seam::{BackendEvent, MemoryKind};
 use crate::error::Result;
 
 use super::event::CudaEvent;

@@ -9,9 +9,9 @@ use parking_lot::Mutex;
 
 use cudarc::driver::sys;
 
-use crate::backend::{
-    panic_message, BackendStream, Completion, DefaultStream, DeviceFlag, HomeThread,
-};
+use crate::backend::seam::{panic_message, BackendStream, Completion, DefaultStream, HomeThread};
+
+use crate::backend::flags::DeviceFlag;
 use crate::error::{Error, Result};
 
 use super::context::DeviceContext;

@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::context::MAX_IDLE_EVENTS;
 use super::*;
-use crate::backend::{
-    AnyEvent, AnyMemPool, AnyStream, BackendEvent, BackendMemPool, BackendStream, Completion,
-};
+use crate::backend::seam::{BackendEvent, BackendMemPool, BackendStream, Completion};
+use crate::backend::{AnyEvent, AnyMemPool, AnyStream};
 
 /// One backend for the whole test process, so tests never release the primary context under
 /// each other.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::backend::BackendEvent;
+use crate::backend::seam::BackendEvent;
 use crate::error::Result;
 
 use super::queue::Queue;

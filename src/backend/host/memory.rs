@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::backend::pageable::{allocate_zeroed_aligned, free_raw, RawBlock};
-use crate::backend::{ErrorSink, MemoryInfo, MemoryKind};
+use crate::backend::seam::{ErrorSink, MemoryInfo, MemoryKind};
 use crate::error::{Error, Result};
 use crate::ids::DeviceId;
 

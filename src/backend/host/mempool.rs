@@ -1,7 +1,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::backend::{BackendMemPool, MemoryKind};
+use crate::backend::seam::{BackendMemPool, MemoryKind};
 use crate::error::Result;
 
 use super::fault::FaultPoint;

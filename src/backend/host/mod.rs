@@ -22,10 +22,11 @@ pub use memory::HostControls;
 pub(crate) use mempool::HostMemPool;
 pub(crate) use stream::HostStream;
 
-use crate::backend::{
-    Backend, DefaultStream, ErrorSink, FlagSlab, MemPoolConfig, MemoryInfo, MemoryKind,
-    PrefetchTarget, FLAG_SLOTS,
+use crate::backend::seam::{
+    Backend, DefaultStream, ErrorSink, MemPoolConfig, MemoryInfo, MemoryKind, PrefetchTarget,
 };
+
+use crate::backend::flags::{FlagSlab, FLAG_SLOTS};
 use crate::error::Result;
 use crate::ids::{BackendKind, DeviceId};
 use memory::HostMemory;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{panic_message, Completion};
+use crate::backend::seam::{panic_message, Completion};
 use crate::error::{Error, Result};
 
 use super::memory::HostMemory;

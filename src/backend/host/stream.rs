@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendEvent, BackendStream, Completion, DeviceFlag, HomeThread};
+use crate::backend::seam::{BackendEvent, BackendStream, Completion, HomeThread};
+
+use crate::backend::flags::DeviceFlag;
 use crate::error::Result;
 use crate::ids::DeviceId;
 
