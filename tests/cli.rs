@@ -80,11 +80,16 @@ fn the_table_lists_each_resource_with_the_logs_peak() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     let lines: Vec<&str> = stdout.lines().collect();
-    assert!(
-        lines[0].starts_with("resource") && lines[0].contains("peak live"),
+    // The line above the table says which mode made it: in order, the default.
+    assert_eq!(
+        lines[0], "in-order replay: each resource ran the log's events in log order on one thread",
         "{stdout}"
     );
-    for (row, name) in [(1, "pool"), (2, "cuda")] {
+    assert!(
+        lines[1].starts_with("resource") && lines[1].contains("peak live"),
+        "{stdout}"
+    );
+    for (row, name) in [(2, "pool"), (3, "cuda")] {
         let cells: Vec<&str> = lines[row].split_whitespace().collect();
         assert_eq!(cells[0], name, "{stdout}");
         assert_eq!(
@@ -105,6 +110,56 @@ fn the_table_lists_each_resource_with_the_logs_peak() {
     assert!(
         !stdout.contains('\r') && !stdout.contains('\u{1b}'),
         "{stdout:?}"
+    );
+}
+
+/// `--mode per-thread`: the line above the table says so, with the logged threads' count; every
+/// allocation and free of the excerpt is made (the host device has room for any
+/// interleaving); the HTML report's title and notes say the mode too.
+#[test]
+fn the_per_thread_mode_is_named_above_its_table() {
+    let html = scratch("per-thread").join("report.html");
+    let out = replay_excerpt(
+        "pool,cuda",
+        &["--mode", "per-thread", "--html", html.to_str().unwrap()],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with(
+            "per-thread replay: each resource ran the log on 5 threads, one per logged thread"
+        ),
+        "{stdout}"
+    );
+    assert!(lines[1].starts_with("resource"), "{stdout}");
+    for (row, name) in [(2, "pool"), (3, "cuda")] {
+        let cells: Vec<&str> = lines[row].split_whitespace().collect();
+        assert_eq!(cells[0], name, "{stdout}");
+        assert_eq!(cells[6], "0", "no failures: {stdout}");
+    }
+    assert!(
+        stdout.contains("1768 events (1249 allocations, 519 frees, 0 logged failures)"),
+        "{stdout}"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("streamalloc per-thread replay of"), "{page}");
+    assert!(page.contains("per-thread replay: each resource ran the log on 5 threads"));
+    std::fs::remove_dir_all(html.parent().unwrap()).unwrap();
+
+    let out = streamalloc(&[
+        "replay",
+        EXCERPT,
+        "--resource",
+        "pool",
+        "--mode",
+        "sideways",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("`in-order` or `per-thread`"),
+        "{}",
+        text(&out.stderr)
     );
 }
 
@@ -208,6 +263,12 @@ fn help_describes_the_options_and_columns() {
         "--html",
         "--torch-snapshot",
         "--strict",
+        "--mode",
+        "in-order",
+        "per-thread",
+        "REPLAY_BENCHMARK",
+        "--max-threads",
+        "--wait-timeout-ms",
         "peak reserved",
         "ns/op",
         "binning",

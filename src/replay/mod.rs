@@ -51,9 +51,11 @@
 mod failure;
 mod live;
 mod options;
+mod per_thread;
 mod report;
 mod run;
 mod scan;
+mod stack;
 mod streams;
 
 pub use crate::adaptor::logging::LOG_FILE_ENV;
@@ -62,7 +64,7 @@ pub use crate::rmm_csv::{
     ReplayResult, LOG_HEADER,
 };
 pub use failure::{ReplayFailure, ReplayFailureKind};
-pub use options::ReplayOptions;
+pub use options::{ReplayMode, ReplayOptions, MAX_THREADS};
 pub use report::{ReplayReport, Skipped, Unfreed};
 pub use scan::{scan_log, LogSummary};
 pub use streams::MAX_STREAMS;
@@ -84,18 +86,39 @@ use crate::resource::MemoryResource;
 /// [`try_allocate`](MemoryResource::try_allocate) calls; one refused now, when
 /// [`MemoryResource::may_regain_memory`] says waiting could help, is retried once after
 /// synchronising the replay's streams (so their stream-ordered frees land): success counts as a
-/// wait, else it is refused. Nothing waits longer, so a replay never hangs. Malformed lines
+/// wait, else it is refused (in order; per thread it is awaited: see "Modes"). Nothing waits
+/// longer, so a replay never hangs. Malformed lines
 /// and events that do not add up (frees of pointers not live, ...) are counted, kept with their
 /// line ([`ReplayReport::failures`]) and skipped, or refused in
 /// [strict mode](ReplayOptions::strict). Allocations the log never frees are freed at the end
 /// ([`ReplayReport::unfreed`]), and the function returns once every stream has reached its
 /// frees.
 ///
-/// Unlike RMM's benchmark, which runs one thread per logged thread in the logged order, the
-/// replay runs on the calling thread: the order, and so every figure of a
-/// [`StatisticsAdaptor`](crate::StatisticsAdaptor) over `mr`, is the log's. Only the replay
-/// loop is timed ([`ReplayReport::elapsed`]); with [`ReplayOptions::record`] off it makes
-/// nothing but the resource calls and the pointer-map look-ups, as RMM's replay benchmark does.
+/// # Modes
+/// [`ReplayOptions::mode`] says how the events run:
+/// - [`ReplayMode::InOrder`] (the default): on the calling thread, in log order, so the
+///   order, and every figure of a [`StatisticsAdaptor`](crate::StatisticsAdaptor) over `mr`,
+///   is the log's. An allocation refused while memory may come back is retried once after
+///   synchronising the streams (above).
+/// - [`ReplayMode::PerThread`]: as RMM's `REPLAY_BENCHMARK`, one OS thread per logged thread
+///   (up to [`ReplayOptions::max_threads`]; the rest share one more), each running its own
+///   events in log order on their logged streams, all started together, so they contend for
+///   `mr`. The log is read whole first (untimed; its consistency decided in log order, as if
+///   every allocation succeeds), so memory grows with the log. A free of an allocation logged
+///   on another thread parks until that allocation is made ([`ReplayReport::free_waits`]); an
+///   allocation `mr` refuses while memory may come back is awaited
+///   ([`MemoryResource::allocate`]) up to [`ReplayOptions::wait_timeout`]: served, a wait
+///   ([`ReplayReport::waits`], [`ReplayReport::waited`]), else refused. Waits for frees go to
+///   earlier lines only, and waits for memory have a deadline, so the replay always ends.
+///   Unlike RMM's benchmark, which makes each event wait for the one before it in the log
+///   (threads take turns), only these waits order the threads. [`ReplayReport::peak_live`] is
+///   the threads' interleaving's; the timeline records events at the replay's own times; the
+///   snapshot is taken right after the thread that replays
+///   [`ReplayOptions::snapshot_line`] has done so, while the others go on.
+///
+/// Only the replay loop is timed ([`ReplayReport::elapsed`]; per thread, from the threads'
+/// start to the last one's end); with [`ReplayOptions::record`] off it makes nothing but the
+/// resource calls and the pointer-map look-ups, as RMM's replay benchmark does.
 ///
 /// # Stream ordering
 /// Nothing touches the memory, so frees need no ordering beyond their stream's; the function
@@ -151,6 +174,29 @@ use crate::resource::MemoryResource;
 /// assert_eq!(r.timeline.unwrap().peak_live_bytes(), 4000);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// One thread per logged thread: thread 2 frees what thread 1 allocated, under a limit that
+/// holds one allocation at a time, so whichever thread comes second waits for memory:
+///
+/// ```
+/// use std::time::Duration;
+/// use streamalloc::replay::{replay, EventReader, ReplayMode, ReplayOptions};
+/// use streamalloc::{CudaResource, Device, LimitingAdaptor};
+///
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+///            1,00:00:00.000001,allocate,0x100,4096,0\n\
+///            2,00:00:00.000002,free,0x100,4096,0\n\
+///            1,00:00:00.000003,allocate,0x200,4096,0\n\
+///            1,00:00:00.000004,free,0x200,4096,0\n";
+/// let device = Device::host();
+/// let mr = LimitingAdaptor::new(CudaResource::new(&device)?, 4096);
+/// let options = ReplayOptions { mode: ReplayMode::PerThread, ..Default::default() };
+/// let r = replay(EventReader::new(log.as_bytes())?, &mr, &device, &options)?;
+/// assert_eq!((r.mode, r.threads, r.allocations, r.frees, r.refused), (ReplayMode::PerThread, 2, 2, 2, 0));
+/// assert!(r.waits <= 1 && r.free_waits <= 1); // as the threads happened to run
+/// assert_eq!(mr.allocated_bytes(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn replay<R, I>(
     events: I,
     mr: &R,
@@ -162,7 +208,23 @@ where
     I: IntoIterator,
     I::Item: Into<ReplayResult<Event>>,
 {
-    run::run(events.into_iter().map(Into::into), mr, device, options)
+    let events = events.into_iter().map(Into::into);
+    stack::on_stack::<ByMode, R>(events, mr, device, options)
+}
+
+/// The replay of [`ReplayOptions::mode`].
+struct ByMode;
+
+impl stack::Replayer for ByMode {
+    fn replay<M: MemoryResource + ?Sized, T: MemoryResource>(
+        events: impl Iterator<Item = ReplayResult<Event>>,
+        to: stack::Target<'_, M, T>,
+    ) -> ReplayResult<ReplayReport> {
+        match to.options.mode {
+            ReplayMode::InOrder => run::in_order(events, to),
+            ReplayMode::PerThread => per_thread::per_thread(events, to),
+        }
+    }
 }
 
 #[cfg(test)]

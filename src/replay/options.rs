@@ -1,4 +1,8 @@
-//! How a replay (and a scan) treats a log: strictness, limits, what it records.
+//! How a replay (and a scan) treats a log: its mode, strictness, limits, what it records.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
 
 use super::failure::{ReplayFailure, ReplayFailureKind};
 use super::streams::MAX_STREAMS;
@@ -10,10 +14,12 @@ use crate::rmm_csv::{ReplayError, ReplayResult};
 /// # Examples
 ///
 /// ```
-/// use streamalloc::replay::ReplayOptions;
+/// use std::time::Duration;
+/// use streamalloc::replay::{ReplayMode, ReplayOptions};
 ///
 /// let o = ReplayOptions::default();
 /// assert!(!o.strict && o.max_failures == 100 && o.max_streams == 1024);
+/// assert_eq!((o.mode, o.max_threads, o.wait_timeout), (ReplayMode::InOrder, 256, Duration::from_secs(1)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplayOptions {
@@ -37,6 +43,88 @@ pub struct ReplayOptions {
     /// are read through `memory_stats` after every resource call. Off, the replay only calls
     /// the resource (the timed pass).
     pub record: bool,
+    /// How the events are run: in log order on the calling thread (the default), or on one
+    /// thread per logged thread, as RMM's replay benchmark runs them.
+    pub mode: ReplayMode,
+    /// [`ReplayMode::PerThread`]: the most logged threads replayed on OS threads of their own;
+    /// the events of further threads run, in log order, on one more thread that they share
+    /// (counted in [`Skipped::threads_over_limit`](super::Skipped::threads_over_limit)).
+    /// Default [`MAX_THREADS`].
+    pub max_threads: usize,
+    /// [`ReplayMode::PerThread`]: how long an allocation the resource refuses waits for memory
+    /// to come back (an awaited allocation with this deadline) before it counts as refused.
+    /// Default 1 s.
+    pub wait_timeout: Duration,
+}
+
+/// How many logged threads a per-thread replay runs on threads of their own by default
+/// ([`ReplayOptions::max_threads`]); the events of further threads share one more thread.
+///
+/// ```
+/// use streamalloc::replay::{ReplayOptions, MAX_THREADS};
+///
+/// assert_eq!(ReplayOptions::default().max_threads, MAX_THREADS);
+/// ```
+pub const MAX_THREADS: usize = 256;
+
+/// How a [`replay`](super::replay) runs a log's events.
+///
+/// Its `Display` and `FromStr` are the command line's names, `in-order` and `per-thread`.
+///
+/// # Examples
+///
+/// ```
+/// use streamalloc::replay::ReplayMode;
+///
+/// assert_eq!("per-thread".parse::<ReplayMode>(), Ok(ReplayMode::PerThread));
+/// assert_eq!(ReplayMode::InOrder.to_string(), "in-order");
+/// assert!("sideways".parse::<ReplayMode>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReplayMode {
+    /// Every event in log order on the calling thread: the figures are the log's, not the
+    /// scheduler's. An allocation refused while memory may come back is retried once after
+    /// synchronising the replay's streams (a wait); nothing waits longer.
+    #[default]
+    InOrder,
+    /// One OS thread per logged thread (RMM's `REPLAY_BENCHMARK`), each replaying its own
+    /// events in log order on their logged streams, all at once: threads contend for the
+    /// resource. A free of an allocation logged on another thread waits (parked) until that
+    /// allocation is made; an allocation refused while memory may come back waits for it, up
+    /// to [`ReplayOptions::wait_timeout`].
+    PerThread,
+}
+
+impl ReplayMode {
+    /// The command line's name of the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplayMode::InOrder => "in-order",
+            ReplayMode::PerThread => "per-thread",
+        }
+    }
+}
+
+impl fmt::Display for ReplayMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReplayMode {
+    type Err = String;
+
+    /// `in-order` or `per-thread`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "in-order" => Ok(ReplayMode::InOrder),
+            "per-thread" => Ok(ReplayMode::PerThread),
+            other => Err(format!(
+                "`{other}` is no replay mode: `in-order` or `per-thread`"
+            )),
+        }
+    }
 }
 
 impl Default for ReplayOptions {
@@ -47,6 +135,9 @@ impl Default for ReplayOptions {
             max_streams: MAX_STREAMS,
             snapshot_line: None,
             record: false,
+            mode: ReplayMode::InOrder,
+            max_threads: MAX_THREADS,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::failure::{ReplayFailure, ReplayFailureKind};
+use super::options::ReplayMode;
 use crate::resource::{DevicePtr, Fragmentation, MemorySnapshot, Timeline};
 
 /// An allocation the log never freed; the replay frees it at the end, as RMM's does (see
@@ -47,6 +48,12 @@ pub struct Unfreed {
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct ReplayReport {
+    /// How the events were run ([`ReplayOptions::mode`](super::ReplayOptions::mode)).
+    pub mode: ReplayMode,
+    /// OS threads the events ran on: 1 in order; in per-thread mode one per logged thread up
+    /// to [`ReplayOptions::max_threads`](super::ReplayOptions::max_threads), plus one shared by
+    /// the threads past it.
+    pub threads: usize,
     /// Events replayed (lines that parse).
     pub events: u64,
     /// Allocations that succeeded (at once or after a wait).
@@ -59,7 +66,8 @@ pub struct ReplayReport {
     /// [`ReplayOptions::max_streams`](super::ReplayOptions::max_streams), the first ones met.
     pub streams: usize,
     /// The most logged bytes live at once in this replay (lower than the log's when
-    /// allocations failed).
+    /// allocations failed; in per-thread mode, those of the threads' interleaving, which may
+    /// differ from the log's either way).
     pub peak_live: usize,
     /// The most bytes the resource held from upstream at once: its `memory_stats`'
     /// reserved bytes where it counts them, else the bytes live (recording pass only; 0
@@ -67,10 +75,17 @@ pub struct ReplayReport {
     pub peak_reserved: usize,
     /// Allocations the resource refused, after a wait where one could help.
     pub refused: u64,
-    /// Allocations refused at first that succeeded once the replay's streams were
-    /// synchronised (their stream-ordered frees landed): an `allocate().await` would have
-    /// waited.
+    /// Allocations refused at first that were served after a wait. In order: once the
+    /// replay's streams were synchronised (their stream-ordered frees landed), where an
+    /// `allocate().await` would have waited. Per thread: an awaited allocation that waited
+    /// for another thread's free.
     pub waits: u64,
+    /// The time those waits took, in all (the synchronisations in order, the awaited
+    /// allocations per thread, those that ended refused included).
+    pub waited: Duration,
+    /// Per-thread mode: frees that waited for their allocation, logged on another thread, to
+    /// be made (0 in order).
+    pub free_waits: u64,
     /// The first [`ReplayOptions::max_failures`](super::ReplayOptions::max_failures) events
     /// that did not go as logged (refused allocations and skipped events), in log order.
     pub failures: Vec<ReplayFailure>,
@@ -81,14 +96,17 @@ pub struct ReplayReport {
     /// Resource calls made in the replay loop (allocations tried, retries and frees).
     pub operations: u64,
     /// Time spent in the replay loop (resource calls and the pointer map), reading and
-    /// parsing excluded.
+    /// parsing excluded; in per-thread mode, from the threads' start to the last one's end
+    /// (waits included).
     pub elapsed: Duration,
     /// The resource's snapshot right after
-    /// [`ReplayOptions::snapshot_line`](super::ReplayOptions::snapshot_line).
+    /// [`ReplayOptions::snapshot_line`](super::ReplayOptions::snapshot_line) (in per-thread
+    /// mode, taken by the thread that replayed that line, while the others go on).
     pub peak_snapshot: Option<MemorySnapshot>,
     /// Its fragmentation figures at the same point.
     pub peak_fragmentation: Option<Fragmentation>,
-    /// The timeline (recording pass only).
+    /// The timeline (recording pass only): events at their logged times in order, at the
+    /// replay's own times (since it began) per thread.
     pub timeline: Option<Timeline>,
     /// The timeline up to the snapshot (recording pass only): the trace that goes with
     /// `peak_snapshot` (PyTorch's viewer replays a trace backwards from its snapshot).
@@ -157,6 +175,14 @@ impl fmt::Display for ReplayReport {
                 self.skipped.streams_over_limit, self.streams
             )?;
         }
+        if self.skipped.threads_over_limit > 0 {
+            writeln!(
+                f,
+                "{} events of threads past the first {} ran on one shared thread",
+                self.skipped.threads_over_limit,
+                self.threads.saturating_sub(1)
+            )?;
+        }
         if self.skipped.malformed > 0 {
             writeln!(f, "{} malformed lines skipped", self.skipped.malformed)?;
         }
@@ -188,6 +214,10 @@ pub struct Skipped {
     pub size_mismatch: u64,
     /// Events on streams past [`ReplayOptions::max_streams`](super::ReplayOptions::max_streams): replayed on one shared stream.
     pub streams_over_limit: u64,
+    /// Per-thread mode: events of threads past
+    /// [`ReplayOptions::max_threads`](super::ReplayOptions::max_threads): replayed, in log
+    /// order, on one shared thread.
+    pub threads_over_limit: u64,
 }
 
 impl Skipped {
@@ -198,6 +228,7 @@ impl Skipped {
             + self.pointer_already_live
             + self.size_mismatch
             + self.streams_over_limit
+            + self.threads_over_limit
     }
 
     pub(crate) fn add(&mut self, kind: &ReplayFailureKind) {
@@ -228,6 +259,10 @@ impl fmt::Display for Skipped {
             (
                 self.streams_over_limit,
                 "events on streams past the limit (run on one shared stream)",
+            ),
+            (
+                self.threads_over_limit,
+                "events on threads past the limit (run on one shared thread)",
             ),
         ];
         let mut first = true;

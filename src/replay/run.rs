@@ -7,11 +7,12 @@ use super::failure::{ReplayFailure, ReplayFailureKind};
 use super::live::LiveSet;
 use super::options::ReplayOptions;
 use super::report::{ReplayReport, Unfreed};
+use super::stack::{name_stream, reserved_now, synchronize, Target};
 use super::streams::{Placed, ReplayStreams};
-use crate::adaptor::{StatisticsAdaptor, TimelineAdaptor};
+use crate::adaptor::TimelineAdaptor;
 use crate::device::Device;
+use crate::resource::DevicePtr;
 use crate::resource::MemoryResource;
-use crate::resource::{DevicePtr, MemoryStats};
 use crate::rmm_csv::{Action, Event};
 use crate::rmm_csv::{ReplayError, ReplayResult};
 use crate::stream::Stream;
@@ -28,32 +29,13 @@ struct Replayed {
     stream: u64,
 }
 
-/// Replays `events` against `mr` (see [`replay`](super::replay)): over a stack that records
-/// when `options.record` is on (a [`TimelineAdaptor`] for the timeline, over a
-/// [`StatisticsAdaptor`] whose allocated bytes stand for reserved bytes where `mr` counts
-/// none), over `mr` alone otherwise.
-pub(crate) fn run<R: MemoryResource + ?Sized>(
+/// The in-order replay ([`ReplayMode::InOrder`](super::ReplayMode::InOrder)) of `events`:
+/// in log order on the calling thread.
+pub(crate) fn in_order<M: MemoryResource + ?Sized, T: MemoryResource>(
     events: impl Iterator<Item = ReplayResult<Event>>,
-    mr: &R,
-    device: &Device,
-    options: &ReplayOptions,
+    to: Target<'_, M, T>,
 ) -> ReplayResult<ReplayReport> {
-    let properties = mr.properties();
-    if properties.device != device.id() {
-        return Err(ReplayError::Resource {
-            line: 0,
-            error: crate::Error::DeviceMismatch {
-                expected: properties.device,
-                actual: device.id(),
-            },
-        });
-    }
-    if options.record {
-        let recording = TimelineAdaptor::new(StatisticsAdaptor::new(mr));
-        Run::new(&recording, Some(&recording), device, options).replay(events)
-    } else {
-        Run::<R, StatisticsAdaptor<&R>>::new(mr, None, device, options).replay(events)
-    }
+    Run::new(to).replay(events)
 }
 
 /// The replay's state across batches: `mr` is what events go to, `timeline` the recording
@@ -70,12 +52,13 @@ struct Run<'a, M: ?Sized, T: MemoryResource> {
 }
 
 impl<'a, M: MemoryResource + ?Sized, T: MemoryResource> Run<'a, M, T> {
-    fn new(
-        mr: &'a M,
-        timeline: Option<&'a TimelineAdaptor<T>>,
-        device: &'a Device,
-        options: &'a ReplayOptions,
-    ) -> Self {
+    fn new(to: Target<'a, M, T>) -> Self {
+        let Target {
+            mr,
+            timeline,
+            device,
+            options,
+        } = to;
         Run {
             mr,
             timeline,
@@ -84,7 +67,10 @@ impl<'a, M: MemoryResource + ?Sized, T: MemoryResource> Run<'a, M, T> {
             streams: ReplayStreams::new(options.max_streams),
             live: LiveSet::default(),
             first_time: None,
-            out: ReplayReport::default(),
+            out: ReplayReport {
+                threads: 1,
+                ..ReplayReport::default()
+            },
         }
     }
 
@@ -131,39 +117,19 @@ impl<'a, M: MemoryResource + ?Sized, T: MemoryResource> Run<'a, M, T> {
     }
 
     fn stream(&mut self, handle: u64, line: usize) -> ReplayResult<Stream> {
-        if self.options.strict && self.streams.is_over_limit(handle) {
-            return Err(ReplayError::TooManyStreams {
-                line,
-                limit: self.options.max_streams,
-            });
-        }
         let (s, placed) = self
             .streams
-            .get(handle, self.device)
-            .map_err(|error| ReplayError::Resource { line, error })?;
+            .place(handle, line, self.device, self.options.strict)?;
         match placed {
             Placed::Known => {}
             Placed::OverLimit => self.out.skipped.streams_over_limit += 1,
-            Placed::New => {
-                if let Some(timeline) = self.timeline {
-                    let name = if handle == 0 {
-                        "default stream (0)".to_owned()
-                    } else {
-                        format!("stream {handle:#x}")
-                    };
-                    timeline.name_stream(s, name);
-                }
-            }
+            Placed::New => name_stream(self.timeline, s, handle),
         }
         Ok(s.clone())
     }
 
     fn synchronize(&self, line: usize) -> ReplayResult<()> {
-        for s in self.streams.all() {
-            s.synchronize_blocking()
-                .map_err(|error| ReplayError::Resource { line, error })?;
-        }
-        Ok(())
+        synchronize(self.streams.all(), line)
     }
 
     /// Before a resource call for `e` in a recording pass: the timeline records it at the
@@ -191,13 +157,7 @@ impl<'a, M: MemoryResource + ?Sized, T: MemoryResource> Run<'a, M, T> {
     /// (the statistics adaptor's) where the resource counts none.
     fn called(&mut self) {
         if self.timeline.is_some() {
-            let MemoryStats {
-                reserved_bytes,
-                allocated_bytes,
-                ..
-            } = self.mr.memory_stats();
-            let reserved = reserved_bytes.or(allocated_bytes).unwrap_or(0);
-            self.out.peak_reserved = self.out.peak_reserved.max(reserved);
+            self.out.peak_reserved = self.out.peak_reserved.max(reserved_now(self.mr));
         }
     }
 
@@ -240,9 +200,11 @@ impl<'a, M: MemoryResource + ?Sized, T: MemoryResource> Run<'a, M, T> {
             // streams' stream-ordered frees land, and try once more. An awaited allocation
             // would have waited here; a replay never waits longer.
             if error.is_out_of_memory() && self.mr.may_regain_memory(e.bytes) {
+                let waiting = Instant::now();
                 self.synchronize(e.line)?;
                 self.out.operations += 1;
                 result = self.mr.try_allocate(e.bytes, &stream);
+                self.out.waited += waiting.elapsed();
                 if result.is_ok() {
                     self.out.waits += 1;
                 }

@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap;
 
 use crate::device::Device;
 use crate::error::Result;
+use crate::rmm_csv::{ReplayError, ReplayResult};
 use crate::stream::Stream;
 
 /// How many logged streams a replay gives streams of their own by default
@@ -73,6 +74,29 @@ impl ReplayStreams {
                 (&*e.insert(Stream::new(device)?), Placed::New)
             }
         })
+    }
+
+    /// [`get`](Self::get) for the event of `handle` on `line`, with a replay's errors: in
+    /// `strict` mode a stream past the cap is refused.
+    ///
+    /// # Errors
+    /// [`ReplayError::TooManyStreams`] (strict); [`ReplayError::Resource`] when creating the
+    /// stream failed.
+    pub(crate) fn place(
+        &mut self,
+        handle: u64,
+        line: usize,
+        device: &Device,
+        strict: bool,
+    ) -> ReplayResult<(&Stream, Placed)> {
+        if strict && self.is_over_limit(handle) {
+            return Err(ReplayError::TooManyStreams {
+                line,
+                limit: self.max,
+            });
+        }
+        self.get(handle, device)
+            .map_err(|error| ReplayError::Resource { line, error })
     }
 
     /// The stream events of `handle` ran on, if any did.

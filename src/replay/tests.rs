@@ -343,11 +343,25 @@ fn an_empty_log_replays_to_nothing() {
     let (device, _) = host();
     let events = parse_log_str(&format!("{LOG_HEADER}\n")).unwrap();
     let report = replay_events(&events, &CudaResource::new(&device).unwrap(), &device);
-    assert_eq!(
-        format!("{report:?}"),
-        format!("{:?}", ReplayReport::default())
-    );
+    // Nothing but the thread it ran on.
+    let nothing = ReplayReport {
+        threads: 1,
+        ..ReplayReport::default()
+    };
+    assert_eq!(format!("{report:?}"), format!("{nothing:?}"));
     assert!(report.is_clean());
+    // Per thread: no logged thread, so no thread.
+    let options = ReplayOptions {
+        mode: ReplayMode::PerThread,
+        ..ReplayOptions::default()
+    };
+    let mr = CudaResource::new(&device).unwrap();
+    let report = replay(&events, &mr, &device, &options).unwrap();
+    let nothing = ReplayReport {
+        mode: ReplayMode::PerThread,
+        ..ReplayReport::default()
+    };
+    assert_eq!(format!("{report:?}"), format!("{nothing:?}"));
 }
 
 /// A log with more streams than the cap (one per request, as some services log) gets at most

@@ -14,11 +14,17 @@ use streamalloc::{Device, MemorySnapshot};
 use crate::resources::ResourceKind;
 use crate::table::Report;
 
-/// Writes the HTML report: the table, the notes, and one section per resource (its timeline
-/// and its snapshot at the log's peak).
+/// Writes the HTML report: the mode in its title, the table, the line that says which mode made
+/// it and the notes, and one section per resource (its timeline and its snapshot at the log's
+/// peak).
 pub(crate) fn html(file: File, report: &Report<'_>) -> io::Result<()> {
-    let mut page = HtmlReport::new(format!("streamalloc replay of {}", report.log.display()))
-        .table(report.header(), report.rows());
+    let mut page = HtmlReport::new(format!(
+        "streamalloc {} replay of {}",
+        report.mode,
+        report.log.display()
+    ))
+    .table(report.header(), report.rows())
+    .note(report.heading());
     for note in report.notes() {
         page = page.note(note);
     }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! streamalloc replay LOG --resource pool,arena,binning,cuda-async [--device host|cuda|N]
-//!                        [--html PATH] [--svg DIR] [--torch-snapshot PATH] [--strict]
+//!                        [--mode in-order|per-thread] [--html PATH] [--svg DIR]
+//!                        [--torch-snapshot PATH] [--strict]
 //! ```
 //!
 //! Built with the `cli` feature: `cargo install streamalloc --features cli`.
@@ -16,12 +17,13 @@ use std::io::{BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use streamalloc::replay::{
-    replay, scan_log, EventReader, LogSummary, ReplayError, ReplayOptions, ReplayReport,
+    replay, scan_log, EventReader, LogSummary, ReplayError, ReplayMode, ReplayOptions,
+    ReplayReport, MAX_THREADS,
 };
 use streamalloc::{Device, HostConfig, DEFAULT_HOST_CAPACITY};
 
@@ -41,18 +43,25 @@ enum Command {
     ///
     /// Reads RMM's CSV log (`Thread,Time,Action,Pointer,Size,Stream`, as RMM's
     /// logging_resource_adaptor and streamalloc's LoggingAdaptor write it), with any number of
-    /// threads and streams: each logged stream is replayed on a stream of its own, events in
-    /// log order on one thread. Every resource replays the log twice, each time fresh: a
-    /// recording pass (table figures, the snapshot at the log's peak, the timeline) and a timed
-    /// pass that makes only the resource calls (ns/op). Nothing waits: an allocation refused
-    /// while memory may come back is retried once after synchronising the replay's streams
-    /// (a "wait"), else it is a failure.
+    /// threads and streams: each logged stream is replayed on a stream of its own. With
+    /// --mode in-order (the default) the events run in log order on one thread, and nothing
+    /// waits: an allocation refused while memory may come back is retried once after
+    /// synchronising the replay's streams (a "wait"), else it is a failure. With --mode
+    /// per-thread they run as RMM's REPLAY_BENCHMARK runs them, on one thread per logged
+    /// thread, each in its log order, so the threads contend: a free of another thread's
+    /// allocation waits until it is made, and a refused allocation waits for memory (up to
+    /// --wait-timeout-ms; a "wait", its time in the notes), else it is a failure. The line
+    /// above the table says which mode made it. Every resource replays the log twice, each
+    /// time fresh: a recording pass (table figures, the snapshot at the log's peak, the
+    /// timeline) and a timed pass that makes only the resource calls (ns/op).
     ///
     /// Table columns: peak live (logged bytes live at once in the replay), peak reserved
     /// (bytes the resource held from upstream, from its memory_stats; bytes live where it
     /// reports none), reserved/live, failures, waits, ns/op (timed pass: resource calls and the
-    /// pointer map, reading excluded), largest free extent and free bytes at the log's peak
-    /// (from the resource's snapshot; "-" where it gives none). A resource that cannot be built
+    /// pointer map, reading excluded; per thread, the threads' wall time per call, waits
+    /// included), largest free extent and free bytes at the log's peak (from the resource's
+    /// snapshot; "-" where it gives none; per thread, taken when the thread that replays the
+    /// peak's line has replayed it, while the others go on). A resource that cannot be built
     /// on the device has "-" cells and its error under the table.
     ///
     /// On the host backend the emulated device holds 4 times the log's peak, at least 16 GiB
@@ -114,6 +123,22 @@ struct ReplayArgs {
     /// streams run on one shared stream (counted), or are refused with --strict.
     #[arg(long, default_value_t = 1024, value_name = "N")]
     max_streams: usize,
+
+    /// How the events run: `in-order`, on one thread in log order (the figures are the
+    /// log's); or `per-thread`, on one thread per logged thread as RMM's replay benchmark
+    /// runs them (the threads contend, and wait for each other's frees).
+    #[arg(long, default_value_t = ReplayMode::InOrder, value_parser = ReplayMode::from_str, value_name = "MODE")]
+    mode: ReplayMode,
+
+    /// Per thread: at most this many logged threads get threads of their own; the events of
+    /// further threads run, in log order, on one more thread that they share (counted).
+    #[arg(long, default_value_t = MAX_THREADS, value_name = "N")]
+    max_threads: usize,
+
+    /// Per thread: how long an allocation the resource refuses waits for memory before it
+    /// counts as a failure, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    wait_timeout_ms: u64,
 }
 
 /// `--device`.
@@ -285,6 +310,9 @@ fn replay_command(args: &ReplayArgs) -> Result<(), Failed> {
     let options = ReplayOptions {
         strict: args.strict,
         max_streams: args.max_streams,
+        mode: args.mode,
+        max_threads: args.max_threads,
+        wait_timeout: Duration::from_millis(args.wait_timeout_ms),
         ..ReplayOptions::default()
     };
     check_regular(&args.log)?;
@@ -350,6 +378,7 @@ fn replay_command(args: &ReplayArgs) -> Result<(), Failed> {
     let report = table::Report {
         log: &args.log,
         device: &device_name,
+        mode: args.mode,
         summary: &summary,
         rows: &rows,
     };

@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use streamalloc::replay::{LogSummary, ReplayFailureKind, ReplayReport};
+use streamalloc::replay::{LogSummary, ReplayFailureKind, ReplayMode, ReplayReport};
 
 use crate::resources::ResourceKind;
 
@@ -11,6 +11,8 @@ use crate::resources::ResourceKind;
 pub(crate) struct Report<'a> {
     pub(crate) log: &'a Path,
     pub(crate) device: &'a str,
+    /// The mode every row was replayed in.
+    pub(crate) mode: ReplayMode,
     pub(crate) summary: &'a LogSummary,
     pub(crate) rows: &'a [(ResourceKind, Result<ReplayReport, String>)],
 }
@@ -40,6 +42,27 @@ fn distinct(n: usize) -> String {
 }
 
 impl Report<'_> {
+    /// The line above the table: which mode made its figures.
+    pub(crate) fn heading(&self) -> String {
+        match self.mode {
+            ReplayMode::PerThread => {
+                let threads = self
+                    .rows
+                    .iter()
+                    .find_map(|(_, row)| row.as_ref().ok().map(|w| w.threads))
+                    .unwrap_or(0);
+                format!(
+                    "per-thread replay: each resource ran the log on {threads} threads, one per \
+                     logged thread, each in its log order (waits: allocations that waited for \
+                     another thread's free)"
+                )
+            }
+            _ => "in-order replay: each resource ran the log's events in log order on one \
+                  thread"
+                .to_owned(),
+        }
+    }
+
     pub(crate) fn header(&self) -> Vec<String> {
         [
             "resource",
@@ -112,6 +135,23 @@ impl Report<'_> {
                     continue;
                 }
             };
+            if w.waits > 0 || w.free_waits > 0 {
+                notes.push(format!(
+                    "{}: {} allocations waited for memory, {:.1} ms in all; {} frees waited \
+                     for their allocation on another thread",
+                    kind.name(),
+                    w.waits,
+                    w.waited.as_secs_f64() * 1e3,
+                    w.free_waits
+                ));
+            }
+            if w.skipped.threads_over_limit > 0 {
+                notes.push(format!(
+                    "{}: {} events on threads past the limit ran on one shared thread",
+                    kind.name(),
+                    w.skipped.threads_over_limit
+                ));
+            }
             if w.skipped.streams_over_limit > 0 {
                 notes.push(format!(
                     "{}: {} events on streams past the limit ran on one shared stream",
@@ -159,6 +199,7 @@ impl Report<'_> {
             }
             writeln!(out, "{}", text.trim_end())
         };
+        writeln!(out, "{}", self.heading())?;
         line(out, &header)?;
         for row in &rows {
             line(out, row)?;
@@ -186,6 +227,7 @@ mod tests {
         let report = Report {
             log: Path::new("x.csv"),
             device: "host",
+            mode: ReplayMode::InOrder,
             summary: &summary,
             rows: &rows,
         };
@@ -199,6 +241,50 @@ mod tests {
                 .contains(&"managed: unavailable: no managed memory here".to_owned()),
             "{:?}",
             report.notes()
+        );
+    }
+
+    /// Per thread, the line above the table names the mode and the threads, and the notes
+    /// give the waits' time and the frees that waited.
+    #[test]
+    fn the_per_thread_mode_is_named_with_its_waits() {
+        let summary = LogSummary::default();
+        let mut w = ReplayReport::default();
+        w.mode = ReplayMode::PerThread;
+        w.threads = 3;
+        w.waits = 2;
+        w.waited = std::time::Duration::from_micros(12_340);
+        w.free_waits = 5;
+        let rows = [(ResourceKind::Pool, Ok(w))];
+        let report = Report {
+            log: Path::new("x.csv"),
+            device: "host",
+            mode: ReplayMode::PerThread,
+            summary: &summary,
+            rows: &rows,
+        };
+        assert!(
+            report
+                .heading()
+                .starts_with("per-thread replay: each resource ran the log on 3 threads,"),
+            "{}",
+            report.heading()
+        );
+        let notes = report.notes();
+        assert!(
+            notes.contains(
+                &"pool: 2 allocations waited for memory, 12.3 ms in all; 5 frees waited for \
+                  their allocation on another thread"
+                    .to_owned()
+            ),
+            "{notes:?}"
+        );
+        let mut out = Vec::new();
+        report.write(&mut out).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.starts_with("per-thread replay:")
+                && out.lines().nth(1).unwrap().starts_with("resource")
         );
     }
 }
