@@ -4,8 +4,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::memory_resource::MemoryResource;
-use crate::resource::contract::properties::Properties;
-use crate::resource::contract::properties::ResourceIdentity;
+use crate::resource::contract::properties::{Properties, ResourceIdentity};
 use crate::resource::device_ptr::DevicePtr;
 use crate::stream::Stream;
 

@@ -3,8 +3,7 @@ use crate::device::Device;
 
 use crate::error::{Error, Result};
 use crate::resource::contract::memory_resource::MemoryResource;
-use crate::resource::contract::properties::Properties;
-use crate::resource::contract::properties::ResourceIdentity;
+use crate::resource::contract::properties::{Properties, ResourceIdentity};
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::leaf::raw::{leaf_allocate, leaf_deallocate};
 use crate::stream::Stream;

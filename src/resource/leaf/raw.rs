@@ -32,7 +32,7 @@ pub(crate) fn leaf_allocate(
 /// `deallocate` of a leaf resource over the backend's raw allocator of `kind`.
 ///
 /// # Safety
-/// As [`MemoryResource::deallocate`], for memory from [`leaf_allocate`] of the same `kind`.
+/// As [`MemoryResource::deallocate`](crate::MemoryResource::deallocate), for memory from [`leaf_allocate`] of the same `kind`.
 pub(crate) unsafe fn leaf_deallocate(
     device: &Device,
     kind: crate::backend::MemoryKind,

@@ -22,23 +22,23 @@ use crate::stream::Stream;
 /// promise (see its `# Safety`) for the blocks it carves, and the properties are the
 /// upstream's (a sub-allocator hands out the upstream's memory).
 pub(crate) unsafe trait SubAllocator: Wraps {
-    /// As [`MemoryResource::try_allocate`](MemoryResource::try_allocate).
+    /// As [`MemoryResource::try_allocate`].
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr>;
 
-    /// As [`MemoryResource::deallocate`](MemoryResource::deallocate).
+    /// As [`MemoryResource::deallocate`].
     ///
     /// # Safety
-    /// As [`MemoryResource::deallocate`](MemoryResource::deallocate).
+    /// As [`MemoryResource::deallocate`].
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream);
 
     /// The queue that requests waiting for this resource's memory join: its own, since its
     /// frees are what wakes them.
     fn wait_queue(&self) -> &Availability;
 
-    /// As [`MemoryResource::may_regain_memory`](MemoryResource::may_regain_memory): what the sub-allocator holds decides.
+    /// As [`MemoryResource::may_regain_memory`]: what the sub-allocator holds decides.
     fn may_regain_memory(&self, bytes: usize) -> bool;
 
-    /// As [`MemoryResource::capacity_limit`](MemoryResource::capacity_limit); the upstream's unless the sub-allocator has a
+    /// As [`MemoryResource::capacity_limit`]; the upstream's unless the sub-allocator has a
     /// limit of its own.
     fn capacity_limit(&self) -> Option<usize> {
         self.upstream().capacity_limit()
