@@ -39,7 +39,7 @@ pub(crate) enum DefaultStream {
 
 /// The one thread a stream handle may be used on: set for the per-thread default stream, whose
 /// driver handle (`CU_STREAM_PER_THREAD`) names the stream *of the calling thread*, so that one
-/// handle used on two threads would be two streams under one id. [`AnyStream`] checks it
+/// handle used on two threads would be two streams under one id. [`AnyStream`](super::AnyStream) checks it
 /// before every call that reaches the driver through the handle.
 #[derive(Debug)]
 pub(crate) struct HomeThread {
@@ -118,7 +118,7 @@ pub(crate) struct MemPoolConfig {
 
 /// One backend's device, with its stream, event and driver-pool types (wgpu-hal's `Api` and
 /// `Device` in one): called with static dispatch inside the backend; the layers above hold the
-/// erased [`AnyBackend`] and its siblings, the only place that dispatches.
+/// erased [`AnyBackend`](super::AnyBackend) and its siblings, the only place that dispatches.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
     type Stream: BackendStream<Event = Self::Event>;
     type Event: BackendEvent;
@@ -294,7 +294,7 @@ pub(crate) trait BackendStream: Send + Sync + fmt::Debug {
     /// The driver's handle (`CUstream` as an integer), for logs and interop.
     fn raw_handle(&self) -> u64;
     /// The only thread the handle may be used on (the per-thread default stream's), if any;
-    /// [`AnyStream`] refuses the others before every driver call through it.
+    /// [`AnyStream`](super::AnyStream) refuses the others before every driver call through it.
     fn home_thread(&self) -> Option<&HomeThread>;
     /// Records an event at the current end of the queue.
     fn record(&self) -> Result<Arc<Self::Event>>;

@@ -406,7 +406,7 @@ pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource 
 /// out of memory, the request could ever fit
 /// ([`capacity_limit`](MemoryResource::capacity_limit)) and the resource signals
 /// [`availability`](MemoryResource::availability), the future joins the resource's wait
-/// queue and resolves when memory comes back (see [`Availability`](crate::Availability) for the
+/// queue and resolves when memory comes back (see [`Availability`] for the
 /// fairness policy). It waits only while memory may come back for it
 /// ([`may_regain_memory`](MemoryResource::may_regain_memory): an allocation is outstanding, a
 /// free pending); otherwise it resolves to the out-of-memory error at once. A request behind
@@ -471,7 +471,7 @@ pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource 
 /// the queue; if it was the oldest waiter, the next one is woken in its place. Forgetting it
 /// (`mem::forget`) while it waits leaks only its small waiter record: if it was told to retry,
 /// its turn passes to the next waiter after a second (see
-/// [`Availability`](crate::Availability)'s fairness), so later requests are not held.
+/// [`Availability`]'s fairness), so later requests are not held.
 #[must_use = "futures do nothing unless awaited"]
 pub struct Allocate<'a, R: MemoryResource + ?Sized> {
     mr: &'a R,
