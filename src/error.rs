@@ -310,7 +310,10 @@ pub enum Error {
 /// fragmentation ("enough free bytes, no block large enough") apart from exhaustion, and memory
 /// that is only waiting for another stream to pass its frees.
 ///
-/// Every field is optional: a resource fills in what it knows.
+/// Every field is optional: a resource fills in what it knows. The sub-allocators read them
+/// from their fragmentation figures as counted for the requesting stream
+/// ([`Fragmentation::out_of_memory_details`](crate::Fragmentation::out_of_memory_details)), so
+/// each field means the same whichever resource refused.
 ///
 /// ```
 /// use streamalloc::{Device, Error, OutOfMemoryDetails, StreamId};
@@ -330,7 +333,8 @@ pub enum Error {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct OutOfMemoryDetails {
-    /// The largest free block the requesting stream could use now.
+    /// The largest free extent: the largest request the free memory could serve, after the
+    /// waits for other streams' frees that the resource inserts itself.
     pub largest_free_block: Option<usize>,
     /// Free bytes the resource holds (usable now or not).
     pub free_bytes: Option<usize>,

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::snapshot::{Block, BlockState, MemorySnapshot};
+use crate::error::OutOfMemoryDetails;
 use crate::ids::StreamId;
 
 /// Free extents of sizes in `[min_bytes, 2 × min_bytes)`: one bucket of
@@ -163,6 +164,52 @@ impl Fragmentation {
         } else {
             1.0 - self.largest_free_block as f64 / free as f64
         }
+    }
+}
+
+impl Fragmentation {
+    /// What a request on `stream` that found no memory is told
+    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory)'s details), read from these figures
+    /// alone, so that every resource words its out-of-memory errors alike: the largest free
+    /// extent (what the resource could serve after waiting for other streams' frees), the
+    /// free bytes (pending ones included), the reserved bytes, and, per other stream, the
+    /// bytes it freed that `stream` cannot use yet (free on that stream, or pending).
+    ///
+    /// ```
+    /// use streamalloc::{Fragmentation, StreamId};
+    ///
+    /// let mut f = Fragmentation::default();
+    /// f.reserved_bytes = 1 << 20;
+    /// f.free_now_bytes = 4096;
+    /// f.free_on_stream = vec![(StreamId(1), 8192), (StreamId(2), 16384)];
+    /// f.pending_bytes = vec![(Some(StreamId(1)), 512)];
+    /// f.largest_free_block = 16384;
+    /// let d = f.out_of_memory_details(StreamId(1));
+    /// assert_eq!(d.free_bytes, Some(4096 + 8192 + 16384 + 512));
+    /// // Stream 1's free memory is its own to use; its pending free is not, yet.
+    /// assert_eq!(d.pending_frees, [(StreamId(1), 512), (StreamId(2), 16384)]);
+    /// assert_eq!((d.largest_free_block, d.reserved_bytes), (Some(16384), Some(1 << 20)));
+    /// ```
+    pub fn out_of_memory_details(&self, stream: StreamId) -> OutOfMemoryDetails {
+        let mut pending: BTreeMap<StreamId, usize> = BTreeMap::new();
+        let mut pending_total = 0usize;
+        for &(s, bytes) in &self.pending_bytes {
+            pending_total = pending_total.saturating_add(bytes);
+            if let Some(s) = s {
+                let b = pending.entry(s).or_default();
+                *b = b.saturating_add(bytes);
+            }
+        }
+        for &(s, bytes) in self.free_on_stream.iter().filter(|&&(s, _)| s != stream) {
+            let b = pending.entry(s).or_default();
+            *b = b.saturating_add(bytes);
+        }
+        let mut details = OutOfMemoryDetails::default();
+        details.largest_free_block = Some(self.largest_free_block);
+        details.free_bytes = Some(self.free_bytes().saturating_add(pending_total));
+        details.reserved_bytes = Some(self.reserved_bytes);
+        details.pending_frees = pending.into_iter().collect();
+        details
     }
 }
 

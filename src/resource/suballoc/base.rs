@@ -52,13 +52,14 @@ pub(crate) unsafe trait SubAllocator: Wraps {
         self.upstream().reset_peak()
     }
 
-    /// Its segments (what it holds from the upstream) and blocks.
-    fn snapshot(&self) -> MemorySnapshot;
+    /// Its segments (what it holds from the upstream) and blocks; `None` only for one that
+    /// routes requests to resources with no picture (a binning resource over the driver).
+    fn snapshot(&self) -> Option<MemorySnapshot>;
 
     /// Read from [`snapshot`](SubAllocator::snapshot); a sub-allocator that can count the
     /// figures without a picture says so.
-    fn fragmentation(&self) -> Fragmentation {
-        self.snapshot().fragmentation()
+    fn fragmentation(&self) -> Option<Fragmentation> {
+        self.snapshot().map(|s| s.fragmentation())
     }
 }
 
@@ -97,10 +98,10 @@ unsafe impl<S: SubAllocator> Forward for S {
     }
 
     fn snapshot(&self) -> Option<MemorySnapshot> {
-        Some(SubAllocator::snapshot(self))
+        SubAllocator::snapshot(self)
     }
 
     fn fragmentation(&self) -> Option<Fragmentation> {
-        Some(SubAllocator::fragmentation(self))
+        SubAllocator::fragmentation(self)
     }
 }

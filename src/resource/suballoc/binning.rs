@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
-use crate::resource::contract::forward::{memory_resource, Forward};
+use crate::resource::contract::forward::memory_resource;
 use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
-use crate::resource::inspect::{Fragmentation, MemorySnapshot};
+use crate::resource::inspect::MemorySnapshot;
 use crate::resource::suballoc::fixed_size::FixedSizeResource;
 use crate::stream::Stream;
 
@@ -281,7 +281,7 @@ memory_resource!(shared [R: MemoryResource + Clone] BinningResource<R>);
 // returned for the same request: each keeps the promise, is of the upstream's device and
 // offers every access the upstream's properties (which this resource reports) claim
 // (`add_bin` checks both). Frees route by size back to the resource that allocated.
-unsafe impl<R: MemoryResource + Clone> Forward for Inner<R> {
+unsafe impl<R: MemoryResource + Clone> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let done = match self.bin(bytes) {
             Some(BinResource::Fixed(r)) => r.try_allocate(bytes, stream),
@@ -307,8 +307,9 @@ unsafe impl<R: MemoryResource + Clone> Forward for Inner<R> {
         }
     }
 
-    fn availability(&self) -> Option<&Availability> {
-        Some(&self.availability)
+    /// Its own: the bins' queues and the upstream's follow it (`add_bin`).
+    fn wait_queue(&self) -> &Availability {
+        &self.availability
     }
 
     /// The upstream's figures, with the free blocks of the fixed-size bins taken out of
@@ -364,10 +365,6 @@ unsafe impl<R: MemoryResource + Clone> Forward for Inner<R> {
         let device = self.upstream.properties().device;
         let segments = bins.into_iter().flat_map(|s| s.segments).collect();
         Some(snapshot::nest(device, upstream, segments))
-    }
-
-    fn fragmentation(&self) -> Option<Fragmentation> {
-        self.snapshot().map(|s| s.fragmentation())
     }
 
     /// As the bin or the upstream that serves `bytes`.

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use self::core::FixedSizeCore;
 use crate::device::Device;
-use crate::error::{Error, OutOfMemoryDetails, Result};
+use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::memory_resource;
@@ -295,12 +295,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                             // No stream has a free block (`take` found none) and the upstream
                             // has no chunk: nothing is free, nothing pending.
                             let held = state.chunk_count() * self.blocks_per_chunk;
-                            let details = OutOfMemoryDetails {
-                                largest_free_block: Some(0),
-                                free_bytes: Some(0),
-                                reserved_bytes: Some(held * self.block_size),
-                                ..OutOfMemoryDetails::default()
+                            let figures = Fragmentation {
+                                reserved_bytes: held * self.block_size,
+                                live_bytes: held * self.block_size,
+                                ..Fragmentation::default()
                             };
+                            let details = figures.out_of_memory_details(stream.id());
                             return Err(Error::out_of_memory_with(
                                 bytes,
                                 self.device.id(),
@@ -370,7 +370,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     /// that took it over from another stream's list — or [`Free`](BlockState::Free) once that
     /// stream has passed an event recorded after its frees. The list's stream reuses it at
     /// once; another takes it (with half of that list) after waiting for that event.
-    fn snapshot(&self) -> MemorySnapshot {
+    fn snapshot(&self) -> Option<MemorySnapshot> {
         let (layout, passed) = {
             let state = self.state.lock();
             (state.layout(), passed_lists(&state))
@@ -395,12 +395,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 .collect();
             snap.segments.push(segment);
         }
-        snap
+        Some(snap)
     }
 
     /// The figures of [`snapshot`](Forward::snapshot), from the counts alone (no block list):
     /// every free extent is one block.
-    fn fragmentation(&self) -> Fragmentation {
+    fn fragmentation(&self) -> Option<Fragmentation> {
         let (chunks, live, mut free_by_stream, passed) = {
             let state = self.state.lock();
             let passed = passed_lists(&state);
@@ -442,7 +442,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 bytes: free_blocks * size,
             }];
         }
-        f
+        Some(f)
     }
 
     /// While a block is in use, a free brings one back; else only the upstream could give the

@@ -512,8 +512,8 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     }
 
     /// See [`ArenaResource`]'s section on snapshots.
-    fn snapshot(&self) -> MemorySnapshot {
-        self.take_snapshot()
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(self.take_snapshot())
     }
 
     /// Only a live allocation or a pending free can bring memory back (a growing arena that

@@ -7,8 +7,9 @@ use std::io::Write as _;
 use super::config::ArenaDump;
 use super::core::PAGE_SIZE;
 use super::levels::Inner;
-use crate::error::{Error, OutOfMemoryDetails};
+use crate::error::Error;
 use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::inspect::Fragmentation;
 use crate::resource::suballoc::stream_order::Fence;
 use crate::stream::Stream;
 use crate::stream::StreamId;
@@ -102,7 +103,7 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// The out-of-memory error for a request of `bytes` (`rounded` as a block), after the
-    /// configured dump, with the arena's [`OutOfMemoryDetails`]: the largest free block (any
+    /// configured dump, with the arena's [`OutOfMemoryDetails`](crate::OutOfMemoryDetails): the largest free block (any
     /// arena's, since a small request may borrow one), free bytes (pending included), the bytes
     /// held from the upstream, and the pending frees by freeing stream.
     pub(super) fn out_of_memory(&self, bytes: usize, rounded: usize, stream: &Stream) -> Error {
@@ -110,22 +111,26 @@ impl<R: MemoryResource> Inner<R> {
         if let Some(dump) = &self.dump {
             self.write_dump(dump, bytes, rounded, stream);
         }
-        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        let mut pending: Vec<(Option<StreamId>, usize)> = Vec::new();
         self.for_each_arena(|_, core| {
             for (Fence(order), n) in core.pending_by_fence() {
-                let id = order.stream_id();
+                let id = Some(order.stream_id());
                 match pending.iter_mut().find(|(s, _)| *s == id) {
                     Some((_, total)) => *total += n as usize,
                     None => pending.push((id, n as usize)),
                 }
             }
         });
-        let details = OutOfMemoryDetails {
-            largest_free_block: Some(stats.largest_free_block),
-            free_bytes: Some(stats.free_bytes + stats.pending_bytes),
-            reserved_bytes: Some(stats.arena_size),
-            pending_frees: pending,
+        pending.sort_unstable();
+        let figures = Fragmentation {
+            reserved_bytes: stats.arena_size,
+            live_bytes: stats.live_bytes,
+            free_now_bytes: stats.free_bytes,
+            pending_bytes: pending,
+            largest_free_block: stats.largest_free_block,
+            ..Fragmentation::default()
         };
+        let details = figures.out_of_memory_details(stream.id());
         Error::out_of_memory_with(bytes, self.device.id(), details)
             .never_fitting(Some(self.capacity))
     }

@@ -15,7 +15,7 @@ pub use self::config::{MappedPoolConfig, MappedPoolStatistics};
 use self::free_list::{BadFree, FreeList, Owner};
 use self::pages::{Page, PendingRelease, Status};
 use crate::device::Device;
-use crate::error::{Error, OutOfMemoryDetails, Result};
+use crate::error::{Error, Result};
 use crate::ids::BackendKind;
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
@@ -23,7 +23,7 @@ use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::contract::properties::{Properties, ResourceIdentity};
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
-use crate::resource::inspect::{Block, BlockState, MemorySnapshot, Segment};
+use crate::resource::inspect::{Block, BlockState, Fragmentation, MemorySnapshot, Segment};
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Event, Stream, StreamId};
 
@@ -536,8 +536,8 @@ impl Inner {
     /// Out-of-memory with the pool's details: the largest free block of the range (any
     /// stream may use any block, after a wait), its free bytes, the mapped bytes, and, per
     /// stream, the bytes of pages whose physical memory waits for that stream to pass frees.
-    fn out_of_memory(&self, state: &State, requested: usize) -> Error {
-        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+    fn out_of_memory(&self, state: &State, requested: usize, stream: &Stream) -> Error {
+        let mut pending: Vec<(Option<StreamId>, usize)> = Vec::new();
         for p in &state.pending {
             let pages = p
                 .pages
@@ -547,19 +547,25 @@ impl Inner {
                 })
                 .count();
             for e in &p.events {
-                let id = e.stream().id();
+                let id = Some(e.stream().id());
                 match pending.iter_mut().find(|(s, _)| *s == id) {
                     Some((_, bytes)) => *bytes += pages * self.granularity,
                     None => pending.push((id, pages * self.granularity)),
                 }
             }
         }
-        let details = OutOfMemoryDetails {
-            largest_free_block: Some(state.list.largest_free() as usize),
-            free_bytes: Some(state.list.free_bytes() as usize),
-            reserved_bytes: Some(state.mapped_pages * self.granularity),
-            pending_frees: pending,
+        pending.sort_unstable();
+        // Free blocks over pages pending release are free like any other (a request takes
+        // them after a wait); the pages' bytes are what waits for the streams.
+        let free = state.list.free_bytes() as usize;
+        let figures = Fragmentation {
+            reserved_bytes: state.mapped_pages * self.granularity,
+            free_now_bytes: free.saturating_sub(pending.iter().map(|&(_, b)| b).sum()),
+            pending_bytes: pending,
+            largest_free_block: state.list.largest_free() as usize,
+            ..Fragmentation::default()
         };
+        let details = figures.out_of_memory_details(stream.id());
         Error::out_of_memory_with(requested, self.device.id(), details)
             .never_fitting(Some(self.capacity()))
     }
@@ -571,13 +577,13 @@ impl Inner {
         let mut state = self.state.lock();
         let size = match align_up(bytes) {
             Some(size) if size as u128 <= self.capacity() as u128 => size,
-            _ => return Err(self.out_of_memory(&state, bytes)),
+            _ => return Err(self.out_of_memory(&state, bytes, stream)),
         };
         match self.serve(&mut state, size, stream)? {
             Some(p) => Ok(DevicePtr::from_raw(p)),
             None => {
                 self.arm_wakeups(&mut state);
-                Err(self.out_of_memory(&state, bytes))
+                Err(self.out_of_memory(&state, bytes, stream))
             }
         }
     }

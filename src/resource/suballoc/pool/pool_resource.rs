@@ -547,8 +547,8 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     }
 
     /// The pool's chunks (see [`PoolResource::snapshot`]).
-    fn snapshot(&self) -> MemorySnapshot {
-        self.take_snapshot()
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        Some(self.take_snapshot())
     }
 
     fn capacity_limit(&self) -> Option<usize> {

@@ -11,7 +11,7 @@ use crate::ids::StreamId;
 use crate::resource::contract::forward::Forward;
 use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::device_ptr::DevicePtr;
-use crate::resource::inspect::{MemorySnapshot, Segment};
+use crate::resource::inspect::{Fragmentation, MemorySnapshot, Segment};
 use crate::stream::Stream;
 
 /// A snapshot of a pool's accounting ([`PoolResource::statistics`](crate::PoolResource::statistics)).
@@ -162,30 +162,33 @@ impl<R: MemoryResource> Inner<R> {
         size > free.saturating_add(room)
     }
 
-    /// [`out_of_memory`](Self::out_of_memory)'s details; with `joined`, the largest free block
-    /// is the largest run of free blocks of any streams (O(blocks)), else the largest block of
-    /// one stream (O(streams)).
+    /// [`out_of_memory`](Self::out_of_memory)'s details, read from the pool's fragmentation
+    /// figures as counted for the request (see
+    /// [`Fragmentation::out_of_memory_details`]): every stream's free bytes as free on that
+    /// stream, so that the requester's own are usable and the others' pending. With
+    /// `joined`, the largest free extent is the largest run of free blocks of any streams
+    /// (O(blocks)), else the largest block of one stream (O(streams)).
     pub(super) fn details(&self, stream: &Stream, joined: bool) -> OutOfMemoryDetails {
-        let mut details = OutOfMemoryDetails::default();
-        let (mut free, mut largest) = (0, 0);
-        let mut pending: Vec<(StreamId, usize)> = Vec::new();
+        let mut figures = Fragmentation {
+            reserved_bytes: self.held.load(Ordering::Relaxed),
+            ..Fragmentation::default()
+        };
+        let mut free = 0;
+        let mut by_stream: Vec<(StreamId, usize)> = Vec::new();
         let mut count = |level: &Level| {
             free += level.core.free_bytes();
             // Runs of free blocks of any streams: the pool joins them for a request (after
             // waiting for their streams' frees), so one stream's largest block would
             // understate what fits and read as fragmentation.
-            largest = largest.max(if joined {
+            figures.largest_free_block = figures.largest_free_block.max(if joined {
                 level.core.largest_free_extent()
             } else {
                 level.core.largest_free_block()
             });
             for (id, bytes) in level.free_by_stream() {
-                if id == stream.id() {
-                    continue;
-                }
-                match pending.iter_mut().find(|(s, _)| *s == id) {
+                match by_stream.iter_mut().find(|(s, _)| *s == id) {
                     Some((_, b)) => *b += bytes,
-                    None => pending.push((id, bytes)),
+                    None => by_stream.push((id, bytes)),
                 }
             }
         };
@@ -194,11 +197,10 @@ impl<R: MemoryResource> Inner<R> {
         }
         count(&self.global.lock());
         count(&self.large.lock());
-        pending.sort_unstable();
-        details.largest_free_block = Some(largest);
-        details.free_bytes = Some(free);
-        details.reserved_bytes = Some(self.held.load(Ordering::Relaxed));
-        details.pending_frees = pending;
-        details
+        by_stream.sort_unstable();
+        let on_streams: usize = by_stream.iter().map(|&(_, b)| b).sum();
+        figures.free_now_bytes = free.saturating_sub(on_streams);
+        figures.free_on_stream = by_stream;
+        figures.out_of_memory_details(stream.id())
     }
 }
