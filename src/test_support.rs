@@ -20,6 +20,8 @@ use crate::{
 mod rng;
 pub(crate) use rng::SplitMix64;
 
+pub(crate) mod w4;
+
 pub(crate) const KIB: usize = 1 << 10;
 pub(crate) const MIB: usize = 1 << 20;
 

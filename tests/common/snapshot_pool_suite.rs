@@ -393,8 +393,9 @@ pub fn mapped_pool_segments_are_mapped_ranges(device: Device) {
     assert_eq!(snap.resource, "mapped-pool");
     assert!(snap.segments.is_empty(), "nothing mapped: {snap:#?}");
 
-    let p = pool.try_allocate(g + g / 2, &s[0]).unwrap();
-    let q = pool.try_allocate(g / 4, &s[1]).unwrap();
+    // Both above 1 MiB: placed from the bottom of the range, `q` right above `p`.
+    let p = pool.try_allocate(g + g / 4, &s[0]).unwrap();
+    let q = pool.try_allocate(g / 2 + 256, &s[1]).unwrap();
     let snap = pool.snapshot().unwrap();
     assert_eq!(snap.capacity, pool.capacity_limit());
     assert_eq!(snap.reserved_bytes(), pool.statistics().mapped_bytes);
@@ -403,12 +404,12 @@ pub fn mapped_pool_segments_are_mapped_ranges(device: Device) {
     assert_eq!(snap.segments[0].bytes, 2 * g);
     assert_tiled(&snap);
     let live = BTreeMap::from([
-        (p.addr(), (g + g / 2, s[0].id())),
-        (q.addr(), (g / 4, s[1].id())),
+        (p.addr(), (g + g / 4, s[0].id())),
+        (q.addr(), (g / 2 + 256, s[1].id())),
     ]);
     assert_live(&snap, &live);
 
-    unsafe { pool.deallocate(p, g + g / 2, &s[0]) };
+    unsafe { pool.deallocate(p, g + g / 4, &s[0]) };
     let snap = pool.snapshot().unwrap();
     assert_tiled(&snap);
     let (_, freed) = snap.blocks().find(|(_, b)| b.address == p).unwrap();
@@ -417,10 +418,10 @@ pub fn mapped_pool_segments_are_mapped_ranges(device: Device) {
         (BlockState::FreeOnStream, Some(s[0].id()))
     );
     let f = snap.fragmentation();
-    assert_eq!(f.free_on_stream, [(s[0].id(), g + g / 2)], "{f}");
-    assert_eq!(f.largest_free_block, g + g / 2, "{f}");
+    assert_eq!(f.free_on_stream, [(s[0].id(), g + g / 4)], "{f}");
+    assert_eq!(f.largest_free_block, g + g / 4, "{f}");
 
-    unsafe { pool.deallocate(q, g / 4, &s[1]) };
+    unsafe { pool.deallocate(q, g / 2 + 256, &s[1]) };
     pool.trim_blocking().unwrap();
     assert!(pool.snapshot().unwrap().segments.is_empty());
     assert_eq!(pool.fragmentation().unwrap().reserved_bytes, 0);

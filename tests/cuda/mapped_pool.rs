@@ -61,10 +61,11 @@ fn mapped_pool_gives_physical_memory_back_to_the_device() {
     pool.trim();
     assert_eq!(pool.statistics().mapped_bytes, 0);
     assert!(device_used(&device) <= before + 4 * MIB, "not given back");
-    let q = pool.try_allocate(MIB, &s).unwrap();
+    // Above 1 MiB: placed from the bottom of the range, where `p` was.
+    let q = pool.try_allocate(2 * MIB, &s).unwrap();
     assert_eq!(q, p, "the range is used again from its start");
     // SAFETY: as above.
-    unsafe { pool.deallocate(q, MIB, &s) };
+    unsafe { pool.deallocate(q, 2 * MIB, &s) };
 }
 
 /// A block freed while a kernel still writes it: its pages must stay mapped until the kernel is

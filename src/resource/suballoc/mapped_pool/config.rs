@@ -9,7 +9,7 @@
 /// let config = MappedPoolConfig::default().reserve(1 << 30).release_threshold(64 << 20);
 /// assert_eq!(config.get_reserve(), Some(1 << 30));
 /// assert_eq!(config.get_release_threshold(), Some(64 << 20));
-/// assert_eq!(MappedPoolConfig::default().get_release_threshold(), None); // 1/32 of the mapped
+/// assert_eq!(MappedPoolConfig::default().get_release_threshold(), None); // up to the peak live
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MappedPoolConfig {
@@ -32,9 +32,10 @@ impl MappedPoolConfig {
     }
 
     crate::builder::option_setters! {
-        /// Free memory the pool keeps mapped, in bytes, instead of the default (1/32 of the
-        /// mapped bytes, at least one page). Once wholly free pages (granules) add up to more,
-        /// the highest are unmapped and their physical memory released, as soon as the streams
+        /// Free memory the pool keeps mapped, in bytes, instead of the default (what keeps the
+        /// mapped bytes within a 32nd, plus a page, of the peak of live bytes). Once wholly
+        /// free pages (granules) add up to more, those farthest from the ends of the range
+        /// (where blocks are placed) are unmapped and their physical memory released, as soon as the streams
         /// that freed them have passed those frees, down to *half* the threshold: a pair of
         /// allocate and free at the boundary then maps and unmaps once, not at every pair. 0
         /// releases every wholly free page at once, for the smallest footprint at the cost of the
@@ -43,9 +44,11 @@ impl MappedPoolConfig {
         fn release_threshold(bytes: usize) => release_threshold;
     }
 
-    /// The release threshold; `None` (the default) keeps free pages up to 1/32 of the mapped
-    /// bytes, at least one page (and releases down to half of that): W4's peak footprint
-    /// within 5 % of its live bytes, and no driver call in a steady allocate+free loop.
+    /// The release threshold; `None` (the default) keeps free pages while the mapped bytes
+    /// are at most the peak of live bytes (since the pool was made or last trimmed) plus a
+    /// 32nd of it and one page, and releases a 32nd of that below: W4's peak footprint within
+    /// 5 % of its live bytes with a page mapped per hundred steps, and no driver call in a
+    /// steady allocate+free loop.
     pub fn get_release_threshold(&self) -> Option<usize> {
         self.release_threshold
     }

@@ -183,6 +183,55 @@ impl FreeList {
         best
     }
 
+    /// The start of the highest free block of at least `size` bytes (> 0): [`find`](Self::find)
+    /// from the other end of the range (the last block of every larger class, and up to
+    /// [`SCAN`] blocks of the request's own class from the top, or all of them when no larger
+    /// class has one). A pool that puts small blocks at the top of its range and large ones at
+    /// the bottom keeps long-lived small blocks from pinning the pages between large ones.
+    pub(crate) fn find_high(&self, size: u64) -> Option<u64> {
+        let c = class_of(size);
+        let mut best: Option<u64> = None;
+        for k in self.classes_above(c) {
+            let last = *self.classes[k].last().expect("a non-empty class");
+            best = Some(best.map_or(last, |b| b.max(last)));
+        }
+        let probes = if best.is_some() { SCAN } else { usize::MAX };
+        for &start in self.classes[c].iter().rev().take(probes) {
+            if best.is_some_and(|b| start < b) {
+                break;
+            }
+            if self.blocks[&start].len >= size {
+                best = Some(start);
+                break;
+            }
+        }
+        best
+    }
+
+    /// Allocates the last `size` bytes of the free block that starts at `start` (one
+    /// [`find_high`](Self::find_high) returned) for `owner`; the rest stays free with the same
+    /// owners. Returns where the allocation starts and the block's owners.
+    pub(crate) fn allocate_tail_for(
+        &mut self,
+        start: u64,
+        size: u64,
+        owner: Owner,
+    ) -> (u64, Owners) {
+        let block = self.remove(start);
+        assert!(
+            size > 0 && size <= block.len,
+            "allocate_tail_for({start}, {size}) from a free block of {}",
+            block.len
+        );
+        let at = start + block.len - size;
+        if size < block.len {
+            self.insert(start, block.len - size, block.owners.clone());
+        }
+        self.live.insert(at, (size, owner));
+        self.live_bytes += size;
+        (at, block.owners)
+    }
+
     /// The free block that contains offset `at`: its start, length and owners.
     pub(crate) fn block_containing(&self, at: u64) -> Option<(u64, u64, &Owners)> {
         let (&start, block) = self.blocks.range(..=at).next_back()?;

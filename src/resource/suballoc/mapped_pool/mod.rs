@@ -30,6 +30,10 @@ use crate::stream::{Event, Stream, StreamId};
 /// Every block is a multiple of this and aligned to it.
 const ALIGN: u64 = 256;
 
+/// Blocks up to this size are placed from the top of the range down, larger ones from the
+/// bottom up (the size a [`PoolResource`](crate::PoolResource) serves from its shards).
+const SMALL_BLOCK: u64 = 1 << 20;
+
 /// A pool that maps physical memory on demand into one reserved virtual address range, so it
 /// grows in place and gives back what is free page by page: PyTorch's expandable segments,
 /// over CUDA virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
@@ -38,27 +42,31 @@ const ALIGN: u64 = 256;
 /// A [`PoolResource`](crate::PoolResource) holds chunks from its upstream that never merge:
 /// a large request that fits none of them needs a new chunk while the free memory of the
 /// others stays held (W4's 2.00 peak device memory per peak live byte). Here the whole
-/// capacity is one address range, reserved once: blocks are placed lowest address first
-/// (an address-ordered, coalescing free list), pages (the driver's granularity,
-/// 2 MiB on an H100) are mapped under a block when it is handed out, and a page that becomes
-/// wholly free is unmapped and its physical memory released once the free pages are more
-/// than the release threshold ([`MappedPoolConfig::release_threshold`]; by default 1/32 of
-/// the mapped memory, at least one page). Free space never strands: the free block at the
-/// top of the used memory just extends, and the device holds only the pages that live
-/// blocks touch plus that threshold.
+/// capacity is one address range, reserved once, with an address-ordered, coalescing free
+/// list: blocks above 1 MiB are placed lowest address first, smaller ones highest address
+/// first, so that long-lived small blocks gather at the top and pin no page between large
+/// ones. Pages (the driver's granularity, 2 MiB on an H100) are mapped under a block when it
+/// is handed out and stay mapped when it is freed, for the next block of any size there;
+/// wholly free pages are unmapped and their physical memory released only when the mapped
+/// memory goes above the pool's peak of live bytes by more than a 32nd (plus one page), or
+/// above the release threshold when one is set ([`MappedPoolConfig::release_threshold`]).
+/// Free space never strands: the free block at the edge of the used memory just extends,
+/// and the device holds little more than the most the pool ever had live at once.
 ///
 /// On the host backend the same calls are emulated with `mmap` (the physical bytes count
 /// against the device's capacity and show in
 /// [`HostControls::allocated_bytes`](crate::HostControls::allocated_bytes)).
 ///
 /// # When to use it
-/// Workloads whose sizes vary widely, where footprint matters more than the last
-/// nanoseconds: every page mapped or released is a driver call (tens of microseconds on a
-/// GPU). Free pages under the release threshold are neither unmapped nor fenced with an
-/// event (so a steady allocate+free loop makes no driver call); once the free pages go over
-/// it, they are fenced with an event on each stream that freed into them and released down
-/// to half the threshold (so a loop at the boundary does not map and unmap at every pair).
-/// [`trim`](MappedPoolResource::trim) releases them all.
+/// Workloads whose sizes vary widely, where footprint matters: every page mapped or released
+/// is a driver call (microseconds on a GPU), but pages kept mapped serve blocks of any size,
+/// so once the pool has reached its peak, requests rarely map anything (on workload W4, one
+/// page mapped per hundred steps). Kept free pages are neither unmapped nor fenced with an
+/// event (so a steady allocate+free loop makes no driver call); once they are over the
+/// limit, they are fenced with an event on each stream that freed into them and released a
+/// little below it (down to half a set threshold), so that a loop at the boundary does not
+/// map and unmap at every pair. [`trim`](MappedPoolResource::trim) releases them all (and
+/// measures the peak afresh from what is live then).
 ///
 /// # Stream ordering
 /// A block freed on stream S is reusable at once by later work on S. Another stream T uses
@@ -97,19 +105,21 @@ const ALIGN: u64 = 256;
 /// let pool = MappedPoolResource::new(&device)?;
 /// assert_eq!(controls.allocated_bytes(), 0); // nothing is mapped yet
 ///
-/// let p = pool.allocate(3 << 20, &stream).await?;
+/// let p = pool.allocate(5 << 19, &stream).await?; // 2.5 MiB
 /// assert_eq!(controls.allocated_bytes(), 4 << 20); // two 2 MiB pages
-/// let q = pool.allocate(1 << 20, &stream).await?;
-/// assert_eq!(q.addr(), p.addr() + (3 << 20)); // in place, right above `p`
+/// let q = pool.allocate(3 << 19, &stream).await?;
+/// assert_eq!(q.addr(), p.addr() + (5 << 19)); // in place, right above `p`
 /// assert_eq!(controls.allocated_bytes(), 4 << 20); // it fits the pages mapped already
 ///
-/// unsafe { pool.deallocate(p, 3 << 20, &stream) };
-/// // The wholly free first page stays mapped: the default keeps free pages up to 1/32 of
-/// // the mapped memory, at least one page, to map nothing on the next request.
+/// unsafe { pool.deallocate(p, 5 << 19, &stream) };
+/// // The pages stay mapped (the pool needed them at its peak) and serve any size again.
 /// assert_eq!(controls.allocated_bytes(), 4 << 20);
-/// unsafe { pool.deallocate(q, 1 << 20, &stream) };
-/// // Two free pages are over that: released (down to half of it), once the stream has
-/// // passed the frees — at once here, as the stream is idle.
+/// let r = pool.allocate(2 << 20, &stream).await?;
+/// assert_eq!((r, controls.allocated_bytes()), (p, 4 << 20));
+/// unsafe { pool.deallocate(q, 3 << 19, &stream) };
+/// unsafe { pool.deallocate(r, 2 << 20, &stream) };
+/// // `trim` releases them, once the stream has passed the frees (at once: it is idle).
+/// assert_eq!(pool.trim(), 4 << 20);
 /// assert_eq!(pool.statistics().mapped_bytes, 0);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
@@ -135,7 +145,7 @@ struct Inner {
     /// The largest request that can ever fit: the range, or the device's memory if smaller.
     capacity: usize,
     granularity: usize,
-    /// In bytes; `None`: 1/`KEEP_DIVISOR` of the mapped pages (see `keep_pages`).
+    /// In bytes; `None`: up to the peak of live bytes (see `keep_pages`).
     release_threshold: Option<usize>,
     state: Mutex<State>,
     /// Shared with the host functions that wake waiters when pending releases complete.
@@ -147,6 +157,9 @@ struct State {
     pages: Vec<Page>,
     mapped_pages: usize,
     peak_mapped_pages: usize,
+    /// The most bytes live at once (as rounded) since the pool was made or last trimmed: the
+    /// default release policy keeps free pages mapped up to a 32nd above it (`keep_pages`).
+    peak_live: u64,
     /// Pages in status `Idle`.
     idle: BTreeSet<usize>,
     /// Pages in status `Unfenced`.
@@ -169,6 +182,7 @@ impl State {
             pages: vec![Page::Unmapped; pages],
             mapped_pages: 0,
             peak_mapped_pages: 0,
+            peak_live: 0,
             idle: BTreeSet::new(),
             unfenced: BTreeSet::new(),
             pending: Vec::new(),
@@ -186,8 +200,8 @@ fn align_up(bytes: usize) -> Option<u64> {
 
 impl MappedPoolResource {
     /// A pool over `device` with the default [`MappedPoolConfig`]: twice the device's total
-    /// memory reserved as address space, nothing mapped yet, wholly free pages kept up to
-    /// 1/32 of the mapped memory (at least one page).
+    /// memory reserved as address space, nothing mapped yet, wholly free pages kept while the
+    /// mapped memory is within a 32nd (plus a page) of the peak of live bytes.
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no virtual memory management
@@ -288,6 +302,8 @@ impl MappedPoolResource {
     pub fn trim(&self) -> usize {
         let released = {
             let mut state = self.inner.state.lock();
+            // What is kept from now on is measured from what is live now, not the old peak.
+            state.peak_live = state.list.live_bytes();
             self.inner.collect(&mut state, 0, 0)
         };
         if released > 0 {
@@ -347,6 +363,7 @@ impl MappedPoolResource {
     /// let pool = MappedPoolResource::new(&device)?;
     /// let p = pool.try_allocate(4 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
+    /// pool.trim();
     /// assert_eq!(pool.statistics().peak_mapped_bytes, 4 << 20);
     /// pool.reset_peak_mapped();
     /// assert_eq!(pool.statistics().peak_mapped_bytes, 0);
@@ -463,12 +480,22 @@ impl Inner {
     /// Serves `size` (aligned) for `stream`; `None` when the range has no free block of that
     /// size or the device no physical memory for its pages.
     fn serve(&self, state: &mut State, size: u64, stream: &Stream) -> Result<Option<u64>> {
-        let Some(start) = state.list.find(size) else {
+        // Small blocks from the top of the range, large ones from the bottom: long-lived small
+        // blocks then never pin the pages between large ones, which the pool keeps mapped for
+        // the next large block of any size.
+        let small = size <= SMALL_BLOCK;
+        let found = if small {
+            state.list.find_high(size)
+        } else {
+            state.list.find(size)
+        };
+        let Some(block) = found else {
             return Ok(None);
         };
         let me = Self::owner(state, stream);
         // Ordered after every other stream whose frees the block holds.
-        let (_, _, owners) = state.list.block_containing(start).expect("found free");
+        let (_, len, owners) = state.list.block_containing(block).expect("found free");
+        let start = if small { block + len - size } else { block };
         let others: Vec<Owner> = owners.iter().filter(|&o| o != me).collect();
         for o in others {
             state.orders[o as usize].order(stream)?;
@@ -529,7 +556,12 @@ impl Inner {
             fresh.extend(run_start..i);
         }
         state.peak_mapped_pages = state.peak_mapped_pages.max(state.mapped_pages);
-        state.list.allocate_for(start, size, me);
+        if small {
+            state.list.allocate_tail_for(block, size, me);
+        } else {
+            state.list.allocate_for(block, size, me);
+        }
+        state.peak_live = state.peak_live.max(state.list.live_bytes());
         Ok(Some(self.base + start))
     }
 

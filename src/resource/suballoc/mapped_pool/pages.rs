@@ -8,10 +8,12 @@ use super::{Inner, State};
 use crate::error::Result;
 use crate::stream::Event;
 
-/// The default release threshold keeps wholly free pages up to 1/`KEEP_DIVISOR` of the
-/// mapped pages (at least one page): W4's peak footprint stays within a few percent of its
-/// live bytes, and a steady allocate+free loop keeps its pages.
-const KEEP_DIVISOR: usize = 32;
+/// The default release policy keeps wholly free pages mapped while the mapped memory is at
+/// most the peak of live bytes plus 1/`KEEP_DIVISOR` of it and one page: whatever the pool
+/// holds, it has needed (nearly) all of it at once, so W4's peak footprint stays within a few
+/// percent of its peak of live bytes, while blocks of any size reuse pages mapped for others
+/// (the driver calls of mapping and unmapping a page cost microseconds each on a GPU).
+const KEEP_DIVISOR: u64 = 32;
 
 /// What a page of the range holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,18 +156,31 @@ impl Inner {
         true
     }
 
-    /// The release threshold in pages, and the low-water mark a release goes down to.
+    /// The wholly free pages (idle or unfenced) kept mapped, and the low-water mark a release
+    /// goes down to: with a release threshold, its pages and half of them; by default, what
+    /// keeps the mapped pages within the cap of [`KEEP_DIVISOR`] (pages pending release
+    /// count as mapped until they go), and a 32nd of the cap below that.
     pub(super) fn keep_pages(&self, state: &State) -> (usize, usize) {
-        let high = match self.release_threshold {
-            Some(bytes) => bytes / self.granularity,
-            None => (state.mapped_pages / KEEP_DIVISOR).max(1),
-        };
-        (high, high / 2)
+        match self.release_threshold {
+            Some(bytes) => {
+                let high = bytes / self.granularity;
+                (high, high / 2)
+            }
+            None => {
+                let g = self.granularity as u64;
+                let peak = state.peak_live;
+                let cap = ((peak + peak / KEEP_DIVISOR).div_ceil(g) + 1) as usize;
+                let free = state.idle.len() + state.unfenced.len();
+                let high = (cap + free).saturating_sub(state.mapped_pages);
+                (high, high.saturating_sub(cap / KEEP_DIVISOR as usize))
+            }
+        }
     }
 
     /// Makes pages whose pending frees have completed idle; when the wholly free pages
     /// (idle or unfenced) are more than `high`, fences the unfenced ones and releases idle
-    /// pages, highest first, until at most `low` stay mapped. Returns the bytes released.
+    /// pages, those nearest the middle of the range first, until at most `low` stay mapped.
+    /// Returns the bytes released.
     pub(super) fn collect(&self, state: &mut State, high: usize, low: usize) -> usize {
         if state.idle.len() + state.unfenced.len() > high && !state.unfenced.is_empty() {
             let pages: Vec<usize> = std::mem::take(&mut state.unfenced).into_iter().collect();
@@ -206,8 +221,11 @@ impl Inner {
         }
         let mut released = 0;
         let mut failed = Vec::new();
+        // Blocks are placed from both ends of the range (small ones at the top, large ones at
+        // the bottom): the pages nearest its middle are the last a request would reach.
+        let middle = state.pages.len() / 2;
         while state.idle.len() > low {
-            let i = state.idle.pop_last().expect("more than 0 idle pages");
+            let i = take_nearest(&mut state.idle, middle).expect("more than 0 idle pages");
             if self.release_page(state, i) {
                 released += self.granularity;
             } else {
@@ -295,6 +313,24 @@ impl Inner {
             armed: false,
         });
     }
+}
+
+/// Takes the page of `pages` nearest to `to` out of it.
+fn take_nearest(pages: &mut std::collections::BTreeSet<usize>, to: usize) -> Option<usize> {
+    let below = pages.range(..to).next_back().copied();
+    let above = pages.range(to..).next().copied();
+    let i = match (below, above) {
+        (Some(b), Some(a)) => {
+            if to - b <= a - to {
+                b
+            } else {
+                a
+            }
+        }
+        (b, a) => b.or(a)?,
+    };
+    pages.remove(&i);
+    Some(i)
 }
 
 /// Whether the streams have passed every one of `events`; the first error an event reports

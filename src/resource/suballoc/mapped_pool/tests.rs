@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::device::HostConfig;
+use crate::test_support::w4::w4;
 use crate::test_support::SplitMix64;
 use crate::FaultPoint;
 
@@ -35,15 +36,23 @@ fn grows_in_place_and_maps_only_the_pages_blocks_touch() {
     let device = host(1 << 30);
     let s = Stream::new(&device).unwrap();
     let pool = MappedPoolResource::new(&device).unwrap();
-    let a = pool.try_allocate(1000, &s).unwrap();
-    assert_eq!(mapped(&device), PAGE);
+    let a = pool.try_allocate(3 * MIB, &s).unwrap();
+    assert_eq!(mapped(&device), 2 * PAGE);
     let b = pool.try_allocate(5 * MIB, &s).unwrap();
-    // Right above `a` (rounded to 256), in the same range: no new chunk, no gap.
-    assert_eq!(b.addr(), a.addr() + 1024);
-    assert_eq!(mapped(&device), 3 * PAGE);
-    assert_eq!(pool.statistics().peak_mapped_bytes, 3 * PAGE);
-    free(&pool, a, 1000, &s);
+    // Right above `a`, in the same range: no new chunk, no gap.
+    assert_eq!(b.addr(), a.addr() + 3 * MIB as u64);
+    assert_eq!(mapped(&device), 4 * PAGE);
+    // A small block goes to the top of the range (2 GiB), away from the large ones.
+    let c = pool.try_allocate(1000, &s).unwrap();
+    assert_eq!(c.addr(), a.addr() + (2 << 30) - 1024);
+    assert_eq!(mapped(&device), 5 * PAGE);
+    assert_eq!(pool.statistics().peak_mapped_bytes, 5 * PAGE);
+    free(&pool, a, 3 * MIB, &s);
     free(&pool, b, 5 * MIB, &s);
+    free(&pool, c, 1000, &s);
+    // Kept: the pool needed all of it at once (the default keeps up to that peak).
+    assert_eq!(mapped(&device), 5 * PAGE);
+    assert_eq!(pool.trim(), 5 * PAGE);
     assert_eq!(mapped(&device), 0);
     assert_eq!(device.host_controls().unwrap().live_allocations(), 0);
 }
@@ -72,20 +81,20 @@ fn wholly_free_interior_pages_are_released_and_mapped_again_on_reuse() {
     let device = host(1 << 30);
     let s = Stream::new(&device).unwrap();
     let pool = eager(&device);
-    let low = pool.try_allocate(256, &s).unwrap();
+    let low = pool.try_allocate(3 * MIB, &s).unwrap();
     let mid = pool.try_allocate(8 * MIB, &s).unwrap();
-    let high = pool.try_allocate(256, &s).unwrap();
-    assert_eq!(mapped(&device), 5 * PAGE);
+    let high = pool.try_allocate(3 * MIB, &s).unwrap();
+    assert_eq!(mapped(&device), 7 * PAGE);
     free(&pool, mid, 8 * MIB, &s);
-    // Pages 1..=3 are wholly free; 0 and 4 hold `low` and `high`.
-    assert_eq!(mapped(&device), 2 * PAGE);
+    // Pages 2..=4 are wholly free; 0, 1, 5 and 6 hold parts of `low` and `high`.
+    assert_eq!(mapped(&device), 4 * PAGE);
     let again = pool.try_allocate(8 * MIB, &s).unwrap();
     assert_eq!(again, mid);
-    assert_eq!(mapped(&device), 5 * PAGE);
+    assert_eq!(mapped(&device), 7 * PAGE);
     // The pages mapped again are usable memory (on the host, an unmapped one would fault).
     // SAFETY: `again` is 8 MiB of live, mapped host memory of the host backend.
     unsafe { std::ptr::write_bytes(again.addr() as *mut u8, 7, 8 * MIB) };
-    for (p, n) in [(low, 256), (again, 8 * MIB), (high, 256)] {
+    for (p, n) in [(low, 3 * MIB), (again, 8 * MIB), (high, 3 * MIB)] {
         free(&pool, p, n, &s);
     }
     assert_eq!(mapped(&device), 0);
@@ -95,7 +104,7 @@ fn wholly_free_interior_pages_are_released_and_mapped_again_on_reuse() {
 fn pages_are_released_only_after_the_stream_passes_the_free() {
     let device = host(1 << 30);
     let s = Stream::new(&device).unwrap();
-    let pool = MappedPoolResource::new(&device).unwrap();
+    let pool = eager(&device);
     let p = pool.try_allocate(4 * MIB, &s).unwrap();
     // Work that still uses `p` when it is freed.
     s.enqueue_delay(Duration::from_millis(100)).unwrap();
@@ -187,6 +196,11 @@ fn the_device_capacity_bounds_the_mapping_with_a_typed_error_and_waiters_are_ser
     free(&pool, a, 6 * MIB, &s);
     let b = waiter.join().unwrap().expect("served after the free");
     free(&pool, b, 4 * MIB, &s);
+    assert_eq!(
+        pool.trim(),
+        6 * MIB,
+        "the pages the pool needed at its peak are kept"
+    );
     assert_eq!(mapped(&device), 0);
 }
 
@@ -269,6 +283,7 @@ fn memory_stats_report_mapped_and_allocated_bytes() {
     assert_eq!(stats.allocations, Some(1));
     assert_eq!(stats.reserved_bytes, Some(2 * PAGE));
     free(&pool, p, 3 * MIB, &s);
+    pool.trim();
     let stats = pool.memory_stats();
     assert_eq!(stats.reserved_bytes, Some(0));
     assert_eq!(stats.peak_reserved_bytes, Some(2 * PAGE));
@@ -337,9 +352,28 @@ fn w4_peak_device_memory_is_within_five_percent_of_peak_live_bytes() {
 }
 
 #[test]
-fn w4_with_free_pages_kept_mapped_misses_the_goal() {
-    // What the goal test above guards: growing in place at the top alone leaves the holes of
-    // freed large blocks mapped, and W4 then needs more than 1.05.
+fn w4_reuses_mapped_pages_across_sizes_so_it_rarely_maps_or_unmaps() {
+    // Before issue 24, the pool released free pages above a 32nd of the mapped memory: W4
+    // mapped and unmapped 16,206 pages (0.8 of each per step, about 56 µs of driver time per
+    // step on an H100). Pages kept up to the peak of live bytes serve large blocks of any
+    // size there again.
+    let device = host(16 << 30);
+    let s = Stream::new(&device).unwrap();
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let f = w4(&pool, &device, &s, || mapped(&device));
+    println!("W4 mapped pool (host): {f}");
+    assert!(f.ratio() <= 1.05, "{f}");
+    assert!(f.calls.map <= 400 && f.calls.unmap <= 200, "{f}");
+    assert!(f.steady_calls_per_step() <= 0.02, "{f}");
+    assert_eq!((f.calls.alloc, f.calls.free), (0, 0), "{f}");
+}
+
+#[test]
+fn w4_stays_within_five_percent_with_every_free_page_kept_mapped() {
+    // What keeps the footprint down is where blocks go, not unmapping: small blocks from the
+    // top of the range, large ones from the bottom, so that long-lived small blocks pin no
+    // page between large ones and freed large blocks leave holes that later ones of any size
+    // fill. (With one end for both, W4 needed 1.12 with pages kept.)
     let device = host(16 << 30);
     let keep_all = MappedPoolConfig::default().release_threshold(usize::MAX);
     let (live, used) = w4_footprint(&device, |d| {
@@ -347,30 +381,32 @@ fn w4_with_free_pages_kept_mapped_misses_the_goal() {
     });
     let ratio = used as f64 / live as f64;
     println!("W4 mapped pool, free pages kept (host): ratio {ratio:.4}");
-    assert!(ratio > 1.05, "W4 with pages kept: {ratio:.3}");
+    assert!(ratio <= 1.05, "W4 with pages kept: {ratio:.3}");
 }
 
 #[test]
 fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free() {
     // Page 1 is freed under queued work; the request does not fit its hole and needs two fresh
     // pages, which the device has only once page 1 is released. No free will come to wake the
-    // waiter: only the stream reaching the free can.
+    // waiter: only the stream reaching the free can. (Blocks above 1 MiB, placed from the
+    // bottom of the range up: `a` and `p` share page 0, `p` and `b` page 2.)
     let device = host(8 * MIB);
     let s = Stream::new(&device).unwrap();
     let pool = eager(&device);
-    let a = pool.try_allocate(256, &s).unwrap();
-    let p = pool.try_allocate(4 * MIB, &s).unwrap();
-    let b = pool.try_allocate(256, &s).unwrap();
+    let (na, np, nb) = (MIB + 256, 4 * MIB - 512, MIB + 256);
+    let a = pool.try_allocate(na, &s).unwrap();
+    let p = pool.try_allocate(np, &s).unwrap();
+    let b = pool.try_allocate(nb, &s).unwrap();
     s.enqueue_delay(Duration::from_millis(100)).unwrap();
-    free(&pool, p, 4 * MIB, &s);
+    free(&pool, p, np, &s);
     assert_eq!(pool.statistics().pending_release_bytes, PAGE);
     let t = Stream::new(&device).unwrap();
-    let err = pool.try_allocate(5 * MIB, &t).unwrap_err();
+    let err = pool.try_allocate(4 * MIB, &t).unwrap_err();
     // The details say where the memory is: one page waits for `s` to pass its free.
     let details = err.out_of_memory_details().expect("details");
     assert_eq!(details.reserved_bytes, Some(3 * PAGE));
     assert_eq!(details.pending_frees, vec![(s.id(), PAGE)]);
-    assert_eq!(details.free_bytes, Some(16 * MIB - 512));
+    assert_eq!(details.free_bytes, Some(16 * MIB - (na + nb) as usize));
     struct Woken(AtomicBool);
     impl std::task::Wake for Woken {
         fn wake(self: Arc<Self>) {
@@ -380,14 +416,14 @@ fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free()
     let woken = Arc::new(Woken(AtomicBool::new(false)));
     let waker = std::task::Waker::from(woken.clone());
     let mut cx = std::task::Context::from_waker(&waker);
-    let mut waiting = Box::pin(pool.allocate(5 * MIB, &t));
+    let mut waiting = Box::pin(pool.allocate(4 * MIB, &t));
     assert!(waiting.as_mut().poll(&mut cx).is_pending());
     s.synchronize_blocking().unwrap(); // the stream has passed the free: nothing else happens
     assert!(woken.0.load(Ordering::SeqCst), "the waiter was never woken");
     let std::task::Poll::Ready(Ok(q)) = waiting.as_mut().poll(&mut cx) else {
         panic!("not served once woken");
     };
-    for (x, n) in [(a, 256), (b, 256), (q, 5 * MIB)] {
+    for (x, n) in [(a, na), (b, nb), (q, 4 * MIB)] {
         free(&pool, x, n, &t);
     }
 }

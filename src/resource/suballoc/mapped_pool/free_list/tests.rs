@@ -116,6 +116,14 @@ fn naive_first_fit(list: &FreeList, size: u64) -> Option<u64> {
         .map(|(s, _, _)| s)
 }
 
+/// The naive oracle from the other end: the highest free block of at least `size`.
+fn naive_last_fit(list: &FreeList, size: u64) -> Option<u64> {
+    list.blocks()
+        .filter(|&(_, len, _)| len >= size)
+        .last()
+        .map(|(s, _, _)| s)
+}
+
 proptest! {
     /// Random allocations and frees, checked against a shadow model of the live ranges (no
     /// overlap, all inside the range) and against the naive first fit: the list's invariants
@@ -127,13 +135,25 @@ proptest! {
         let mut shadow: BTreeMap<u64, u64> = BTreeMap::new();
         for (alloc, size, pick) in ops {
             if alloc || shadow.is_empty() {
-                let found = list.find(size);
+                // Every other request from the top of the range (`find_high`).
+                let high = pick % 2 == 1;
+                let found = if high { list.find_high(size) } else { list.find(size) };
                 if list.free_blocks() <= SCAN {
-                    prop_assert_eq!(found, naive_first_fit(&list, size));
+                    let naive = if high { naive_last_fit(&list, size) } else { naive_first_fit(&list, size) };
+                    prop_assert_eq!(found, naive);
                 }
                 match found {
-                    Some(p) => {
-                        list.allocate_at(p, size);
+                    Some(block) => {
+                        let p = if high {
+                            let (p, _) = list.allocate_tail_for(block, size, 0);
+                            // The rest of the block stays free below it, or none is left.
+                            let rest = list.block_containing(block).map(|(s, l, _)| (s, s + l));
+                            prop_assert!(rest.map_or(p == block, |r| r == (block, p)));
+                            p
+                        } else {
+                            list.allocate_at(block, size);
+                            block
+                        };
                         prop_assert!(p + size <= LEN);
                         if let Some((&s, &l)) = shadow.range(..p + size).next_back() {
                             prop_assert!(s + l <= p, "{}+{} overlaps {}+{}", p, size, s, l);
