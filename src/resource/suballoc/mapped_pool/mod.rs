@@ -1,11 +1,14 @@
 //! `MappedPoolResource`: a pool over CUDA virtual memory management that grows in place.
 
 mod config;
+mod for_pool;
 mod free_list;
 mod pages;
+mod report;
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -23,7 +26,7 @@ use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::contract::properties::{Properties, ResourceIdentity};
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
-use crate::resource::inspect::{Block, BlockState, Fragmentation, MemorySnapshot, Segment};
+use crate::resource::inspect::{Fragmentation, MemorySnapshot};
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Event, Stream, StreamId};
 
@@ -148,8 +151,13 @@ struct Inner {
     /// In bytes; `None`: up to the peak of live bytes (see `keep_pages`).
     release_threshold: Option<usize>,
     state: Mutex<State>,
+    /// The mapped pages' bytes, as `State::mapped_pages` says, readable without the lock.
+    mapped_bytes: AtomicUsize,
     /// Shared with the host functions that wake waiters when pending releases complete.
     availability: Arc<Availability>,
+    /// Whether the drop records [`Error::Leaked`] for allocations still out (a
+    /// [`PoolResource`](crate::PoolResource) whose large level this is counts them itself).
+    report_leaks: bool,
 }
 
 struct State {
@@ -225,6 +233,17 @@ impl MappedPoolResource {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn with_config(device: &Device, config: MappedPoolConfig) -> Result<Self> {
+        Self::build(device, &config, Arc::new(Availability::new()), true)
+    }
+
+    /// [`with_config`](Self::with_config) with the wait queue to wake, and whether the pool
+    /// reports its own leaks when dropped (a pool it serves counts them instead).
+    fn build(
+        device: &Device,
+        config: &MappedPoolConfig,
+        availability: Arc<Availability>,
+        report_leaks: bool,
+    ) -> Result<Self> {
         let raw = device.raw();
         let granularity = raw.vmm_granularity()?;
         let wanted = match config.get_reserve() {
@@ -251,7 +270,9 @@ impl MappedPoolResource {
                 granularity,
                 release_threshold: config.get_release_threshold(),
                 state: Mutex::new(State::new(reserved, pages)),
-                availability: Arc::new(Availability::new()),
+                mapped_bytes: AtomicUsize::new(0),
+                availability,
+                report_leaks,
             }),
         })
     }
@@ -376,89 +397,8 @@ impl MappedPoolResource {
 }
 
 impl Inner {
-    fn statistics(&self, state: &State) -> MappedPoolStatistics {
-        let g = self.granularity;
-        let pending = state
-            .pages
-            .iter()
-            .filter(|p| {
-                matches!(
-                    p,
-                    Page::Mapped {
-                        status: Status::Pending(_),
-                        ..
-                    }
-                )
-            })
-            .count();
-        MappedPoolStatistics {
-            reserved_range: self.reserved,
-            mapped_bytes: state.mapped_pages * g,
-            peak_mapped_bytes: state.peak_mapped_pages * g,
-            allocated_bytes: state.list.live_bytes() as usize,
-            live_allocations: state.list.live_allocations(),
-            free_bytes: state.list.free_bytes() as usize,
-            free_blocks: state.list.free_blocks(),
-            largest_free_block: state.list.largest_free() as usize,
-            pending_release_bytes: pending * g,
-            granularity: g,
-        }
-    }
-
     fn capacity(&self) -> usize {
         self.capacity
-    }
-
-    /// [`MemoryResource::snapshot`]: a segment per run of mapped pages, its blocks the live
-    /// allocations and free blocks of the range clipped to it. A free block is
-    /// [`Free`](BlockState::Free) when every stream that freed into it has passed an event
-    /// recorded after its frees (or none did), else
-    /// [`FreeOnStream`](BlockState::FreeOnStream) on the first that has not.
-    fn snapshot(&self, state: &State) -> MemorySnapshot {
-        let passed: Vec<bool> = state.orders.iter().map(FreeOrder::passed).collect();
-        let stream_of = |o: Owner| state.orders.get(o as usize).map(|o| o.stream().id());
-        let mut blocks: Vec<(u64, u64, BlockState, Option<StreamId>)> = state
-            .list
-            .live()
-            .map(|(start, len, o)| (start, len, BlockState::Live, stream_of(o)))
-            .collect();
-        for (start, len, owners) in state.list.blocks() {
-            let waiting = owners
-                .iter()
-                .find(|&o| !passed.get(o as usize).copied().unwrap_or(true));
-            let (state, stream) = match waiting {
-                None => (BlockState::Free, None),
-                Some(o) => (BlockState::FreeOnStream, stream_of(o)),
-            };
-            blocks.push((start, len, state, stream));
-        }
-        blocks.sort_unstable_by_key(|b| b.0);
-        let mut snapshot = MemorySnapshot::new(self.device.id(), "mapped-pool");
-        snapshot.capacity = Some(self.capacity());
-        let g = self.granularity as u64;
-        let mut page = 0;
-        while page < state.pages.len() {
-            if state.pages[page] == Page::Unmapped {
-                page += 1;
-                continue;
-            }
-            let first = page;
-            while page < state.pages.len() && state.pages[page] != Page::Unmapped {
-                page += 1;
-            }
-            let (lo, hi) = (first as u64 * g, page as u64 * g);
-            let mut segment = Segment::new(DevicePtr::from_raw(self.base + lo), (hi - lo) as usize);
-            let from = blocks.partition_point(|b| b.0 + b.1 <= lo);
-            for &(start, len, state, stream) in blocks[from..].iter().take_while(|b| b.0 < hi) {
-                let (s, e) = (start.max(lo), (start + len).min(hi));
-                let mut block =
-                    Block::new(DevicePtr::from_raw(self.base + s), (e - s) as usize, state);
-                block.stream = stream;
-                segment.blocks.push(block);
-            }
-            snapshot.segments.push(segment);
-        }
-        snapshot
     }
 
     fn owner(state: &mut State, stream: &Stream) -> Owner {
@@ -624,22 +564,31 @@ impl Inner {
         if ptr.is_null() {
             return;
         }
-        let bad = |why: String| {
+        if let Err(why) = self.free(ptr, bytes, stream) {
             self.device.defer_error(Error::invalid(format!(
                 "{ptr} ({bytes} bytes) is not allocated from this mapped pool with that size: \
                  {why}"
             )));
-        };
+        }
+    }
+
+    /// Frees `ptr` (not null); why not, when it is no allocation of `bytes` here.
+    fn free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> std::result::Result<(), String> {
         let (Some(size), Some(offset)) = (align_up(bytes), ptr.addr().checked_sub(self.base))
         else {
-            return bad("outside its range".into());
+            return Err("outside its range".into());
         };
         let mut state = self.state.lock();
         let me = Self::owner(&mut state, stream);
         let (lo, hi) = match state.list.free(offset, size, me) {
             Ok(merged) => merged,
-            Err(BadFree::Unknown) => return bad("no allocation starts there (double free?)".into()),
-            Err(BadFree::WrongSize(len)) => return bad(format!("it was allocated as {len}")),
+            Err(BadFree::Unknown) => return Err("no allocation starts there (double free?)".into()),
+            Err(BadFree::WrongSize(len)) => return Err(format!("it was allocated as {len}")),
         };
         state.orders[me as usize].changed();
         // The pages this free emptied: inside the merged free block, touched by the freed one.
@@ -667,6 +616,7 @@ impl Inner {
         }
         drop(state);
         self.availability.notify();
+        Ok(())
     }
 }
 
@@ -781,6 +731,9 @@ impl Drop for Inner {
         let state = self.state.get_mut();
         let allocations = state.list.live_allocations();
         if allocations > 0 {
+            if !self.report_leaks {
+                return;
+            }
             self.device.defer_error(Error::Leaked {
                 what: "MappedPoolResource",
                 allocations,

@@ -86,6 +86,8 @@ impl Inner {
                         };
                         state.mapped_pages += 1;
                     }
+                    self.mapped_bytes
+                        .store(state.mapped_pages * g, std::sync::atomic::Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) => failure = Some(e),
@@ -149,6 +151,8 @@ impl Inner {
         }
         state.pages[index] = Page::Unmapped;
         state.mapped_pages -= 1;
+        self.mapped_bytes
+            .store(state.mapped_pages * g, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: unmapped just above, mapped nowhere else, released once.
         if let Err(e) = unsafe { raw.vmm_release(handle, g) } {
             self.device.defer_error(e);

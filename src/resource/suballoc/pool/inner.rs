@@ -1,7 +1,7 @@
 //! The pool's state: its two levels, the stream shards, and how it grows from its upstream.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -14,6 +14,7 @@ use crate::resource::contract::availability::Availability;
 use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::Block;
+use crate::resource::suballoc::mapped_pool::MappedPoolResource;
 use crate::stream::Stream;
 
 pub(super) struct Inner<R: MemoryResource> {
@@ -26,10 +27,20 @@ pub(super) struct Inner<R: MemoryResource> {
     /// level's free memory could not serve, each in a chunk of its own size taken from the
     /// upstream, so that when it is freed its chunk is wholly free and can go back (short-lived
     /// large blocks never strand in chunks that small blocks pin). Locked after the global
-    /// level, never before. Empty in bounded pools.
+    /// level, never before. Empty in bounded pools, and in pools with a `mapped` level.
     pub(super) large: Mutex<Level>,
+    /// Granular pools over plain device memory (their upstream is a
+    /// [`CudaResource`](crate::CudaResource) of the pool's device) keep large blocks in an
+    /// address range of their own instead of the `large` level: a mapped pool, made at the
+    /// first large request (`mapped_level`), where the freed pages of a large block serve
+    /// the next of any size. Holds `None` where the device has no virtual memory management.
+    pub(super) mapped: OnceLock<Option<MappedPoolResource>>,
+    /// Whether the pool uses `mapped`.
+    pub(super) vmm: bool,
+    /// Allocations `mapped` served so far (wrapping): how an idle release policy sees it used.
+    pub(super) mapped_served: AtomicU64,
     /// Bytes held from the upstream: both levels' chunks. Changed under the lock of the level
-    /// that takes or gives back a chunk.
+    /// that takes or gives back a chunk. (The mapped level's pages are not from the upstream.)
     pub(super) held: AtomicUsize,
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
     /// its id modulo their number.
@@ -39,8 +50,9 @@ pub(super) struct Inner<R: MemoryResource> {
     /// Requests up to this size go through the shards.
     pub(super) shard_limit: usize,
     pub(super) availability: Arc<Availability>,
-    /// The most bytes held from the upstream at once since the pool was made or its peak
-    /// reset. Written only when the pool grows (under the global lock), never on the fast path.
+    /// The most bytes held at once (from the upstream, and the mapped level's pages) since the
+    /// pool was made or its peak reset. Written only when the pool grows or serves a large
+    /// block, never on the fast path.
     pub(super) peak_reserved: AtomicUsize,
     /// Granular pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
     /// sub-chunk counts as one request), which the next such growth matches up to
@@ -152,6 +164,10 @@ impl<R: MemoryResource> Inner<R> {
             let l = level.lock();
             levels.push((l.served, l.chunk_bytes));
         }
+        levels.push((
+            self.mapped_served.load(Ordering::Relaxed),
+            self.mapped_bytes(),
+        ));
         levels
     }
 
@@ -162,9 +178,22 @@ impl<R: MemoryResource> Inner<R> {
         if keep == usize::MAX {
             return;
         }
+        // The mapped level first: its free pages go back without taking the levels' locks, and
+        // those kept count below.
+        let mapped_free = match self.mapped_made() {
+            Some(level) => {
+                let stats = level.statistics();
+                let free = stats.mapped_bytes - stats.allocated_bytes.min(stats.mapped_bytes);
+                if free > keep {
+                    level.release_free_above(keep);
+                }
+                level.mapped_bytes() - stats.allocated_bytes.min(level.mapped_bytes())
+            }
+            None => 0,
+        };
         let mut global = self.global.lock();
         let mut large = self.large.lock();
-        let free = global.core.free_bytes() + large.core.free_bytes();
+        let free = global.core.free_bytes() + large.core.free_bytes() + mapped_free;
         if free <= keep {
             self.release_scan_above.store(0, Ordering::Relaxed);
             return;
@@ -365,6 +394,11 @@ impl<R: MemoryResource> Drop for Inner<R> {
         let core = &self.large.get_mut().core;
         allocations += core.allocation_count();
         bytes += core.chunk_bytes() - core.free_bytes();
+        if let Some(level) = self.mapped_made() {
+            let stats = level.statistics();
+            allocations += stats.live_allocations;
+            bytes += stats.allocated_bytes;
+        }
         for shard in self.shards.iter_mut() {
             let core = &shard.get_mut().level.core;
             allocations = allocations + core.allocation_count() - core.chunk_count();

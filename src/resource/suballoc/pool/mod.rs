@@ -3,6 +3,7 @@
 pub(crate) mod core;
 mod inner;
 mod level;
+mod mapped_level;
 mod pool_resource;
 mod release;
 mod shards;

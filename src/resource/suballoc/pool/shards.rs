@@ -214,6 +214,11 @@ impl<R: MemoryResource> Inner<R> {
             let released = large.release_empty_chunks(true);
             self.give_back(released)
         };
+        // The mapped level's free pages whose streams have passed their frees (the others
+        // go at a later free or release).
+        if let Some(level) = self.mapped_made() {
+            bytes += level.release_free_above(0);
+        }
         if bytes > 0 {
             self.availability.notify();
         }

@@ -69,6 +69,13 @@ impl<R: MemoryResource> Inner<R> {
             live_allocations: core.allocation_count(),
             upstream_chunks: core.chunk_count(),
         };
+        if let Some(level) = self.mapped_made() {
+            // Its mapped pages: what it holds of the device, and their free part.
+            let m = level.statistics();
+            stats.pool_size += m.mapped_bytes;
+            stats.free_bytes += m.mapped_bytes.saturating_sub(m.allocated_bytes);
+            stats.live_allocations += m.live_allocations;
+        }
         let core = &large.core;
         stats.free_bytes += core.free_bytes();
         stats.largest_free_block = stats.largest_free_block.max(largest(core));
@@ -119,6 +126,10 @@ impl<R: MemoryResource> Inner<R> {
             snapshot.segments.push(segment);
         }
         drop((shards, global, large));
+        if let Some(level) = self.mapped_made() {
+            let mapped = level.snapshot().expect("a mapped pool takes snapshots");
+            snapshot.segments.extend(mapped.segments);
+        }
         snapshot.sort();
         snapshot
     }
@@ -170,7 +181,7 @@ impl<R: MemoryResource> Inner<R> {
     /// (O(blocks)), else the largest block of one stream (O(streams)).
     pub(super) fn details(&self, stream: &Stream, joined: bool) -> OutOfMemoryDetails {
         let mut figures = Fragmentation {
-            reserved_bytes: self.held.load(Ordering::Relaxed),
+            reserved_bytes: self.held.load(Ordering::Relaxed) + self.mapped_bytes(),
             ..Fragmentation::default()
         };
         let mut free = 0;
