@@ -15,7 +15,7 @@ mod snapshot;
 mod stats;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -49,7 +49,9 @@ use crate::stream::Stream;
 /// # How much it takes from the upstream
 /// By default (no [`ArenaConfig::arena_size`]) the arena starts empty and grows on demand: when
 /// nothing it holds serves a request it takes an *extent* of at least
-/// [`ArenaConfig::growth_step`] (2 MiB; a large request takes one of its own size), up to
+/// [`ArenaConfig::growth_step`] (2 MiB), or an eighth of what it holds for superblocks when
+/// that is more (at most 32 MiB: a few tens of growths for hundreds of megabytes of small
+/// blocks; a large request takes one of its own size), up to
 /// [`ArenaConfig::maximum_size`] (the device's memory), and it gives wholly free extents back
 /// before it grows again and on [`trim`](ArenaResource::trim). RMM's default — half of the
 /// device's free memory taken at construction — held 154 times the peak of live bytes on the
@@ -309,6 +311,7 @@ impl<R: MemoryResource> ArenaResource<R> {
                 home,
                 availability: Arc::new(Availability::new()),
                 counters: OrderCounters::default(),
+                superblocks_held: AtomicUsize::new(0),
             }),
         })
     }
