@@ -2,7 +2,7 @@
 //! of large blocks: blocks in the pool's own address space, whose mapped pages serve large
 //! blocks of any size again, instead of a `cuMemAlloc` of its own for each.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::{Inner, MappedPoolConfig, MappedPoolResource};
@@ -14,15 +14,21 @@ use crate::stream::Stream;
 
 impl MappedPoolResource {
     /// A mapped pool with the default settings for a pool's large blocks: its pages' releases
-    /// wake `availability` (the pool's wait queue), and it records no [`Error::Leaked`] of
+    /// wake `availability` (the pool's wait queue), its release policy counts the bytes
+    /// `held` says the pool holds elsewhere as live, and it records no [`Error::Leaked`] of
     /// its own when dropped with allocations out (the pool counts them in its own).
     ///
     /// # Errors
     /// As [`new`](Self::new).
     ///
     /// [`Error::Leaked`]: crate::Error::Leaked
-    pub(crate) fn for_pool(device: &Device, availability: Arc<Availability>) -> Result<Self> {
-        Self::build(device, &MappedPoolConfig::default(), availability, false)
+    pub(crate) fn for_pool(
+        device: &Device,
+        availability: Arc<Availability>,
+        held: Arc<AtomicUsize>,
+    ) -> Result<Self> {
+        let config = MappedPoolConfig::default();
+        Self::build(device, &config, availability, false, Some(held))
     }
 
     /// Whether `addr` lies in the pool's reserved range.
@@ -42,6 +48,20 @@ impl MappedPoolResource {
     /// The bytes of the pages mapped now (read without the pool's lock).
     pub(crate) fn mapped_bytes(&self) -> usize {
         self.inner.mapped_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Applies the default release policy now (as a free would): after the memory held
+    /// outside the pool grew, free pages over what it keeps go. Returns the bytes released.
+    pub(crate) fn release_over_keep(&self) -> usize {
+        let released = {
+            let mut state = self.inner.state.lock();
+            let (high, low) = self.inner.keep_pages(&state);
+            self.inner.collect(&mut state, high, low)
+        };
+        if released > 0 {
+            self.inner.availability.notify();
+        }
+        released
     }
 
     /// Releases wholly free pages, whose streams have passed their frees, while more than

@@ -158,6 +158,11 @@ struct Inner {
     /// Whether the drop records [`Error::Leaked`] for allocations still out (a
     /// [`PoolResource`](crate::PoolResource) whose large level this is counts them itself).
     report_leaks: bool,
+    /// Bytes of device memory held outside the pool that the default release policy counts
+    /// as live (a [`PoolResource`](crate::PoolResource)'s chunks, when this is its level of
+    /// large blocks): free pages are then kept while the two together stay within the peak
+    /// of what was live in both, not the peak of each (which could add up to more).
+    outside: Option<Arc<AtomicUsize>>,
 }
 
 struct State {
@@ -233,7 +238,7 @@ impl MappedPoolResource {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn with_config(device: &Device, config: MappedPoolConfig) -> Result<Self> {
-        Self::build(device, &config, Arc::new(Availability::new()), true)
+        Self::build(device, &config, Arc::new(Availability::new()), true, None)
     }
 
     /// [`with_config`](Self::with_config) with the wait queue to wake, and whether the pool
@@ -243,6 +248,7 @@ impl MappedPoolResource {
         config: &MappedPoolConfig,
         availability: Arc<Availability>,
         report_leaks: bool,
+        outside: Option<Arc<AtomicUsize>>,
     ) -> Result<Self> {
         let raw = device.raw();
         let granularity = raw.vmm_granularity()?;
@@ -273,6 +279,7 @@ impl MappedPoolResource {
                 mapped_bytes: AtomicUsize::new(0),
                 availability,
                 report_leaks,
+                outside,
             }),
         })
     }
@@ -401,6 +408,13 @@ impl Inner {
         self.capacity
     }
 
+    /// What `outside` holds now (0 without it).
+    fn outside_bytes(&self) -> u64 {
+        self.outside
+            .as_ref()
+            .map_or(0, |b| b.load(std::sync::atomic::Ordering::Relaxed) as u64)
+    }
+
     fn owner(state: &mut State, stream: &Stream) -> Owner {
         if let Some(&o) = state.owner_of.get(&stream.id()) {
             return o;
@@ -501,7 +515,15 @@ impl Inner {
         } else {
             state.list.allocate_for(block, size, me);
         }
-        state.peak_live = state.peak_live.max(state.list.live_bytes());
+        let live = state.list.live_bytes() + self.outside_bytes();
+        state.peak_live = state.peak_live.max(live);
+        if !fresh.is_empty() {
+            // Mapping went up: free pages elsewhere (where this request's end of the range
+            // does not reach) go if the mapped memory is now over what the pool keeps. Only
+            // here and at frees, and rare: mapping is the slow path already.
+            let (high, low) = self.keep_pages(state);
+            self.collect(state, high, low);
+        }
         Ok(Some(self.base + start))
     }
 

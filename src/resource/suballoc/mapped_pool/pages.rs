@@ -175,7 +175,8 @@ impl Inner {
                 let peak = state.peak_live;
                 let cap = ((peak + peak / KEEP_DIVISOR).div_ceil(g) + 1) as usize;
                 let free = state.idle.len() + state.unfenced.len();
-                let high = (cap + free).saturating_sub(state.mapped_pages);
+                let outside = self.outside_bytes().div_ceil(g) as usize;
+                let high = (cap + free).saturating_sub(state.mapped_pages + outside);
                 (high, high.saturating_sub(cap / KEEP_DIVISOR as usize))
             }
         }

@@ -406,7 +406,7 @@ fn a_waiter_for_pages_pending_release_is_woken_when_the_stream_passes_the_free()
     let details = err.out_of_memory_details().expect("details");
     assert_eq!(details.reserved_bytes, Some(3 * PAGE));
     assert_eq!(details.pending_frees, vec![(s.id(), PAGE)]);
-    assert_eq!(details.free_bytes, Some(16 * MIB - (na + nb) as usize));
+    assert_eq!(details.free_bytes, Some(16 * MIB - (na + nb)));
     struct Woken(AtomicBool);
     impl std::task::Wake for Woken {
         fn wake(self: Arc<Self>) {

@@ -41,7 +41,7 @@ pub(super) struct Inner<R: MemoryResource> {
     pub(super) mapped_served: AtomicU64,
     /// Bytes held from the upstream: both levels' chunks. Changed under the lock of the level
     /// that takes or gives back a chunk. (The mapped level's pages are not from the upstream.)
-    pub(super) held: AtomicUsize,
+    pub(super) held: Arc<AtomicUsize>,
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
     /// its id modulo their number.
     pub(super) shards: Box<[Mutex<Shard>]>,
@@ -235,7 +235,14 @@ impl<R: MemoryResource> Inner<R> {
                 Ok(p) => {
                     level.add_chunk(p.addr(), try_size, stream);
                     let held = self.held.fetch_add(try_size, Ordering::Relaxed) + try_size;
-                    self.peak_reserved.fetch_max(held, Ordering::Relaxed);
+                    // The mapped level keeps free pages up to the peak of what both held
+                    // live: with more in chunks now, it may keep fewer.
+                    let mapped = self.mapped_made().map_or(0, |m| {
+                        m.release_over_keep();
+                        m.mapped_bytes()
+                    });
+                    self.peak_reserved
+                        .fetch_max(held + mapped, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && try_size > min_size => {

@@ -23,7 +23,8 @@ impl<R: MemoryResource> Inner<R> {
         self.mapped
             .get_or_init(|| {
                 let availability = Arc::clone(&self.availability);
-                match MappedPoolResource::for_pool(&self.device, availability) {
+                let held = Arc::clone(&self.held);
+                match MappedPoolResource::for_pool(&self.device, availability, held) {
                     Ok(level) => Some(level),
                     Err(error) => {
                         tracing::debug!(%error, "no mapped level: large blocks get chunks of their own");

@@ -242,7 +242,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 mapped: OnceLock::new(),
                 vmm,
                 mapped_served: AtomicU64::new(0),
-                held: AtomicUsize::new(0),
+                held: Arc::new(AtomicUsize::new(0)),
                 shards: (0..shards)
                     .map(|_| {
                         Mutex::new(Shard {
