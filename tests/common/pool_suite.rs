@@ -432,8 +432,11 @@ pub fn stress_awaiting_tasks(device: Device) {
     );
     let stats = pool.statistics();
     assert_eq!(stats.live_allocations, 0, "allocations left outstanding");
-    assert_eq!(stats.free_bytes, stats.pool_size, "bytes left outstanding");
-    assert!(stats.pool_size <= CAPACITY);
+    assert_eq!(
+        stats.free_bytes, stats.reserved_bytes,
+        "bytes left outstanding"
+    );
+    assert!(stats.reserved_bytes <= CAPACITY);
     assert!(outcome.elapsed < Duration::from_secs(60));
     println!(
         "stress: {} served, {} timed out, {} cancelled in {:?}",
@@ -462,7 +465,7 @@ pub fn fill_to_maximum(device: Device) {
             let stats = pool.statistics();
             assert_eq!(
                 (stats.live_allocations, stats.free_bytes),
-                (0, stats.pool_size)
+                (0, stats.reserved_bytes)
             );
         }
     }
@@ -505,7 +508,7 @@ pub fn fill_to_maximum_from_threads(device: Device) {
             let stats = pool.statistics();
             assert_eq!(
                 (stats.live_allocations, stats.free_bytes),
-                (0, stats.pool_size)
+                (0, stats.reserved_bytes)
             );
         }
     }

@@ -150,6 +150,7 @@ unsafe impl MemoryResource for CudaAsyncViewResource {
     fn memory_stats(&self) -> crate::resource::contract::stats::MemoryStats {
         crate::resource::contract::stats::MemoryStats {
             reserved_bytes: self.pool.reserved().ok(),
+            wait_queue: self.pending.availability().stats(),
             ..crate::resource::contract::stats::MemoryStats::default()
         }
     }

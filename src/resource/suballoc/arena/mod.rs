@@ -363,7 +363,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     /// let stats = arena.statistics();
     /// assert_eq!((stats.live_allocations, stats.live_bytes), (1, 1024));
     /// assert_eq!((stats.stream_arenas, stats.superblocks), (1, 1));
-    /// assert_eq!(stats.free_bytes + stats.pending_bytes + stats.live_bytes, stats.arena_size);
+    /// assert_eq!(stats.free_bytes + stats.pending_bytes + stats.live_bytes, stats.reserved_bytes);
     /// unsafe { arena.deallocate(p, 1000, &stream) };
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -503,7 +503,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         let stats = self.statistics();
         self.upstream
             .memory_stats()
-            .with_reserved(stats.arena_size, stats.arena_size)
+            .with_reserved(stats.reserved_bytes, stats.reserved_bytes)
             .with_allocated(Allocated {
                 bytes: stats.live_bytes,
                 peak: None,

@@ -110,7 +110,7 @@ const ALIGN: u64 = 256;
 /// unsafe { pool.deallocate(q, 1 << 20, &stream) };
 /// // Two free pages are over that: released (down to half of it), once the stream has
 /// // passed the frees — at once here, as the stream is idle.
-/// assert_eq!(pool.statistics().mapped_bytes, 0);
+/// assert_eq!(pool.statistics().reserved_bytes, 0);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -258,7 +258,7 @@ impl MappedPoolResource {
     /// let p = pool.try_allocate(1000, &stream)?;
     /// let stats = pool.statistics();
     /// assert_eq!((stats.allocated_bytes, stats.live_allocations), (1024, 1));
-    /// assert_eq!(stats.mapped_bytes, stats.granularity); // one page
+    /// assert_eq!(stats.reserved_bytes, stats.granularity); // one page
     /// unsafe { pool.deallocate(p, 1000, &stream) };
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -280,9 +280,9 @@ impl MappedPoolResource {
     /// let pool = MappedPoolResource::with_config(&device, config)?;
     /// let p = pool.try_allocate(4 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
-    /// assert_eq!(pool.statistics().mapped_bytes, 4 << 20);
+    /// assert_eq!(pool.statistics().reserved_bytes, 4 << 20);
     /// assert_eq!(pool.trim(), 4 << 20);
-    /// assert_eq!(pool.statistics().mapped_bytes, 0);
+    /// assert_eq!(pool.statistics().reserved_bytes, 0);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn trim(&self) -> usize {
@@ -314,7 +314,7 @@ impl MappedPoolResource {
     /// stream.enqueue_delay(Duration::from_millis(20))?; // a kernel still using `p`
     /// unsafe { pool.deallocate(p, 2 << 20, &stream) };
     /// // Kept mapped under the default release threshold, with no event recorded yet.
-    /// assert_eq!(pool.statistics().mapped_bytes, 2 << 20);
+    /// assert_eq!(pool.statistics().reserved_bytes, 2 << 20);
     /// assert_eq!(pool.statistics().pending_release_bytes, 0);
     /// assert_eq!(pool.trim_blocking()?, 2 << 20);
     /// # Ok::<(), streamalloc::Error>(())
@@ -347,9 +347,9 @@ impl MappedPoolResource {
     /// let pool = MappedPoolResource::new(&device)?;
     /// let p = pool.try_allocate(4 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
-    /// assert_eq!(pool.statistics().peak_mapped_bytes, 4 << 20);
+    /// assert_eq!(pool.statistics().peak_reserved_bytes, 4 << 20);
     /// pool.reset_peak_mapped();
-    /// assert_eq!(pool.statistics().peak_mapped_bytes, 0);
+    /// assert_eq!(pool.statistics().peak_reserved_bytes, 0);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn reset_peak_mapped(&self) {
@@ -374,8 +374,12 @@ impl Inner {
                 )
             })
             .count();
+        // The old spellings are filled in until they go.
+        #[allow(deprecated)]
         MappedPoolStatistics {
             reserved_range: self.reserved,
+            reserved_bytes: state.mapped_pages * g,
+            peak_reserved_bytes: state.peak_mapped_pages * g,
             mapped_bytes: state.mapped_pages * g,
             peak_mapped_bytes: state.peak_mapped_pages * g,
             allocated_bytes: state.list.live_bytes() as usize,
@@ -716,7 +720,7 @@ unsafe impl MemoryResource for MappedPoolResource {
             wait_queue: self.inner.availability.stats(),
             ..MemoryStats::default()
         }
-        .with_reserved(stats.mapped_bytes, stats.peak_mapped_bytes)
+        .with_reserved(stats.reserved_bytes, stats.peak_reserved_bytes)
         .with_allocated(Allocated {
             bytes: stats.allocated_bytes,
             peak: None,

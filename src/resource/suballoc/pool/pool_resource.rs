@@ -530,9 +530,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         let stats = self.statistics_with(false);
         self.upstream
             .memory_stats()
-            .with_reserved(stats.pool_size, self.peak_reserved.load(Ordering::Relaxed))
+            .with_reserved(
+                stats.reserved_bytes,
+                self.peak_reserved.load(Ordering::Relaxed),
+            )
             .with_allocated(Allocated {
-                bytes: stats.pool_size - stats.free_bytes,
+                bytes: stats.reserved_bytes - stats.free_bytes,
                 peak: None,
                 allocations: Some(stats.live_allocations),
             })
