@@ -23,6 +23,16 @@ use crate::stream::Stream;
 /// Implementations are cheap `Clone` handles over shared state where they have state: a clone
 /// *is* the same resource.
 ///
+/// # Allocation and observation
+/// Only [`try_allocate`](MemoryResource::try_allocate), [`deallocate`](MemoryResource::deallocate)
+/// and [`properties`](MemoryResource::properties) are required. Every other method (waiting,
+/// identity, and the observation methods `memory_stats`, `reset_peak`, `snapshot`,
+/// `fragmentation`) has a default derived from what the resource does say (fragmentation
+/// from the snapshot, the wait queue's figures from `availability`), so a resource writes
+/// only what it knows. Adaptors forward what they do not change; the sub-allocators share a
+/// base that supplies their wait queue and derives their fragmentation. (Observation stays on
+/// this trait, not a second one, so that existing implementations keep compiling.)
+///
 /// # Stream ordering
 /// Memory returned by [`try_allocate`](MemoryResource::try_allocate) on stream `s` may be used
 /// by work on `s` enqueued after the call; other streams must first wait for an event of `s`.
