@@ -113,6 +113,37 @@ fn the_table_lists_each_resource_with_the_logs_peak() {
     );
 }
 
+/// An in-order replay's figures are the log's: identical runs print identical figures, the
+/// arena's and mapped pool's picture at the peak included (it used to read blocks as pending
+/// or free by how far the emulated streams had got). Only the timed column may differ.
+#[test]
+fn in_order_figures_are_the_same_in_every_run() {
+    let figures = || {
+        let out = replay_excerpt("arena,mapped-pool,pool", &[]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        stdout
+            .lines()
+            .skip(2)
+            .take(3)
+            .map(|row| {
+                let cells: Vec<&str> = row.split_whitespace().collect();
+                // Every column but ns/op (the 9th cell: sizes take two cells each).
+                let (head, tail) = (
+                    cells[..cells.len() - 5].join(" "),
+                    cells[cells.len() - 4..].join(" "),
+                );
+                format!("{head} | {tail}")
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = figures();
+    assert_eq!(first.len(), 3, "{first:?}");
+    for _ in 0..3 {
+        assert_eq!(figures(), first);
+    }
+}
+
 /// `--mode per-thread`: the line above the table says so, with the logged threads' count; every
 /// allocation and free of the excerpt is made (the host device has room for any
 /// interleaving); the HTML report's title and notes say the mode too.
