@@ -45,6 +45,7 @@ pub(crate) fn on_stack<P: Replayer, R: MemoryResource + ?Sized>(
             error: crate::Error::DeviceMismatch {
                 expected: properties.device,
                 actual: device.id(),
+                call: "replay(mr, device)",
             },
         });
     }

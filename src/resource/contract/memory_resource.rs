@@ -386,14 +386,23 @@ fn on_current_thread_runtime() -> bool {
 pub type SharedResource = Arc<dyn MemoryResource>;
 
 /// Checks that `mr` allocates on `stream`'s device: what a resource's `try_allocate` checks
-/// first, for callers that hold the resource but not its device (a buffer, a queued request).
-pub(crate) fn check_resource<R: MemoryResource + ?Sized>(mr: &R, stream: &Stream) -> Result<()> {
+/// first, for callers that hold the resource but not its device (a buffer, a queued request);
+/// an error names `call`.
+pub(crate) fn check_resource<R: MemoryResource + ?Sized>(
+    mr: &R,
+    stream: &Stream,
+    call: &'static str,
+) -> Result<()> {
     let expected = mr.properties().device;
     let actual = stream.device().id();
     if expected == actual {
         Ok(())
     } else {
-        Err(Error::DeviceMismatch { expected, actual })
+        Err(Error::DeviceMismatch {
+            expected,
+            actual,
+            call,
+        })
     }
 }
 
@@ -726,7 +735,9 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
             } else {
                 // Behind other waiters, but checked as the fast path would be first: a request
                 // that is wrong on its face fails now instead of waiting its turn.
-                if let Err(e) = check_resource(this.mr, this.stream) {
+                if let Err(e) =
+                    check_resource(this.mr, this.stream, "MemoryResource::allocate(stream)")
+                {
                     return Poll::Ready(Err(e));
                 }
                 if this.bytes == 0 || !this.can_wait() {

@@ -116,6 +116,7 @@ pub fn set_current_device_resource_for(
         return Err(Error::DeviceMismatch {
             expected: device.id(),
             actual: id,
+            call: "set_current_device_resource_for(device, mr)",
         });
     }
     let mr = into_shared(mr);

@@ -89,7 +89,7 @@ impl CudaAsyncViewResource {
 // host-accessible only on the host backend, whose device memory is host memory.
 unsafe impl MemoryResource for CudaAsyncViewResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "CudaAsyncResource::try_allocate(stream)")?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }

@@ -11,8 +11,9 @@ pub(crate) fn leaf_allocate(
     kind: crate::backend::MemoryKind,
     bytes: usize,
     stream: &Stream,
+    call: &'static str,
 ) -> Result<DevicePtr> {
-    stream.check_on(device)?;
+    stream.check_on(device, call)?;
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
     }

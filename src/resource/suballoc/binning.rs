@@ -221,6 +221,7 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
                     return Err(Error::DeviceMismatch {
                         expected: wanted.device,
                         actual: given.device,
+                        call: "BinningResource::add_bin(resource)",
                     });
                 }
                 // This resource reports the upstream's properties for every request, so a bin

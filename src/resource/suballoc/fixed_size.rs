@@ -277,7 +277,12 @@ memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
 // upstream's.
 unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(
+            &self.device,
+            bytes,
+            stream,
+            "FixedSizeResource::try_allocate(stream)",
+        )? {
             return Ok(DevicePtr::NULL);
         }
         if bytes > self.block_size {

@@ -410,7 +410,12 @@ memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
 // hands out no byte twice until it is freed. The properties are the upstream's.
 unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(
+            &self.device,
+            bytes,
+            stream,
+            "ArenaResource::try_allocate(stream)",
+        )? {
             return Ok(DevicePtr::NULL);
         }
         let size = match self.round(bytes) {

@@ -575,7 +575,12 @@ impl Inner {
     }
 
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(
+            &self.device,
+            bytes,
+            stream,
+            "MappedPoolResource::try_allocate(stream)",
+        )? {
             return Ok(DevicePtr::NULL);
         }
         let mut state = self.state.lock();

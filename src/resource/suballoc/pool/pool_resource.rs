@@ -397,7 +397,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 return Ok(DevicePtr::from_raw(p));
             }
         }
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(
+            &self.device,
+            bytes,
+            stream,
+            "PoolResource::try_allocate(stream)",
+        )? {
             return Ok(DevicePtr::NULL);
         }
         let Some(size) = align_up(bytes) else {
