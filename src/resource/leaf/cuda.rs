@@ -67,13 +67,7 @@ impl CudaResource {
 // host-accessible only on the host backend, whose device memory is host memory.
 unsafe impl MemoryResource for CudaResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        leaf_allocate(
-            &self.device,
-            MemoryKind::Device,
-            bytes,
-            stream,
-            "CudaResource::try_allocate(stream)",
-        )
+        leaf_allocate(&self.device, MemoryKind::Device, bytes, stream)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {

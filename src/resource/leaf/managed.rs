@@ -81,13 +81,7 @@ unsafe impl MemoryResource for ManagedResource {
                 device: self.device.id(),
             });
         }
-        leaf_allocate(
-            &self.device,
-            MemoryKind::Managed,
-            bytes,
-            stream,
-            "ManagedResource::try_allocate(stream)",
-        )
+        leaf_allocate(&self.device, MemoryKind::Managed, bytes, stream)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {

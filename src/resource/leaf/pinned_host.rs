@@ -56,13 +56,7 @@ impl PinnedHostResource {
 // (`Backend::allocate`), freed only by `deallocate`: host and device may both use it.
 unsafe impl MemoryResource for PinnedHostResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        leaf_allocate(
-            &self.device,
-            MemoryKind::PinnedHost,
-            bytes,
-            stream,
-            "PinnedHostResource::try_allocate(stream)",
-        )
+        leaf_allocate(&self.device, MemoryKind::PinnedHost, bytes, stream)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {

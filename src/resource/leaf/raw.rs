@@ -11,8 +11,12 @@ pub(crate) fn leaf_allocate(
     kind: crate::backend::MemoryKind,
     bytes: usize,
     stream: &Stream,
-    call: &'static str,
 ) -> Result<DevicePtr> {
+    let call = match kind {
+        crate::backend::MemoryKind::Device => "CudaResource::try_allocate(stream)",
+        crate::backend::MemoryKind::Managed => "ManagedResource::try_allocate(stream)",
+        crate::backend::MemoryKind::PinnedHost => "PinnedHostResource::try_allocate(stream)",
+    };
     stream.check_on(device, call)?;
     if bytes == 0 {
         return Ok(DevicePtr::NULL);

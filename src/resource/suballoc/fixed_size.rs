@@ -26,6 +26,9 @@ use crate::resource::inspect::{
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Stream, StreamId};
 
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "FixedSizeResource::try_allocate(stream)";
+
 /// RMM's default block size for a fixed-size resource.
 const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 /// RMM's default number of blocks taken from the upstream at once.
@@ -277,12 +280,7 @@ memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
 // upstream's.
 unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(
-            &self.device,
-            bytes,
-            stream,
-            "FixedSizeResource::try_allocate(stream)",
-        )? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         if bytes > self.block_size {

@@ -42,6 +42,9 @@ use crate::resource::inspect::MemorySnapshot;
 use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
 use crate::stream::Stream;
 
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "ArenaResource::try_allocate(stream)";
+
 /// RMM's arena allocator (`arena_memory_resource`) over any upstream resource: a global arena
 /// taken from the upstream once, lent out in superblocks to an arena per stream, so that
 /// threads working on their own streams allocate without contending on one lock.
@@ -410,12 +413,7 @@ memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
 // hands out no byte twice until it is freed. The properties are the upstream's.
 unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(
-            &self.device,
-            bytes,
-            stream,
-            "ArenaResource::try_allocate(stream)",
-        )? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         let size = match self.round(bytes) {

@@ -27,6 +27,9 @@ use crate::resource::inspect::{Block, BlockState, Fragmentation, MemorySnapshot,
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Event, Stream, StreamId};
 
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "MappedPoolResource::try_allocate(stream)";
+
 /// Every block is a multiple of this and aligned to it.
 const ALIGN: u64 = 256;
 
@@ -575,12 +578,7 @@ impl Inner {
     }
 
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(
-            &self.device,
-            bytes,
-            stream,
-            "MappedPoolResource::try_allocate(stream)",
-        )? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         let mut state = self.state.lock();

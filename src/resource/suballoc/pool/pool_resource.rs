@@ -22,6 +22,9 @@ use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::MemorySnapshot;
 use crate::stream::Stream;
 
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "PoolResource::try_allocate(stream)";
+
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
 /// stream-ordered, fast, and awaitable.
 ///
@@ -397,12 +400,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 return Ok(DevicePtr::from_raw(p));
             }
         }
-        if is_empty_request(
-            &self.device,
-            bytes,
-            stream,
-            "PoolResource::try_allocate(stream)",
-        )? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         let Some(size) = align_up(bytes) else {
