@@ -123,11 +123,11 @@ fn a_starved_low_waiter_is_served_within_the_bound() {
 }
 
 #[test]
-fn the_default_step_serves_a_low_waiter_after_sixteen_serves_per_level() {
+fn the_default_step_serves_a_low_waiter_after_128_serves_per_level() {
     let (mr, s) = limited();
     assert_eq!(queue(&mr).age_step(), Some(Availability::DEFAULT_AGE_STEP));
-    let before = highs_served_before_low(&mr, &s, 0, 2, 2, 200);
-    assert_eq!(before, Some(2 * 16));
+    let before = highs_served_before_low(&mr, &s, 0, 2, 2, 400);
+    assert_eq!(before, Some(2 * 128));
 }
 
 #[test]

@@ -541,7 +541,7 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     /// not take the fast path past them); one that finds only waiters of lower priority
     /// passes them and tries at once. Priority ages: a waiting request that requests of
     /// higher priority have passed over [`age_step`](crate::Availability::age_step) times
-    /// (16 by default) is raised one level, so a low-priority request under a steady stream of
+    /// (128 by default) is raised one level, so a low-priority request under a steady stream of
     /// high-priority ones is served after a bounded number of them (the bound is under
     /// "Fairness" on [`Availability`]); [`set_age_step(None)`](crate::Availability::set_age_step)
     /// makes priority strict. While a large request waits at the head, requests of lower
