@@ -87,8 +87,8 @@ pub(crate) use queue::{WaitQueue, Waiter};
 ///
 /// A head that is told to retry and is not polled for a second (its future forgotten with
 /// `mem::forget`, or its task no longer polling it) loses its turn to the next waiter, so one
-/// such future cannot hold the queue for ever; when it is polled again it goes back to the
-/// front of its priority. Every waiter that is polled keeps its place.
+/// such future cannot hold the queue for ever; when it is polled again it goes back where
+/// its level and arrival put it. Every waiter that is polled keeps its place.
 ///
 /// A resource that makes allocations wait implements
 /// [`MemoryResource::availability`](crate::MemoryResource::availability) and calls
@@ -612,7 +612,7 @@ impl Availability {
     }
 
     /// Whether `waiter` is the head of the queue (the one allowed to retry): the oldest of
-    /// the highest priority.
+    /// the highest level.
     #[cfg(loom)]
     pub(crate) fn is_head(&self, waiter: &Arc<Waiter>) -> bool {
         self.queue.is_head(waiter)
@@ -620,8 +620,8 @@ impl Availability {
 
     /// `waiter` is being polled: it takes the turn it was told of, if any (a waiter that was
     /// told to retry and does not poll for a second loses its place to the next one; see
-    /// [`WaitQueue`]), goes back in the queue if it lost its place so (at the front of its
-    /// priority), and learns whether it is the head, the one allowed to retry.
+    /// [`WaitQueue`]), goes back in the queue if it lost its place so (where its level and
+    /// arrival put it), and learns whether it is the head, the one allowed to retry.
     pub(crate) fn take_turn(&self, waiter: &Arc<Waiter>) -> bool {
         self.queue.take_turn(waiter, || self.waiting.up())
     }

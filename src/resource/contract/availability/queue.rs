@@ -1,5 +1,5 @@
 //! The queue of waiting allocations behind an [`Availability`](super::Availability): by
-//! priority, in arrival order within one; only the head retries.
+//! level (a priority that ages), in arrival order within one; only the head retries.
 //!
 //! # A head that never takes its turn
 //!
@@ -10,9 +10,9 @@
 //! told head has someone behind it a watchdog (a `futures-timer` delay, no thread of its own)
 //! looks again after [`STALLED_TURN`]. A head still untaken, on the same notification, is taken
 //! out of the queue and the turn passes to the next waiter. The evicted waiter is not lost: its
-//! next poll puts it back at the front of its priority, where arrival order had it, so every
-//! waiter that is polled keeps its place; only one that was not polled for that long lets the
-//! next one try first.
+//! next poll puts it back where its level and arrival order had it, so every waiter that is
+//! polled keeps its place; only one that was not polled for that long lets the next one try
+//! first.
 
 use std::cmp::Reverse;
 use std::collections::VecDeque;
@@ -181,11 +181,12 @@ impl Waiter {
     }
 }
 
-/// Queue of waiters by priority (higher first), FIFO within a priority. Only the head retries;
-/// it is woken by `notify` and whenever the waiter before it leaves. A waiter of higher
-/// priority than the head becomes the head when it is pushed; it retries on its own right after
-/// (as every new waiter does), so the old head needs no wake-up. A head that does not take its
-/// turn loses it (see the module docs).
+/// Queue of waiters by level (higher first), FIFO within a level; a waiter's level is its
+/// priority, raised by ageing (see [`Queue::age`]). Only the head retries; it is woken by
+/// `notify` and whenever the waiter before it leaves (or ageing puts one before it). A waiter
+/// of higher priority than the head's level becomes the head when it is pushed; it retries on
+/// its own right after (as every new waiter does), so the old head needs no wake-up. A head
+/// that does not take its turn loses it (see the module docs).
 ///
 /// No lost wake-up: a waiter is pushed (with its waker) *before* its retry, so a free that lands
 /// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it. The
