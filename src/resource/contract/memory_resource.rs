@@ -558,13 +558,14 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     ///
     /// A request that finds waiters of equal or higher priority queues behind them (it does
     /// not take the fast path past them); one that finds only waiters of lower priority
-    /// passes them and tries at once. Priority is strict, with no ageing: a request waits for
-    /// as long as requests of higher priority keep arriving and waiting before it, so a large
-    /// low-priority request under a steady stream of high-priority ones may wait until the
-    /// stream stops (or its [`deadline`](Allocate::deadline) passes). While a large request of
-    /// high priority waits at the head, requests of lower priority behind it wait too, even
-    /// those that would fit. Set before the first poll; a request already queued keeps its
-    /// place.
+    /// passes them and tries at once. Priority ages: a waiting request that requests of
+    /// higher priority have passed over [`age_step`](crate::Availability::age_step) times
+    /// (128 by default) is raised one level, so a low-priority request under a steady stream of
+    /// high-priority ones is served after a bounded number of them (the bound is under
+    /// "Fairness" on [`Availability`]); [`set_age_step(None)`](crate::Availability::set_age_step)
+    /// makes priority strict. While a large request waits at the head, requests of lower
+    /// priority behind it wait too, even those that would fit. Set before the first poll; a
+    /// request already queued keeps its place.
     ///
     /// ```
     /// use std::time::Duration;
@@ -764,14 +765,19 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if availability.take_turn(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             if let Some(done) = this.retry() {
-                this.leave_queue(WaitEnd::Done);
+                // Only a request that got memory passed the waiters behind it over.
+                this.leave_queue(if done.is_ok() {
+                    WaitEnd::Served
+                } else {
+                    WaitEnd::Failed
+                });
                 return Poll::Ready(held(this.mr, this.bytes, done));
             }
         } else if just_queued {
             // The head checks for a deadlock when its retry fails; a waiter that joins behind
             // it may be the last holder to start waiting, so it checks once as it joins.
             if let Some(e) = this.would_deadlock() {
-                this.leave_queue(WaitEnd::Done);
+                this.leave_queue(WaitEnd::Failed);
                 return Poll::Ready(Err(e));
             }
         }

@@ -11,6 +11,9 @@ pub(crate) mod stats;
 #[cfg(test)]
 mod wait_tests;
 
+#[cfg(test)]
+mod ageing_tests;
+
 // The watchdog these tests runs on a timer, which the loom models leave out.
 #[cfg(all(test, not(loom)))]
 mod forget_tests;
