@@ -1,10 +1,9 @@
 //! The memory-resource contract: [`MemoryResource`] and the future of its `allocate`,
-//! [`Allocate`], which name each other (so they share a file), and [`SharedResource`].
+//! [`Allocate`], which name each other (so they share a file).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,14 +23,11 @@ use crate::stream::Stream;
 /// *is* the same resource.
 ///
 /// # Allocation and observation
-/// Only [`try_allocate`](MemoryResource::try_allocate), [`deallocate`](MemoryResource::deallocate)
-/// and [`properties`](MemoryResource::properties) are required. Every other method (waiting,
-/// identity, and the observation methods `memory_stats`, `reset_peak`, `snapshot`,
-/// `fragmentation`) has a default derived from what the resource does say (fragmentation
-/// from the snapshot, the wait queue's figures from `availability`), so a resource writes
-/// only what it knows. Adaptors forward what they do not change; the sub-allocators share a
-/// base that supplies their wait queue and derives their fragmentation. (Observation stays on
-/// this trait, not a second one, so that existing implementations keep compiling.)
+/// Only `try_allocate`, `deallocate` and `properties` are required. Every other method has a
+/// default derived from them (fragmentation from the snapshot, the wait queue's figures from
+/// `availability`); adaptors forward what they do not change and sub-allocators share a base,
+/// so no resource restates a default. (Observation is not a second trait, so that existing
+/// implementations keep compiling.)
 ///
 /// # Stream ordering
 /// Memory returned by [`try_allocate`](MemoryResource::try_allocate) on stream `s` may be used
@@ -381,10 +377,6 @@ fn on_current_thread_runtime() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
-/// A type-erased, shared resource: what per-device defaults, containers and runtime-composed
-/// stacks hold.
-pub type SharedResource = Arc<dyn MemoryResource>;
-
 /// Checks that `mr` allocates on `stream`'s device: what a resource's `try_allocate` checks
 /// first, for callers that hold the resource but not its device (a buffer, a queued request);
 /// an error names `call`.
@@ -404,18 +396,6 @@ pub(crate) fn check_resource<R: MemoryResource + ?Sized>(
             call,
         })
     }
-}
-
-/// Type-erases a resource; a [`SharedResource`] passes through as it is instead of being
-/// wrapped a second time.
-pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource {
-    let mut slot = Some(mr);
-    if let Some(shared) =
-        (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<SharedResource>>()
-    {
-        return shared.take().expect("filled above");
-    }
-    Arc::new(slot.expect("filled above"))
 }
 
 /// The future of [`MemoryResource::allocate`].

@@ -5,6 +5,7 @@ pub(crate) mod checks;
 pub(crate) mod forward;
 pub(crate) mod memory_resource;
 pub(crate) mod properties;
+pub(crate) mod shared;
 pub(crate) mod size;
 pub(crate) mod stats;
 
