@@ -290,6 +290,31 @@ fn check(bytes: &[u8], mapped: bool) -> Figures {
     f
 }
 
+/// Runs `tests/torch_viz_check.py` (what `_memory_viz.py`'s `segsum` and `trace` and the
+/// viewer's history read, in Python's own `pickle`) on the export, where python3 exists.
+fn python_check(bytes: &[u8], tag: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/torch_viz_check.py");
+    let path = std::env::temp_dir().join(format!(
+        "streamalloc-torch-{tag}-{}.pickle",
+        std::process::id()
+    ));
+    std::fs::write(&path, bytes).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&path)
+        .output();
+    let _ = std::fs::remove_file(&path);
+    match out {
+        Ok(out) => assert!(
+            out.status.success() && out.stdout.starts_with(b"ok "),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("python3 not run ({e}): the Python check is skipped"),
+    }
+}
+
 fn host() -> Device {
     Device::host_with(HostConfig::default().capacity(16 << 30))
 }
@@ -298,7 +323,9 @@ fn host() -> Device {
 fn a_replayed_pools_torch_snapshot_follows_the_viewers_rules() {
     let device = host();
     let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
-    let f = check(&export(&pool, &device), false);
+    let bytes = export(&pool, &device);
+    python_check(&bytes, "pool");
+    let f = check(&bytes, false);
     assert!(f.actions["segment_alloc"] >= f.segments, "{f:?}");
     assert!(!f.actions.contains_key("segment_map"), "{f:?}");
     // The log has 5 streams: its segments are not all one stream's.
@@ -312,7 +339,9 @@ fn a_replayed_pools_torch_snapshot_follows_the_viewers_rules() {
 fn a_replayed_arenas_torch_snapshot_follows_the_viewers_rules() {
     let device = host();
     let arena = ArenaResource::new(CudaResource::new(&device).unwrap(), None).unwrap();
-    let f = check(&export(&arena, &device), false);
+    let bytes = export(&arena, &device);
+    python_check(&bytes, "arena");
+    let f = check(&bytes, false);
     assert!(f.actions["segment_alloc"] >= f.segments, "{f:?}");
     assert!(f.internal_free > 0, "{f:?}");
 }
@@ -321,7 +350,9 @@ fn a_replayed_arenas_torch_snapshot_follows_the_viewers_rules() {
 fn a_replayed_mapped_pools_torch_snapshot_maps_and_unmaps_pages() {
     let device = host();
     let mapped = MappedPoolResource::new(&device).unwrap();
-    let f = check(&export(&mapped, &device), true);
+    let bytes = export(&mapped, &device);
+    python_check(&bytes, "mapped");
+    let f = check(&bytes, true);
     assert!(f.actions["segment_map"] > 0, "{f:?}");
     assert!(!f.actions.contains_key("segment_alloc"), "{f:?}");
     assert!(f.internal_free > 0, "{f:?}");
