@@ -481,3 +481,17 @@ fn a_tracked_allocation_shows_its_caller_first_not_the_tracking_adaptor() {
         "{names:?}"
     );
 }
+
+#[test]
+fn a_live_blocks_allocation_entry_carries_its_sites_frames() {
+    let bytes = pickled(&sample(), Some(&sample_trace()));
+    let d = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
+    let traces = list(get(&d, "device_traces"));
+    let entries = list(traces.last().unwrap());
+    let frames = |i: usize| list(get(&entries[i], "frames")).len();
+    // The alloc of the live, tracked block at the segment's base has the site's frames;
+    // the segment's, and the freed block's, have none.
+    assert_eq!(repr(get(&entries[1], "action")), "'alloc'");
+    assert!(frames(1) > 0);
+    assert_eq!((frames(0), frames(2), frames(3)), (0, 0, 0));
+}
