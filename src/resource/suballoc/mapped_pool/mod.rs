@@ -438,6 +438,7 @@ impl Inner {
             }
             let (lo, hi) = (first as u64 * g, page as u64 * g);
             let mut segment = Segment::new(DevicePtr::from_raw(self.base + lo), (hi - lo) as usize);
+            segment.expandable = true;
             let from = blocks.partition_point(|b| b.0 + b.1 <= lo);
             for &(start, len, state, stream) in blocks[from..].iter().take_while(|b| b.0 < hi) {
                 let (s, e) = (start.max(lo), (start + len).min(hi));
