@@ -97,7 +97,7 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let pool_stats = pool.statistics();
     println!(
         "pool: {} bytes from the upstream in {} chunks, {} free, {} live allocations (the bins' batches among them)",
-        pool_stats.pool_size, pool_stats.upstream_chunks, pool_stats.free_bytes, pool_stats.live_allocations
+        pool_stats.reserved_bytes, pool_stats.upstream_chunks, pool_stats.free_bytes, pool_stats.live_allocations
     );
 
     logged.flush()?;

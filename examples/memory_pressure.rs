@@ -86,7 +86,7 @@ async fn main() -> Result<()> {
     );
     println!(
         "pool at the end: {} bytes, {} free, {} allocations live",
-        stats.pool_size, stats.free_bytes, stats.live_allocations
+        stats.reserved_bytes, stats.free_bytes, stats.live_allocations
     );
     Ok(())
 }

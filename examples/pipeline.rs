@@ -138,7 +138,7 @@ async fn main() -> Result<(), BoxError> {
     let stats = setup.pool.statistics();
     println!(
         "pool at the end: {} live allocations, {} of {} bytes free",
-        stats.live_allocations, stats.free_bytes, stats.pool_size
+        stats.live_allocations, stats.free_bytes, stats.reserved_bytes
     );
     assert_eq!(stats.live_allocations, 0, "a batch leaked");
     Ok(())

@@ -241,7 +241,7 @@ async fn main() -> Result<(), BoxError> {
     let stats = pool.statistics();
     println!(
         "pool: {} MiB in {} chunk(s), {} MiB free in {} block(s) (largest {} MiB), {} live allocations",
-        stats.pool_size >> 20,
+        stats.reserved_bytes >> 20,
         stats.upstream_chunks,
         stats.free_bytes >> 20,
         stats.free_blocks,
@@ -256,7 +256,7 @@ async fn main() -> Result<(), BoxError> {
         "an allocation leaked"
     );
     assert_eq!(stats.live_allocations, 0, "the pool still has live blocks");
-    assert_eq!(stats.free_bytes, stats.pool_size);
+    assert_eq!(stats.free_bytes, stats.reserved_bytes);
     if let Some(e) = device.take_deferred_error() {
         return Err(format!("deferred error: {e}").into());
     }

@@ -224,13 +224,16 @@ pub enum Error {
         device: DeviceId,
     },
     /// A resource or stream was used with a device it does not belong to.
-    #[error("device mismatch: expected {expected}, got {actual}")]
+    #[error("device mismatch in {call}: expected {expected}, got {actual}")]
     #[non_exhaustive]
     DeviceMismatch {
-        /// The device of the resource.
+        /// The device of the resource (or buffer) called.
         expected: DeviceId,
-        /// The device of the stream or buffer passed in.
+        /// The device of the stream, buffer or resource passed in.
         actual: DeviceId,
+        /// The call and the argument of the other device, e.g.
+        /// `PoolResource::try_allocate(stream)`.
+        call: &'static str,
     },
     /// A stream was used on a thread that cannot use it: a per-thread default stream
     /// ([`Stream::per_thread_default`](crate::Stream::per_thread_default)) belongs to the

@@ -113,6 +113,35 @@ fn the_table_lists_each_resource_with_the_logs_peak() {
     );
 }
 
+/// An in-order replay's figures are the log's: identical runs print identical figures, the
+/// picture at the peak included (the mapped pool's used to read blocks as pending or free by
+/// how far the emulated streams had got). Only the timed column may differ. (Not the arena's
+/// on the host backend: see the book's replay section.)
+#[test]
+fn in_order_figures_are_the_same_in_every_run() {
+    let figures = || {
+        let out = replay_excerpt("mapped-pool,pool", &[]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        stdout
+            .lines()
+            .skip(2)
+            .take(2)
+            .map(|row| {
+                let cells: Vec<&str> = row.split_whitespace().collect();
+                // Every column but ns/op (sizes take two cells each).
+                let (head, tail) = (cells.len() - 5, cells.len() - 4);
+                format!("{} | {}", cells[..head].join(" "), cells[tail..].join(" "))
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = figures();
+    assert_eq!(first.len(), 2, "{first:?}");
+    for _ in 0..3 {
+        assert_eq!(figures(), first);
+    }
+}
+
 /// `--mode per-thread`: the line above the table says so, with the logged threads' count; every
 /// allocation and free of the excerpt is made (the host device has room for any
 /// interleaving); the HTML report's title and notes say the mode too.

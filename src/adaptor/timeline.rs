@@ -1,17 +1,22 @@
 //! `TimelineAdaptor`: records a running program's allocations and frees into a [`Timeline`].
 
+mod segments;
+
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
+use crate::ids::StreamId;
 use crate::resource::contract::forward::{memory_resource, Forward};
 use crate::resource::{
-    DevicePtr, MemoryResource, MemorySnapshot, SharedResource, Timeline, TraceAction,
+    BlockState, DevicePtr, MemoryResource, MemorySnapshot, SharedResource, Timeline, TraceAction,
 };
 use crate::stream::Stream;
 use parking_lot::Mutex;
+use segments::Segments;
 
 /// Records every allocation, free and out-of-memory refusal through it into a [`Timeline`], so
 /// that a running program gets the same reports as a replay: an HTML page
@@ -30,6 +35,15 @@ use parking_lot::Mutex;
 /// - The timeline is bounded ([`Timeline::with_limits`]): a long run keeps its latest events
 ///   and a downsampled series that keeps the peak.
 ///
+/// - With [`record_segments`](TimelineAdaptor::record_segments) on, the upstream's segments
+///   coming and going: [`TraceAction::SegmentAlloc`] / [`SegmentFree`](TraceAction::SegmentFree)
+///   (and [`SegmentMap`](TraceAction::SegmentMap) / [`SegmentUnmap`](TraceAction::SegmentUnmap)
+///   for a mapped pool's pages), before the allocation that needed them and after the free that
+///   let them go.
+/// - Its [`snapshot`](MemoryResource::snapshot) is the upstream's, each live block it recorded
+///   given the bytes its caller asked for and its stream where the upstream keeps none, and
+///   each segment the stream it was recorded on (the stream of the request that made the
+///   upstream take it).
 /// - With [`snapshot_peaks`](TimelineAdaptor::snapshot_peaks) on, it keeps the upstream's
 ///   snapshot near the peak ([`peak_snapshot`](TimelineAdaptor::peak_snapshot)): the two
 ///   together are a [`ReportSection`](crate::report::html::ReportSection).
@@ -75,6 +89,11 @@ struct Record {
     peak: Option<(MemorySnapshot, usize)>,
     /// The time to record events at instead of the clock's ([`TimelineAdaptor::set_time`]).
     time: Option<Duration>,
+    /// The live allocations recorded: address → (bytes asked for, stream).
+    live: HashMap<u64, (usize, StreamId)>,
+    /// The upstream's segments at the last look, when they are recorded
+    /// ([`TimelineAdaptor::record_segments`]).
+    segments: Option<Segments>,
 }
 
 impl<R: MemoryResource> TimelineAdaptor<R> {
@@ -102,6 +121,8 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
                     since_sample: u64::MAX,
                     peak: None,
                     time: None,
+                    live: HashMap::new(),
+                    segments: None,
                 }),
                 snapshot_peaks: AtomicBool::new(false),
             }),
@@ -121,6 +142,43 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
     /// block of the upstream.
     pub fn snapshot_peaks(&self, on: bool) {
         self.inner.snapshot_peaks.store(on, Ordering::Relaxed);
+    }
+
+    /// Records (`true`) or stops recording the upstream's segments coming and going, as
+    /// [`TraceAction::SegmentAlloc`] / [`SegmentFree`](TraceAction::SegmentFree) events, and a
+    /// mapped pool's pages as [`SegmentMap`](TraceAction::SegmentMap) /
+    /// [`SegmentUnmap`](TraceAction::SegmentUnmap): what PyTorch's viewer needs to draw the
+    /// allocator's state at each event. The segments it holds when turned on are taken as
+    /// there from the start.
+    ///
+    /// Off by default: each allocation and free then takes the upstream's
+    /// [`snapshot`](MemoryResource::snapshot) (which walks its blocks) to see what changed.
+    /// Reading the snapshot, rather than the upstream's upstream calls, keeps the events true to
+    /// the segments the upstream's snapshot shows, whatever the resource.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource, Stream};
+    /// use streamalloc::{TimelineAdaptor, TraceAction};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mr = TimelineAdaptor::new(PoolResource::new(CudaResource::new(&device)?, 0, None)?);
+    /// mr.record_segments(true);
+    /// let p = mr.try_allocate(4096, &stream)?;
+    /// unsafe { mr.deallocate(p, 4096, &stream) };
+    /// let actions: Vec<_> = mr.timeline().events().map(|e| e.action).collect();
+    /// assert_eq!(actions[..2], [TraceAction::SegmentAlloc, TraceAction::Alloc]);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn record_segments(&self, on: bool) {
+        let mut record = self.inner.record.lock();
+        if on == record.segments.is_some() {
+            return;
+        }
+        record.segments = match (on, self.inner.upstream.snapshot()) {
+            (true, Some(snapshot)) => Some(Segments::baseline(&snapshot)),
+            _ => None,
+        };
     }
 
     /// The upstream's snapshot near the peak (see
@@ -151,9 +209,46 @@ impl<R: MemoryResource> TimelineAdaptor<R> {
     }
 }
 
+impl Record {
+    /// Records `action` at the time set for events, or now.
+    fn event(&mut self, action: TraceAction, ptr: DevicePtr, bytes: usize, stream: StreamId) {
+        match self.time {
+            Some(time) => self.timeline.record_at(time, action, ptr, bytes, stream),
+            None => self.timeline.record(action, ptr, bytes, stream),
+        }
+    }
+}
+
 impl<R: MemoryResource> Inner<R> {
+    /// Records how the upstream's segments changed since the last look, when they are
+    /// recorded; `stream` is the call's that changed them.
+    fn segments_changed(&self, record: &mut Record, stream: StreamId) {
+        let Some(segments) = record.segments.as_mut() else {
+            return;
+        };
+        let Some(snapshot) = self.upstream.snapshot() else {
+            return;
+        };
+        for c in segments.update(&snapshot, stream) {
+            record.event(c.action, DevicePtr::from_raw(c.address), c.bytes, c.stream);
+        }
+    }
+
     fn record(&self, action: TraceAction, ptr: DevicePtr, bytes: usize, stream: &Stream) {
         let mut record = self.record.lock();
+        match action {
+            TraceAction::Alloc => {
+                record.live.insert(ptr.addr(), (bytes, stream.id()));
+            }
+            TraceAction::Free => {
+                record.live.remove(&ptr.addr());
+            }
+            _ => {}
+        }
+        if action != TraceAction::Free {
+            // The segments an allocation (or a refusal's release) brought come before it.
+            self.segments_changed(&mut record, stream.id());
+        }
         let t = &record.timeline;
         let new_peak = action == TraceAction::Alloc
             && t.live_bytes().saturating_add(bytes) > t.peak_live_bytes();
@@ -166,12 +261,7 @@ impl<R: MemoryResource> Inner<R> {
             record.timeline.set_reserved(reserved);
             record.since_sample = 0;
         }
-        match record.time {
-            Some(time) => record
-                .timeline
-                .record_at(time, action, ptr, bytes, stream.id()),
-            None => record.timeline.record(action, ptr, bytes, stream.id()),
-        }
+        record.event(action, ptr, bytes, stream.id());
         let live = record.timeline.live_bytes();
         if action == TraceAction::Alloc
             && self.snapshot_peaks.load(Ordering::Relaxed)
@@ -210,6 +300,33 @@ unsafe impl<R: MemoryResource> Forward for Inner<R> {
         self.record(TraceAction::Free, ptr, bytes, stream);
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
+        // The segments the free let go come after it.
+        let mut record = self.record.lock();
+        self.segments_changed(&mut record, stream.id());
+    }
+
+    fn snapshot(&self) -> Option<MemorySnapshot> {
+        let mut snap = self.upstream.snapshot()?;
+        let record = self.record.lock();
+        for seg in &mut snap.segments {
+            if seg.stream.is_none() {
+                seg.stream = record.segments.as_ref().and_then(|s| s.stream_of(seg));
+            }
+            for block in seg
+                .blocks
+                .iter_mut()
+                .filter(|b| b.state == BlockState::Live)
+            {
+                // A recorded allocation and a live block at one address are one allocation.
+                if let Some(&(bytes, stream)) = record.live.get(&block.address.addr()) {
+                    if bytes <= block.bytes {
+                        block.requested = block.requested.or(Some(bytes));
+                    }
+                    block.stream = block.stream.or(Some(stream));
+                }
+            }
+        }
+        Some(snap)
     }
 }
 

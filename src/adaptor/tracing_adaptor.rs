@@ -136,33 +136,11 @@ impl<R: MemoryResource> Inner<R> {
         let elapsed_ns = nanos(start);
         let device = stream.device().id();
         let outcome = outcome(&result);
-        match &result {
-            Ok(ptr) => at_level!(
-                level,
-                event!(
-                    bytes,
-                    stream = sid,
-                    %device,
-                    ptr = %ptr,
-                    elapsed_ns,
-                    outcome,
-                    "allocate"
-                )
-            ),
-            Err(error) => at_level!(
-                level,
-                event!(
-                    bytes,
-                    stream = sid,
-                    %device,
-                    ptr = %DevicePtr::NULL,
-                    elapsed_ns,
-                    outcome,
-                    %error,
-                    "allocate"
-                )
-            ),
-        }
+        let ptr = *result.as_ref().unwrap_or(&DevicePtr::NULL);
+        // `None` records no field: an error is named only when there is one.
+        let error = result.as_ref().err().map(tracing::field::display);
+        #[rustfmt::skip]
+        at_level!(level, event!(bytes, stream = sid, %device, ptr = %ptr, elapsed_ns, outcome, error, "allocate"));
         result
     }
 
@@ -183,17 +161,8 @@ impl<R: MemoryResource> Inner<R> {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) };
         let elapsed_ns = nanos(start);
         let device = stream.device().id();
-        at_level!(
-            level,
-            event!(
-                bytes,
-                stream = sid,
-                %device,
-                ptr = %ptr,
-                elapsed_ns,
-                "deallocate"
-            )
-        );
+        #[rustfmt::skip]
+        at_level!(level, event!(bytes, stream = sid, %device, ptr = %ptr, elapsed_ns, "deallocate"));
     }
 }
 

@@ -77,6 +77,7 @@ impl DeviceBuffer {
             return Err(Error::DeviceMismatch {
                 expected: self.device.id(),
                 actual: src.device.id(),
+                call: "DeviceBuffer::copy_from_device(src)",
             });
         }
         if src.len > self.len {
@@ -311,7 +312,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub async fn try_clone_on(&self, stream: &Stream) -> Result<DeviceBuffer> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "DeviceBuffer::try_clone_on(stream)")?;
         let copy =
             Self::from_shared_aligned(self.len, self.alignment, stream, self.mr.clone()).await?;
         if self.len > 0 {
@@ -420,7 +421,7 @@ impl DeviceBuffer {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn prefetch_to(&self, target: PrefetchTarget, stream: &Stream) -> Result<bool> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "DeviceBuffer::prefetch_to(stream)")?;
         if self.len == 0 {
             return Ok(false);
         }

@@ -94,6 +94,7 @@ impl DeviceBuffer {
             return Err(Error::DeviceMismatch {
                 expected: self.device.id(),
                 actual: cudarc_device_id(cs),
+                call: "a buffer used on a cudarc stream",
             });
         }
         let ours = self.device.cudarc_context()?;
@@ -109,6 +110,7 @@ impl DeviceBuffer {
             return Err(Error::DeviceMismatch {
                 expected: self.device.id(),
                 actual: cudarc_device_id(cs),
+                call: "a buffer used on a cudarc stream",
             });
         }
         // Registers the owner first, so a cudarc handle the user made over the owner's raw

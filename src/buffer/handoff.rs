@@ -30,7 +30,7 @@ impl DeviceBuffer {
     /// a kernel argument): [`set_stream`](DeviceBuffer::set_stream), and `stream` waits for the
     /// hand-off now.
     pub(crate) fn take_for(&mut self, stream: &Stream) -> Result<()> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "DeviceBuffer::take_for(stream)")?;
         self.uses.hand_to(stream)?;
         self.uses.get_mut().ready()?;
         Ok(())
@@ -75,7 +75,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn set_stream(&mut self, stream: &Stream) -> Result<()> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "DeviceBuffer::set_stream(stream)")?;
         self.uses.hand_to(stream)
     }
 
@@ -116,7 +116,7 @@ impl DeviceBuffer {
     /// hand-off or free waits for everything `stream` enqueued until then, even when the guard
     /// or argument that called this is forgotten.
     pub(crate) fn begin_read(&self, stream: &Stream) -> Result<()> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "a read of a DeviceBuffer on a stream")?;
         self.uses.lock().begin_read(stream)
     }
 
@@ -159,7 +159,7 @@ impl DeviceBuffer {
     /// # }).unwrap();
     /// ```
     pub fn record_read(&self, stream: &Stream) -> Result<()> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "DeviceBuffer::record_read(stream)")?;
         let mut uses = self.uses.lock();
         if stream == uses.owner() {
             return Ok(());

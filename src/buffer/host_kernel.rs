@@ -434,7 +434,10 @@ mod sealed {
 /// Checks that `len` elements of `T` at byte `offset` lie inside `buf` and are aligned for `T`;
 /// returns their address.
 fn check_slice<T>(buf: &DeviceBuffer, stream: &Stream, offset: usize, len: usize) -> Result<u64> {
-    stream.check_on(buf.device())?;
+    stream.check_on(
+        buf.device(),
+        "a host kernel's buffer argument, on its launch stream",
+    )?;
     let bytes = len
         .checked_mul(size_of::<T>())
         .and_then(|b| b.checked_add(offset))

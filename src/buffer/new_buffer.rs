@@ -313,7 +313,7 @@ pub(super) fn shared_for(
     stream: &Stream,
 ) -> Result<SharedResource> {
     let mr = into_shared(mr);
-    check_resource(&*mr, stream)?;
+    check_resource(&*mr, stream, "a buffer's resource and its stream")?;
     Ok(mr)
 }
 
@@ -552,7 +552,11 @@ impl Future for NewBuffer<'_> {
                 Poll::Ready(Err(error.expect("a NewBuffer polled after completion")))
             }
             NewState::Start(request) => {
-                if let Err(e) = check_resource(&*request.mr, this.stream) {
+                if let Err(e) = check_resource(
+                    &*request.mr,
+                    this.stream,
+                    "a buffer's resource and its stream",
+                ) {
                     return Poll::Ready(Err(e));
                 }
                 let allocated =

@@ -39,8 +39,10 @@ pub struct ReplayOptions {
     pub snapshot_line: Option<usize>,
     /// Record (the recording pass): a [`TimelineAdaptor`](crate::TimelineAdaptor) over a
     /// [`StatisticsAdaptor`](crate::StatisticsAdaptor) over the resource records the
-    /// [`Timeline`](crate::Timeline), with each event at its logged time, and reserved bytes
-    /// are read through `memory_stats` after every resource call. Off, the replay only calls
+    /// [`Timeline`](crate::Timeline), with each event at its logged time and the resource's
+    /// segments coming and going ([`TimelineAdaptor::record_segments`](crate::TimelineAdaptor::record_segments):
+    /// a snapshot per event), and reserved bytes are read through `memory_stats` after every
+    /// resource call. Off, the replay only calls
     /// the resource (the timed pass).
     pub record: bool,
     /// How the events are run: in log order on the calling thread (the default), or on one

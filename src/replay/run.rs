@@ -177,6 +177,10 @@ impl<'a, M: MemoryResource + ?Sized, T: MemoryResource> Run<'a, M, T> {
             Action::Free => self.free(e)?,
         }
         if self.options.snapshot_line == Some(e.line) {
+            // The picture is the log's, not the emulated device's pace: with every replay
+            // stream past its frees, no block reads as pending only because a stream's worker
+            // had not got there yet (which made the arena's figures differ between runs).
+            self.synchronize(e.line)?;
             self.out.peak_snapshot = self.mr.snapshot();
             self.out.peak_fragmentation = match &self.out.peak_snapshot {
                 Some(s) => Some(s.fragmentation()),

@@ -29,7 +29,7 @@ pub(crate) struct Target<'a, M: ?Sized, T: MemoryResource> {
 }
 
 /// Checks that `mr` is of `device`, then replays `events` in mode `P` over a stack that records when
-/// `options.record` is on (a [`TimelineAdaptor`] for the timeline, over a
+/// `options.record` is on (a [`TimelineAdaptor`] for the timeline, segments included, over a
 /// [`StatisticsAdaptor`] whose allocated bytes stand for reserved bytes where `mr` counts
 /// none), over `mr` alone otherwise.
 pub(crate) fn on_stack<P: Replayer, R: MemoryResource + ?Sized>(
@@ -45,11 +45,15 @@ pub(crate) fn on_stack<P: Replayer, R: MemoryResource + ?Sized>(
             error: crate::Error::DeviceMismatch {
                 expected: properties.device,
                 actual: device.id(),
+                call: "replay(mr, device)",
             },
         });
     }
     if options.record {
         let recording = TimelineAdaptor::new(StatisticsAdaptor::new(mr));
+        // The segments' comings and goings, for PyTorch's viewer: a recording pass is not
+        // timed, so it can afford a snapshot per event.
+        recording.record_segments(true);
         let to = Target {
             mr: &recording,
             timeline: Some(&recording),

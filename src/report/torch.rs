@@ -6,12 +6,16 @@
 //! frees. Drop the file on pytorch.org/memory_viz (it is read in the browser, not uploaded),
 //! or load it in Python with `pickle.load` and PyTorch's `torch.cuda._memory_viz` tools.
 
+mod frames;
 mod pickle;
+mod trace;
 
-use std::backtrace::{Backtrace, BacktraceStatus};
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Write};
 
-use crate::resource::{Block, BlockState, MemorySnapshot, Segment, Timeline, TraceAction};
+use crate::ids::{BackendKind, DeviceId, StreamId};
+use crate::resource::{Block, BlockState, MemorySnapshot, Segment, Timeline};
+use frames::{frames, write_frame, Frame};
 use pickle::Pickler;
 
 /// The highest device ordinal [`write_torch_snapshot`] accepts: `device_traces` holds one
@@ -27,34 +31,52 @@ const LARGE_SEGMENT: usize = 1 << 20;
 ///
 /// # What goes where
 /// - `segments`: one dict per [`Segment`], in address order, with PyTorch's keys: `device`
-///   (the device's ordinal), `address`, `total_size`, `allocated_size` (live bytes),
-///   `active_size` (live and pending bytes), `requested_size`, `stream`, `segment_type`
-///   (`"large"` from 1 MiB), `segment_pool_id` (`(0, 0)`), `is_expandable` (`False`),
-///   `frames` (`[]`) and `blocks`.
+///   (see below), `address`, `total_size`, `allocated_size` (live bytes), `active_size` (live
+///   and pending bytes), `requested_size` (the bytes live blocks' callers asked for),
+///   `stream`, `segment_type` (`"large"` from 1 MiB), `segment_pool_id` (`(0, 0)`),
+///   `is_expandable` ([`Segment::expandable`]: a mapped pool's runs of pages), `frames`
+///   (`[]`) and `blocks`.
+/// - A segment's `stream` is [`Segment::stream`]; where the resource keeps none, the stream of
+///   its first live block in address order, else 0. PyTorch's segments each belong to one
+///   stream; ours are shared, and a [`TimelineAdaptor`](crate::TimelineAdaptor) gives each
+///   the stream of the request that made the resource take it (its first allocation's).
 /// - `blocks`: they cover the segment from its start to its end without a gap, as the
 ///   viewer needs (it computes each block's address by adding up the sizes before it): a
 ///   range no [`Block`] describes becomes an `"inactive"` block, a block reaching out of
-///   its segment is clipped. Each has `address`, `size`, `requested_size` (the
-///   [`Block::requested`] bytes, else the size; 0 for a free block), `state`, `frames` and
-///   our `stream` (`None` when the block has none). States:
+///   its segment is clipped, and neighbouring free blocks of a segment whose free blocks
+///   coalesce ([`Segment::coalesces`]) are one block, as PyTorch's allocator merges them.
+///   Each has `address`, `size`, `requested_size` (the [`Block::requested`] bytes, else the
+///   size; 0 for a free block), `state`, `frames` and our `stream` (`None` when the block
+///   has none, or is free blocks of several streams merged). States:
 ///   [`Live`](BlockState::Live) → `"active_allocated"`; [`Pending`](BlockState::Pending) →
 ///   `"active_pending_free"` (PyTorch's state for a block freed by its user that no request
 ///   may take yet because a stream still uses it: the viewer draws it red); [`Free`](BlockState::Free)
-///   and [`FreeOnStream`](BlockState::FreeOnStream) → `"inactive"` (PyTorch's free blocks are
-///   free on their stream too).
+///   and [`FreeOnStream`](BlockState::FreeOnStream) → `"inactive"` (a PyTorch free block is
+///   free on its segment's stream, usable at once by that stream: a block free on its stream
+///   is one; `active_pending_free` would tell the viewer no stream may use it).
 /// - `frames`: a live block's allocation site ([`Block::site`], set by a
 ///   [`TrackingAdaptor::with_backtraces`](crate::TrackingAdaptor::with_backtraces)) as
 ///   `{filename, line, name}` dicts, innermost first, read from the backtrace's text (best
 ///   effort: a frame without a location has filename `"??"` and line 0; the tracking
 ///   adaptor's own frames are left out). Empty without a site.
-/// - `device_traces`: a list per device ordinal up to the snapshot's (the viewer offers a
+/// - `device`: the CUDA device's ordinal; 0 for a host-backend device, the only device of
+///   its file (a host device's ordinal tells emulated devices apart, it indexes nothing).
+/// - `device_traces`: a list per device index up to the snapshot's (the viewer offers a
 ///   device by its index in this list); the lower ones are empty. The snapshot's device gets
 ///   `trace`'s kept events, oldest first, each `{action, addr, size, stream, time_us,
-///   frames: []}`: [`Alloc`](TraceAction::Alloc) → `alloc`;
-///   [`Free`](TraceAction::Free) → `free_requested` then `free_completed` (the viewer needs
-///   the pair, and shows it as one `free`); `segment_alloc`, `segment_free`; and
-///   [`Oom`](TraceAction::Oom) → `oom` with `device_free` (0: not known here) instead of
-///   `addr`. `time_us` is microseconds since the timeline began.
+///   frames}`: [`Alloc`](crate::TraceAction::Alloc) → `alloc` (the bytes asked for; its frames are
+///   its block's site while the block is live in the snapshot); [`Free`](crate::TraceAction::Free) →
+///   `free_requested` then `free_completed` (the viewer needs the pair, and shows it as one
+///   `free`), `free_requested` alone for the last free of a block still pending in the
+///   snapshot; `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap` (recorded by
+///   [`TimelineAdaptor::record_segments`](crate::TimelineAdaptor::record_segments), which a
+///   recording replay turns on); and [`Oom`](crate::TraceAction::Oom) → `oom` with `device_free`
+///   (0: not known here) instead of `addr`. `time_us` is microseconds since the timeline
+///   began, never decreasing ([`Timeline::record_at`]).
+/// - `allocator_settings`: PyTorch's keys, with the values of an allocator configured by
+///   nothing (no `PYTORCH_CUDA_ALLOC_CONF`, no split limit), `expandable_segments` true where
+///   a segment is expandable.
+/// - `external_annotations`: `[]`.
 /// - `streamalloc`: our own key, which PyTorch's tools ignore: the `resource`'s name, the
 ///   `device` (`"host:0"`, `"cuda:1"`), `capacity` (or `None`) and `dropped_events`.
 ///
@@ -62,12 +84,13 @@ const LARGE_SEGMENT: usize = 1 << 20;
 /// Python's `pickle` unchanged); the viewer reads them as JavaScript numbers, exact below
 /// 2^53, which covers every real device address.
 ///
-/// Streams are our [`StreamId`](crate::StreamId) numbers; the viewer renames them 1, 2, …
+/// Streams are our [`StreamId`] numbers; the viewer renames them 1, 2, …
 /// in the order it meets them (0 stays the default stream).
 ///
 /// A trace should come from the same resource as the snapshot, up to the moment the
 /// snapshot was taken: the viewer's "Allocator State History" replays the trace backwards
-/// from the snapshot's blocks and expects each freed block to lie in a segment it knows.
+/// from the snapshot's blocks and segments and expects each block to lie in a segment alive
+/// at that event.
 ///
 /// # Errors
 /// The writer's errors; `InvalidInput` for a device ordinal above
@@ -100,7 +123,7 @@ pub fn write_torch_snapshot<W: Write>(
     snapshot: &MemorySnapshot,
     trace: Option<&Timeline>,
 ) -> io::Result<()> {
-    let ordinal = snapshot.device.ordinal;
+    let ordinal = torch_device(snapshot.device);
     if ordinal > MAX_TORCH_DEVICE_ORDINAL {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -111,21 +134,38 @@ pub fn write_torch_snapshot<W: Write>(
             ),
         ));
     }
-    let mut p = Pickler::new(BufWriter::new(w))?;
     let mut segments: Vec<&Segment> = snapshot.segments.iter().collect();
     segments.sort_by_key(|s| s.address);
+    let live = |b: &&Block| b.state == BlockState::Live;
+    // Each live block's frames, parsed once: its block and its `alloc` entry show them.
+    let sites: HashMap<u64, Vec<Frame>> = snapshot
+        .blocks()
+        .map(|(_, b)| b)
+        .filter(live)
+        .filter_map(|b| Some((b.address.addr(), frames(b.site.as_deref()?))))
+        .filter(|(_, f)| !f.is_empty())
+        .collect();
+    let pending: HashSet<u64> = snapshot
+        .blocks()
+        .filter(|(_, b)| b.state == BlockState::Pending)
+        .map(|(_, b)| b.address.addr())
+        .collect();
+    let entries = trace.map(|t| trace::entries(t, &pending, &sites));
+    let expandable = snapshot.segments.iter().any(|s| s.expandable);
+    let mut p = Pickler::new(BufWriter::new(w))?;
     p.dict(|d| {
         d.entry("segments", |p| {
-            p.list(segments, |p, s| write_segment(p, s, ordinal))
+            p.list(segments, |p, s| write_segment(p, s, ordinal, &sites))
         })?;
         d.entry("device_traces", |p| {
             p.list(0..=ordinal, |p, i| {
-                let events = trace.filter(|_| i == ordinal).into_iter();
-                p.list(
-                    events.flat_map(|t| t.events()).flat_map(torch_entries),
-                    write_entry,
-                )
+                let mine = entries.as_deref().filter(|_| i == ordinal);
+                p.list(mine.unwrap_or_default(), trace::write_entry)
             })
+        })?;
+        d.entry("allocator_settings", |p| allocator_settings(p, expandable))?;
+        d.entry("external_annotations", |p| {
+            p.list(std::iter::empty::<()>(), |_, _| Ok(()))
         })?;
         d.entry("streamalloc", |p| {
             p.dict(|d| {
@@ -144,22 +184,64 @@ pub fn write_torch_snapshot<W: Write>(
     p.finish()?.flush()
 }
 
+/// The device index PyTorch's keys take: a CUDA device's ordinal; 0 for a host device, the
+/// one device of its file (host ordinals tell emulated devices apart, they index nothing).
+fn torch_device(device: DeviceId) -> u32 {
+    match device.backend {
+        BackendKind::Cuda => device.ordinal,
+        BackendKind::Host => 0,
+    }
+}
+
+/// PyTorch's `allocator_settings` for an allocator nothing configured: no
+/// `PYTORCH_CUDA_ALLOC_CONF`, no split limit (-1), no collection threshold, no rounding.
+fn allocator_settings<W: Write>(p: &mut Pickler<W>, expandable: bool) -> io::Result<()> {
+    p.dict(|d| {
+        d.entry("PYTORCH_CUDA_ALLOC_CONF", |p| p.str(""))?;
+        d.entry("max_split_size", |p| p.int(-1))?;
+        d.entry("garbage_collection_threshold", |p| p.float(0.0))?;
+        d.entry("expandable_segments", |p| p.bool(expandable))?;
+        d.entry("pinned_num_register_threads", |p| p.int(1))?;
+        d.entry("release_lock_on_cudamalloc", |p| p.bool(false))?;
+        d.entry("pinned_use_cuda_host_register", |p| p.bool(false))?;
+        d.entry("roundup_power2_divisions", |p| {
+            p.dict(|d| {
+                // PyTorch's keys: the powers of two from 1 to 32768, as strings.
+                const KEYS: [&str; 16] = [
+                    "1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048",
+                    "4096", "8192", "16384", "32768",
+                ];
+                KEYS.iter().try_for_each(|k| d.entry(k, |p| p.int(0)))
+            })
+        })
+    })
+}
+
 /// A block as the viewer needs it: a range of its segment, tiled without gaps.
 struct Piece<'a> {
     address: u128,
     size: u128,
+    /// The block it shows; `None` for a range no block describes, or free blocks merged.
     block: Option<&'a Block>,
+    stream: Option<StreamId>,
 }
 
 /// `segment`'s blocks clipped to it, in address order, with the ranges no block covers as
-/// free pieces, so that the pieces tile the segment.
+/// free pieces, so that the pieces tile the segment; neighbouring free pieces are one where
+/// the segment's free blocks coalesce.
 fn tile(segment: &Segment) -> Vec<Piece<'_>> {
     let start = u128::from(segment.address.addr());
     let end = start + segment.bytes as u128;
     let mut blocks: Vec<&Block> = segment.blocks.iter().collect();
     blocks.sort_by_key(|b| b.address);
-    let mut pieces = Vec::with_capacity(blocks.len() + 1);
+    let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(blocks.len() + 1);
     let mut cursor = start;
+    let gap = |address, size| Piece {
+        address,
+        size,
+        block: None,
+        stream: None,
+    };
     for b in blocks {
         let b_start = u128::from(b.address.addr()).max(cursor);
         let b_end = (u128::from(b.address.addr()) + b.bytes as u128).min(end);
@@ -167,27 +249,35 @@ fn tile(segment: &Segment) -> Vec<Piece<'_>> {
             continue; // outside the segment, or under a block before it
         }
         if b_start > cursor {
-            pieces.push(Piece {
-                address: cursor,
-                size: b_start - cursor,
-                block: None,
-            });
+            pieces.push(gap(cursor, b_start - cursor));
         }
         pieces.push(Piece {
             address: b_start,
             size: b_end - b_start,
             block: Some(b),
+            stream: b.stream,
         });
         cursor = b_end;
     }
     if cursor < end {
-        pieces.push(Piece {
-            address: cursor,
-            size: end - cursor,
-            block: None,
-        });
+        pieces.push(gap(cursor, end - cursor));
     }
-    pieces
+    if !segment.coalesces {
+        return pieces;
+    }
+    let mut merged: Vec<Piece<'_>> = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        match merged.last_mut() {
+            Some(last) if last.state().is_free() && piece.state().is_free() => {
+                last.size += piece.size;
+                // A gap has no stream: the merged block keeps one only if every part has it.
+                last.stream = last.stream.filter(|&s| piece.stream == Some(s));
+                last.block = None;
+            }
+            _ => merged.push(piece),
+        }
+    }
+    merged
 }
 
 fn torch_state(state: BlockState) -> &'static str {
@@ -204,7 +294,8 @@ impl Piece<'_> {
     }
 
     /// The bytes asked for: PyTorch's `requested_size`, never above the size (the viewer
-    /// draws `size - requested_size` as rounding loss).
+    /// draws `size - requested_size` as rounding loss); a pending block's too, which the
+    /// viewer draws as a block.
     fn requested(&self) -> u128 {
         match self.block {
             Some(b) if !b.state.is_free() => b
@@ -215,7 +306,24 @@ impl Piece<'_> {
     }
 }
 
-fn write_segment<W: Write>(p: &mut Pickler<W>, s: &Segment, ordinal: u32) -> io::Result<()> {
+/// The stream a segment is shown on: its own; else its first live block's (the segment
+/// belongs to the stream whose allocation it holds first); else 0, PyTorch's default.
+fn segment_stream(s: &Segment, pieces: &[Piece<'_>]) -> u64 {
+    let first_live = || {
+        pieces
+            .iter()
+            .filter(|b| b.state() == BlockState::Live)
+            .find_map(|b| b.stream)
+    };
+    s.stream.or_else(first_live).map_or(0, |s| s.0)
+}
+
+fn write_segment<W: Write>(
+    p: &mut Pickler<W>,
+    s: &Segment,
+    ordinal: u32,
+    sites: &HashMap<u64, Vec<Frame>>,
+) -> io::Result<()> {
     let pieces = tile(s);
     let sum = |f: &dyn Fn(&Piece) -> u128| pieces.iter().map(f).sum::<u128>();
     let allocated = sum(&|b| {
@@ -240,7 +348,7 @@ fn write_segment<W: Write>(p: &mut Pickler<W>, s: &Segment, ordinal: u32) -> io:
         d.entry("allocated_size", |p| int(p, allocated))?;
         d.entry("active_size", |p| int(p, active))?;
         d.entry("requested_size", |p| int(p, requested))?;
-        d.entry("stream", |p| p.uint(s.stream.map_or(0, |s| s.0)))?;
+        d.entry("stream", |p| p.uint(segment_stream(s, &pieces)))?;
         d.entry("segment_type", |p| {
             p.name(if s.bytes >= LARGE_SEGMENT {
                 "large"
@@ -249,32 +357,36 @@ fn write_segment<W: Write>(p: &mut Pickler<W>, s: &Segment, ordinal: u32) -> io:
             })
         })?;
         d.entry("segment_pool_id", |p| p.int_tuple(&[0, 0]))?;
-        d.entry("is_expandable", |p| p.bool(false))?;
+        d.entry("is_expandable", |p| p.bool(s.expandable))?;
         d.entry("frames", |p| {
             p.list(std::iter::empty::<()>(), |_, _| Ok(()))
         })?;
-        d.entry("blocks", |p| p.list(&pieces, write_block))
+        d.entry("blocks", |p| {
+            p.list(&pieces, |p, b| write_block(p, b, sites))
+        })
     })
 }
 
-fn write_block<W: Write>(p: &mut Pickler<W>, b: &Piece<'_>) -> io::Result<()> {
+fn write_block<W: Write>(
+    p: &mut Pickler<W>,
+    b: &Piece<'_>,
+    sites: &HashMap<u64, Vec<Frame>>,
+) -> io::Result<()> {
     p.dict(|d| {
         d.entry("address", |p| int(p, b.address))?;
         d.entry("size", |p| int(p, b.size))?;
         d.entry("requested_size", |p| int(p, b.requested()))?;
         d.entry("state", |p| p.name(torch_state(b.state())))?;
-        d.entry("stream", |p| match b.block.and_then(|b| b.stream) {
+        d.entry("stream", |p| match b.stream {
             Some(s) => p.uint(s.0),
             None => p.none(),
         })?;
         d.entry("frames", |p| {
             let frames = match b.block {
-                Some(b) if b.state == BlockState::Live => {
-                    b.site.as_deref().map(frames).unwrap_or_default()
-                }
-                _ => Vec::new(),
+                Some(blk) if blk.state == BlockState::Live => sites.get(&blk.address.addr()),
+                _ => None,
             };
-            p.list(&frames, write_frame)
+            p.list(frames.map_or(&[][..], Vec::as_slice), write_frame)
         })
     })
 }
@@ -282,131 +394,6 @@ fn write_block<W: Write>(p: &mut Pickler<W>, b: &Piece<'_>) -> io::Result<()> {
 /// A piece's bounds fit in 65 bits: written exact.
 fn int<W: Write>(p: &mut Pickler<W>, v: u128) -> io::Result<()> {
     p.int(i128::try_from(v).unwrap_or(i128::MAX))
-}
-
-/// One frame of an allocation site, as PyTorch's `Frame` dict.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Frame {
-    name: String,
-    filename: String,
-    line: u64,
-}
-
-/// A frame, written once per file and fetched from the pickle's memo after: the same frames
-/// (the program's entry, its runtime) appear in every site.
-fn write_frame<W: Write>(p: &mut Pickler<W>, f: &Frame) -> io::Result<()> {
-    let key = format!("{}\0{}\0{}", f.name, f.filename, f.line);
-    p.memoized(&key, |p| {
-        p.dict(|d| {
-            d.entry("filename", |p| p.str(&f.filename))?;
-            d.entry("line", |p| p.uint(f.line))?;
-            d.entry("name", |p| p.str(&f.name))
-        })
-    })
-}
-
-/// The frames of a captured backtrace, innermost first, without the tracking adaptor's own.
-fn frames(bt: &Backtrace) -> Vec<Frame> {
-    if bt.status() != BacktraceStatus::Captured {
-        return Vec::new();
-    }
-    let mut frames = parse_frames(&bt.to_string());
-    // The adaptor's frames, and the std helpers between them (`bool::then` around the
-    // capture), up to the last of the adaptor's: the caller comes first.
-    const TRACKING: &str = "streamalloc::adaptor::tracking";
-    let helper = |n: &str| {
-        [
-            "core::", "std::", "alloc::", "<core::", "<std::", "<alloc::",
-        ]
-        .iter()
-        .any(|p| n.starts_with(p))
-    };
-    let own = frames
-        .iter()
-        .take_while(|f| f.name.contains(TRACKING) || helper(&f.name))
-        .enumerate()
-        .filter(|(_, f)| f.name.contains(TRACKING))
-        .last()
-        .map_or(0, |(i, _)| i + 1);
-    frames.drain(..own);
-    frames
-}
-
-/// Reads std's backtrace text: `  N: name` starts a frame (an inlined one has no number),
-/// `at path:line:column` gives its location.
-fn parse_frames(text: &str) -> Vec<Frame> {
-    let mut frames: Vec<Frame> = Vec::new();
-    let mut located = true;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        if let Some(at) = line.strip_prefix("at ") {
-            if let (false, Some(f)) = (located, frames.last_mut()) {
-                let mut parts = at.rsplitn(3, ':');
-                let (col, line, file) = (parts.next(), parts.next(), parts.next());
-                match (file, line.and_then(|l| l.parse().ok())) {
-                    (Some(file), Some(line)) if col.is_some_and(|c| c.parse::<u64>().is_ok()) => {
-                        f.filename = file.to_owned();
-                        f.line = line;
-                    }
-                    _ => f.filename = at.to_owned(),
-                }
-                located = true;
-            }
-            continue;
-        }
-        let name = match line.split_once(": ") {
-            Some((n, name)) if n.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => line,
-        };
-        frames.push(Frame {
-            name: name.to_owned(),
-            filename: "??".to_owned(),
-            line: 0,
-        });
-        located = false;
-    }
-    frames
-}
-
-/// A trace event as PyTorch's trace entries (a free is two).
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    action: &'static str,
-    event: crate::resource::TraceEvent,
-}
-
-fn torch_entries(e: &crate::resource::TraceEvent) -> impl Iterator<Item = Entry> + use<> {
-    let event = *e;
-    let (first, second) = match e.action {
-        TraceAction::Free => ("free_requested", Some("free_completed")),
-        action => (action.torch_name(), None),
-    };
-    std::iter::once(first)
-        .chain(second)
-        .map(move |action| Entry { action, event })
-}
-
-fn write_entry<W: Write>(p: &mut Pickler<W>, e: Entry) -> io::Result<()> {
-    let ev = e.event;
-    p.dict(|d| {
-        d.entry("action", |p| p.name(e.action))?;
-        if ev.action == TraceAction::Oom {
-            d.entry("device_free", |p| p.int(0))?;
-        } else {
-            d.entry("addr", |p| p.uint(ev.address.addr()))?;
-        }
-        d.entry("size", |p| p.uint(ev.bytes as u64))?;
-        d.entry("stream", |p| p.uint(ev.stream.0))?;
-        d.entry("time_us", |p| {
-            p.uint(u64::try_from(ev.time.as_micros()).unwrap_or(u64::MAX))
-        })?;
-        d.entry("frames", |p| {
-            p.list(std::iter::empty::<()>(), |_, _| Ok(()))
-        })
-    })
 }
 
 #[cfg(test)]

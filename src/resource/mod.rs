@@ -12,11 +12,11 @@ pub(crate) mod leaf;
 pub(crate) mod suballoc;
 
 pub use contract::availability::Availability;
-pub(crate) use contract::memory_resource::{
-    check_resource, held, into_shared, try_without_waiting,
-};
-pub use contract::memory_resource::{Allocate, MemoryResource, SharedResource};
+pub(crate) use contract::memory_resource::{check_resource, held, try_without_waiting};
+pub use contract::memory_resource::{Allocate, MemoryResource};
 pub use contract::properties::{Properties, ResourceIdentity};
+pub(crate) use contract::shared::into_shared;
+pub use contract::shared::SharedResource;
 pub(crate) use contract::size::align_up;
 pub use contract::size::ALLOCATION_ALIGNMENT;
 pub(crate) use contract::stats::Allocated;

@@ -180,15 +180,17 @@ impl Stream {
     }
 
     /// Checks that the stream belongs to `device`, as every resource and container requires
-    /// of the streams it is given.
+    /// of the streams it is given; the error names `call`, the call (and argument) given this
+    /// stream.
     #[inline]
-    pub(crate) fn check_on(&self, device: &Device) -> Result<()> {
+    pub(crate) fn check_on(&self, device: &Device, call: &'static str) -> Result<()> {
         if self.device() == device {
             Ok(())
         } else {
             Err(crate::error::Error::DeviceMismatch {
                 expected: device.id(),
                 actual: self.device().id(),
+                call,
             })
         }
     }

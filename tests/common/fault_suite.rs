@@ -278,7 +278,7 @@ pub fn free_fault_during_pool_trim(device: Device) {
         let errors = deferred(&device);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_injected(&errors[0], FaultPoint::Free);
-        assert_eq!(pool.statistics().pool_size, 0);
+        assert_eq!(pool.statistics().reserved_bytes, 0);
         drop(pool);
         s.synchronize_blocking().unwrap();
         assert_eq!(c.live_allocations(), 1, "only the refused chunk stays");
@@ -490,7 +490,7 @@ pub fn mapped_pool_faults(device: Device) {
             drop(buf);
             s.synchronize_blocking().unwrap();
             let g = mr.statistics().granularity;
-            let mapped = mr.statistics().mapped_bytes;
+            let mapped = mr.statistics().reserved_bytes;
             assert!(mapped >= 2 * g, "{mapped} bytes mapped");
             c.fail_next(point, 1);
             // The first page's call fails; the others are released.
@@ -499,11 +499,11 @@ pub fn mapped_pool_faults(device: Device) {
             let errors = deferred(&device);
             assert_eq!(errors.len(), 1, "{errors:?}");
             assert_injected(&errors[0], point);
-            let still_mapped = mr.statistics().mapped_bytes;
+            let still_mapped = mr.statistics().reserved_bytes;
             // A page that did not unmap is tried again by the next trim.
             let retried = mr.trim();
             assert!(deferred(&device).is_empty());
-            let left = mr.statistics().mapped_bytes;
+            let left = mr.statistics().reserved_bytes;
             drop(mr);
             s.synchronize_blocking().unwrap();
             if point == FaultPoint::VmmUnmap {

@@ -432,8 +432,11 @@ pub fn stress_awaiting_tasks(device: Device) {
     );
     let stats = pool.statistics();
     assert_eq!(stats.live_allocations, 0, "allocations left outstanding");
-    assert_eq!(stats.free_bytes, stats.pool_size, "bytes left outstanding");
-    assert!(stats.pool_size <= CAPACITY);
+    assert_eq!(
+        stats.free_bytes, stats.reserved_bytes,
+        "bytes left outstanding"
+    );
+    assert!(stats.reserved_bytes <= CAPACITY);
     assert!(outcome.elapsed < Duration::from_secs(60));
     println!(
         "stress: {} served, {} timed out, {} cancelled in {:?}",
@@ -462,7 +465,7 @@ pub fn fill_to_maximum(device: Device) {
             let stats = pool.statistics();
             assert_eq!(
                 (stats.live_allocations, stats.free_bytes),
-                (0, stats.pool_size)
+                (0, stats.reserved_bytes)
             );
         }
     }
@@ -505,7 +508,7 @@ pub fn fill_to_maximum_from_threads(device: Device) {
             let stats = pool.statistics();
             assert_eq!(
                 (stats.live_allocations, stats.free_bytes),
-                (0, stats.pool_size)
+                (0, stats.reserved_bytes)
             );
         }
     }
@@ -539,6 +542,31 @@ pub fn refill_from_another_shard(device: Device) {
     }
 }
 
+/// A pool bounded at 64 MiB (the getting-started figures) holds 64 MiB of 4 MiB requests, and
+/// of 1 MiB ones, from any initial size that is a whole number of requests: its growth leaves
+/// no sliver under the maximum too small for one more.
+pub fn bounded_pool_fills_from_any_initial_size(device: Device) {
+    const MAX: usize = 64 * MIB;
+    let s = Stream::new(&device).unwrap();
+    for request in [4 * MIB, MIB] {
+        for initial in [0, 4 * MIB, 16 * MIB, 20 * MIB, 32 * MIB, 60 * MIB, MAX] {
+            let pool =
+                PoolResource::new(CudaResource::new(&device).unwrap(), initial, Some(MAX)).unwrap();
+            let held = fill(&pool, &vec![request; MAX / request], &s);
+            assert_eq!(
+                pool.pool_size(),
+                MAX,
+                "initial {initial}, requests of {request}"
+            );
+            let err = pool.try_allocate(256, &s).unwrap_err();
+            assert!(err.is_out_of_memory(), "{err}");
+            for (p, n) in held {
+                free(&pool, p, n, &s);
+            }
+        }
+    }
+}
+
 /// Instantiates the pool cases for one device.
 #[macro_export]
 macro_rules! pool_suite {
@@ -556,6 +584,7 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn stream_destroyed_after_use() { suite::stream_destroyed_after_use($device) }
             $(#[$attr])* #[test] fn cross_stream_reuse_without_growth() { suite::cross_stream_reuse_without_growth($device) }
             $(#[$attr])* #[test] fn fill_to_maximum() { suite::fill_to_maximum($device) }
+            $(#[$attr])* #[test] fn bounded_pool_fills_from_any_initial_size() { suite::bounded_pool_fills_from_any_initial_size($device) }
             $(#[$attr])* #[test] fn fill_to_maximum_from_threads() { suite::fill_to_maximum_from_threads($device) }
             $(#[$attr])* #[test] fn refill_from_another_shard() { suite::refill_from_another_shard($device) }
             $(#[$attr])* #[test] fn stress_awaiting_tasks() { suite::stress_awaiting_tasks($device) }

@@ -41,7 +41,7 @@ fn mapped_pool_data_reads_back_across_pages_and_remaps() {
         }
         s.synchronize_blocking().unwrap();
         pool.trim();
-        assert_eq!(pool.statistics().mapped_bytes, 0, "round {round}");
+        assert_eq!(pool.statistics().reserved_bytes, 0, "round {round}");
     }
 }
 
@@ -59,7 +59,7 @@ fn mapped_pool_gives_physical_memory_back_to_the_device() {
     unsafe { pool.deallocate(p, 512 * MIB, &s) };
     s.synchronize_blocking().unwrap();
     pool.trim();
-    assert_eq!(pool.statistics().mapped_bytes, 0);
+    assert_eq!(pool.statistics().reserved_bytes, 0);
     assert!(device_used(&device) <= before + 4 * MIB, "not given back");
     // Above 1 MiB: placed from the bottom of the range, where `p` was.
     let q = pool.try_allocate(2 * MIB, &s).unwrap();
@@ -159,7 +159,7 @@ fn mapped_pool_default_keeps_the_page_of_a_pair_loop() {
         unsafe { pool.deallocate(p, n, &s) };
     }
     let stats = pool.statistics();
-    assert_eq!((stats.mapped_bytes, stats.peak_mapped_bytes), (g, g));
+    assert_eq!((stats.reserved_bytes, stats.peak_reserved_bytes), (g, g));
     let mut run = DeviceBuffer::try_new(5 * g + 17, &s, pool.clone()).unwrap();
     run.fill(0x5a).unwrap();
     let host = block_on(run.copy_to_host(vec![0u8; 5 * g + 17])).unwrap();
@@ -167,5 +167,5 @@ fn mapped_pool_default_keeps_the_page_of_a_pair_loop() {
     drop(run);
     s.synchronize_blocking().unwrap();
     pool.trim();
-    assert_eq!(pool.statistics().mapped_bytes, 0);
+    assert_eq!(pool.statistics().reserved_bytes, 0);
 }

@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod spawn;
+mod torch_snapshot;
 
 use std::sync::Arc;
 

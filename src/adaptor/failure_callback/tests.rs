@@ -72,6 +72,7 @@ fn other_errors_pass_through_untouched() {
         Error::DeviceMismatch {
             expected: device.id(),
             actual: device.id(),
+            call: "a test",
         },
     ];
     for error in errors {

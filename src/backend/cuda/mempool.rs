@@ -184,7 +184,11 @@ impl CudaMemPool {
     fn stream<'s>(&self, stream: &'s CudaStream) -> Result<&'s CudaStream> {
         let (expected, actual) = (self.ctx.id(), stream.context().id());
         if expected != actual {
-            return Err(Error::DeviceMismatch { expected, actual });
+            return Err(Error::DeviceMismatch {
+                expected,
+                actual,
+                call: "CudaAsyncResource::try_allocate(stream)",
+            });
         }
         Ok(stream)
     }

@@ -114,8 +114,13 @@ fn streams_of_another_device_are_rejected() {
     );
     let s2 = Stream::new(&d2).unwrap();
     match CudaResource::new(&d1).unwrap().try_allocate(256, &s2) {
-        Err(Error::DeviceMismatch { expected, actual }) => {
-            assert_eq!((expected, actual), (d1.id(), d2.id()))
+        Err(Error::DeviceMismatch {
+            expected,
+            actual,
+            call,
+        }) => {
+            assert_eq!((expected, actual), (d1.id(), d2.id()));
+            assert_eq!(call, "CudaResource::try_allocate(stream)");
         }
         other => panic!("expected a device mismatch, got {other:?}"),
     }

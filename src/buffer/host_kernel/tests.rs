@@ -306,7 +306,8 @@ fn an_argument_of_another_device_is_a_device_mismatch() {
         err,
         Error::DeviceMismatch {
             expected: d1.id(),
-            actual: d0.id()
+            actual: d0.id(),
+            call: "a host kernel's buffer argument, on its launch stream",
         }
     );
     // Checked before anything was tracked: the first argument kept its owner.

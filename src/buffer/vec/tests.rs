@@ -172,7 +172,7 @@ fn another_devices_stream_is_a_device_mismatch() {
     let mut v = DeviceVec::<u32>::try_new(4, &s0, CudaResource::new(&d0).unwrap()).unwrap();
     let e = v.set_stream(&s1).unwrap_err();
     assert!(
-        matches!(e, Error::DeviceMismatch { expected, actual } if expected == d0.id() && actual == d1.id()),
+        matches!(e, Error::DeviceMismatch { expected, actual, call: "DeviceBuffer::set_stream(stream)" } if expected == d0.id() && actual == d1.id()),
         "{e:?}"
     );
     assert_eq!(v.stream(), s0, "a refused hand-off keeps the owner");

@@ -17,6 +17,48 @@ use crate::error::Result;
 use crate::resource::DevicePtr;
 use crate::stream::Stream;
 
+/// The extent accessors both views have (`len`, `is_empty`, `start`), written once; each
+/// example makes its view with `$make` from a vector bound `let $binding v`.
+macro_rules! view_extent {
+    ($binding:literal, $make:literal) => {
+        #[doc = concat!(
+            "The number of elements in the view.\n\n```\n",
+            "# use streamalloc::{CudaResource, Device, DeviceVec, Stream};\n",
+            "# let device = Device::host();\n# let stream = Stream::new(&device)?;\n",
+            "let ", $binding, "v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;\n",
+            "assert_eq!(v.", $make, "(2..5)?.len(), 3);\n",
+            "# Ok::<(), streamalloc::Error>(())\n```"
+        )]
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        #[doc = concat!(
+            "True when the view holds no element.\n\n```\n",
+            "# use streamalloc::{CudaResource, Device, DeviceVec, Stream};\n",
+            "# let device = Device::host();\n# let stream = Stream::new(&device)?;\n",
+            "let ", $binding, "v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;\n",
+            "assert!(v.", $make, "(8..)?.is_empty());\n",
+            "# Ok::<(), streamalloc::Error>(())\n```"
+        )]
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        #[doc = concat!(
+            "The index of the view's first element in its vector.\n\n```\n",
+            "# use streamalloc::{CudaResource, Device, DeviceVec, Stream};\n",
+            "# let device = Device::host();\n# let stream = Stream::new(&device)?;\n",
+            "let ", $binding, "v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;\n",
+            "assert_eq!(v.", $make, "(2..)?.", $make, "(1..)?.start(), 3);\n",
+            "# Ok::<(), streamalloc::Error>(())\n```"
+        )]
+        pub fn start(&self) -> usize {
+            self.start
+        }
+    };
+}
+
 /// A borrowed range of a [`DeviceVec`](super::DeviceVec)'s elements, made by
 /// [`DeviceVec::slice`](super::DeviceVec::slice). Its copies are enqueued on the vector's owner
 /// and read only the range.
@@ -90,47 +132,7 @@ impl<'a, T: Pod> VecView<'a, T> {
         self.bytes.ptr()
     }
 
-    /// The number of elements in the view.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
-    /// assert_eq!(v.slice(2..5)?.len(), 3);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the view holds no element.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
-    /// assert!(v.slice(8..)?.is_empty());
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The index of the view's first element in its vector.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let stream = Stream::new(&device)?;
-    /// let v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
-    /// assert_eq!(v.slice(2..)?.slice(1..)?.start(), 3);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn start(&self) -> usize {
-        self.start
-    }
+    view_extent!("", "slice");
 
     /// The whole vector's bytes, whose tracking the view carries.
     ///
@@ -392,47 +394,7 @@ impl<'a, T: Pod> VecViewMut<'a, T> {
         self.as_view().ptr()
     }
 
-    /// The number of elements in the view.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
-    /// assert_eq!(v.slice_mut(2..5)?.len(), 3);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the view holds no element.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
-    /// assert!(v.slice_mut(3..3)?.is_empty());
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The index of the view's first element in its vector.
-    ///
-    /// ```
-    /// # use streamalloc::{CudaResource, Device, DeviceVec, Stream};
-    /// # let device = Device::host();
-    /// # let stream = Stream::new(&device)?;
-    /// let mut v = DeviceVec::<u64>::try_new(8, &stream, CudaResource::new(&device)?)?;
-    /// assert_eq!(v.slice_mut(5..)?.start(), 5);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn start(&self) -> usize {
-        self.start
-    }
+    view_extent!("mut ", "slice_mut");
 
     /// The vector's owner, on which the view's copies are enqueued.
     ///

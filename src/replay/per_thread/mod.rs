@@ -29,14 +29,8 @@ pub(crate) fn per_thread<M: MemoryResource + ?Sized, T: MemoryResource>(
     events: impl Iterator<Item = ReplayResult<Event>>,
     to: Target<'_, M, T>,
 ) -> ReplayResult<ReplayReport> {
-    let Target {
-        mr,
-        timeline,
-        device,
-        options,
-    } = to;
-    let plan = plan::plan(events, device, options, timeline)?;
-    let shared = Shared::new(mr, timeline, options, &plan.awaited);
+    let plan = plan::plan(events, to.device, to.options, to.timeline)?;
+    let shared = Shared::new(to.mr, to.timeline, to.options, &plan.awaited);
     let run = run_threads(&plan, &shared);
     let mut out = plan.out;
     out.mode = ReplayMode::PerThread;
@@ -64,13 +58,13 @@ pub(crate) fn per_thread<M: MemoryResource + ?Sized, T: MemoryResource>(
     // first ones, so the merge's first are the log's).
     out.failures.extend(refused);
     out.failures.sort_by_key(|f| f.line);
-    out.failures.truncate(options.max_failures);
+    out.failures.truncate(to.options.max_failures);
     out.peak_live = shared.peak_live.load(std::sync::atomic::Ordering::Acquire);
     out.peak_reserved = shared
         .peak_reserved
         .load(std::sync::atomic::Ordering::Acquire);
     // The end's frees are no events of the log: the timeline stops before them.
-    out.timeline = timeline.map(TimelineAdaptor::timeline);
+    out.timeline = to.timeline.map(TimelineAdaptor::timeline);
     // What the log left allocated, freed in log order on its allocation's stream.
     for held in &plan.left {
         let Some(ptr) = shared.made_for(held.value.slot) else {
@@ -83,7 +77,7 @@ pub(crate) fn per_thread<M: MemoryResource + ?Sized, T: MemoryResource>(
         });
         // SAFETY: made by `mr` for this slot with this size, never freed by a thread
         // (the log has no free of it), never used.
-        unsafe { mr.deallocate(ptr, held.bytes, &held.value.stream) };
+        unsafe { to.mr.deallocate(ptr, held.bytes, &held.value.stream) };
         out.frees += 1;
     }
     synchronize(plan.streams.all(), plan.line)?;

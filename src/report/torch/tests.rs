@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use serde_pickle::{HashableValue, Value};
 
+use std::backtrace::Backtrace;
+
+use super::frames::parse_frames;
 use super::*;
-use crate::resource::DevicePtr;
+use crate::resource::{DevicePtr, TraceAction};
 use crate::{BackendKind, DeviceId, StreamId};
 
 const HIGH: u64 = 0x7f12_3456_0000; // above 2^32: must come back exact
@@ -101,22 +104,19 @@ fn pickled(snap: &MemorySnapshot, trace: Option<&Timeline>) -> Vec<u8> {
 
 /// What both decoders must read, one line per item, in Python's `repr` of each value.
 const EXPECTED: &str = "\
-keys ['device_traces', 'segments', 'streamalloc']
+keys ['allocator_settings', 'device_traces', 'external_annotations', 'segments', 'streamalloc']
 segment 2 139716164190208 8192 3072 4096 3048 5 'small' (0, 0) False 0
   block 139716164190208 1024 1000 'active_allocated' 5
   block 139716164191232 1024 1024 'active_pending_free' 6
-  block 139716164192256 1024 0 'inactive' 6
-  block 139716164193280 1024 0 'inactive' None
-  block 139716164194304 2048 0 'inactive' None
+  block 139716164192256 4096 0 'inactive' None
   block 139716164196352 2048 2048 'active_allocated' 5
 segment 2 18446744073709547520 4096 4096 4096 4096 0 'small' (0, 0) False 0
   block 18446744073709547520 4096 4096 'active_allocated' None
-traces 3 [0, 0, 6]
+traces 3 [0, 0, 5]
   entry 'segment_alloc' 139716164190208 None 8192 5 10
   entry 'alloc' 139716164190208 None 1000 5 20
   entry 'alloc' 139716164191232 None 1024 6 30
   entry 'free_requested' 139716164191232 None 1024 6 40
-  entry 'free_completed' 139716164191232 None 1024 6 40
   entry 'oom' None 0 18446744073709551615 5 50
 streamalloc 'pool ünïcødé' 'cuda:2' 18446744073709551615 0
 ";
@@ -319,7 +319,8 @@ fn a_live_blocks_site_becomes_its_frames() {
     assert!(!frames.is_empty());
     // Blocks without a site, and free blocks, have none.
     assert!(list(get(&blocks[1], "frames")).is_empty());
-    assert!(list(get(&blocks[5], "frames")).is_empty());
+    assert!(list(get(&blocks[2], "frames")).is_empty());
+    assert!(list(get(&blocks[3], "frames")).is_empty());
     if !crate::test_support::backtraces_have_symbols() {
         eprintln!("frame names not checked: this binary's backtraces have no symbols");
         return;
@@ -373,7 +374,8 @@ fn frames_are_read_from_std_backtrace_text() {
 fn an_empty_snapshot_has_no_segments_and_one_empty_trace_per_ordinal() {
     let snap = MemorySnapshot::new(crate::Device::host().id(), "");
     let bytes = pickled(&snap, None);
-    let expected = "keys ['device_traces', 'segments', 'streamalloc']\n\
+    let expected = "keys ['allocator_settings', 'device_traces', 'external_annotations', \
+                    'segments', 'streamalloc']\n\
                     traces 1 [0]\n\
                     streamalloc '' 'host:0' None 0\n";
     assert_eq!(summary(&bytes), expected);
@@ -440,7 +442,7 @@ fn huge_values_and_long_traces_round_trip() {
 fn an_absurd_device_ordinal_is_an_error_not_a_huge_file() {
     let snap = MemorySnapshot::new(
         DeviceId {
-            backend: BackendKind::Host,
+            backend: BackendKind::Cuda,
             ordinal: u32::MAX,
         },
         "x",
@@ -478,4 +480,18 @@ fn a_tracked_allocation_shows_its_caller_first_not_the_tracking_adaptor() {
             .any(|n| n.contains("a_tracked_allocation_shows_its_caller_first")),
         "{names:?}"
     );
+}
+
+#[test]
+fn a_live_blocks_allocation_entry_carries_its_sites_frames() {
+    let bytes = pickled(&sample(), Some(&sample_trace()));
+    let d = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
+    let traces = list(get(&d, "device_traces"));
+    let entries = list(traces.last().unwrap());
+    let frames = |i: usize| list(get(&entries[i], "frames")).len();
+    // The alloc of the live, tracked block at the segment's base has the site's frames;
+    // the segment's, and the freed block's, have none.
+    assert_eq!(repr(get(&entries[1], "action")), "'alloc'");
+    assert!(frames(1) > 0);
+    assert_eq!((frames(0), frames(2), frames(3)), (0, 0, 0));
 }

@@ -15,11 +15,17 @@ pub(crate) fn upstream_device(upstream: &impl MemoryResource) -> Result<Device> 
 }
 
 /// The start of each sub-allocator's `try_allocate`: `Ok(true)` for a 0-byte request, which is
-/// served with the null pointer whatever the stream; else the stream's device is checked.
+/// served with the null pointer whatever the stream; else the stream's device is checked (an
+/// error names `call`).
 #[inline]
-pub(crate) fn is_empty_request(device: &Device, bytes: usize, stream: &Stream) -> Result<bool> {
+pub(crate) fn is_empty_request(
+    device: &Device,
+    bytes: usize,
+    stream: &Stream,
+    call: &'static str,
+) -> Result<bool> {
     if bytes == 0 {
         return Ok(true);
     }
-    stream.check_on(device).map(|()| false)
+    stream.check_on(device, call).map(|()| false)
 }

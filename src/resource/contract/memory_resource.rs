@@ -1,10 +1,9 @@
 //! The memory-resource contract: [`MemoryResource`] and the future of its `allocate`,
-//! [`Allocate`], which name each other (so they share a file), and [`SharedResource`].
+//! [`Allocate`], which name each other (so they share a file).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -22,6 +21,13 @@ use crate::stream::Stream;
 ///
 /// Implementations are cheap `Clone` handles over shared state where they have state: a clone
 /// *is* the same resource.
+///
+/// # Allocation and observation
+/// Only `try_allocate`, `deallocate` and `properties` are required. Every other method has a
+/// default derived from them (fragmentation from the snapshot, the wait queue's figures from
+/// `availability`); adaptors forward what they do not change and sub-allocators share a base,
+/// so no resource restates a default. (Observation is not a second trait, so that existing
+/// implementations keep compiling.)
 ///
 /// # Stream ordering
 /// Memory returned by [`try_allocate`](MemoryResource::try_allocate) on stream `s` may be used
@@ -371,32 +377,25 @@ fn on_current_thread_runtime() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
-/// A type-erased, shared resource: what per-device defaults, containers and runtime-composed
-/// stacks hold.
-pub type SharedResource = Arc<dyn MemoryResource>;
-
 /// Checks that `mr` allocates on `stream`'s device: what a resource's `try_allocate` checks
-/// first, for callers that hold the resource but not its device (a buffer, a queued request).
-pub(crate) fn check_resource<R: MemoryResource + ?Sized>(mr: &R, stream: &Stream) -> Result<()> {
+/// first, for callers that hold the resource but not its device (a buffer, a queued request);
+/// an error names `call`.
+pub(crate) fn check_resource<R: MemoryResource + ?Sized>(
+    mr: &R,
+    stream: &Stream,
+    call: &'static str,
+) -> Result<()> {
     let expected = mr.properties().device;
     let actual = stream.device().id();
     if expected == actual {
         Ok(())
     } else {
-        Err(Error::DeviceMismatch { expected, actual })
+        Err(Error::DeviceMismatch {
+            expected,
+            actual,
+            call,
+        })
     }
-}
-
-/// Type-erases a resource; a [`SharedResource`] passes through as it is instead of being
-/// wrapped a second time.
-pub(crate) fn into_shared<R: MemoryResource + 'static>(mr: R) -> SharedResource {
-    let mut slot = Some(mr);
-    if let Some(shared) =
-        (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<SharedResource>>()
-    {
-        return shared.take().expect("filled above");
-    }
-    Arc::new(slot.expect("filled above"))
 }
 
 /// The future of [`MemoryResource::allocate`].
@@ -539,13 +538,14 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
     ///
     /// A request that finds waiters of equal or higher priority queues behind them (it does
     /// not take the fast path past them); one that finds only waiters of lower priority
-    /// passes them and tries at once. Priority is strict, with no ageing: a request waits for
-    /// as long as requests of higher priority keep arriving and waiting before it, so a large
-    /// low-priority request under a steady stream of high-priority ones may wait until the
-    /// stream stops (or its [`deadline`](Allocate::deadline) passes). While a large request of
-    /// high priority waits at the head, requests of lower priority behind it wait too, even
-    /// those that would fit. Set before the first poll; a request already queued keeps its
-    /// place.
+    /// passes them and tries at once. Priority ages: a waiting request that requests of
+    /// higher priority have passed over [`age_step`](crate::Availability::age_step) times
+    /// (128 by default) is raised one level, so a low-priority request under a steady stream of
+    /// high-priority ones is served after a bounded number of them (the bound is under
+    /// "Fairness" on [`Availability`]); [`set_age_step(None)`](crate::Availability::set_age_step)
+    /// makes priority strict. While a large request waits at the head, requests of lower
+    /// priority behind it wait too, even those that would fit. Set before the first poll; a
+    /// request already queued keeps its place.
     ///
     /// ```
     /// use std::time::Duration;
@@ -716,7 +716,9 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
             } else {
                 // Behind other waiters, but checked as the fast path would be first: a request
                 // that is wrong on its face fails now instead of waiting its turn.
-                if let Err(e) = check_resource(this.mr, this.stream) {
+                if let Err(e) =
+                    check_resource(this.mr, this.stream, "MemoryResource::allocate(stream)")
+                {
                     return Poll::Ready(Err(e));
                 }
                 if this.bytes == 0 || !this.can_wait() {
@@ -743,14 +745,19 @@ impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
         if availability.take_turn(&wait.waiter) {
             // Queued before retrying: a free from now on finds this waiter and wakes it.
             if let Some(done) = this.retry() {
-                this.leave_queue(WaitEnd::Done);
+                // Only a request that got memory passed the waiters behind it over.
+                this.leave_queue(if done.is_ok() {
+                    WaitEnd::Served
+                } else {
+                    WaitEnd::Failed
+                });
                 return Poll::Ready(held(this.mr, this.bytes, done));
             }
         } else if just_queued {
             // The head checks for a deadlock when its retry fails; a waiter that joins behind
             // it may be the last holder to start waiting, so it checks once as it joins.
             if let Some(e) = this.would_deadlock() {
-                this.leave_queue(WaitEnd::Done);
+                this.leave_queue(WaitEnd::Failed);
                 return Poll::Ready(Err(e));
             }
         }

@@ -5,11 +5,15 @@ pub(crate) mod checks;
 pub(crate) mod forward;
 pub(crate) mod memory_resource;
 pub(crate) mod properties;
+pub(crate) mod shared;
 pub(crate) mod size;
 pub(crate) mod stats;
 
 #[cfg(test)]
 mod wait_tests;
+
+#[cfg(test)]
+mod ageing_tests;
 
 // The watchdog these tests runs on a timer, which the loom models leave out.
 #[cfg(all(test, not(loom)))]

@@ -83,6 +83,9 @@ pub struct WaitQueueStats {
     pub timeouts: u64,
     /// Of those, the ones whose future was dropped while it waited.
     pub cancellations: u64,
+    /// How many times a waiter rose one level by ageing: it had been passed over by
+    /// [`age_step`](crate::Availability::age_step) serves of higher level.
+    pub promotions: u64,
     /// The time the waits that ended spent in the queue, added up.
     pub time_waited: Duration,
 }

@@ -7,7 +7,8 @@ use parking_lot::Mutex;
 
 use crate::device::{Device, DeviceId};
 use crate::error::{Error, Result};
-use crate::resource::contract::memory_resource::{into_shared, MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::shared::{into_shared, SharedResource};
 use crate::resource::contract::size::ALLOCATION_ALIGNMENT;
 use crate::resource::contract::stats::MemoryStats;
 use crate::resource::defaults::scoped::scoped_resource_for;
@@ -116,6 +117,7 @@ pub fn set_current_device_resource_for(
         return Err(Error::DeviceMismatch {
             expected: device.id(),
             actual: id,
+            call: "set_current_device_resource_for(device, mr)",
         });
     }
     let mr = into_shared(mr);

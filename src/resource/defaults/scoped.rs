@@ -17,7 +17,8 @@ use std::task::{Context, Poll};
 use pin_project::pin_project;
 
 use crate::device::DeviceId;
-use crate::resource::contract::memory_resource::{into_shared, MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::shared::{into_shared, SharedResource};
 
 thread_local! {
     /// The resources of the scopes being polled (or run) on this thread, outermost first,

@@ -204,12 +204,12 @@ impl Fragmentation {
             let b = pending.entry(s).or_default();
             *b = b.saturating_add(bytes);
         }
-        let mut details = OutOfMemoryDetails::default();
-        details.largest_free_block = Some(self.largest_free_block);
-        details.free_bytes = Some(self.free_bytes().saturating_add(pending_total));
-        details.reserved_bytes = Some(self.reserved_bytes);
-        details.pending_frees = pending.into_iter().collect();
-        details
+        OutOfMemoryDetails {
+            largest_free_block: Some(self.largest_free_block),
+            free_bytes: Some(self.free_bytes().saturating_add(pending_total)),
+            reserved_bytes: Some(self.reserved_bytes),
+            pending_frees: pending.into_iter().collect(),
+        }
     }
 }
 

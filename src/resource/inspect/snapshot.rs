@@ -156,6 +156,10 @@ pub struct Segment {
     /// Whether address-adjacent free blocks of this segment can be joined to serve one request
     /// (a pool's or an arena's can; a fixed-size resource's blocks cannot).
     pub coalesces: bool,
+    /// Whether the segment is a run of pages mapped into a reserved address range, which grows
+    /// and shrinks page by page (a mapped pool's; PyTorch's expandable segments) rather than
+    /// coming and going whole.
+    pub expandable: bool,
     /// The blocks, in address order. They need not cover the whole segment: a range no block
     /// covers is not described (counted neither live nor free).
     pub blocks: Vec<Block>,
@@ -169,6 +173,7 @@ impl Segment {
             bytes,
             stream: None,
             coalesces: true,
+            expandable: false,
             blocks: Vec::new(),
         }
     }

@@ -19,6 +19,10 @@ pub enum TraceAction {
     SegmentAlloc,
     /// The resource gave a segment back (`segment_free`).
     SegmentFree,
+    /// The resource mapped pages into an expandable segment, growing it (`segment_map`).
+    SegmentMap,
+    /// The resource unmapped pages of an expandable segment, shrinking it (`segment_unmap`).
+    SegmentUnmap,
     /// An allocation failed for lack of memory (`oom`).
     Oom,
 }
@@ -31,6 +35,8 @@ impl TraceAction {
             TraceAction::Free => "free_requested",
             TraceAction::SegmentAlloc => "segment_alloc",
             TraceAction::SegmentFree => "segment_free",
+            TraceAction::SegmentMap => "segment_map",
+            TraceAction::SegmentUnmap => "segment_unmap",
             TraceAction::Oom => "oom",
         }
     }
@@ -107,6 +113,8 @@ pub struct Timeline {
     max_events: usize,
     dropped: u64,
     seq: u64,
+    /// The latest event's time: later events are never recorded before it.
+    last_time: Duration,
     streams: Vec<(StreamId, String)>,
     live_by_stream: Vec<usize>,
     live: usize,
@@ -144,6 +152,7 @@ impl Timeline {
             max_events,
             dropped: 0,
             seq: 0,
+            last_time: Duration::ZERO,
             streams: Vec::new(),
             live_by_stream: Vec::new(),
             live: 0,
@@ -173,6 +182,24 @@ impl Timeline {
     /// Records an event at `time` (a replay gives the logged time). `Alloc` adds `bytes` to
     /// the stream's live bytes, `Free` takes them off (saturating); the others change nothing
     /// live.
+    ///
+    /// Times never go back: an event given a time before the previous event's is recorded at
+    /// the previous one's. Events are kept in the order they happened, and readers (PyTorch's
+    /// viewer, a report's time axis) take that order as time's; a log written by several
+    /// threads has times a few microseconds out of order, which would otherwise draw its
+    /// events backwards.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use streamalloc::{DevicePtr, StreamId, Timeline, TraceAction};
+    ///
+    /// let mut t = Timeline::new();
+    /// let (p, s) = (DevicePtr::from_raw(0x1000), StreamId(1));
+    /// t.record_at(Duration::from_micros(20), TraceAction::Alloc, p, 64, s);
+    /// t.record_at(Duration::from_micros(15), TraceAction::Free, p, 64, s);
+    /// let times: Vec<_> = t.events().map(|e| e.time.as_micros()).collect();
+    /// assert_eq!(times, [20, 20]);
+    /// ```
     pub fn record_at(
         &mut self,
         time: Duration,
@@ -181,6 +208,8 @@ impl Timeline {
         bytes: usize,
         stream: StreamId,
     ) {
+        let time = time.max(self.last_time);
+        self.last_time = time;
         let column = self.column(stream);
         match action {
             TraceAction::Alloc => {

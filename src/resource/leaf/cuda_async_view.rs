@@ -89,7 +89,7 @@ impl CudaAsyncViewResource {
 // host-accessible only on the host backend, whose device memory is host memory.
 unsafe impl MemoryResource for CudaAsyncViewResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "CudaAsyncResource::try_allocate(stream)")?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -150,6 +150,7 @@ unsafe impl MemoryResource for CudaAsyncViewResource {
     fn memory_stats(&self) -> crate::resource::contract::stats::MemoryStats {
         crate::resource::contract::stats::MemoryStats {
             reserved_bytes: self.pool.reserved().ok(),
+            wait_queue: self.pending.availability().stats(),
             ..crate::resource::contract::stats::MemoryStats::default()
         }
     }

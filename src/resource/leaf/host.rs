@@ -52,7 +52,7 @@ impl HostResource {
 // memory, which it says; device-accessible only on the host backend, whose device is the host.
 unsafe impl MemoryResource for HostResource {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        stream.check_on(&self.device)?;
+        stream.check_on(&self.device, "HostResource::try_allocate(stream)")?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }

@@ -12,7 +12,12 @@ pub(crate) fn leaf_allocate(
     bytes: usize,
     stream: &Stream,
 ) -> Result<DevicePtr> {
-    stream.check_on(device)?;
+    let call = match kind {
+        crate::backend::MemoryKind::Device => "CudaResource::try_allocate(stream)",
+        crate::backend::MemoryKind::Managed => "ManagedResource::try_allocate(stream)",
+        crate::backend::MemoryKind::PinnedHost => "PinnedHostResource::try_allocate(stream)",
+    };
+    stream.check_on(device, call)?;
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::forward::memory_resource;
-use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::shared::SharedResource;
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::MemorySnapshot;
@@ -221,6 +222,7 @@ impl<R: MemoryResource + Clone> BinningResource<R> {
                     return Err(Error::DeviceMismatch {
                         expected: wanted.device,
                         actual: given.device,
+                        call: "BinningResource::add_bin(resource)",
                     });
                 }
                 // This resource reports the upstream's properties for every request, so a bin

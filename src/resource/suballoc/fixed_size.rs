@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::memory_resource;
-use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::shared::SharedResource;
 use crate::resource::contract::size::align_up;
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
@@ -25,6 +26,9 @@ use crate::resource::inspect::{
 };
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Stream, StreamId};
+
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "FixedSizeResource::try_allocate(stream)";
 
 /// RMM's default block size for a fixed-size resource.
 const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -277,7 +281,7 @@ memory_resource!(shared [R: MemoryResource] FixedSizeResource<R>);
 // upstream's.
 unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         if bytes > self.block_size {

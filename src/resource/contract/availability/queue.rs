@@ -1,5 +1,5 @@
 //! The queue of waiting allocations behind an [`Availability`](super::Availability): by
-//! priority, in arrival order within one; only the head retries.
+//! level (a priority that ages), in arrival order within one; only the head retries.
 //!
 //! # A head that never takes its turn
 //!
@@ -10,11 +10,13 @@
 //! told head has someone behind it a watchdog (a `futures-timer` delay, no thread of its own)
 //! looks again after [`STALLED_TURN`]. A head still untaken, on the same notification, is taken
 //! out of the queue and the turn passes to the next waiter. The evicted waiter is not lost: its
-//! next poll puts it back at the front of its priority, where arrival order had it, so every
-//! waiter that is polled keeps its place; only one that was not polled for that long lets the
-//! next one try first.
+//! next poll puts it back where its level and arrival order had it, so every waiter that is
+//! polled keeps its place; only one that was not polled for that long lets the next one try
+//! first.
 
+use std::cmp::Reverse;
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::sync::atomic::Ordering;
 use std::task::Waker;
 #[cfg(not(loom))]
@@ -32,8 +34,6 @@ pub(crate) const STALLED_TURN: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
     waker: Mutex<Option<Waker>>,
-    /// Its place in the queue: behind every waiter of equal or higher priority.
-    priority: i32,
     /// The tokio task it waits in, if any.
     task: Option<tokio::task::Id>,
     /// Its turn; read and written with the queue's lock held.
@@ -48,8 +48,107 @@ struct Turn {
     told: u64,
     /// Told, and not polled since.
     untaken: bool,
-    /// Taken out of the queue for not taking its turn; its next poll puts it back.
-    evicted: bool,
+    /// Taken out of the queue for not taking its turn, with the rank it had there: its next
+    /// poll puts it back at that rank.
+    evicted: Option<Rank>,
+}
+
+/// Where a waiter stands in the queue: by level (higher first), then by arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rank {
+    /// Its effective priority: the request's priority, raised by one each time `age_step`
+    /// serves have passed it over at its level (see [`Queue::age`]). Never above the level of
+    /// the waiter whose serve raised it, so never above the highest priority that waited.
+    level: i32,
+    /// Its arrival in this queue (unique, increasing): first come, first served within a level.
+    seq: u64,
+    /// Serves that passed it over since it last rose a level.
+    passed: u32,
+}
+
+impl Rank {
+    /// The order of the queue: higher level first, then earlier arrival.
+    fn key(&self) -> (Reverse<i32>, u64) {
+        (Reverse(self.level), self.seq)
+    }
+}
+
+/// A queued waiter and its rank.
+#[derive(Debug)]
+struct Entry {
+    rank: Rank,
+    waiter: Arc<Waiter>,
+}
+
+/// The waiters, sorted by [`Rank::key`], and the next arrival number.
+#[derive(Debug, Default)]
+struct Queue {
+    entries: VecDeque<Entry>,
+    next_seq: u64,
+}
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn front(&self) -> Option<&Arc<Waiter>> {
+        self.entries.front().map(|e| &e.waiter)
+    }
+
+    fn position(&self, waiter: &Arc<Waiter>) -> Option<usize> {
+        self.entries
+            .iter()
+            .position(|e| Arc::ptr_eq(&e.waiter, waiter))
+    }
+
+    /// Puts `waiter` at `rank`'s place: behind every waiter of a higher level, and behind the
+    /// earlier arrivals of its own. A binary search: the entries are sorted by key.
+    fn insert(&mut self, waiter: &Arc<Waiter>, rank: Rank) {
+        let at = self.entries.partition_point(|e| e.rank.key() < rank.key());
+        self.entries.insert(
+            at,
+            Entry {
+                rank,
+                waiter: waiter.clone(),
+            },
+        );
+    }
+
+    /// A waiter of level `served` was just served: every waiter left of a lower level was
+    /// passed over by it, and rises one level once `step` serves have passed it over since it
+    /// last rose. Returns how many rose.
+    ///
+    /// The waiters passed over are a suffix (the entries are sorted by level), so the common
+    /// case (nobody waits at a lower level) is one comparison; a waiter that rises is placed
+    /// by its new key with an in-place sort, which allocates nothing.
+    fn age(&mut self, served: i32, step: NonZeroU32) -> u32 {
+        if self.entries.back().is_none_or(|e| e.rank.level >= served) {
+            return 0;
+        }
+        let from = self.entries.partition_point(|e| e.rank.level >= served);
+        let mut rose = 0;
+        for e in self.entries.range_mut(from..) {
+            e.rank.passed += 1;
+            if e.rank.passed >= step.get() {
+                // `level < served`: no overflow, and never above the level that passed it.
+                e.rank.level += 1;
+                e.rank.passed = 0;
+                rose += 1;
+            }
+        }
+        if rose > 0 {
+            // Keys are unique (`seq`), so the unstable sort is deterministic.
+            self.entries
+                .make_contiguous()
+                .sort_unstable_by_key(|e| e.rank.key());
+        }
+        rose
+    }
 }
 
 impl Waiter {
@@ -82,11 +181,12 @@ impl Waiter {
     }
 }
 
-/// Queue of waiters by priority (higher first), FIFO within a priority. Only the head retries;
-/// it is woken by `notify` and whenever the waiter before it leaves. A waiter of higher
-/// priority than the head becomes the head when it is pushed; it retries on its own right after
-/// (as every new waiter does), so the old head needs no wake-up. A head that does not take its
-/// turn loses it (see the module docs).
+/// Queue of waiters by level (higher first), FIFO within a level; a waiter's level is its
+/// priority, raised by ageing (see [`Queue::age`]). Only the head retries; it is woken by
+/// `notify` and whenever the waiter before it leaves (or ageing puts one before it). A waiter
+/// of higher priority than the head's level becomes the head when it is pushed; it retries on
+/// its own right after (as every new waiter does), so the old head needs no wake-up. A head
+/// that does not take its turn loses it (see the module docs).
 ///
 /// No lost wake-up: a waiter is pushed (with its waker) *before* its retry, so a free that lands
 /// between a failed retry and the waiter's `Pending` finds it in the queue and wakes it. The
@@ -105,8 +205,8 @@ pub(crate) struct WaitQueue {
 struct Core {
     /// Number of queued waiters; read without the lock on every fast path.
     len: AtomicUsize,
-    /// Sorted by priority, highest first; in arrival order within a priority.
-    waiters: Mutex<VecDeque<Arc<Waiter>>>,
+    /// Sorted by level, highest first; in arrival order within a level.
+    waiters: Mutex<Queue>,
     /// The watch on a told head, while one runs (see the module docs).
     #[cfg(not(loom))]
     watchdog: parking_lot::Mutex<Option<Watch>>,
@@ -146,20 +246,32 @@ impl WaitQueue {
 
     /// The tokio tasks of the waiters (`None` for a waiter outside a task), in queue order.
     pub(crate) fn tasks(&self) -> Vec<Option<tokio::task::Id>> {
-        self.core.waiters.lock().iter().map(|w| w.task()).collect()
+        self.core
+            .waiters
+            .lock()
+            .entries
+            .iter()
+            .map(|e| e.waiter.task())
+            .collect()
     }
 
     /// Queues a new waiter behind every waiter of equal or higher `priority`; calls `first`
     /// (before the fence) if the queue was empty.
     pub(crate) fn push(&self, waker: &Waker, priority: i32, first: impl FnOnce()) -> Arc<Waiter> {
         let waiter = Arc::new(Waiter {
-            priority,
             task: tokio::task::try_id(),
             ..Waiter::default()
         });
         waiter.set_waker(waker);
         let mut waiters = self.core.waiters.lock();
-        insert(&mut waiters, &waiter, |w| w.priority >= priority);
+        let seq = waiters.next_seq;
+        waiters.next_seq += 1;
+        let rank = Rank {
+            level: priority,
+            seq,
+            passed: 0,
+        };
+        waiters.insert(&waiter, rank);
         self.core.len.store(waiters.len(), Ordering::Release);
         let was_empty = waiters.len() == 1;
         // Behind a head that was told to retry and has not yet: watch it.
@@ -185,24 +297,24 @@ impl WaitQueue {
     }
 
     /// `waiter` is being polled: it takes any turn it was given, goes back in the queue if it
-    /// was taken out for not taking one (at the front of its priority, calling `first` if the
-    /// queue was empty), and learns whether it is the head, the one allowed to retry.
+    /// was taken out for not taking one (at the rank it had, calling `first` if the queue was
+    /// empty), and learns whether it is the head, the one allowed to retry.
     pub(crate) fn take_turn(&self, waiter: &Arc<Waiter>, first: impl FnOnce()) -> bool {
         let mut waiters = self.core.waiters.lock();
         let rejoined = {
             let mut turn = waiter.turn.lock();
             turn.untaken = false;
-            std::mem::take(&mut turn.evicted)
+            turn.evicted.take()
         };
-        if rejoined {
-            // Every waiter of its priority in the queue came after it.
-            insert(&mut waiters, waiter, |w| w.priority > waiter.priority);
+        if let Some(rank) = rejoined {
+            // Back where arrival order (and its ageing) had it.
+            waiters.insert(waiter, rank);
             self.core.len.store(waiters.len(), Ordering::Release);
         }
         let head = waiters.front().is_some_and(|h| Arc::ptr_eq(h, waiter));
         let was_empty = waiters.len() == 1;
         drop(waiters);
-        if rejoined {
+        if rejoined.is_some() {
             if was_empty {
                 first();
             }
@@ -212,21 +324,47 @@ impl WaitQueue {
         head
     }
 
-    /// Takes `waiter` out of the queue (served, timed out or cancelled); calls `emptied` if
+    /// Takes `waiter` out of the queue (failed, timed out or cancelled); calls `emptied` if
     /// the queue is empty now. If it was the head, the new head is woken to retry: memory it
     /// could use may be there already.
     pub(crate) fn remove(&self, waiter: &Arc<Waiter>, emptied: impl FnOnce()) {
+        self.leave(waiter, None, emptied);
+    }
+
+    /// Takes `waiter` out of the queue as [`remove`](Self::remove) does, after it got its
+    /// memory: with `age_step`, the waiters of lower level it passed over age (see
+    /// [`Queue::age`]). Returns how many of them rose a level.
+    pub(crate) fn serve(
+        &self,
+        waiter: &Arc<Waiter>,
+        age_step: Option<NonZeroU32>,
+        emptied: impl FnOnce(),
+    ) -> u32 {
+        self.leave(waiter, age_step, emptied)
+    }
+
+    fn leave(
+        &self,
+        waiter: &Arc<Waiter>,
+        age_step: Option<NonZeroU32>,
+        emptied: impl FnOnce(),
+    ) -> u32 {
         let mut waiters = self.core.waiters.lock();
-        let Some(i) = waiters.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
-            return;
+        let Some(i) = waiters.position(waiter) else {
+            return 0;
         };
-        waiters.remove(i);
+        let head_before = waiters.entries.front().map(|e| e.rank.seq);
+        let Some(gone) = waiters.entries.remove(i) else {
+            unreachable!("found above")
+        };
+        let rose = age_step.map_or(0, |step| waiters.age(gone.rank.level, step));
         self.core.len.store(waiters.len(), Ordering::Release);
-        let next = if i == 0 {
-            waiters.front().cloned()
-        } else {
-            None
-        };
+        // A new head (the old one left, or, rarely, ageing put a waiter before it) retries.
+        let next = waiters
+            .entries
+            .front()
+            .filter(|e| Some(e.rank.seq) != head_before)
+            .map(|e| e.waiter.clone());
         let watch = if next.is_some() {
             watched(&waiters, true)
         } else {
@@ -242,6 +380,7 @@ impl WaitQueue {
             emptied();
         }
         self.watch(watch);
+        rose
     }
 
     /// Wakes the head so it retries.
@@ -279,24 +418,9 @@ impl WaitQueue {
     }
 }
 
-/// Inserts `waiter` before the first queued waiter that `goes_before` does not hold for (the
-/// queue is sorted by priority, highest first). Usually every waiter has the default priority:
-/// a push at the back, found at once.
-fn insert(
-    waiters: &mut VecDeque<Arc<Waiter>>,
-    waiter: &Arc<Waiter>,
-    goes_before: impl Fn(&Waiter) -> bool,
-) {
-    let at = waiters
-        .iter()
-        .rposition(|w| goes_before(w))
-        .map_or(0, |i| i + 1);
-    waiters.insert(at, waiter.clone());
-}
-
 /// The head and its notification when someone waits behind it; with `tell`, the head is told
 /// to retry first (a notification, or the turn passed on). Called with the queue's lock held.
-fn watched(waiters: &VecDeque<Arc<Waiter>>, tell: bool) -> Watched {
+fn watched(waiters: &Queue, tell: bool) -> Watched {
     let head = waiters.front()?;
     let told = if tell {
         head.tell()
@@ -368,11 +492,13 @@ impl Core {
             } else if watch.since.elapsed() < STALLED_TURN {
                 (None, Some((head, told, watch.since)))
             } else {
-                waiters.pop_front();
+                let Some(Entry { rank, .. }) = waiters.entries.pop_front() else {
+                    unreachable!("the head is there")
+                };
                 {
                     let mut turn = head.turn.lock();
                     turn.untaken = false;
-                    turn.evicted = true;
+                    turn.evicted = Some(rank);
                 }
                 self.len.store(waiters.len(), Ordering::Release);
                 tracing::debug!(

@@ -38,8 +38,17 @@ fn a_resource_of_another_device_is_refused_with_both_ids() {
     let before = current_device_resource_for(&d1);
     let r = set_current_device_resource_for(&d1, CudaResource::new(&d0).unwrap());
     match r {
-        Err(Error::DeviceMismatch { expected, actual }) => {
+        Err(
+            e @ Error::DeviceMismatch {
+                expected, actual, ..
+            },
+        ) => {
             assert_eq!((expected, actual), (d1.id(), d0.id()));
+            assert!(
+                e.to_string()
+                    .contains("in set_current_device_resource_for(device, mr)"),
+                "{e}"
+            );
         }
         other => panic!("expected a device mismatch, got {other:?}"),
     }

@@ -35,12 +35,16 @@ use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::memory_resource;
-use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::MemoryResource;
+use crate::resource::contract::shared::SharedResource;
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::MemorySnapshot;
 use crate::resource::suballoc::stream_order::{Fence, OrderCounters};
 use crate::stream::Stream;
+
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "ArenaResource::try_allocate(stream)";
 
 /// RMM's arena allocator (`arena_memory_resource`) over any upstream resource: a global arena
 /// taken from the upstream once, lent out in superblocks to an arena per stream, so that
@@ -366,7 +370,7 @@ impl<R: MemoryResource> ArenaResource<R> {
     /// let stats = arena.statistics();
     /// assert_eq!((stats.live_allocations, stats.live_bytes), (1, 1024));
     /// assert_eq!((stats.stream_arenas, stats.superblocks), (1, 1));
-    /// assert_eq!(stats.free_bytes + stats.pending_bytes + stats.live_bytes, stats.arena_size);
+    /// assert_eq!(stats.free_bytes + stats.pending_bytes + stats.live_bytes, stats.reserved_bytes);
     /// unsafe { arena.deallocate(p, 1000, &stream) };
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -413,7 +417,7 @@ memory_resource!(shared [R: MemoryResource] ArenaResource<R>);
 // hands out no byte twice until it is freed. The properties are the upstream's.
 unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         let size = match self.round(bytes) {
@@ -506,7 +510,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         let stats = self.statistics();
         self.upstream
             .memory_stats()
-            .with_reserved(stats.arena_size, stats.arena_size)
+            .with_reserved(stats.reserved_bytes, stats.reserved_bytes)
             .with_allocated(Allocated {
                 bytes: stats.live_bytes,
                 peak: None,

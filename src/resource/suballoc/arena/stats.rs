@@ -17,7 +17,7 @@ use crate::stream::StreamId;
 /// A snapshot of an arena's accounting
 /// ([`ArenaResource::statistics`](super::ArenaResource::statistics)).
 ///
-/// `free_bytes + pending_bytes + live_bytes == arena_size` always holds.
+/// `free_bytes + pending_bytes + live_bytes == reserved_bytes` always holds.
 ///
 /// # Examples
 ///
@@ -41,6 +41,10 @@ use crate::stream::StreamId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArenaStatistics {
     /// The bytes taken from the upstream.
+    pub reserved_bytes: usize,
+    /// The old spelling of `reserved_bytes`, kept for one release.
+    #[deprecated(note = "renamed `reserved_bytes`, as in `MemoryStats`")]
+    #[doc(hidden)]
     pub arena_size: usize,
     /// Bytes free for reuse: in the global arena and in the stream arenas.
     pub free_bytes: usize,
@@ -68,7 +72,10 @@ pub struct ArenaStatistics {
 
 impl<R: MemoryResource> Inner<R> {
     pub(super) fn statistics(&self) -> ArenaStatistics {
+        // The old spelling is filled in until it goes.
+        #[allow(deprecated)]
         let mut stats = ArenaStatistics {
+            reserved_bytes: self.extents.held(),
             arena_size: self.extents.held(),
             free_bytes: 0,
             global_free_bytes: 0,
@@ -123,7 +130,7 @@ impl<R: MemoryResource> Inner<R> {
         });
         pending.sort_unstable();
         let figures = Fragmentation {
-            reserved_bytes: stats.arena_size,
+            reserved_bytes: stats.reserved_bytes,
             live_bytes: stats.live_bytes,
             free_now_bytes: stats.free_bytes,
             pending_bytes: pending,
@@ -172,7 +179,7 @@ impl<R: MemoryResource> Inner<R> {
         let _ = writeln!(
             out,
             "  arena size: {} bytes in {} extents; free {} (global {}), pending {}, live {} in {} allocations",
-            stats.arena_size,
+            stats.reserved_bytes,
             self.extents.list().len(),
             stats.free_bytes,
             stats.global_free_bytes,

@@ -34,7 +34,7 @@ fn assert_accounted(mr: &ArenaResource<CudaResource>) -> ArenaStatistics {
     let s = mr.statistics();
     assert_eq!(
         s.free_bytes + s.pending_bytes + s.live_bytes,
-        s.arena_size,
+        s.reserved_bytes,
         "{s:?}"
     );
     s
@@ -1023,7 +1023,7 @@ fn a_request_keeps_the_superblock_it_grew_the_arena_by() {
     let s = mr.statistics();
     assert_eq!(
         s.free_bytes + s.pending_bytes + s.live_bytes,
-        s.arena_size,
+        s.reserved_bytes,
         "{s:?}"
     );
     a.synchronize_blocking().unwrap();

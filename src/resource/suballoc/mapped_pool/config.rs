@@ -60,9 +60,19 @@ impl MappedPoolConfig {
 pub struct MappedPoolStatistics {
     /// The reserved virtual address range, in bytes.
     pub reserved_range: usize,
-    /// Bytes of physical memory mapped now: the pool's footprint on the device.
+    /// Bytes of physical memory mapped now: the pool's footprint on the device, its reserved
+    /// bytes as [`MemoryStats::reserved_bytes`](crate::MemoryStats::reserved_bytes) spells
+    /// them (the address range it holds unmapped is `reserved_range`).
+    pub reserved_bytes: usize,
+    /// The most `reserved_bytes` has been since the pool was made or its peak reset.
+    pub peak_reserved_bytes: usize,
+    /// The old spelling of `reserved_bytes`, kept for one release.
+    #[deprecated(note = "renamed `reserved_bytes`, as in `MemoryStats`")]
+    #[doc(hidden)]
     pub mapped_bytes: usize,
-    /// The most `mapped_bytes` has been since the pool was made or its peak reset.
+    /// The old spelling of `peak_reserved_bytes`, kept for one release.
+    #[deprecated(note = "renamed `peak_reserved_bytes`, as in `MemoryStats`")]
+    #[doc(hidden)]
     pub peak_mapped_bytes: usize,
     /// Bytes handed out and not freed, as the pool rounded them (to 256).
     pub allocated_bytes: usize,

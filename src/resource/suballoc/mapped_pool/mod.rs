@@ -30,6 +30,9 @@ use crate::resource::inspect::{Fragmentation, MemorySnapshot};
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::{Event, Stream, StreamId};
 
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "MappedPoolResource::try_allocate(stream)";
+
 /// Every block is a multiple of this and aligned to it.
 const ALIGN: u64 = 256;
 
@@ -123,7 +126,7 @@ const SMALL_BLOCK: u64 = 1 << 20;
 /// unsafe { pool.deallocate(r, 2 << 20, &stream) };
 /// // `trim` releases them, once the stream has passed the frees (at once: it is idle).
 /// assert_eq!(pool.trim(), 4 << 20);
-/// assert_eq!(pool.statistics().mapped_bytes, 0);
+/// assert_eq!(pool.statistics().reserved_bytes, 0);
 /// # Ok::<(), streamalloc::Error>(())
 /// # }).unwrap();
 /// ```
@@ -300,7 +303,7 @@ impl MappedPoolResource {
     /// let p = pool.try_allocate(1000, &stream)?;
     /// let stats = pool.statistics();
     /// assert_eq!((stats.allocated_bytes, stats.live_allocations), (1024, 1));
-    /// assert_eq!(stats.mapped_bytes, stats.granularity); // one page
+    /// assert_eq!(stats.reserved_bytes, stats.granularity); // one page
     /// unsafe { pool.deallocate(p, 1000, &stream) };
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
@@ -322,9 +325,9 @@ impl MappedPoolResource {
     /// let pool = MappedPoolResource::with_config(&device, config)?;
     /// let p = pool.try_allocate(4 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
-    /// assert_eq!(pool.statistics().mapped_bytes, 4 << 20);
+    /// assert_eq!(pool.statistics().reserved_bytes, 4 << 20);
     /// assert_eq!(pool.trim(), 4 << 20);
-    /// assert_eq!(pool.statistics().mapped_bytes, 0);
+    /// assert_eq!(pool.statistics().reserved_bytes, 0);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn trim(&self) -> usize {
@@ -358,7 +361,7 @@ impl MappedPoolResource {
     /// stream.enqueue_delay(Duration::from_millis(20))?; // a kernel still using `p`
     /// unsafe { pool.deallocate(p, 2 << 20, &stream) };
     /// // Kept mapped under the default release threshold, with no event recorded yet.
-    /// assert_eq!(pool.statistics().mapped_bytes, 2 << 20);
+    /// assert_eq!(pool.statistics().reserved_bytes, 2 << 20);
     /// assert_eq!(pool.statistics().pending_release_bytes, 0);
     /// assert_eq!(pool.trim_blocking()?, 2 << 20);
     /// # Ok::<(), streamalloc::Error>(())
@@ -392,9 +395,9 @@ impl MappedPoolResource {
     /// let p = pool.try_allocate(4 << 20, &stream)?;
     /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
     /// pool.trim();
-    /// assert_eq!(pool.statistics().peak_mapped_bytes, 4 << 20);
+    /// assert_eq!(pool.statistics().peak_reserved_bytes, 4 << 20);
     /// pool.reset_peak_mapped();
-    /// assert_eq!(pool.statistics().peak_mapped_bytes, 0);
+    /// assert_eq!(pool.statistics().peak_reserved_bytes, 0);
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn reset_peak_mapped(&self) {
@@ -565,7 +568,7 @@ impl Inner {
     }
 
     fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         let mut state = self.state.lock();
@@ -720,7 +723,7 @@ unsafe impl MemoryResource for MappedPoolResource {
             wait_queue: self.inner.availability.stats(),
             ..MemoryStats::default()
         }
-        .with_reserved(stats.mapped_bytes, stats.peak_mapped_bytes)
+        .with_reserved(stats.reserved_bytes, stats.peak_reserved_bytes)
         .with_allocated(Allocated {
             bytes: stats.allocated_bytes,
             peak: None,

@@ -24,8 +24,12 @@ impl Inner {
                 )
             })
             .count();
+        // The old spellings are filled in until they go.
+        #[allow(deprecated)]
         MappedPoolStatistics {
             reserved_range: self.reserved,
+            reserved_bytes: state.mapped_pages * g,
+            peak_reserved_bytes: state.peak_mapped_pages * g,
             mapped_bytes: state.mapped_pages * g,
             peak_mapped_bytes: state.peak_mapped_pages * g,
             allocated_bytes: state.list.live_bytes() as usize,
@@ -77,6 +81,7 @@ impl Inner {
             }
             let (lo, hi) = (first as u64 * g, page as u64 * g);
             let mut segment = Segment::new(DevicePtr::from_raw(self.base + lo), (hi - lo) as usize);
+            segment.expandable = true;
             let from = blocks.partition_point(|b| b.0 + b.1 <= lo);
             for &(start, len, state, stream) in blocks[from..].iter().take_while(|b| b.0 < hi) {
                 let (s, e) = (start.max(lo), (start + len).min(hi));

@@ -46,7 +46,7 @@ fn grows_in_place_and_maps_only_the_pages_blocks_touch() {
     let c = pool.try_allocate(1000, &s).unwrap();
     assert_eq!(c.addr(), a.addr() + (2 << 30) - 1024);
     assert_eq!(mapped(&device), 5 * PAGE);
-    assert_eq!(pool.statistics().peak_mapped_bytes, 5 * PAGE);
+    assert_eq!(pool.statistics().peak_reserved_bytes, 5 * PAGE);
     free(&pool, a, 3 * MIB, &s);
     free(&pool, b, 5 * MIB, &s);
     free(&pool, c, 1000, &s);
@@ -440,11 +440,11 @@ fn a_pool_keeping_pages_fences_them_only_when_it_releases_them() {
     free(&pool, p, 2 * PAGE, &s);
     // Under the threshold: kept mapped, and no event recorded for it.
     assert_eq!(pool.statistics().pending_release_bytes, 0);
-    assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
+    assert_eq!(pool.statistics().reserved_bytes, 3 * PAGE);
     free(&pool, q, PAGE, &s);
     // Over it: every kept page is fenced now, and waits for the stream to pass the frees.
     assert_eq!(pool.statistics().pending_release_bytes, 3 * PAGE);
-    assert_eq!(pool.statistics().mapped_bytes, 3 * PAGE);
+    assert_eq!(pool.statistics().reserved_bytes, 3 * PAGE);
     assert_eq!(pool.trim_blocking().unwrap(), 3 * PAGE);
     assert_eq!(mapped(&device), 0);
 }
@@ -487,7 +487,7 @@ fn a_steady_pair_loop_makes_no_driver_call_with_the_default() {
         before,
         "[create, map, unmap, release, event record] calls in a steady pair loop"
     );
-    assert_eq!(pool.statistics().mapped_bytes, PAGE);
+    assert_eq!(pool.statistics().reserved_bytes, PAGE);
     assert_eq!(pool.trim(), PAGE, "trim still gives the kept page back");
     assert_eq!(mapped(&device), 0);
 }
@@ -507,7 +507,7 @@ fn releasing_goes_below_the_threshold_so_a_pair_at_the_boundary_does_not_map_eac
     for &hole in blocks.iter().step_by(2) {
         free(&pool, hole, PAGE, &s);
     }
-    assert_eq!(pool.statistics().mapped_bytes, 8 * PAGE);
+    assert_eq!(pool.statistics().reserved_bytes, 8 * PAGE);
     let pair = || {
         let p = pool.try_allocate(2 * PAGE, &s).unwrap();
         free(&pool, p, 2 * PAGE, &s);
@@ -572,7 +572,7 @@ fn releasing_idle_pages_for_a_request_never_unmaps_the_pages_it_covers() {
     assert!(err.is_out_of_memory(), "{err}");
     let stats = pool.statistics();
     assert_eq!(stats.live_allocations, 1);
-    assert_eq!(stats.mapped_bytes, mapped(&device));
+    assert_eq!(stats.reserved_bytes, mapped(&device));
     // What is handed out is mapped: writing all of it does not fault.
     let c = pool.try_allocate(2 * PAGE, &s).unwrap();
     // SAFETY: `c` is 4 MiB of live host memory of the host backend.
@@ -621,7 +621,10 @@ fn an_event_error_keeps_the_pages_and_reaches_the_device() {
     );
     // Not pending for ever either (a waiter would wait on it): kept, as memory in use is.
     let stats = pool.statistics();
-    assert_eq!((stats.pending_release_bytes, stats.mapped_bytes), (0, PAGE));
+    assert_eq!(
+        (stats.pending_release_bytes, stats.reserved_bytes),
+        (0, PAGE)
+    );
     assert!(!pool.may_regain_memory(PAGE));
     // The page is free memory still: a request on the stream takes it without mapping more.
     let q = pool.try_allocate(PAGE, &s).unwrap();

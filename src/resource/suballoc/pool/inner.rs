@@ -183,7 +183,7 @@ impl<R: MemoryResource> Inner<R> {
         let mapped_free = match self.mapped_made() {
             Some(level) => {
                 let stats = level.statistics();
-                let free = stats.mapped_bytes - stats.allocated_bytes.min(stats.mapped_bytes);
+                let free = stats.reserved_bytes - stats.allocated_bytes.min(stats.reserved_bytes);
                 if free > keep {
                     level.release_free_above(keep);
                 }
@@ -254,7 +254,8 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// How much to ask the upstream for to serve `size` more bytes; 0 when the maximum leaves
-    /// no room. With a maximum, RMM's rule (half the remaining room, at least the request).
+    /// no room. With a maximum, RMM's rule (half the remaining room, at least the request),
+    /// rounded up to a multiple of the request.
     /// Without one, unless the pool is [`granular`](Inner::granular), RMM's rule too
     /// (`max(request, pool size)`). Granular pools do not follow RMM's
     /// doubling, which holds up to twice the memory in use: a request
@@ -266,7 +267,14 @@ impl<R: MemoryResource> Inner<R> {
             Some(max) => {
                 let remaining = align_up(max.saturating_sub(pool_size)).unwrap_or(0);
                 if size <= remaining {
-                    size.max(align_up(remaining / 2).unwrap_or(0))
+                    // A whole number of requests, so that no sliver too small for the next
+                    // one of the same size is left in the chunk, or under the maximum: with
+                    // 4 MiB requests a pool bounded at 64 MiB then fills all 64 whatever its
+                    // initial multiple of 4 MiB (RMM's halves alone stop at 62).
+                    let half = size.max(align_up(remaining / 2).unwrap_or(0));
+                    half.checked_next_multiple_of(size)
+                        .unwrap_or(remaining)
+                        .min(remaining)
                 } else {
                     0
                 }

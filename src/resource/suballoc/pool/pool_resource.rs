@@ -16,13 +16,17 @@ use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::forward::memory_resource;
-use crate::resource::contract::memory_resource::{MemoryResource, SharedResource};
+use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::contract::properties::ResourceIdentity;
+use crate::resource::contract::shared::SharedResource;
 use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::MemorySnapshot;
 use crate::resource::leaf::cuda::CudaResource;
 use crate::stream::Stream;
+
+/// What a device mismatch of a request names.
+const TRY_ALLOCATE: &str = "PoolResource::try_allocate(stream)";
 
 /// A coalescing pool sub-allocator over any upstream resource (RMM's `pool_memory_resource`),
 /// stream-ordered, fast, and awaitable.
@@ -422,7 +426,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 return Ok(DevicePtr::from_raw(p));
             }
         }
-        if is_empty_request(&self.device, bytes, stream)? {
+        if is_empty_request(&self.device, bytes, stream, TRY_ALLOCATE)? {
             return Ok(DevicePtr::NULL);
         }
         let Some(size) = align_up(bytes) else {
@@ -559,9 +563,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         let stats = self.statistics_with(false);
         self.upstream
             .memory_stats()
-            .with_reserved(stats.pool_size, self.peak_reserved.load(Ordering::Relaxed))
+            .with_reserved(
+                stats.reserved_bytes,
+                self.peak_reserved.load(Ordering::Relaxed),
+            )
             .with_allocated(Allocated {
-                bytes: stats.pool_size - stats.free_bytes,
+                bytes: stats.reserved_bytes - stats.free_bytes,
                 peak: None,
                 allocations: Some(stats.live_allocations),
             })

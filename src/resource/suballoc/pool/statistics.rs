@@ -17,7 +17,12 @@ use crate::stream::Stream;
 /// A snapshot of a pool's accounting ([`PoolResource::statistics`](crate::PoolResource::statistics)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStatistics {
-    /// Bytes held from the upstream (every chunk, allocated or free).
+    /// Bytes held from the upstream (every chunk, allocated or free): the pool's reserved
+    /// bytes, as [`MemoryStats::reserved_bytes`](crate::MemoryStats::reserved_bytes) spells them.
+    pub reserved_bytes: usize,
+    /// The old spelling of `reserved_bytes` (RMM's `pool_size`), kept for one release.
+    #[deprecated(note = "renamed `reserved_bytes`, as in `MemoryStats`")]
+    #[doc(hidden)]
     pub pool_size: usize,
     /// Bytes free in the pool.
     pub free_bytes: usize,
@@ -61,7 +66,10 @@ impl<R: MemoryResource> Inner<R> {
         let global = self.global.lock();
         let large = self.large.lock();
         let core = &global.core;
+        // The old spelling is filled in until it goes.
+        #[allow(deprecated)]
         let mut stats = PoolStatistics {
+            reserved_bytes: global.chunk_bytes + large.chunk_bytes,
             pool_size: global.chunk_bytes + large.chunk_bytes,
             free_bytes: core.free_bytes(),
             largest_free_block: largest(core),
@@ -72,8 +80,12 @@ impl<R: MemoryResource> Inner<R> {
         if let Some(level) = self.mapped_made() {
             // Its mapped pages: what it holds of the device, and their free part.
             let m = level.statistics();
-            stats.pool_size += m.mapped_bytes;
-            stats.free_bytes += m.mapped_bytes.saturating_sub(m.allocated_bytes);
+            stats.reserved_bytes += m.reserved_bytes;
+            #[allow(deprecated)]
+            {
+                stats.pool_size += m.reserved_bytes;
+            }
+            stats.free_bytes += m.reserved_bytes.saturating_sub(m.allocated_bytes);
             stats.live_allocations += m.live_allocations;
         }
         let core = &large.core;

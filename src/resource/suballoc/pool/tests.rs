@@ -86,7 +86,7 @@ fn memory_merged_into_a_stream_is_ordered_for_the_next_taker() {
     let d = pool.try_allocate(MIB + MIB / 4, &t).unwrap();
     let stats = pool.statistics();
     assert_eq!(
-        stats.pool_size,
+        stats.reserved_bytes,
         2 * MIB,
         "served by merging, not by growing"
     );
@@ -316,7 +316,7 @@ fn statistics_are_consistent_while_sub_chunks_move() {
     };
     for _ in 0..20_000 {
         let stats = pool.statistics();
-        assert!(stats.free_bytes <= stats.pool_size, "{stats:?}");
+        assert!(stats.free_bytes <= stats.reserved_bytes, "{stats:?}");
         assert!(stats.live_allocations <= 1, "{stats:?}");
     }
     stop.store(true, Ordering::Relaxed);
@@ -367,7 +367,10 @@ fn run_ops(ops: Vec<Op>, initial: usize, maximum: usize) {
                         assert!(e.is_out_of_memory(), "{e}");
                         // Refused only when no free block fits and the pool cannot grow by it.
                         assert!(before.largest_free_block < rounded(size), "{before:?}");
-                        assert!(before.pool_size + rounded(size) > maximum, "{before:?}");
+                        assert!(
+                            before.reserved_bytes + rounded(size) > maximum,
+                            "{before:?}"
+                        );
                     }
                 }
             }
@@ -390,18 +393,18 @@ fn run_ops(ops: Vec<Op>, initial: usize, maximum: usize) {
         assert_eq!(stats.live_allocations, live.len());
         assert_eq!(
             stats.free_bytes + used,
-            stats.pool_size,
+            stats.reserved_bytes,
             "bytes lost or made up"
         );
-        assert!(stats.pool_size <= maximum);
+        assert!(stats.reserved_bytes <= maximum);
     }
     for (&p, &n) in &live {
         free(&pool, DevicePtr::from_raw(p), n, &streams[0]);
     }
     let stats = pool.statistics();
-    assert_eq!(stats.free_bytes, stats.pool_size);
+    assert_eq!(stats.free_bytes, stats.reserved_bytes);
     // Fully freed, on whichever streams: trim coalesces every chunk and gives it all back.
-    assert_eq!(pool.trim(), stats.pool_size);
+    assert_eq!(pool.trim(), stats.reserved_bytes);
     assert_eq!(pool.pool_size(), 0);
     drop(pool);
     // The chunks go back on the streams that owned them (the pool's own among them): wait for
