@@ -682,10 +682,10 @@ unsafe impl MemoryResource for MappedPoolResource {
     /// A segment per run of mapped pages (reserved address space that is not mapped is no
     /// segment), with the live and free blocks in it. Pages waiting for their streams to pass
     /// frees before they are unmapped hold free blocks like any other: a request takes them
-    /// (after waiting for those frees), so they are not [`BlockState::Pending`]. A free block
-    /// is [`Free`](BlockState::Free) once every stream that freed into it has passed an event
+    /// (after waiting for those frees), so they are not [`BlockState::Pending`](crate::BlockState::Pending). A free block
+    /// is [`Free`](crate::BlockState::Free) once every stream that freed into it has passed an event
     /// recorded after its frees (the pool records one when another stream takes the memory),
-    /// else [`FreeOnStream`](BlockState::FreeOnStream) on one such stream that has not (free
+    /// else [`FreeOnStream`](crate::BlockState::FreeOnStream) on one such stream that has not (free
     /// blocks of several streams coalesce here, so a request on that stream may still wait
     /// for another's).
     ///
