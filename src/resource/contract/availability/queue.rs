@@ -144,6 +144,12 @@ impl WaitQueue {
         self.core.len.load(Ordering::Acquire)
     }
 
+    /// [`len`](Self::len) as a relaxed load, for a reader ordered by a lock of its own (see
+    /// `Availability::nobody_to_notify`).
+    pub(crate) fn len_relaxed(&self) -> usize {
+        self.core.len.load(Ordering::Relaxed)
+    }
+
     /// The tokio tasks of the waiters (`None` for a waiter outside a task), in queue order.
     pub(crate) fn tasks(&self) -> Vec<Option<tokio::task::Id>> {
         self.core.waiters.lock().iter().map(|w| w.task()).collect()
@@ -186,8 +192,14 @@ impl WaitQueue {
 
     /// `waiter` is being polled: it takes any turn it was given, goes back in the queue if it
     /// was taken out for not taking one (at the front of its priority, calling `first` if the
-    /// queue was empty), and learns whether it is the head, the one allowed to retry.
-    pub(crate) fn take_turn(&self, waiter: &Arc<Waiter>, first: impl FnOnce()) -> bool {
+    /// queue was empty, then `joined`), and learns whether it is the head, the one allowed to
+    /// retry.
+    pub(crate) fn take_turn(
+        &self,
+        waiter: &Arc<Waiter>,
+        first: impl FnOnce(),
+        joined: impl FnOnce(),
+    ) -> bool {
         let mut waiters = self.core.waiters.lock();
         let rejoined = {
             let mut turn = waiter.turn.lock();
@@ -208,6 +220,7 @@ impl WaitQueue {
             }
             // As in `push`: back in the queue before the caller's retry reads resource state.
             fence(Ordering::SeqCst);
+            joined();
         }
         head
     }

@@ -32,8 +32,8 @@ pub(super) struct Inner<R: MemoryResource> {
     /// that takes or gives back a chunk.
     pub(super) held: AtomicUsize,
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
-    /// its id modulo their number.
-    pub(super) shards: Box<[Mutex<Shard>]>,
+    /// its id modulo their number. Shared (weakly) with the availability's join barrier.
+    pub(super) shards: Arc<[Mutex<Shard>]>,
     /// Bytes a shard takes from the global level at a time (see `shard_layout`).
     pub(super) shard_chunk: usize,
     /// Requests up to this size go through the shards.
@@ -365,8 +365,8 @@ impl<R: MemoryResource> Drop for Inner<R> {
         let core = &self.large.get_mut().core;
         allocations += core.allocation_count();
         bytes += core.chunk_bytes() - core.free_bytes();
-        for shard in self.shards.iter_mut() {
-            let core = &shard.get_mut().level.core;
+        for shard in self.shards.iter() {
+            let core = &shard.lock().level.core;
             allocations = allocations + core.allocation_count() - core.chunk_count();
             bytes -= core.free_bytes();
         }

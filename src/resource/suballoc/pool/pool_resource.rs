@@ -211,6 +211,22 @@ impl<R: MemoryResource> PoolResource<R> {
         let granular = maximum_size.is_none() && initial_size == 0 && capacity >= SHARDED_CAPACITY;
         let (shards, shard_chunk, shard_limit) =
             shard_layout(capacity, maximum_size.is_some(), granular);
+        let shards: Arc<[Mutex<Shard>]> = (0..shards)
+            .map(|_| {
+                Mutex::new(Shard {
+                    level: Level::new(false),
+                    release_above: 2 * shard_chunk,
+                })
+            })
+            .collect();
+        // A free into a shard reads whether anyone waits under the shard's lock, with no
+        // fence (see `Availability::nobody_to_notify`): a joining waiter takes every one.
+        let swept = Arc::downgrade(&shards);
+        availability.set_join_barrier(move || {
+            for shard in swept.upgrade().iter().flat_map(|s| s.iter()) {
+                drop(shard.lock());
+            }
+        });
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -219,14 +235,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 global: Mutex::new(Level::new(true)),
                 large: Mutex::new(Level::new(true)),
                 held: AtomicUsize::new(0),
-                shards: (0..shards)
-                    .map(|_| {
-                        Mutex::new(Shard {
-                            level: Level::new(false),
-                            release_above: 2 * shard_chunk,
-                        })
-                    })
-                    .collect(),
+                shards,
                 shard_chunk,
                 shard_limit,
                 availability,
@@ -476,8 +485,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         if small {
             let mut shard = self.shard_of(stream).lock();
             if shard.level.try_free(ptr.addr(), bytes, stream) {
+                // Read under the shard's lock, which the join barrier takes: no fence.
+                let quiet = self.availability.nobody_to_notify();
                 self.shard_freed(shard);
-                self.availability.notify();
+                if !quiet {
+                    self.availability.notify();
+                }
                 return;
             }
         }
