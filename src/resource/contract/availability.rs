@@ -409,6 +409,7 @@ impl Availability {
     /// the barrier of every availability it follows, and its count reaches theirs (`up`)
     /// before that. Holdings: a record happens before the free of the memory it counts (the
     /// pointer is handed out after it), so the free reads `RECORDED` or a later value.
+    #[inline]
     pub(crate) fn nobody_to_notify(&self) -> bool {
         self.queue.len_relaxed() == 0
             && self.waiting.count.load(Ordering::Relaxed) == 0
@@ -426,6 +427,7 @@ impl Availability {
 
     /// Counts `bytes` as held by the current tokio task (nothing outside a task): an awaited
     /// allocation got them.
+    #[inline]
     pub(crate) fn record_held(&self, bytes: usize) {
         if self.deadlock_detection() {
             self.holders.record(bytes);
@@ -461,6 +463,7 @@ impl Availability {
     }
 
     /// Whether deadlock detection is on ([`set_deadlock_detection`](Self::set_deadlock_detection)).
+    #[inline]
     pub fn deadlock_detection(&self) -> bool {
         self.detect_deadlocks
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -492,6 +495,7 @@ impl Availability {
     }
 
     /// Whether any allocation is waiting.
+    #[inline]
     pub fn has_waiters(&self) -> bool {
         !self.queue.is_empty()
     }

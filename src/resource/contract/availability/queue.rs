@@ -136,16 +136,19 @@ impl std::fmt::Debug for Watch {
 type Watched = Option<(Arc<Waiter>, u64)>;
 
 impl WaitQueue {
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.core.len.load(Ordering::Acquire)
     }
 
     /// [`len`](Self::len) as a relaxed load, for a reader ordered by a lock of its own (see
     /// `Availability::nobody_to_notify`).
+    #[inline]
     pub(crate) fn len_relaxed(&self) -> usize {
         self.core.len.load(Ordering::Relaxed)
     }
