@@ -8,6 +8,9 @@
 //! `STREAMALLOC_WORKLOADS_OUT=path.md` to also get the report as Markdown. The argument
 //! `footprint` (`cargo bench --bench workloads -- footprint`) runs W4 alone; further arguments
 //! keep only the W4 set-ups whose names contain one of them (`-- footprint Arena Pool`).
+//! `STREAMALLOC_WORKLOADS_ONLY=Binning,FixedSize` keeps only the set-ups whose names contain one
+//! of its comma-separated parts, in W1–W3 and W4 alike; the W1–W3 pool always runs, as the
+//! reference for the ratios and for the adaptor and future figures.
 //!
 //! W4 (`footprint`) runs every set-up twice, each time on a freshly built resource: a timed
 //! pass (ns per step) and a sampled pass that reads the device's used memory
@@ -177,6 +180,14 @@ struct W1ToW3 {
     adaptors: Vec<(String, f64)>,
 }
 
+/// Whether the set-up `name` runs: `STREAMALLOC_WORKLOADS_ONLY` (comma-separated parts of
+/// names) keeps those that contain one of its parts; unset keeps all.
+fn selected(name: &str) -> bool {
+    std::env::var("STREAMALLOC_WORKLOADS_ONLY").map_or(true, |only| {
+        only.split(',').any(|part| name.contains(part.trim()))
+    })
+}
+
 fn measure_w1_to_w3(device: &Device) -> Result<W1ToW3, BoxError> {
     let device = device.clone();
     // Made first: on the host backend, memory the big pools free reaches the device only when
@@ -184,11 +195,11 @@ fn measure_w1_to_w3(device: &Device) -> Result<W1ToW3, BoxError> {
     let wake_pool = PoolResource::new(CudaResource::new(&device)?, WAKE_SIZE, Some(WAKE_SIZE))?;
     let mut rows = Vec::new();
     #[cfg(feature = "cuda-driver")]
-    if device.backend() == BackendKind::Cuda {
+    if device.backend() == BackendKind::Cuda && selected("raw cuMemAllocFromPoolAsync") {
         let mr = raw::RawAsync::new(&device)?;
         rows.push(measure("raw cuMemAllocFromPoolAsync", &mr, &device)?);
     }
-    {
+    if selected("streamalloc CudaAsyncResource") {
         let mr = CudaAsyncResource::new(&device)?;
         rows.push(measure("streamalloc CudaAsyncResource", &mr, &device)?);
     }
@@ -205,19 +216,19 @@ fn measure_w1_to_w3(device: &Device) -> Result<W1ToW3, BoxError> {
         }
         (median(tries), median(awaits))
     };
-    {
+    if selected("streamalloc ArenaResource") {
         // WORKLOADS.md's arena: over plain device memory, 50 % of free memory.
         let size = percent_of_free_device_memory(&device, 50)?;
         let mr = ArenaResource::new(CudaResource::new(&device)?, Some(size))?;
         rows.push(measure("streamalloc ArenaResource", &mr, &device)?);
     }
-    {
+    if selected("streamalloc BinningResource") {
         // WORKLOADS.md's binning: bins of 2^18..2^22 bytes (128 blocks each) over a pool of
         // 50 % of free memory.
         let mr = BinningResource::with_range(workload_pool(&device)?, 18, 22)?;
         rows.push(measure("streamalloc BinningResource", &mr, &device)?);
     }
-    {
+    if selected("streamalloc FixedSizeResource") {
         // Blocks of 1 MiB, RMM's default, which hold every request of W1, W2 rand1MiB and W3.
         let mr = FixedSizeResource::with_defaults(CudaResource::new(&device)?)?;
         rows.push(measure_up_to(
@@ -491,8 +502,11 @@ fn device_used(device: &Device) -> Result<usize, BoxError> {
 }
 
 /// Whether the W4 set-up `name` runs: the arguments after `footprint` name the set-ups to
-/// keep (a part of the name each); none keeps all.
+/// keep (a part of the name each), and [`selected`] must keep it too; none keeps all.
 fn footprint_wanted(name: &str) -> bool {
+    if !selected(name) {
+        return false;
+    }
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))

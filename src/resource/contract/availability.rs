@@ -356,6 +356,19 @@ struct Waiting {
     /// The counts of the availabilities this one follows. Its lock is held while `count`
     /// changes, so a follower added meanwhile is counted exactly once.
     leaders: Mutex<Vec<Arc<Waiting>>>,
+    /// The resource's join barrier, if it set one ([`Availability::set_join_barrier`]).
+    barrier: OnceLock<JoinBarrier>,
+}
+
+/// What a waiter joining a queue runs, for the resource whose availability this is and for
+/// every one it follows, once it is counted and before its retry: it takes and lets go every
+/// lock under which that resource's frees call [`Availability::nobody_to_notify`].
+struct JoinBarrier(Box<dyn Fn() + Send + Sync>);
+
+impl fmt::Debug for JoinBarrier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JoinBarrier")
+    }
 }
 
 impl Waiting {
@@ -379,6 +392,18 @@ impl Waiting {
 
     fn any(&self) -> bool {
         self.count.load(Ordering::SeqCst) > 0
+    }
+
+    /// Runs the join barriers of this availability and of every one it follows.
+    fn join_barrier(&self) {
+        if let Some(barrier) = self.barrier.get() {
+            (barrier.0)();
+        }
+        // Run outside the lock: a barrier takes the resource's locks.
+        let leaders = self.leaders.lock().clone();
+        for leader in &leaders {
+            leader.join_barrier();
+        }
     }
 }
 
@@ -407,8 +432,41 @@ impl Availability {
         }
     }
 
+    /// Whether a free may skip [`notify`](Self::notify): nobody waits here or at a follower, and
+    /// no task's holdings are counted (their bytes must be forgotten by the next notify). Three
+    /// relaxed loads, no fence: sound only when read under a lock that the caller held while it
+    /// changed the resource's state, and that the resource's
+    /// [join barrier](Self::set_join_barrier) takes.
+    ///
+    /// Why no wake-up is lost (the free side: change state, then read the counts, both under
+    /// lock `L`; a joining waiter: count itself (`len` under the queue's lock, then `count`),
+    /// then the barrier, which takes `L`, then its retry). `L`'s critical sections are in one
+    /// order: if the free's comes first, the barrier's acquire of `L` synchronizes with the
+    /// free's release, so the retry sees the new state; if the barrier's comes first, the
+    /// waiter's count happens before the free's read, which sees it or a later value, and a
+    /// later value is 0 only once every waiter counted has left. A waiter at a follower runs
+    /// the barrier of every availability it follows, and its count reaches theirs (`up`)
+    /// before that. Holdings: a record happens before the free of the memory it counts (the
+    /// pointer is handed out after it), so the free reads `RECORDED` or a later value.
+    #[inline]
+    pub(crate) fn nobody_to_notify(&self) -> bool {
+        self.queue.len_relaxed() == 0
+            && self.waiting.count.load(Ordering::Relaxed) == 0
+            && self.holders.state.load(Ordering::Relaxed) & RECORDED == 0
+    }
+
+    /// Makes every waiter that joins the queue here, or at an availability that follows this
+    /// one, call `barrier` once it is counted and before it retries. A resource whose frees
+    /// skip [`notify`](Self::notify) when [`nobody_to_notify`](Self::nobody_to_notify) says so
+    /// passes a barrier that takes and lets go every lock it reads that under. Set once.
+    pub(crate) fn set_join_barrier(&self, barrier: impl Fn() + Send + Sync + 'static) {
+        let set = self.waiting.barrier.set(JoinBarrier(Box::new(barrier)));
+        assert!(set.is_ok(), "an availability's join barrier is set once");
+    }
+
     /// Counts `bytes` as held by the current tokio task (nothing outside a task): an awaited
     /// allocation got them.
+    #[inline]
     pub(crate) fn record_held(&self, bytes: usize) {
         if self.deadlock_detection() {
             self.holders.record(bytes);
@@ -444,6 +502,7 @@ impl Availability {
     }
 
     /// Whether deadlock detection is on ([`set_deadlock_detection`](Self::set_deadlock_detection)).
+    #[inline]
     pub fn deadlock_detection(&self) -> bool {
         self.detect_deadlocks
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -515,6 +574,7 @@ impl Availability {
     }
 
     /// Whether any allocation is waiting.
+    #[inline]
     pub fn has_waiters(&self) -> bool {
         !self.queue.is_empty()
     }
@@ -581,7 +641,10 @@ impl Availability {
     /// Queues a new waiter of `priority` behind every waiter of equal or higher level.
     pub(crate) fn push(&self, waker: &Waker, priority: i32) -> Arc<Waiter> {
         self.counts.waits.fetch_add(1, Ordering::Relaxed);
-        self.queue.push(waker, priority, || self.waiting.up())
+        let waiter = self.queue.push(waker, priority, || self.waiting.up());
+        // Counted now; the caller's retry comes next (see `nobody_to_notify`).
+        self.waiting.join_barrier();
+        waiter
     }
 
     /// Takes `waiter` out of the queue as [`remove`](Availability::remove) does, and counts
@@ -623,7 +686,8 @@ impl Availability {
     /// [`WaitQueue`]), goes back in the queue if it lost its place so (where its level and
     /// arrival put it), and learns whether it is the head, the one allowed to retry.
     pub(crate) fn take_turn(&self, waiter: &Arc<Waiter>) -> bool {
-        self.queue.take_turn(waiter, || self.waiting.up())
+        self.queue
+            .take_turn(waiter, || self.waiting.up(), || self.waiting.join_barrier())
     }
 
     /// Takes `waiter` out of the queue (served, timed out or cancelled), waking the next one if

@@ -125,7 +125,8 @@ struct Inner<R: MemoryResource> {
     device: Device,
     block_size: usize,
     blocks_per_chunk: usize,
-    state: Mutex<FixedSizeCore<FreeOrder>>,
+    /// Shared (weakly) with the availability's join barrier.
+    state: Arc<Mutex<FixedSizeCore<FreeOrder>>>,
     availability: Arc<Availability>,
 }
 
@@ -162,13 +163,25 @@ impl<R: MemoryResource> FixedSizeResource<R> {
             })?;
         let device = crate::resource::contract::checks::upstream_device(&upstream)?;
         let availability = Availability::following(upstream.availability());
+        let state = Arc::new(Mutex::new(FixedSizeCore::new(
+            rounded,
+            blocks_to_preallocate,
+        )));
+        // A free reads whether anyone waits under the state's lock, with no fence (see
+        // `Availability::nobody_to_notify`): a joining waiter takes that lock.
+        let swept = Arc::downgrade(&state);
+        availability.set_join_barrier(move || {
+            if let Some(state) = swept.upgrade() {
+                drop(state.lock());
+            }
+        });
         let mr = FixedSizeResource {
             inner: Arc::new(Inner {
                 upstream,
                 device,
                 block_size: rounded,
                 blocks_per_chunk: blocks_to_preallocate,
-                state: Mutex::new(FixedSizeCore::new(rounded, blocks_to_preallocate)),
+                state,
                 availability,
             }),
         };
@@ -325,7 +338,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         if ptr.is_null() {
             return;
         }
-        {
+        let quiet = {
             let mut state = self.state.lock();
             let Some(order) = state.free(ptr.addr(), stream.id(), || FreeOrder::new(stream)) else {
                 // Nothing is freed, and the caller hears of it through the device's deferred
@@ -337,8 +350,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 return;
             };
             order.changed();
+            // Read under the state's lock, which the join barrier takes: no fence.
+            self.availability.nobody_to_notify()
+        };
+        if !quiet {
+            self.availability.notify();
         }
-        self.availability.notify();
     }
 
     fn wait_queue(&self) -> &Availability {
@@ -488,7 +505,7 @@ impl<R: MemoryResource> Drop for Inner<R> {
     /// freed under memory someone still uses, and the device records an [`Error::Leaked`].
     fn drop(&mut self) {
         if !self.release_all() {
-            let allocations = self.state.get_mut().live();
+            let allocations = self.state.lock().live();
             self.device.defer_error(Error::Leaked {
                 what: "FixedSizeResource",
                 allocations,

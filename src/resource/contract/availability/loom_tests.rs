@@ -1,6 +1,6 @@
 //! `RUSTFLAGS="--cfg loom" cargo test --lib --release loom_tests`
 
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use loom::sync::atomic::AtomicBool;
 
@@ -135,5 +135,74 @@ fn a_cancelled_priority_head_hands_on_in_arrival_order() {
         assert!(woken_b.0.load(SeqCst), "the turn was not handed on");
         assert!(!woken_c.0.load(SeqCst), "the younger waiter was woken");
         assert_eq!(queue.len(), 2);
+    });
+}
+
+/// A resource whose free checks `nobody_to_notify` under its own lock, with no fence, and
+/// skips the notify when it says so (the pool's shard fast path); its join barrier takes that
+/// lock. The retry reads the state without the lock (as a pool's retry may find its memory
+/// elsewhere and never lock that shard), relaxed: only the barrier orders it after the free.
+struct Resource {
+    lock: crate::sync::Mutex<()>,
+    memory: AtomicBool,
+}
+
+fn resource_with_barrier() -> (std::sync::Arc<Availability>, Arc<Resource>) {
+    let availability = std::sync::Arc::new(Availability::new());
+    let resource = Arc::new(Resource {
+        lock: crate::sync::Mutex::default(),
+        memory: AtomicBool::new(false),
+    });
+    let swept = resource.clone();
+    availability.set_join_barrier(move || drop(swept.lock.lock()));
+    (availability, resource)
+}
+
+/// The free side of [`resource_with_barrier`].
+fn free_under_lock(availability: &Availability, resource: &Resource) {
+    let held = resource.lock.lock();
+    resource.memory.store(true, Relaxed);
+    let quiet = availability.nobody_to_notify();
+    drop(held);
+    if !quiet {
+        availability.notify();
+    }
+}
+
+/// A free that reads the waiter count under its lock and skips the notify, racing with a
+/// waiter joining: the join barrier makes the waiter's retry see the memory, or the free see
+/// the waiter. Never neither.
+#[test]
+fn no_lost_wake_up_when_a_free_skips_the_notify_under_its_lock() {
+    loom::model(|| {
+        let (availability, resource) = resource_with_barrier();
+        let (a, r) = (availability.clone(), resource.clone());
+        let freer = loom::thread::spawn(move || free_under_lock(&a, &r));
+        let (woken, waker) = flag();
+        let waiter = availability.push(&waker, 0);
+        let served = availability.is_head(&waiter) && resource.memory.load(Relaxed);
+        freer.join().unwrap();
+        assert!(served || woken.0.load(SeqCst), "lost wake-up");
+    });
+}
+
+/// As above, with the waiter at a resource that follows the one that frees (an adaptor with
+/// a limit over a pool): the follower's join runs its leader's barrier too.
+#[test]
+fn no_lost_wake_up_when_a_leader_skips_the_notify_under_its_lock() {
+    loom::model(|| {
+        let (leader, resource) = resource_with_barrier();
+        let follower = std::sync::Arc::new(Availability::new());
+        leader.add_follower(&follower);
+        let (l, r) = (leader.clone(), resource.clone());
+        let freer = loom::thread::spawn(move || free_under_lock(&l, &r));
+        let (woken, waker) = flag();
+        let waiter = follower.push(&waker, 0);
+        let served = follower.is_head(&waiter) && resource.memory.load(Relaxed);
+        freer.join().unwrap();
+        assert!(
+            served || woken.0.load(SeqCst),
+            "lost wake-up through a follower"
+        );
     });
 }

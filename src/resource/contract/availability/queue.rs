@@ -236,12 +236,21 @@ impl std::fmt::Debug for Watch {
 type Watched = Option<(Arc<Waiter>, u64)>;
 
 impl WaitQueue {
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.core.len.load(Ordering::Acquire)
+    }
+
+    /// [`len`](Self::len) as a relaxed load, for a reader ordered by a lock of its own (see
+    /// `Availability::nobody_to_notify`).
+    #[inline]
+    pub(crate) fn len_relaxed(&self) -> usize {
+        self.core.len.load(Ordering::Relaxed)
     }
 
     /// The tokio tasks of the waiters (`None` for a waiter outside a task), in queue order.
@@ -298,8 +307,13 @@ impl WaitQueue {
 
     /// `waiter` is being polled: it takes any turn it was given, goes back in the queue if it
     /// was taken out for not taking one (at the rank it had, calling `first` if the queue was
-    /// empty), and learns whether it is the head, the one allowed to retry.
-    pub(crate) fn take_turn(&self, waiter: &Arc<Waiter>, first: impl FnOnce()) -> bool {
+    /// empty, then `joined`), and learns whether it is the head, the one allowed to retry.
+    pub(crate) fn take_turn(
+        &self,
+        waiter: &Arc<Waiter>,
+        first: impl FnOnce(),
+        joined: impl FnOnce(),
+    ) -> bool {
         let mut waiters = self.core.waiters.lock();
         let rejoined = {
             let mut turn = waiter.turn.lock();
@@ -320,6 +334,7 @@ impl WaitQueue {
             }
             // As in `push`: back in the queue before the caller's retry reads resource state.
             fence(Ordering::SeqCst);
+            joined();
         }
         head
     }

@@ -228,6 +228,45 @@ async fn a_full_resource_makes_an_awaited_allocation_wait_for_a_free() {
     }
 }
 
+/// A free that skips the notify (nobody counted under the lock) racing with a waiter on
+/// another stream joining: the join barrier takes the lock, so the waiter is always served.
+#[test]
+fn a_free_racing_a_joining_waiter_never_loses_it() {
+    let device = host();
+    let (freer, waiter) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let up = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), 64 * KIB);
+    let mr = FixedSizeResource::new(up, KIB, 64).unwrap();
+    let mut held: Vec<_> = (0..64)
+        .map(|_| mr.try_allocate(KIB, &freer).unwrap())
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut served = Vec::new();
+    for round in 0..64 {
+        let task = {
+            let (mr, s) = (mr.clone(), waiter.clone());
+            rt.spawn(async move { mr.allocate(KIB, &s).await })
+        };
+        for _ in 0..(round * 37) % 2_000 {
+            std::hint::spin_loop();
+        }
+        free(&mr, held.pop().unwrap(), KIB, &freer);
+        let p = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
+            .unwrap_or_else(|_| panic!("round {round}: the waiter was never woken"))
+            .unwrap()
+            .unwrap();
+        served.push(p);
+    }
+    assert!(mr.availability().unwrap().stats().waits > 0);
+    for p in served {
+        free(&mr, p, KIB, &waiter);
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate { size: usize, stream: usize },

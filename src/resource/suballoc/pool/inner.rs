@@ -43,8 +43,8 @@ pub(super) struct Inner<R: MemoryResource> {
     /// that takes or gives back a chunk. (The mapped level's pages are not from the upstream.)
     pub(super) held: Arc<AtomicUsize>,
     /// The stream shards, a power of two of them (none for small pools); a stream's shard is
-    /// its id modulo their number.
-    pub(super) shards: Box<[Mutex<Shard>]>,
+    /// its id modulo their number. Shared (weakly) with the availability's join barrier.
+    pub(super) shards: Arc<[Mutex<Shard>]>,
     /// Bytes a shard takes from the global level at a time (see `shard_layout`).
     pub(super) shard_chunk: usize,
     /// Requests up to this size go through the shards.
@@ -414,8 +414,8 @@ impl<R: MemoryResource> Drop for Inner<R> {
             allocations += stats.live_allocations;
             bytes += stats.allocated_bytes;
         }
-        for shard in self.shards.iter_mut() {
-            let core = &shard.get_mut().level.core;
+        for shard in self.shards.iter() {
+            let core = &shard.lock().level.core;
             allocations = allocations + core.allocation_count() - core.chunk_count();
             bytes -= core.free_bytes();
         }

@@ -21,3 +21,6 @@ mod footprint_tests;
 
 #[cfg(test)]
 mod release_tests;
+
+#[cfg(test)]
+mod wake_tests;

@@ -236,6 +236,22 @@ impl<R: MemoryResource> PoolResource<R> {
             && upstream.identity() == ResourceIdentity::stateless::<CudaResource>(device.id());
         let (shards, shard_chunk, shard_limit) =
             shard_layout(capacity, maximum_size.is_some(), granular);
+        let shards: Arc<[Mutex<Shard>]> = (0..shards)
+            .map(|_| {
+                Mutex::new(Shard {
+                    level: Level::new(false),
+                    release_above: 2 * shard_chunk,
+                })
+            })
+            .collect();
+        // A free into a shard reads whether anyone waits under the shard's lock, with no
+        // fence (see `Availability::nobody_to_notify`): a joining waiter takes every one.
+        let swept = Arc::downgrade(&shards);
+        availability.set_join_barrier(move || {
+            for shard in swept.upgrade().iter().flat_map(|s| s.iter()) {
+                drop(shard.lock());
+            }
+        });
         let pool = PoolResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -247,14 +263,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 vmm,
                 mapped_served: AtomicU64::new(0),
                 held: Arc::new(AtomicUsize::new(0)),
-                shards: (0..shards)
-                    .map(|_| {
-                        Mutex::new(Shard {
-                            level: Level::new(false),
-                            release_above: 2 * shard_chunk,
-                        })
-                    })
-                    .collect(),
+                shards,
                 shard_chunk,
                 shard_limit,
                 availability,
@@ -505,8 +514,12 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         if small {
             let mut shard = self.shard_of(stream).lock();
             if shard.level.try_free(ptr.addr(), bytes, stream) {
+                // Read under the shard's lock, which the join barrier takes: no fence.
+                let quiet = self.availability.nobody_to_notify();
                 self.shard_freed(shard);
-                self.availability.notify();
+                if !quiet {
+                    self.availability.notify();
+                }
                 return;
             }
         }
