@@ -293,17 +293,19 @@ fn check(bytes: &[u8], mapped: bool) -> Figures {
 /// Runs `tests/torch_viz_check.py` (what `_memory_viz.py`'s `segsum` and `trace` and the
 /// viewer's history read, in Python's own `pickle`) on the export, where python3 exists.
 fn python_check(bytes: &[u8], tag: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/torch_viz_check.py");
-    let path = std::env::temp_dir().join(format!(
-        "streamalloc-torch-{tag}-{}.pickle",
-        std::process::id()
-    ));
+    // Embedded and written out beside the export: the test binary may run where the source
+    // tree is not (the GPU bundle).
+    let dir = std::env::temp_dir();
+    let stem = format!("streamalloc-torch-{tag}-{}", std::process::id());
+    let (script, path) = (dir.join(format!("{stem}.py")), dir.join(format!("{stem}.pickle")));
+    std::fs::write(&script, include_str!("../torch_viz_check.py")).unwrap();
     std::fs::write(&path, bytes).unwrap();
     let out = std::process::Command::new("python3")
-        .arg(script)
+        .arg(&script)
         .arg(&path)
         .output();
     let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&script);
     match out {
         Ok(out) => assert!(
             out.status.success() && out.stdout.starts_with(b"ok "),
