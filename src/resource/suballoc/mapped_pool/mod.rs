@@ -3,6 +3,7 @@
 mod config;
 mod for_pool;
 mod free_list;
+mod page_state;
 mod pages;
 mod report;
 
@@ -16,7 +17,7 @@ use rustc_hash::FxHashMap;
 
 pub use self::config::{MappedPoolConfig, MappedPoolStatistics};
 use self::free_list::{BadFree, FreeList, Owner};
-use self::pages::{Page, PendingRelease, Status};
+use self::page_state::{Page, PendingRelease, Status};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ids::BackendKind;

@@ -1,7 +1,7 @@
 //! What a mapped pool reports: its statistics and its snapshot.
 
 use super::free_list::Owner;
-use super::pages::{Page, Status};
+use super::page_state::{Page, Status};
 use super::{Inner, MappedPoolStatistics, State};
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::{Block, BlockState, MemorySnapshot, Segment};
