@@ -55,7 +55,10 @@ pub const LOG_FILE_ENV: &str = "STREAMALLOC_LOG_FILE";
 /// (outside Linux), `Thread` is a number unique to the thread within the process.
 ///
 /// The time is the clock's time of day in UTC, where RMM prints local time: the standard
-/// library cannot read the local time zone. Give [`LoggingAdaptorBuilder::clock`] a clock
+/// library cannot read the local time zone. By default a call reads the CPU's time-stamp
+/// counter where the kernel keeps the system's time by it (Linux's clocksource `tsc`; a third
+/// of a `clock_gettime`'s cost), and the writer turns it into [`SystemTime`]'s time of day;
+/// elsewhere it reads [`SystemTime::now`]. Give [`LoggingAdaptorBuilder::clock`] a clock
 /// shifted by your UTC offset for local times. RMM's parser ignores the column.
 ///
 /// # Flushing
@@ -373,8 +376,9 @@ impl LoggingAdaptorBuilder {
         fn streams_as_default(streams_as_default: bool) => streams_as_default;
     }
 
-    /// The clock whose time of day (in UTC) fills the `Time` column (default
-    /// [`SystemTime::now`]).
+    /// The clock whose time of day (in UTC) fills the `Time` column, called for every line
+    /// (default [`SystemTime::now`]'s time, read by the time-stamp counter where the kernel
+    /// keeps time by it: see [`LoggingAdaptor`]).
     pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.clock = Some(Box::new(clock));
         self
