@@ -56,9 +56,10 @@ pub const LOG_FILE_ENV: &str = "STREAMALLOC_LOG_FILE";
 ///
 /// The time is the clock's time of day in UTC, where RMM prints local time: the standard
 /// library cannot read the local time zone. By default a call reads the CPU's time-stamp
-/// counter where the kernel keeps the system's time by it (Linux's clocksource `tsc`; a third
-/// of a `clock_gettime`'s cost), and the writer turns it into [`SystemTime`]'s time of day;
-/// elsewhere it reads [`SystemTime::now`]. Give [`LoggingAdaptorBuilder::clock`] a clock
+/// counter where the kernel keeps the system's time by it (Linux's clocksource `tsc`), or
+/// could (`tsc` available and the CPU's counter invariant): a third of a `clock_gettime`'s
+/// cost. The writer turns it into [`SystemTime`]'s time of day. Elsewhere a call reads
+/// [`SystemTime::now`]. Give [`LoggingAdaptorBuilder::clock`] a clock
 /// shifted by your UTC offset for local times. RMM's parser ignores the column.
 ///
 /// # Flushing

@@ -4,7 +4,7 @@
 //! `SystemTime::now` costs 20–30 ns (a `clock_gettime`); a log line costs the caller little
 //! else, and a pair of calls reads it twice. Where Linux itself keeps time with the CPU's
 //! time-stamp counter (clocksource `tsc`: invariant and synchronised across cores, or the
-//! kernel would not use it), a call reads the counter instead (`rdtsc`, ~9 ns), and the writer
+//! kernel would not use it), or could (see `system_keeps_time_by_ticks`), a call reads the counter instead (`rdtsc`, ~9 ns), and the writer
 //! converts: each batch reads the counter, `Instant` and `SystemTime` once, and a stamp is that
 //! time of day less the ticks since the stamp at the counter's rate. The rate is measured
 //! against `Instant` since the adaptor was made, so its error over a stamp's age is at most
@@ -154,14 +154,37 @@ fn ticks() -> Option<u64> {
     }
 }
 
-/// Whether the kernel keeps the system's time with the time-stamp counter, which it does only
-/// where the counter runs at a constant rate and agrees across cores.
+/// Whether the counter can stand for the system's time: the kernel keeps time with it
+/// (clocksource `tsc`, which it uses only where the counter runs at a constant rate and agrees
+/// across cores), or it could (`tsc` is among the clocksources, as in virtual machines that
+/// keep time by `kvm-clock`) and the CPU says the counter is invariant. A counter that
+/// disagrees a little across cores shifts times a little, never the lines' order, which the
+/// lock keeps, and the writer never lets times go back.
 fn system_keeps_time_by_ticks() -> bool {
-    cfg!(target_os = "linux")
-        && std::fs::read_to_string(
-            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
-        )
-        .is_ok_and(|s| s.trim() == "tsc")
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    let read = |name: &str| {
+        std::fs::read_to_string(format!(
+            "/sys/devices/system/clocksource/clocksource0/{name}"
+        ))
+        .unwrap_or_default()
+    };
+    if read("current_clocksource").trim() == "tsc" {
+        return true;
+    }
+    let invariant = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| {
+        info.lines()
+            .find(|line| line.starts_with("flags"))
+            .is_some_and(|flags| {
+                let has = |flag| flags.split_whitespace().any(|w| w == flag);
+                has("constant_tsc") && has("nonstop_tsc")
+            })
+    });
+    invariant
+        && read("available_clocksource")
+            .split_whitespace()
+            .any(|c| c == "tsc")
 }
 
 #[cfg(test)]
