@@ -652,6 +652,7 @@ impl<R> Inner<R> {
 }
 
 /// The calling thread's OS id (Linux: its `gettid`, as spdlog's `%t`), read once per thread.
+#[inline]
 pub(crate) fn os_thread_id() -> u64 {
     thread_local! {
         static ID: u64 = read_os_thread_id();
