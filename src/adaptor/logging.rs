@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
+use clock::{Clock, StampReader, Stamps};
+
 use parking_lot::Mutex;
 
 use crate::device::{Device, DeviceId};
@@ -21,8 +23,6 @@ use crate::rmm_csv::{write_header, Action, LineFormatter, Record, MAX_LINE};
 /// The environment variable [`LoggingAdaptor::from_env`] reads the log file's path from (RMM's
 /// is `RMM_LOG_FILE`).
 pub const LOG_FILE_ENV: &str = "STREAMALLOC_LOG_FILE";
-
-type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 
 /// Logs every allocation and free to a CSV file or writer in RMM's format, byte for byte
 /// (RMM's `logging_resource_adaptor`), so logs written here replay in RMM's `REPLAY_BENCHMARK`
@@ -55,7 +55,11 @@ type Clock = Box<dyn Fn() -> SystemTime + Send + Sync>;
 /// (outside Linux), `Thread` is a number unique to the thread within the process.
 ///
 /// The time is the clock's time of day in UTC, where RMM prints local time: the standard
-/// library cannot read the local time zone. Give [`LoggingAdaptorBuilder::clock`] a clock
+/// library cannot read the local time zone. By default a call reads the CPU's time-stamp
+/// counter where the kernel keeps the system's time by it (Linux's clocksource `tsc`), or
+/// could (`tsc` available and the CPU's counter invariant): a third of a `clock_gettime`'s
+/// cost. The writer turns it into [`SystemTime`]'s time of day. Elsewhere a call reads
+/// [`SystemTime::now`]. Give [`LoggingAdaptorBuilder::clock`] a clock
 /// shifted by your UTC offset for local times. RMM's parser ignores the column.
 ///
 /// # Flushing
@@ -136,7 +140,8 @@ struct Inner<R> {
     status: Arc<Status>,
     auto_flush: bool,
     streams_as_default: bool,
-    clock: Option<Clock>,
+    /// What a line's time is read from.
+    stamps: Stamps,
     path: Option<PathBuf>,
 }
 
@@ -194,6 +199,10 @@ struct Sink {
     out: Option<BufWriter<Box<dyn Write + Send>>>,
     status: Arc<Status>,
     format: LineFormatter,
+    /// Turns the records' stamps into times.
+    stamps: StampReader,
+    /// The last counter stamp's time ([`Conversion::unix_nanos`](clock::Conversion::unix_nanos)).
+    last_nanos: u64,
     /// The text of a batch, kept to reuse its allocation.
     text: Vec<u8>,
 }
@@ -205,8 +214,10 @@ impl Sink {
         };
         self.text.clear();
         self.text.reserve(records.len() * MAX_LINE);
+        let conversion = self.stamps.now();
         for record in records {
-            self.format.line(&mut self.text, record);
+            let nanos = conversion.unix_nanos(record.stamp, &mut self.last_nanos);
+            self.format.line(&mut self.text, record, nanos);
         }
         if let Err(e) = out.write_all(&self.text) {
             self.fail(&e);
@@ -366,8 +377,9 @@ impl LoggingAdaptorBuilder {
         fn streams_as_default(streams_as_default: bool) => streams_as_default;
     }
 
-    /// The clock whose time of day (in UTC) fills the `Time` column (default
-    /// [`SystemTime::now`]).
+    /// The clock whose time of day (in UTC) fills the `Time` column, called for every line
+    /// (default [`SystemTime::now`]'s time, read by the time-stamp counter where the kernel
+    /// keeps time by it: see [`LoggingAdaptor`]).
     pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.clock = Some(Box::new(clock));
         self
@@ -453,10 +465,13 @@ impl LoggingAdaptorBuilder {
             return Err(Error::io(what, &e));
         }
         let status = Arc::new(Status::default());
+        let stamps = Stamps::new(self.clock);
         let sink = Sink {
             out: Some(out),
             status: Arc::clone(&status),
             format: LineFormatter::default(),
+            stamps: stamps.reader(),
+            last_nanos: 0,
             text: Vec::new(),
         };
         let output = if auto_flush {
@@ -483,7 +498,7 @@ impl LoggingAdaptorBuilder {
                 status,
                 auto_flush,
                 streams_as_default: self.streams_as_default.unwrap_or(false),
-                clock: self.clock,
+                stamps,
                 path,
             }),
         })
@@ -594,7 +609,7 @@ impl<R> Inner<R> {
         };
         let mut output = self.output.lock();
         // Read under the lock, so times never go backwards down the file.
-        let time = self.clock.as_ref().map_or_else(SystemTime::now, |c| c());
+        let time = self.stamps.read();
         let record = Record::new(thread, time, action, ptr.addr(), bytes, handle);
         match &mut *output {
             Output::Direct(sink) => {
@@ -637,6 +652,7 @@ impl<R> Inner<R> {
 }
 
 /// The calling thread's OS id (Linux: its `gettid`, as spdlog's `%t`), read once per thread.
+#[inline]
 pub(crate) fn os_thread_id() -> u64 {
     thread_local! {
         static ID: u64 = read_os_thread_id();
@@ -692,6 +708,8 @@ impl<R: MemoryResource> fmt::Debug for LoggingAdaptor<R> {
             .finish()
     }
 }
+
+mod clock;
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 #[cfg(test)]
 use std::fmt;
 use std::io::{self, Write};
+#[cfg(test)]
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::fields::{Action, LOG_HEADER};
@@ -17,7 +18,9 @@ pub(crate) fn write_header(out: &mut impl Write) -> io::Result<()> {
 /// The raw fields of one line, formatted later ([`LineFormatter::line`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Record {
-    time: SystemTime,
+    /// What the logging adaptor's clock read: nanoseconds since the Unix epoch, or counter
+    /// ticks that its writer turns into them. [`LineFormatter::line`] is given the time.
+    pub(crate) stamp: u64,
     thread: u64,
     action: Action,
     ptr: u64,
@@ -29,14 +32,14 @@ impl Record {
     /// A line's fields, in the columns' order: `Thread,Time,Action,Pointer,Size,Stream`.
     pub(crate) fn new(
         thread: u64,
-        time: SystemTime,
+        stamp: u64,
         action: Action,
         ptr: u64,
         bytes: usize,
         stream: u64,
     ) -> Self {
         Record {
-            time,
+            stamp,
             thread,
             action,
             ptr,
@@ -117,7 +120,8 @@ impl Digits {
         d
     }
 
-    /// `0x` and lowercase hex without leading zeros, or `zero` for 0.
+    /// `0x` and lowercase hex without leading zeros, or `zero` for 0. All sixteen digits are
+    /// made at once in a `u128`, a byte each, instead of a nibble per loop.
     fn hex_or(n: u64, zero: &[u8]) -> Self {
         let mut d = Digits::default();
         if n == 0 {
@@ -125,13 +129,22 @@ impl Digits {
             d.buf[..d.len].copy_from_slice(zero);
             return d;
         }
-        d.len = 2 + (67 - n.leading_zeros() as usize) / 4;
+        const ONES: u128 = u128::from_ne_bytes([1; 16]);
+        // Nibble k of `n` to byte k of `x`.
+        let mut x = u128::from(n);
+        x = (x | (x << 32)) & 0x0000_0000_ffff_ffff_0000_0000_ffff_ffff;
+        x = (x | (x << 16)) & 0x0000_ffff_0000_ffff_0000_ffff_0000_ffff;
+        x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff_00ff_00ff_00ff_00ff;
+        x = (x | (x << 4)) & (ONES * 0x0f);
+        // '0' + nibble, and 'a' - '0' - 10 more where the nibble is 10 or more.
+        let letters = ((x + ONES * 6) >> 4) & ONES;
+        let ascii = x + ONES * u128::from(b'0') + letters * u128::from(b'a' - b'0' - 10);
+        let digits = 16 - n.leading_zeros() as usize / 4;
+        // The significant digits first, most significant leading.
+        let text = (ascii << (8 * (16 - digits))).to_be_bytes();
         d.buf[..2].copy_from_slice(b"0x");
-        let mut rest = n;
-        for at in (2..d.len).rev() {
-            d.buf[at] = b"0123456789abcdef"[(rest & 0xf) as usize];
-            rest >>= 4;
-        }
+        d.buf[2..18].copy_from_slice(&text);
+        d.len = 2 + digits;
         d
     }
 }
@@ -163,21 +176,22 @@ impl Line {
 }
 
 impl LineFormatter {
-    /// Appends `record`'s line to `out`.
-    pub(crate) fn line(&mut self, out: &mut Vec<u8>, record: &Record) {
+    /// Appends `record`'s line to `out`, at `unix_nanos` (nanoseconds since the Unix epoch:
+    /// what the record's stamp stands for).
+    pub(crate) fn line(&mut self, out: &mut Vec<u8>, record: &Record, unix_nanos: u64) {
         let mut line = Line {
             buf: [0; MAX_LINE + 20],
             len: 0,
         };
         line.digits(self.thread.get(record.thread, Digits::decimal));
         line.byte(b',');
-        let since = record.time.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let secs = since.as_secs() % 86_400;
+        let secs = unix_nanos / 1_000_000_000;
         let hms = match self.second {
             Some((second, text)) if second == secs => text,
             _ => {
+                let of_day = secs % 86_400;
                 let mut text = *b"00:00:00.";
-                for (at, n) in [(0, secs / 3600), (3, secs / 60 % 60), (6, secs % 60)] {
+                for (at, n) in [(0, of_day / 3600), (3, of_day / 60 % 60), (6, of_day % 60)] {
                     text[at] = b'0' + (n / 10) as u8;
                     text[at + 1] = b'0' + (n % 10) as u8;
                 }
@@ -186,7 +200,7 @@ impl LineFormatter {
             }
         };
         line.bytes(&hms);
-        let micros = since.subsec_micros() as usize;
+        let micros = (unix_nanos % 1_000_000_000 / 1000) as usize;
         for pair in [micros / 10_000, micros / 100 % 100, micros % 100] {
             line.bytes(&[PAIRS[pair * 2], PAIRS[pair * 2 + 1]]);
         }

@@ -549,3 +549,52 @@ fn an_error_nobody_took_goes_to_the_device_at_the_last_drop() {
     drop(mr);
     assert!(device.take_deferred_error().is_none());
 }
+
+/// With the default clock (the time-stamp counter where the kernel keeps time by it), lines
+/// from several threads, over several batches, carry the time of day they were logged at and
+/// never go backwards down the file.
+#[test]
+fn default_clock_lines_carry_their_time_and_go_up_across_threads() {
+    let (device, s) = host();
+    let out = Shared::default();
+    let mr = LoggingAdaptor::to_writer(CudaResource::new(&device).unwrap(), out.clone()).unwrap();
+    let before = SystemTime::now();
+    thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for i in 0..1500 {
+                    let p = mr.try_allocate(256 * (i % 7 + 1), &s).unwrap();
+                    free(&mr, p, 256 * (i % 7 + 1), &s);
+                }
+            });
+        }
+    });
+    let after = SystemTime::now();
+    mr.flush().unwrap();
+    // Microseconds of the day, as the `Time` column prints them.
+    let of_day = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_micros() % 86_400_000_000;
+    let parse = |f: &str| -> u128 {
+        let (hms, micros) = f.split_once('.').unwrap();
+        let n: Vec<u128> = hms.split(':').map(|x| x.parse().unwrap()).collect();
+        ((n[0] * 60 + n[1]) * 60 + n[2]) * 1_000_000 + micros.parse::<u128>().unwrap()
+    };
+    let (from, to) = (of_day(before), of_day(after));
+    if to < from {
+        return; // Midnight passed: the window wraps; nothing to compare.
+    }
+    let text = out.text();
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len(), 3 * 1500 * 2);
+    let mut last = 0;
+    for line in lines {
+        let time = parse(line.split(',').nth(1).unwrap());
+        // A millisecond of slack for a clock read on a loaded machine.
+        assert!(
+            from <= time + 1000 && time <= to + 1000,
+            "{line} outside {from}..{to}"
+        );
+        assert!(time >= last, "time went back at {line}");
+        last = time;
+    }
+    s.synchronize_blocking().unwrap();
+}

@@ -473,20 +473,21 @@ pub(crate) fn check_resource<R: MemoryResource + ?Sized>(
 /// [`Availability`]'s fairness), so later requests are not held.
 #[must_use = "futures do nothing unless awaited"]
 pub struct Allocate<'a, R: MemoryResource + ?Sized> {
-    mr: &'a R,
-    bytes: usize,
-    stream: &'a Stream,
-    deadline: Option<Instant>,
-    priority: i32,
-    wait: Option<Wait>,
+    pub(super) mr: &'a R,
+    pub(super) bytes: usize,
+    pub(super) stream: &'a Stream,
+    pub(super) deadline: Option<Instant>,
+    pub(super) priority: i32,
+    /// Boxed: a request served at its first poll (most) moves and drops one word, not this.
+    pub(super) wait: Option<Box<Wait>>,
 }
 
 /// The state of a request that is queued.
-struct Wait {
+pub(super) struct Wait {
     // The loom-checked `Arc` where the wait queue is modelled.
-    waiter: crate::sync::Arc<Waiter>,
-    since: Instant,
-    timer: Option<Delay>,
+    pub(super) waiter: crate::sync::Arc<Waiter>,
+    pub(super) since: Instant,
+    pub(super) timer: Option<Delay>,
 }
 
 impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
@@ -582,88 +583,20 @@ impl<'a, R: MemoryResource + ?Sized> Allocate<'a, R> {
         self.priority = priority;
         self
     }
-
-    /// Whether a request of this size may wait for memory on this resource.
-    fn can_wait(&self) -> bool {
-        can_wait(self.mr, self.bytes)
-    }
-
-    /// The queue head's attempt: `None` to go on waiting, or the outcome. Out of memory ends
-    /// the wait when nothing can come back for the request
-    /// ([`may_regain_memory`](MemoryResource::may_regain_memory)); the attempt is repeated
-    /// once first, in case the last free landed between the two.
-    fn retry(&self) -> Option<Result<DevicePtr>> {
-        let out_of_memory = |r: &Result<DevicePtr>| matches!(r, Err(e) if e.is_out_of_memory());
-        let first = self.mr.try_allocate(self.bytes, self.stream);
-        if !out_of_memory(&first) {
-            return Some(first);
-        }
-        if self.mr.may_regain_memory(self.bytes) {
-            return self.would_deadlock().map(Err);
-        }
-        let second = self.mr.try_allocate(self.bytes, self.stream);
-        if out_of_memory(&second) && self.mr.may_regain_memory(self.bytes) {
-            return self.would_deadlock().map(Err);
-        }
-        Some(second)
-    }
-
-    /// [`Error::WouldDeadlock`] when the head's wait could never end: the resource is full to
-    /// its [`capacity_limit`](MemoryResource::capacity_limit) for this request (so only a free
-    /// of its own can help, whatever its upstream does), and every byte it has allocated is
-    /// held by tasks waiting here. Conservative: see "Deadlock detection" on [`Allocate`].
-    fn would_deadlock(&self) -> Option<Error> {
-        let availability = self.mr.availability()?;
-        let limit = self.mr.capacity_limit()?;
-        let allocated = self.mr.memory_stats().allocated_bytes?;
-        if allocated == 0 || allocated.saturating_add(self.bytes) <= limit {
-            return None;
-        }
-        let held = availability.held_by_waiters()?;
-        // The counts are a lower bound of what each waiting task holds, and the resource
-        // counts at least what was asked for: equality means nobody else holds anything.
-        (held.bytes >= allocated).then(|| Error::WouldDeadlock {
-            requested: self.bytes,
-            allocated,
-            limit,
-            held_by_waiters: held.bytes,
-            waiting_tasks: held.tasks,
-            device: self.stream.device().id(),
-        })
-    }
-
-    /// An out-of-memory outcome for a request above the capacity limit, made
-    /// [`Error::TooLarge`] whatever the resource said: the caller should hear that waiting
-    /// cannot help, not how much is free now.
-    fn never_fitting(&self, done: Result<DevicePtr>) -> Result<DevicePtr> {
-        never_fitting(self.mr, done)
-    }
-
-    fn timed_out(&self, since: Instant) -> Error {
-        Error::Timeout {
-            requested: self.bytes,
-            waited: since.elapsed(),
-            device: self.stream.device().id(),
-        }
-    }
-
-    /// Leaves the wait queue (if queued), counting how the wait ended.
-    fn leave_queue(&mut self, end: WaitEnd) {
-        if let (Some(wait), Some(a)) = (self.wait.take(), self.mr.availability()) {
-            a.finish(&wait.waiter, end, wait.since.elapsed());
-        }
-    }
 }
 
 /// Whether a request of `bytes` may wait for memory on `mr`: `mr` signals availability and
 /// the request is within its capacity limit.
-fn can_wait<R: MemoryResource + ?Sized>(mr: &R, bytes: usize) -> bool {
+pub(super) fn can_wait<R: MemoryResource + ?Sized>(mr: &R, bytes: usize) -> bool {
     mr.availability().is_some() && mr.capacity_limit().is_none_or(|limit| bytes <= limit)
 }
 
 /// An out-of-memory outcome for a request above the capacity limit, made
 /// [`Error::TooLarge`] whatever the resource said.
-fn never_fitting<R: MemoryResource + ?Sized>(mr: &R, done: Result<DevicePtr>) -> Result<DevicePtr> {
+pub(super) fn never_fitting<R: MemoryResource + ?Sized>(
+    mr: &R,
+    done: Result<DevicePtr>,
+) -> Result<DevicePtr> {
     done.map_err(|e| e.never_fitting(mr.capacity_limit()))
 }
 
@@ -702,80 +635,40 @@ pub(crate) fn try_without_waiting<R: MemoryResource + ?Sized>(
 impl<R: MemoryResource + ?Sized> Future for Allocate<'_, R> {
     type Output = Result<DevicePtr>;
 
+    /// The fast path, inlined into the caller: a first poll that finds nobody queued and the
+    /// memory there. Everything else (queueing, deadlines, retries) is `poll_wait`, out of line.
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<DevicePtr>> {
         let this = &mut *self;
-        let just_queued = this.wait.is_none();
-        if this.wait.is_none() {
-            // Waiters go first, unless all are of lower priority: then this request becomes
-            // the head when it queues, and tries at once below.
-            let queued = this.mr.availability().is_some_and(|a| a.has_waiters());
-            if !queued {
-                if let Some(done) = try_without_waiting(this.mr, this.bytes, this.stream) {
-                    return Poll::Ready(held(this.mr, this.bytes, done));
-                }
-            } else {
-                // Behind other waiters, but checked as the fast path would be first: a request
-                // that is wrong on its face fails now instead of waiting its turn.
-                if let Err(e) =
-                    check_resource(this.mr, this.stream, "MemoryResource::allocate(stream)")
-                {
-                    return Poll::Ready(Err(e));
-                }
-                if this.bytes == 0 || !this.can_wait() {
-                    let done = this.mr.try_allocate(this.bytes, this.stream);
-                    return Poll::Ready(this.never_fitting(done));
-                }
-            }
-            let Some(availability) = this.mr.availability() else {
-                unreachable!("can_wait")
-            };
-            let timer = this
-                .deadline
-                .map(|d| Delay::new(d.saturating_duration_since(Instant::now())));
-            this.wait = Some(Wait {
-                waiter: availability.push(cx.waker(), this.priority),
-                since: Instant::now(),
-                timer,
-            });
+        if this.wait.is_some() {
+            return this.poll_wait(cx, false);
         }
-        let availability = this.mr.availability().expect("queued on it");
-        let wait = this.wait.as_mut().expect("queued above");
-        wait.waiter.set_waker(cx.waker());
-        // Takes the turn it was told of (one not taken for long passes to the next waiter).
-        if availability.take_turn(&wait.waiter) {
-            // Queued before retrying: a free from now on finds this waiter and wakes it.
-            if let Some(done) = this.retry() {
-                // Only a request that got memory passed the waiters behind it over.
-                this.leave_queue(if done.is_ok() {
-                    WaitEnd::Served
-                } else {
-                    WaitEnd::Failed
-                });
-                return Poll::Ready(held(this.mr, this.bytes, done));
-            }
-        } else if just_queued {
-            // The head checks for a deadlock when its retry fails; a waiter that joins behind
-            // it may be the last holder to start waiting, so it checks once as it joins.
-            if let Some(e) = this.would_deadlock() {
-                this.leave_queue(WaitEnd::Failed);
-                return Poll::Ready(Err(e));
-            }
+        // Waiters go first, unless all are of lower priority: then this request becomes the
+        // head when it queues, and tries at once (in `poll_wait`).
+        if this.mr.availability().is_some_and(|a| a.has_waiters()) {
+            return this.poll_wait(cx, false);
         }
-        let wait = this.wait.as_mut().expect("still queued");
-        if let Some(timer) = &mut wait.timer {
-            if Pin::new(timer).poll(cx).is_ready() {
-                let since = wait.since;
-                this.leave_queue(WaitEnd::TimedOut);
-                return Poll::Ready(Err(this.timed_out(since)));
+        // `try_without_waiting` and `held`, with the pointer alone moved on success: the
+        // error makes the `Result` nine words, which copying costs on every allocation.
+        match this.mr.try_allocate(this.bytes, this.stream) {
+            Ok(ptr) => {
+                if let (Some(a), true) = (this.mr.availability(), this.bytes > 0) {
+                    a.record_held(this.bytes);
+                }
+                Poll::Ready(Ok(ptr))
             }
+            Err(e) => this.poll_failed(cx, e),
         }
-        Poll::Pending
     }
 }
 
 impl<R: MemoryResource + ?Sized> Drop for Allocate<'_, R> {
+    #[inline]
     fn drop(&mut self) {
-        self.leave_queue(WaitEnd::Cancelled);
+        // Taken here, not in `leave_queue`, so that the field's drop glue sees `None`.
+        if let Some(wait) = self.wait.take() {
+            self.leave(&wait, WaitEnd::Cancelled);
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The contract every resource keeps: the allocation future and its wait queue, forwarding for adaptors, size rounding, and the figures every resource reports.
 
+mod allocate_wait;
 pub(crate) mod availability;
 pub(crate) mod checks;
 pub(crate) mod forward;

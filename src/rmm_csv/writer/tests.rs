@@ -69,7 +69,7 @@ fn the_byte_formatter_prints_what_the_display_types_print() {
         for &n in &numbers {
             for action in [Action::Allocate, Action::AllocateFailure, Action::Free] {
                 let record = Record {
-                    time,
+                    stamp: 0,
                     thread: n,
                     ptr: n,
                     bytes: n as usize,
@@ -77,7 +77,10 @@ fn the_byte_formatter_prints_what_the_display_types_print() {
                     action,
                 };
                 line.clear();
-                formatter.line(&mut line, &record);
+                let nanos = time
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                formatter.line(&mut line, &record, nanos);
                 let expected = format!(
                     "{n},{},{action},{},{},{}\n",
                     TimeOfDay(time),
