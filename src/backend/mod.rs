@@ -19,6 +19,7 @@
 //! re-exports.
 
 mod any;
+pub(crate) mod cpu_clock;
 #[cfg(feature = "cuda-driver")]
 pub(crate) mod cuda;
 mod flags;
