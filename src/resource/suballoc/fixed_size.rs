@@ -42,6 +42,10 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// for requests of one size class, and the bins of a
 /// [`BinningResource`](crate::BinningResource).
 ///
+/// The free lists are split over stream shards (one per CPU, as the pool's), each behind its
+/// own lock, so threads allocating on different streams rarely meet on one lock; the resource
+/// still grows by one batch at a time, whichever shard runs dry.
+///
 /// The resource takes `block_size × blocks_to_preallocate` bytes from the upstream at
 /// construction and again each time it runs out; it never gives them back while it lives
 /// (like RMM's), and returns them when dropped.
@@ -98,7 +102,9 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// the upstream cannot grow the resource. `deallocate` of a pointer this resource did not hand out or already took back (a double
 /// free) frees nothing (accepting it would hand one block to two users) and records an
 /// [`Error::InvalidArgument`] naming the pointer on the device
-/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)).
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)); two frees of one
+/// block racing on two threads may both pass unnoticed (`deallocate`'s contract rules them
+/// out; the check is a debugging aid).
 ///
 /// # Examples
 ///

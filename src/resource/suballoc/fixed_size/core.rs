@@ -112,14 +112,22 @@ impl<O> FixedSizeCore<O> {
 
     /// The chunk and index of the block at `addr`, catching up with chunks sibling cores
     /// added before giving up.
-    #[inline]
+    #[inline(always)]
     fn locate(&mut self, addr: u64) -> Option<(&ChunkRef, usize)> {
-        let found = match locate(self.chunks.seen(), &self.geometry, addr) {
-            Some(at) => Some(at),
-            None if self.chunks.refresh() => locate(self.chunks.seen(), &self.geometry, addr),
-            None => None,
+        let (c, i) = match locate(self.chunks.seen(), &self.geometry, addr) {
+            Some(at) => at,
+            None => self.locate_new(addr)?,
         };
-        found.map(|(c, i)| (&self.chunks.seen()[c], i))
+        Some((&self.chunks.seen()[c], i))
+    }
+
+    /// [`locate`](Self::locate) after catching up with the siblings' chunks.
+    #[cold]
+    fn locate_new(&mut self, addr: u64) -> Option<(usize, usize)> {
+        if !self.chunks.refresh() {
+            return None;
+        }
+        locate(self.chunks.seen(), &self.geometry, addr)
     }
 
     /// The slot of `stream`'s free list, made (with the payload `make` returns) if it has none.

@@ -15,7 +15,7 @@ const KIB: usize = 1 << 10;
 /// Streams until one is in another shard than `of` (shards: the resource's count).
 fn stream_in_another_shard(of: &Stream, shards: u64) -> Stream {
     loop {
-        let s = Stream::new(&of.device()).unwrap();
+        let s = Stream::new(of.device()).unwrap();
         if s.id().0 % shards != of.id().0 % shards {
             return s;
         }

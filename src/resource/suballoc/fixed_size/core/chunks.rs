@@ -5,10 +5,12 @@
 //! copy-on-write snapshot of it ([`ChunkView`]) and refreshes it under the table's lock only
 //! when it meets a block of a chunk it has not seen yet, so a free finds its block without a
 //! shared lock. The flags are atomics because a block handed out by one shard may be freed into
-//! another. A flag per block (a byte, not a bit) lets an allocation mark its block with a plain
-//! store (nobody else may touch that block's flag then) where a bit would need a
-//! read-modify-write of a word other shards change; a free swaps, so that of two racing frees
-//! of one block exactly one finds it in use.
+//! another. A flag per block (a byte, not a bit) is read and written with plain loads and
+//! stores, where a bit would need a read-modify-write of a word other shards change: on the
+//! host that profiles W1, each such instruction costs as much as taking the shard's lock. So a
+//! free of a block not in use (a double free, after the first returned) is refused, but two
+//! frees of one block racing on two threads into two shards may both pass: `deallocate`'s
+//! contract already rules that out, and catching it is a debugging aid, not a safety net.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -34,10 +36,15 @@ impl ChunkRef {
     }
 
     /// Marks block `i` free; returns whether it was in use (false: a double free, nothing
-    /// changed).
+    /// changed). Not one read-modify-write: see the [module documentation](self).
     #[inline]
     pub(crate) fn clear(&self, i: usize) -> bool {
-        self.in_use[i].swap(false, Ordering::AcqRel)
+        let flag = &self.in_use[i];
+        let was = flag.load(Ordering::Acquire);
+        if was {
+            flag.store(false, Ordering::Release);
+        }
+        was
     }
 
     /// Whether block `i` is in use (exact only while no shard can change it: all locked).
