@@ -297,7 +297,10 @@ fn python_check(bytes: &[u8], tag: &str) {
     // tree is not (the GPU bundle).
     let dir = std::env::temp_dir();
     let stem = format!("streamalloc-torch-{tag}-{}", std::process::id());
-    let (script, path) = (dir.join(format!("{stem}.py")), dir.join(format!("{stem}.pickle")));
+    let (script, path) = (
+        dir.join(format!("{stem}.py")),
+        dir.join(format!("{stem}.pickle")),
+    );
     std::fs::write(&script, include_str!("../torch_viz_check.py")).unwrap();
     std::fs::write(&path, bytes).unwrap();
     let out = std::process::Command::new("python3")
