@@ -125,19 +125,23 @@ impl FixedSizeCore {
     }
     /// The list other than `slot`'s with blocks and the highest payload, then the most blocks.
     pub fn pick_victim(&self, slot: u32) -> Option<u32> {
-        self.0.pick_victim(slot, |&p| p)
+        self.0.pick_victim(Some(slot), |&p| p)
     }
     pub fn move_half(&mut self, from: u32, to: u32) {
         self.0.move_half(from, to);
     }
     pub fn forget_idle(&mut self, keep: u32) {
-        self.0.forget_idle(keep);
+        self.0.forget_idle(Some(keep));
     }
     pub fn take_chunks(&mut self) -> Vec<u64> {
         self.0.take_chunks()
     }
+    /// A lone core hands out every block freed into it: never below 0.
     pub fn live(&self) -> usize {
-        self.0.live()
+        self.0
+            .live()
+            .try_into()
+            .expect("more frees than allocations")
     }
     pub fn free_blocks(&self) -> usize {
         self.0.free_blocks()

@@ -1,16 +1,17 @@
 //! `FixedSizeResource`: blocks of one size, stream-ordered, from chunks of an upstream resource.
 //!
 //! The resource (this file) is a thin wrapper: [`core`] holds the free lists and chunks, and
-//! knows nothing of streams' events or of the upstream.
+//! knows nothing of streams' events or of the upstream; [`shards`] splits the free lists by
+//! stream, each shard behind a lock of its own.
 
 pub(crate) mod core;
+mod shards;
 
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use self::core::FixedSizeCore;
+use self::shards::Shards;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::contract::availability::Availability;
@@ -25,7 +26,7 @@ use crate::resource::inspect::{
     Block, BlockState, Fragmentation, FreeExtentBucket, MemorySnapshot, Segment,
 };
 use crate::resource::suballoc::stream_order::FreeOrder;
-use crate::stream::{Stream, StreamId};
+use crate::stream::Stream;
 
 /// What a device mismatch of a request names.
 const TRY_ALLOCATE: &str = "FixedSizeResource::try_allocate(stream)";
@@ -40,6 +41,10 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// time from the upstream. Allocation and free are a list pop and push: the fastest resource
 /// for requests of one size class, and the bins of a
 /// [`BinningResource`](crate::BinningResource).
+///
+/// The free lists are split over stream shards (one per CPU, as the pool's), each behind its
+/// own lock, so threads allocating on different streams rarely meet on one lock; the resource
+/// still grows by one batch at a time, whichever shard runs dry.
 ///
 /// The resource takes `block_size × blocks_to_preallocate` bytes from the upstream at
 /// construction and again each time it runs out; it never gives them back while it lives
@@ -97,7 +102,9 @@ const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// the upstream cannot grow the resource. `deallocate` of a pointer this resource did not hand out or already took back (a double
 /// free) frees nothing (accepting it would hand one block to two users) and records an
 /// [`Error::InvalidArgument`] naming the pointer on the device
-/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)).
+/// ([`Device::take_deferred_error`](crate::Device::take_deferred_error)); two frees of one
+/// block racing on two threads may both pass unnoticed (`deallocate`'s contract rules them
+/// out; the check is a debugging aid).
 ///
 /// # Examples
 ///
@@ -125,8 +132,8 @@ struct Inner<R: MemoryResource> {
     device: Device,
     block_size: usize,
     blocks_per_chunk: usize,
-    /// Shared (weakly) with the availability's join barrier.
-    state: Arc<Mutex<FixedSizeCore<FreeOrder>>>,
+    /// The free lists, by stream; shared (weakly) with the availability's join barrier.
+    shards: Arc<Shards>,
     availability: Arc<Availability>,
 }
 
@@ -148,6 +155,21 @@ impl<R: MemoryResource> FixedSizeResource<R> {
     /// # Ok::<(), streamalloc::Error>(())
     /// ```
     pub fn new(upstream: R, block_size: usize, blocks_to_preallocate: usize) -> Result<Self> {
+        Self::with_shards(
+            upstream,
+            block_size,
+            blocks_to_preallocate,
+            shards::default_count(),
+        )
+    }
+
+    /// [`new`](Self::new) with `shards` (a power of two) stream shards.
+    fn with_shards(
+        upstream: R,
+        block_size: usize,
+        blocks_to_preallocate: usize,
+        shards: usize,
+    ) -> Result<Self> {
         if block_size == 0 || blocks_to_preallocate == 0 {
             return Err(Error::invalid(format!(
                 "a fixed-size resource needs a block size and a block count above 0 (got \
@@ -163,16 +185,13 @@ impl<R: MemoryResource> FixedSizeResource<R> {
             })?;
         let device = crate::resource::contract::checks::upstream_device(&upstream)?;
         let availability = Availability::following(upstream.availability());
-        let state = Arc::new(Mutex::new(FixedSizeCore::new(
-            rounded,
-            blocks_to_preallocate,
-        )));
-        // A free reads whether anyone waits under the state's lock, with no fence (see
-        // `Availability::nobody_to_notify`): a joining waiter takes that lock.
-        let swept = Arc::downgrade(&state);
+        let shards = Arc::new(Shards::new(rounded, blocks_to_preallocate, shards));
+        // A free reads whether anyone waits under its shard's lock, with no fence (see
+        // `Availability::nobody_to_notify`): a joining waiter takes every shard's lock.
+        let swept = Arc::downgrade(&shards);
         availability.set_join_barrier(move || {
-            if let Some(state) = swept.upgrade() {
-                drop(state.lock());
+            if let Some(shards) = swept.upgrade() {
+                shards.sweep();
             }
         });
         let mr = FixedSizeResource {
@@ -181,12 +200,14 @@ impl<R: MemoryResource> FixedSizeResource<R> {
                 device,
                 block_size: rounded,
                 blocks_per_chunk: blocks_to_preallocate,
-                state,
+                shards,
                 availability,
             }),
         };
         let home = Stream::new(&mr.inner.device)?;
-        mr.inner.grow(&mut mr.inner.state.lock(), &home)?;
+        let mut shard = mr.inner.shards.lock(mr.inner.shards.index(home.id()));
+        mr.inner.grow(&mut shard, &home)?;
+        drop(shard);
         Ok(mr)
     }
 
@@ -210,12 +231,12 @@ impl<R: MemoryResource> FixedSizeResource<R> {
 
     /// Blocks on the free lists, of all streams.
     pub fn free_blocks(&self) -> usize {
-        self.inner.state.lock().free_blocks()
+        self.inner.shards.lock_all().free_blocks()
     }
 
     /// Blocks the resource holds from the upstream, free or in use.
     pub fn total_blocks(&self) -> usize {
-        self.inner.state.lock().chunk_count() * self.inner.blocks_per_chunk
+        self.inner.shards.lock(0).chunk_count() * self.inner.blocks_per_chunk
     }
 }
 
@@ -231,37 +252,119 @@ impl<R: MemoryResource> Inner<R> {
         Ok(())
     }
 
-    /// Moves half of another stream's free blocks to `stream`'s list, after `stream` waits for
-    /// that stream's frees; picks the stream cheapest to wait for, then the one with the most.
-    /// Returns whether any moved.
+    /// Moves half of another stream's free blocks to `stream`'s list (in `slot` of `mine`,
+    /// `stream`'s shard), after `stream` waits for that stream's frees; the other stream's
+    /// list is in `theirs` (another shard's core), or in `mine` when `theirs` is `None`. Picks
+    /// the stream cheapest to wait for, then the one with the most. Returns whether any moved.
     fn take(
         &self,
-        state: &mut FixedSizeCore<FreeOrder>,
+        mine: &mut FixedSizeCore<FreeOrder>,
+        theirs: Option<&mut FixedSizeCore<FreeOrder>>,
         slot: u32,
         stream: &Stream,
     ) -> Result<bool> {
         let me = stream.id();
-        let Some(victim) = state.pick_victim(slot, |o| std::cmp::Reverse(o.wait_cost(me))) else {
-            return Ok(false);
-        };
-        state.order_mut(victim).order(stream)?;
-        state.move_half(victim, slot);
+        let rank = |o: &FreeOrder| std::cmp::Reverse(o.wait_cost(me));
+        match theirs {
+            None => {
+                let Some(victim) = mine.pick_victim(Some(slot), rank) else {
+                    return Ok(false);
+                };
+                mine.order_mut(victim).order(stream)?;
+                mine.move_half(victim, slot);
+            }
+            Some(theirs) => {
+                let Some(victim) = theirs.pick_victim(None, rank) else {
+                    return Ok(false);
+                };
+                theirs.order_mut(victim).order(stream)?;
+                let blocks = theirs.take_half(victim);
+                theirs.forget_idle(None);
+                mine.give(slot, blocks);
+            }
+        }
         // These blocks are ordered after `stream`'s wait now: a third stream taking them from
         // `stream` must wait for an event of `stream` recorded after it.
-        state.order_mut(slot).changed();
-        state.forget_idle(slot);
+        mine.order_mut(slot).changed();
+        mine.forget_idle(Some(slot));
         Ok(true)
+    }
+
+    /// The slow path of an allocation on `stream`, whose list was empty: takes blocks from
+    /// another stream of its shard, then of another shard, and only when no list has a block
+    /// grows by a chunk (once for shards that run dry together). Returns the block.
+    #[cold]
+    fn allocate_slow(&self, bytes: usize, stream: &Stream) -> Result<u64> {
+        let make = || FreeOrder::new(stream);
+        let (home, n) = (self.shards.index(stream.id()), self.shards.len());
+        loop {
+            let chunks_seen = {
+                let mut shard = self.shards.lock(home);
+                let slot = shard.slot_or_insert(stream.id(), make);
+                // Another thread of the shard may have freed meanwhile.
+                if let Some(b) = shard.allocate(slot) {
+                    return Ok(b);
+                }
+                if self.take(&mut shard, None, slot, stream)? {
+                    return Ok(shard.allocate(slot).expect("just filled"));
+                }
+                shard.chunk_count()
+            };
+            for k in 1..n {
+                let other = (home + k) & (n - 1);
+                // A look first, so that empty shards cost one lock, not two.
+                if self.shards.lock(other).free_blocks() == 0 {
+                    continue;
+                }
+                let (mut shard, mut theirs) = self.shards.lock_pair(home, other);
+                // The slot may have gone (`forget_idle`) while the shard was unlocked.
+                let slot = shard.slot_or_insert(stream.id(), make);
+                if let Some(b) = shard.allocate(slot) {
+                    return Ok(b);
+                }
+                if self.take(&mut shard, Some(&mut theirs), slot, stream)? {
+                    return Ok(shard.allocate(slot).expect("just filled"));
+                }
+            }
+            let mut shard = self.shards.lock(home);
+            let slot = shard.slot_or_insert(stream.id(), make);
+            if let Some(b) = shard.allocate(slot) {
+                return Ok(b);
+            }
+            let _growing = self.shards.grow.lock();
+            if shard.chunk_count() != chunks_seen {
+                // Another shard grew since this one looked: take from it instead.
+                continue;
+            }
+            match self.grow(&mut shard, stream) {
+                // `grow` fills this stream's slot.
+                Ok(()) => return Ok(shard.allocate(slot).expect("just filled")),
+                Err(e) if e.is_out_of_memory() => {
+                    // No stream had a free block when looked at and the upstream has no
+                    // chunk: nothing is free, nothing pending.
+                    let held = shard.chunk_count() * self.blocks_per_chunk;
+                    let figures = Fragmentation {
+                        reserved_bytes: held * self.block_size,
+                        live_bytes: held * self.block_size,
+                        ..Fragmentation::default()
+                    };
+                    let details = figures.out_of_memory_details(stream.id());
+                    return Err(Error::out_of_memory_with(bytes, self.device.id(), details));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Gives every chunk back to the upstream when no block is in use; says whether it did.
     fn release_all(&self) -> bool {
-        let mut state = self.state.lock();
+        let mut state = self.shards.lock_all();
         if state.live() != 0 {
             return false;
         }
         // Every block is on some list. The chunks go back on one stream that first waits for
         // each stream that freed blocks.
-        let Some(release_on) = state.orders_mut().map(|o| o.stream().clone()).next() else {
+        let Some(release_on) = state.some_stream() else {
             return state.chunk_count() == 0;
         };
         for order in state.orders_mut() {
@@ -300,36 +403,14 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         if bytes > self.block_size {
             return Err(Error::too_large(bytes, self.block_size, self.device.id()));
         }
-        let mut state = self.state.lock();
-        let slot = state.slot_or_insert(stream.id(), || FreeOrder::new(stream));
-        let block = match state.allocate(slot) {
+        let block = {
+            let mut shard = self.shards.lock(self.shards.index(stream.id()));
+            let slot = shard.slot_or_insert(stream.id(), || FreeOrder::new(stream));
+            shard.allocate(slot)
+        };
+        let block = match block {
             Some(b) => b,
-            None => {
-                if !self.take(&mut state, slot, stream)? {
-                    match self.grow(&mut state, stream) {
-                        Ok(()) => {}
-                        Err(e) if e.is_out_of_memory() => {
-                            // No stream has a free block (`take` found none) and the upstream
-                            // has no chunk: nothing is free, nothing pending.
-                            let held = state.chunk_count() * self.blocks_per_chunk;
-                            let figures = Fragmentation {
-                                reserved_bytes: held * self.block_size,
-                                live_bytes: held * self.block_size,
-                                ..Fragmentation::default()
-                            };
-                            let details = figures.out_of_memory_details(stream.id());
-                            return Err(Error::out_of_memory_with(
-                                bytes,
-                                self.device.id(),
-                                details,
-                            ));
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                // `take` keeps this stream's slot, and `grow` fills that same slot.
-                state.allocate(slot).expect("just filled")
-            }
+            None => self.allocate_slow(bytes, stream)?,
         };
         Ok(DevicePtr::from_raw(block))
     }
@@ -339,18 +420,18 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
             return;
         }
         let quiet = {
-            let mut state = self.state.lock();
-            let Some(order) = state.free(ptr.addr(), stream.id(), || FreeOrder::new(stream)) else {
+            let mut shard = self.shards.lock(self.shards.index(stream.id()));
+            let Some(order) = shard.free(ptr.addr(), stream.id(), || FreeOrder::new(stream)) else {
                 // Nothing is freed, and the caller hears of it through the device's deferred
                 // errors (a panic here could abort a `Drop`).
-                drop(state);
+                drop(shard);
                 self.device.defer_error(Error::invalid(format!(
                     "{ptr} ({bytes} bytes) is not a block of this fixed-size resource in use (double free?)"
                 )));
                 return;
             };
             order.changed();
-            // Read under the state's lock, which the join barrier takes: no fence.
+            // Read under the shard's lock, which the join barrier takes: no fence.
             self.availability.nobody_to_notify()
         };
         if !quiet {
@@ -370,7 +451,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     /// dropped, so the peak is the figure now); allocated: the blocks in use.
     fn memory_stats(&self) -> MemoryStats {
         let (chunks, live) = {
-            let state = self.state.lock();
+            let state = self.shards.lock_all();
             (state.chunk_count(), state.live())
         };
         let reserved = chunks * self.blocks_per_chunk * self.block_size;
@@ -393,8 +474,8 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     /// once; another takes it (with half of that list) after waiting for that event.
     fn snapshot(&self) -> Option<MemorySnapshot> {
         let (layout, passed) = {
-            let state = self.state.lock();
-            (state.layout(), passed_lists(&state))
+            let state = self.shards.lock_all();
+            (state.layout(), state.passed_lists())
         };
         let mut snap = MemorySnapshot::new(self.device.id(), "fixed-size");
         let size = self.block_size;
@@ -423,8 +504,8 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     /// every free extent is one block.
     fn fragmentation(&self) -> Option<Fragmentation> {
         let (chunks, live, mut free_by_stream, passed) = {
-            let state = self.state.lock();
-            let passed = passed_lists(&state);
+            let state = self.shards.lock_all();
+            let passed = state.passed_lists();
             (
                 state.chunk_count(),
                 state.live(),
@@ -470,27 +551,16 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     /// resource a new chunk.
     fn may_regain_memory(&self, bytes: usize) -> bool {
         let _ = bytes;
-        self.state.lock().live() > 0
+        self.shards.lock_all().live() > 0
             || self
                 .upstream
                 .may_regain_memory(self.block_size.saturating_mul(self.blocks_per_chunk))
     }
 }
 
-/// The streams whose free lists are free for every stream: each has passed an event recorded
-/// after its frees ([`FreeOrder::passed`]), so another stream that takes from the list waits
-/// for nothing left to run.
-fn passed_lists(state: &FixedSizeCore<FreeOrder>) -> Vec<StreamId> {
-    state
-        .orders()
-        .filter(|(_, order)| order.passed())
-        .map(|(s, _)| s)
-        .collect()
-}
-
 impl<R: MemoryResource> fmt::Debug for FixedSizeResource<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.inner.state.lock();
+        let state = self.inner.shards.lock_all();
         f.debug_struct("FixedSizeResource")
             .field("device", &self.inner.device.id())
             .field("block_size", &self.inner.block_size)
@@ -505,7 +575,7 @@ impl<R: MemoryResource> Drop for Inner<R> {
     /// freed under memory someone still uses, and the device records an [`Error::Leaked`].
     fn drop(&mut self) {
         if !self.release_all() {
-            let allocations = self.state.lock().live();
+            let allocations = self.shards.lock_all().live();
             self.device.defer_error(Error::Leaked {
                 what: "FixedSizeResource",
                 allocations,
@@ -516,5 +586,7 @@ impl<R: MemoryResource> Drop for Inner<R> {
     }
 }
 
+#[cfg(test)]
+mod shard_tests;
 #[cfg(test)]
 mod tests;

@@ -1,14 +1,19 @@
 //! The allocator core of the fixed-size resource: per-stream free lists of equal blocks, and
-//! the chunks they were cut from, with a bit per block in use.
+//! the chunks they were cut from, with a flag per block in use.
 //!
-//! A plain single-threaded data structure over *addresses*: it knows nothing of CUDA, events or
-//! upstream resources. Each free list carries an opaque per-stream payload `O` (the wrapper's
+//! A single-threaded data structure over *addresses*: it knows nothing of CUDA, events or
+//! upstream resources. A resource has one core per shard (a shard serves a set of streams);
+//! the cores share their chunks ([`chunks`]), so a block one shard handed out may be freed
+//! into another, and blocks may move between the shards' lists. Each free list carries an opaque per-stream payload `O` (the wrapper's
 //! [`FreeOrder`](crate::resource::suballoc::stream_order::FreeOrder): what another stream must wait for
 //! before it takes blocks from that list); the wrapper decides when lists trade blocks and
 //! waits in between, puts the core behind a lock and takes chunks from the upstream.
 
+mod chunks;
+
 use rustc_hash::FxHashMap;
 
+use self::chunks::{ChunkRef, ChunkView};
 use crate::stream::StreamId;
 
 /// Blocks of one size, on per-stream free lists. See the [module documentation](self).
@@ -24,13 +29,14 @@ pub(crate) struct FixedSizeCore<O> {
     last: Option<(StreamId, u32)>,
     /// Vacant slots of `lists`.
     vacant: Vec<u32>,
-    /// Every chunk, sorted by base, with a bit per block that is in use: a free finds its
-    /// block's bit with a binary search over the chunks, which is how a foreign pointer or a
-    /// double free is caught without a hash per operation.
-    chunks: Vec<Chunk>,
-    /// Blocks in use.
-    live: usize,
-    /// Blocks on all free lists.
+    /// Every chunk (of every sibling core), sorted by base, with a flag per block that is in
+    /// use: a free finds its block's flag with a binary search over the chunks, which is how a
+    /// foreign pointer or a double free is caught without a hash per operation.
+    chunks: ChunkView,
+    /// Blocks handed out by this core less blocks freed into it: the sum over sibling cores is
+    /// the blocks in use (one core's figure may be negative).
+    live: isize,
+    /// Blocks on this core's free lists.
     free_blocks: usize,
 }
 
@@ -41,13 +47,8 @@ struct FreeList<O> {
     blocks: Vec<u64>,
 }
 
-struct Chunk {
-    base: u64,
-    /// Bit `i` is set while block `i` is in use.
-    in_use: Box<[u64]>,
-}
-
 /// The sizes `locate` needs, with a shift in place of a division for power-of-two blocks.
+#[derive(Clone, Copy)]
 struct Geometry {
     block_size: u64,
     block_shift: Option<u32>,
@@ -56,7 +57,7 @@ struct Geometry {
 
 /// Where a block lies: `(chunk index, block index)`, when `addr` is a block of these chunks.
 #[inline]
-fn locate(chunks: &[Chunk], geometry: &Geometry, addr: u64) -> Option<(usize, usize)> {
+fn locate(chunks: &[ChunkRef], geometry: &Geometry, addr: u64) -> Option<(usize, usize)> {
     let c = chunks.partition_point(|c| c.base <= addr).checked_sub(1)?;
     let offset = addr - chunks[c].base;
     if offset >= geometry.chunk_bytes {
@@ -87,10 +88,46 @@ impl<O> FixedSizeCore<O> {
             slots: FxHashMap::default(),
             last: None,
             vacant: Vec::new(),
-            chunks: Vec::new(),
+            chunks: ChunkView::new(),
             live: 0,
             free_blocks: 0,
         }
+    }
+
+    /// Another core (for another shard) of the same geometry, sharing this one's chunks, with
+    /// no free list.
+    pub(crate) fn sibling(&self) -> Self {
+        FixedSizeCore {
+            geometry: self.geometry,
+            blocks_per_chunk: self.blocks_per_chunk,
+            lists: Vec::new(),
+            slots: FxHashMap::default(),
+            last: None,
+            vacant: Vec::new(),
+            chunks: self.chunks.sibling(),
+            live: 0,
+            free_blocks: 0,
+        }
+    }
+
+    /// The chunk and index of the block at `addr`, catching up with chunks sibling cores
+    /// added before giving up.
+    #[inline(always)]
+    fn locate(&mut self, addr: u64) -> Option<(&ChunkRef, usize)> {
+        let (c, i) = match locate(self.chunks.seen(), &self.geometry, addr) {
+            Some(at) => at,
+            None => self.locate_new(addr)?,
+        };
+        Some((&self.chunks.seen()[c], i))
+    }
+
+    /// [`locate`](Self::locate) after catching up with the siblings' chunks.
+    #[cold]
+    fn locate_new(&mut self, addr: u64) -> Option<(usize, usize)> {
+        if !self.chunks.refresh() {
+            return None;
+        }
+        locate(self.chunks.seen(), &self.geometry, addr)
     }
 
     /// The slot of `stream`'s free list, made (with the payload `make` returns) if it has none.
@@ -144,14 +181,7 @@ impl<O> FixedSizeCore<O> {
 
     /// Adds the chunk at `base` and puts its blocks on the list in `slot`.
     pub(crate) fn add_chunk(&mut self, base: u64, slot: u32) {
-        let at = self.chunks.partition_point(|c| c.base < base);
-        self.chunks.insert(
-            at,
-            Chunk {
-                base,
-                in_use: vec![0; self.blocks_per_chunk.div_ceil(64)].into_boxed_slice(),
-            },
-        );
+        self.chunks.add(base, self.blocks_per_chunk);
         let (n, size) = (self.blocks_per_chunk as u64, self.geometry.block_size);
         // Highest address first, so blocks are handed out in address order.
         self.list(slot)
@@ -166,8 +196,8 @@ impl<O> FixedSizeCore<O> {
         let block = self.list(slot).blocks.pop()?;
         self.free_blocks -= 1;
         self.live += 1;
-        let (c, i) = locate(&self.chunks, &self.geometry, block).expect("a block of a chunk");
-        self.chunks[c].in_use[i / 64] |= 1 << (i % 64);
+        let (chunk, i) = self.locate(block).expect("a block of a chunk");
+        chunk.set(i);
         Some(block)
     }
 
@@ -180,13 +210,10 @@ impl<O> FixedSizeCore<O> {
         stream: StreamId,
         make: impl FnOnce() -> O,
     ) -> Option<&mut O> {
-        let (c, i) = locate(&self.chunks, &self.geometry, addr)?;
-        let word = &mut self.chunks[c].in_use[i / 64];
-        let mask = 1 << (i % 64);
-        if *word & mask == 0 {
+        let (chunk, i) = self.locate(addr)?;
+        if !chunk.clear(i) {
             return None;
         }
-        *word &= !mask;
         self.live -= 1;
         let slot = self.slot_or_insert(stream, make);
         self.free_blocks += 1;
@@ -195,15 +222,19 @@ impl<O> FixedSizeCore<O> {
         Some(&mut list.order)
     }
 
-    /// The list, other than `slot`'s, to take blocks from: among those with blocks, the one of
-    /// highest `rank`, then with the most blocks.
-    pub(crate) fn pick_victim<K: Ord>(&self, slot: u32, rank: impl Fn(&O) -> K) -> Option<u32> {
+    /// The list, other than `slot`'s (if any), to take blocks from: among those with blocks,
+    /// the one of highest `rank`, then with the most blocks.
+    pub(crate) fn pick_victim<K: Ord>(
+        &self,
+        slot: Option<u32>,
+        rank: impl Fn(&O) -> K,
+    ) -> Option<u32> {
         self.lists
             .iter()
             .enumerate()
             .filter_map(|(i, l)| {
                 let l = l.as_ref()?;
-                (i as u32 != slot && !l.blocks.is_empty()).then_some((
+                (Some(i as u32) != slot && !l.blocks.is_empty()).then_some((
                     rank(&l.order),
                     l.blocks.len(),
                     i,
@@ -215,20 +246,33 @@ impl<O> FixedSizeCore<O> {
 
     /// Moves half (rounded up) of the blocks of the list in `from` to the list in `to`.
     pub(crate) fn move_half(&mut self, from: u32, to: u32) {
-        let moved = {
-            let v = self.list(from);
-            let keep = v.blocks.len() / 2;
-            v.blocks.split_off(keep)
-        };
-        self.list(to).blocks.extend(moved);
+        let moved = self.take_half(from);
+        self.give(to, moved);
     }
 
-    /// Forgets the lists (other than `keep`) that hold no block, so that their payloads (and
+    /// Takes half (rounded up) of the blocks of the list in `from` off this core, for
+    /// [`give`](Self::give) to a sibling.
+    pub(crate) fn take_half(&mut self, from: u32) -> Vec<u64> {
+        let v = self.list(from);
+        let keep = v.blocks.len() / 2;
+        let moved = v.blocks.split_off(keep);
+        self.free_blocks -= moved.len();
+        moved
+    }
+
+    /// Puts `blocks` (free blocks of the shared chunks, from [`take_half`](Self::take_half))
+    /// on the list in `to`.
+    pub(crate) fn give(&mut self, to: u32, blocks: Vec<u64>) {
+        self.free_blocks += blocks.len();
+        self.list(to).blocks.extend(blocks);
+    }
+
+    /// Forgets the lists (other than `keep`'s) that hold no block, so that their payloads (and
     /// the streams they hold) go.
-    pub(crate) fn forget_idle(&mut self, keep: u32) {
+    pub(crate) fn forget_idle(&mut self, keep: Option<u32>) {
         for i in 0..self.lists.len() {
-            let idle =
-                i as u32 != keep && self.lists[i].as_ref().is_some_and(|l| l.blocks.is_empty());
+            let idle = Some(i as u32) != keep
+                && self.lists[i].as_ref().is_some_and(|l| l.blocks.is_empty());
             if idle {
                 let list = self.lists[i].take().expect("checked above");
                 self.slots.remove(&list.stream);
@@ -240,7 +284,6 @@ impl<O> FixedSizeCore<O> {
         }
     }
 
-    /// The payloads of every list.
     /// Every list's stream and payload.
     pub(crate) fn orders(&self) -> impl Iterator<Item = (StreamId, &O)> {
         self.lists.iter().flatten().map(|l| (l.stream, &l.order))
@@ -250,44 +293,59 @@ impl<O> FixedSizeCore<O> {
         self.lists.iter_mut().flatten().map(|l| &mut l.order)
     }
 
-    /// Removes every chunk and list; returns the chunks' bases. For when no block is in use.
+    /// Removes every chunk (of every sibling) and this core's lists; returns the chunks'
+    /// bases. For when no block is in use; the siblings then [`clear`](Self::clear) theirs.
     pub(crate) fn take_chunks(&mut self) -> Vec<u64> {
-        debug_assert_eq!(self.live, 0, "chunks taken with blocks in use");
-        let bases = self.chunks.drain(..).map(|c| c.base).collect();
+        self.clear();
+        self.chunks.take_all()
+    }
+
+    /// Removes every list (the blocks on them go with the chunks: see
+    /// [`take_chunks`](Self::take_chunks)).
+    pub(crate) fn clear(&mut self) {
         self.lists.clear();
         self.slots.clear();
         self.vacant.clear();
         self.last = None;
         self.free_blocks = 0;
-        bases
+        self.live = 0;
     }
 
-    /// Blocks in use.
-    pub(crate) fn live(&self) -> usize {
+    /// Blocks this core handed out less blocks freed into it (see `live`): the sum over
+    /// sibling cores is the blocks in use.
+    pub(crate) fn live(&self) -> isize {
         self.live
     }
 
-    /// Blocks on all free lists.
+    /// Blocks on this core's free lists.
     pub(crate) fn free_blocks(&self) -> usize {
         self.free_blocks
     }
 
-    /// Every chunk's base, in address order, with each of its blocks' use, in address order:
-    /// `None` for a block in use, `Some(stream)` for a block on `stream`'s free list.
-    pub(crate) fn layout(&self) -> Vec<(u64, Vec<Option<StreamId>>)> {
-        let on_list: FxHashMap<u64, StreamId> = self
-            .lists
+    /// Every free block of this core's lists, with its list's stream.
+    pub(crate) fn on_lists(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
+        self.lists
             .iter()
             .flatten()
             .flat_map(|l| l.blocks.iter().map(move |&b| (b, l.stream)))
-            .collect();
+    }
+
+    /// Every chunk's base (of all siblings), in address order, with each of its blocks' use,
+    /// in address order: `None` for a block in use, `Some(stream)` for a block on `stream`'s
+    /// free list, as `on_list` (every sibling's [`on_lists`](Self::on_lists)) says. Exact only
+    /// while no sibling changes (all locked).
+    pub(crate) fn layout(
+        &self,
+        on_list: &FxHashMap<u64, StreamId>,
+    ) -> Vec<(u64, Vec<Option<StreamId>>)> {
         let size = self.geometry.block_size;
         self.chunks
+            .current()
             .iter()
             .map(|c| {
                 let uses = (0..self.blocks_per_chunk)
                     .map(|i| {
-                        if c.in_use[i / 64] & (1 << (i % 64)) != 0 {
+                        if c.is_set(i) {
                             None
                         } else {
                             let stream = on_list.get(&(c.base + i as u64 * size));
@@ -301,7 +359,8 @@ impl<O> FixedSizeCore<O> {
             .collect()
     }
 
-    /// Each stream's free blocks, by stream, lists without blocks left out.
+    /// Each stream's free blocks on this core's lists, by stream, lists without blocks left
+    /// out.
     pub(crate) fn free_by_stream(&self) -> Vec<(StreamId, usize)> {
         let mut out: Vec<(StreamId, usize)> = self
             .lists
@@ -314,9 +373,9 @@ impl<O> FixedSizeCore<O> {
         out
     }
 
-    /// How many chunks the core holds.
+    /// How many chunks the core and its siblings hold.
     pub(crate) fn chunk_count(&self) -> usize {
-        self.chunks.len()
+        self.chunks.count()
     }
 }
 

@@ -31,10 +31,10 @@ fn blocks_come_in_address_order_and_go_back_to_the_freeing_stream() {
     assert_eq!(core.allocate(a), None, "the block is on stream 2's list");
 
     // Stream 1 takes from stream 2: the victim is the other list with blocks.
-    let b = core.pick_victim(a, |o| *o).unwrap();
+    let b = core.pick_victim(Some(a), |o| *o).unwrap();
     assert_ne!(b, a);
     assert_eq!(
-        core.pick_victim(b, |o| *o),
+        core.pick_victim(Some(b), |o| *o),
         None,
         "stream 1's list is empty"
     );
@@ -43,7 +43,7 @@ fn blocks_come_in_address_order_and_go_back_to_the_freeing_stream() {
     assert_eq!(core.allocate(b), None);
 
     // Stream 2's list is empty: forgotten, its slot reused by the next new stream.
-    core.forget_idle(a);
+    core.forget_idle(Some(a));
     assert_eq!(core.orders_mut().count(), 1);
     assert_eq!(core.slot_or_insert(StreamId(3), || 9), b);
     assert_eq!(*core.order_mut(b), 9);
@@ -66,10 +66,13 @@ fn the_victim_is_the_best_ranked_then_the_fullest_list() {
     core.add_chunk(BASE, slots[1]);
     core.add_chunk(BASE + 0x10_0000, slots[2]);
     // Equal counts: the higher rank wins; a rank that ties falls back to the fuller list.
-    assert_eq!(core.pick_victim(slots[0], |o| *o), Some(slots[2]));
-    assert_eq!(core.pick_victim(slots[0], |o| u8::MAX - *o), Some(slots[1]));
+    assert_eq!(core.pick_victim(Some(slots[0]), |o| *o), Some(slots[2]));
+    assert_eq!(
+        core.pick_victim(Some(slots[0]), |o| u8::MAX - *o),
+        Some(slots[1])
+    );
     core.allocate(slots[2]).unwrap();
-    assert_eq!(core.pick_victim(slots[0], |_| 0), Some(slots[1]));
+    assert_eq!(core.pick_victim(Some(slots[0]), |_| 0), Some(slots[1]));
     // Half, rounded up, moves: 3 blocks give 2.
     core.move_half(slots[1], slots[0]);
     let moved = std::iter::from_fn(|| core.allocate(slots[0])).count();
