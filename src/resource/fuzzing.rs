@@ -12,7 +12,8 @@
 use crate::ids::StreamId;
 use crate::resource::suballoc::arena::core as arena;
 use crate::resource::suballoc::fixed_size::core::FixedSizeCore as FixedCore;
-use crate::resource::suballoc::pool::core::{PoolCore as PCore, StreamKey};
+use crate::resource::suballoc::pool::core::state::PoolCore as PCore;
+use crate::resource::suballoc::pool::core::types::StreamKey;
 
 /// The granularity of every address and size of the cores (256 bytes).
 pub const ALIGN: usize = crate::resource::contract::size::ALIGN;

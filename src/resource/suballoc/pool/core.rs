@@ -94,10 +94,13 @@
 //! | the other statistics | O(1) |
 //!
 //! # Files
-//! This file holds the core's state and its operations on chunks and allocations; beside it,
-//! `index.rs` the size classes and each stream's class lists, `blocks.rs` the slab of blocks and
-//! their coalescing, `streams.rs` the per-stream slots and memory crossing streams, and
-//! `invariants.rs` (tests only) the exhaustive invariant check.
+//! This file holds the core's operations on chunks and allocations; beside it, `state.rs` the
+//! [`PoolCore`] struct, `types.rs` the small types every file shares, `slab.rs` the slab's
+//! [`Block`](slab::Block) entries, `classes.rs` the size classes, `stream_free.rs` each stream's
+//! class lists, `index.rs` finding and (un)linking blocks on them, `blocks.rs` the coalescing of
+//! blocks, `streams.rs` the per-stream slots and memory crossing streams, `live.rs` the map of
+//! allocated blocks, `snapshot.rs` the walk for snapshots, and `invariants.rs` (tests only) the
+//! exhaustive invariant check.
 
 mod blocks;
 mod classes;
@@ -105,101 +108,28 @@ mod index;
 #[cfg(test)]
 mod invariants;
 mod live;
+mod slab;
 mod snapshot;
+pub(crate) mod state;
+mod stream_free;
 mod streams;
+pub(crate) mod types;
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use rustc_hash::FxHashMap;
 
-use self::blocks::{Block, NIL, USED};
-use self::index::StreamFree;
 use self::live::LiveMap;
+use self::slab::{NIL, USED};
+use self::state::PoolCore;
+use self::types::{Chunk, ChunkId, StreamKey};
 
 /// The granularity of every address and size in the pool (`cuMemAlloc`'s alignment), and
 /// rounding to it: shared by every resource.
 pub(crate) use crate::resource::contract::size::{align_up, ALIGN};
-const ALIGN_LOG2: u32 = ALIGN.trailing_zeros();
 
 /// How many blocks of one class list [`PoolCore::oldest_block_for`] compares.
 pub(crate) const OLDEST_PROBES: usize = 32;
-
-/// A stream as the core sees it: an opaque key (the wrapper uses the stream's id).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct StreamKey(pub(crate) u64);
-
-/// Names a chunk obtained from the upstream resource, in the order the pool received them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ChunkId(pub(crate) u64);
-
-/// A chunk obtained from the upstream resource.
-#[derive(Clone, Copy, Debug)]
-struct Chunk {
-    /// For tests; the wrapper keys chunks by base address.
-    #[cfg_attr(not(test), allow(dead_code))]
-    id: ChunkId,
-    size: u64,
-    /// The slab slot of the chunk's first block (at the chunk's base); only
-    /// [`cut_free_heads`](PoolCore::cut_free_heads) changes it while
-    /// the chunk is in the pool.
-    first: u32,
-}
-
-/// The stream-ordered free-list core of the pool: chunks from the upstream, cut into blocks
-/// that are allocated or free and owned by a stream. See the [module documentation](self) for
-/// the design.
-pub(crate) struct PoolCore {
-    /// Every block of every chunk, plus vacant slots chained through [`Block::next`] from
-    /// `vacant`. The blocks of a chunk tile it exactly, in `prev_phys`/`next_phys` order, from
-    /// `Chunk::first`. A free block is on exactly one class list, of its stream's index; an
-    /// allocated block is in `live`. No two physically adjacent free blocks have the same
-    /// stream (they are coalesced at once).
-    blocks: Vec<Block>,
-    /// The first vacant slot of `blocks`, or [`NIL`].
-    vacant: u32,
-    /// Start address → slot, for every allocated block (and nothing else); the newest one
-    /// outside the hash map (see `live.rs`).
-    live: LiveMap,
-    /// Each stream's index, by slot; `None` for a vacant slot (listed in `vacant_streams`).
-    streams: Vec<Option<StreamFree>>,
-    /// Stream key → its slot in `streams`, for every `Some` slot.
-    stream_slots: FxHashMap<u64, u32>,
-    /// The vacant slots of `streams`.
-    vacant_streams: Vec<u32>,
-    /// The last stream looked up and its slot, unless the slot is [`NIL`]: saves the map
-    /// lookup for runs of operations on one stream. Never stale.
-    last_stream: (StreamKey, u32),
-    /// Base address → chunk. Chunks never overlap.
-    chunks: BTreeMap<u64, Chunk>,
-    /// The id the next chunk gets.
-    next_chunk_id: u64,
-    /// Sum of the chunks' sizes.
-    chunk_bytes: u64,
-    /// Sum of the free blocks' sizes (= sum of the streams' `free_bytes`).
-    free_bytes: u64,
-    /// The number of free blocks (= sum of the streams' `blocks`).
-    free_count: usize,
-}
-
-impl Default for PoolCore {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for PoolCore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolCore")
-            .field("chunk_count", &self.chunk_count())
-            .field("chunk_bytes", &self.chunk_bytes())
-            .field("free_bytes", &self.free_bytes())
-            .field("free_block_count", &self.free_block_count())
-            .field("allocation_count", &self.allocation_count())
-            .field("streams", &self.stream_slots.len())
-            .finish()
-    }
-}
 
 impl PoolCore {
     /// An empty pool: no chunks, no blocks.

@@ -5,7 +5,9 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::core::{PoolCore, StreamKey, ALIGN};
+use super::core::state::PoolCore;
+use super::core::types::StreamKey;
+use super::core::ALIGN;
 use crate::error::Result;
 use crate::ids::StreamId;
 use crate::resource::inspect::BlockState;

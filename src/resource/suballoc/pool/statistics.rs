@@ -52,7 +52,7 @@ impl<R: MemoryResource> Inner<R> {
     /// run of free blocks of any streams (O(blocks)), else only the largest of one stream's
     /// (O(streams)), for callers that do not read it.
     pub(super) fn statistics_with(&self, extents: bool) -> PoolStatistics {
-        let largest = |core: &super::core::PoolCore| {
+        let largest = |core: &super::core::state::PoolCore| {
             if extents {
                 core.largest_free_extent()
             } else {

@@ -1,7 +1,7 @@
 //! The pool core's size classes (TLSF, as in `rlsf`): two levels, a power of two and one of
 //! its 32 equal parts. Pure arithmetic on sizes, used by the class index and by the blocks.
 
-use super::ALIGN_LOG2;
+use super::types::ALIGN_LOG2;
 
 /// log2 of the number of second-level classes per power of two.
 pub(super) const SL_LOG2: u32 = 5;

@@ -1,8 +1,10 @@
 //! The core's invariants, checked exhaustively, and views of its state for tests.
 
-use super::blocks::NIL;
 use super::classes::{class_index, class_of, FL_COUNT, SL_COUNT};
-use super::{ChunkId, PoolCore, StreamKey, ALIGN, ALIGN_LOG2};
+use super::slab::NIL;
+use super::state::PoolCore;
+use super::types::{ChunkId, StreamKey, ALIGN_LOG2};
+use crate::resource::contract::size::ALIGN;
 
 impl PoolCore {
     /// The free blocks as `(start, size, owner)`, in address order.

@@ -2,8 +2,9 @@
 //! ([`MemoryResource::snapshot`](crate::MemoryResource::snapshot)): nothing here runs on the
 //! allocation or free paths.
 
-use super::blocks::NIL;
-use super::{PoolCore, StreamKey};
+use super::slab::NIL;
+use super::state::PoolCore;
+use super::types::StreamKey;
 
 /// A block of a [`CoreChunk`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

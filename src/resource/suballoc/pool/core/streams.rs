@@ -3,10 +3,12 @@
 //! stream's free blocks into another's; see "Stream ownership, taking and merging" in the
 //! [core's documentation](super)).
 
-use super::blocks::{NIL, USED};
 use super::classes::class_index;
-use super::index::StreamFree;
-use super::{align_up, PoolCore, StreamKey};
+use super::slab::{NIL, USED};
+use super::state::PoolCore;
+use super::stream_free::StreamFree;
+use super::types::StreamKey;
+use crate::resource::contract::size::align_up;
 
 impl PoolCore {
     /// Another stream than `exclude` whose own free blocks can serve `size` bytes, as

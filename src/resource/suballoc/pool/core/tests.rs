@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::classes::{class_min, class_of, search_class, FL_COUNT, SL_COUNT};
 use super::index::OWN_CLASS_PROBES;
+use super::types::ALIGN_LOG2;
 use super::*;
 
 const A: StreamKey = StreamKey(1);
