@@ -18,11 +18,11 @@ use crate::resource::suballoc::pool::core::types::StreamKey;
 /// The granularity of every address and size of the cores (256 bytes).
 pub const ALIGN: usize = crate::resource::contract::size::ALIGN;
 /// The arena's page (64 KiB).
-pub const ARENA_PAGE_SIZE: usize = arena::PAGE_SIZE;
+pub const ARENA_PAGE_SIZE: usize = arena::consts::PAGE_SIZE;
 /// The arena's smallest superblock (1 MiB).
-pub const SUPERBLOCK_SIZE: usize = arena::SUPERBLOCK_SIZE;
+pub const SUPERBLOCK_SIZE: usize = arena::consts::SUPERBLOCK_SIZE;
 /// Pages in the smallest superblock.
-pub const SUPERBLOCK_PAGES: u64 = arena::SUPERBLOCK_PAGES;
+pub const SUPERBLOCK_PAGES: u64 = arena::consts::SUPERBLOCK_PAGES;
 
 /// The pool resource's core (`resource/pool/core.rs`).
 #[derive(Default)]

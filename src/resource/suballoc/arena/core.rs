@@ -9,8 +9,9 @@
 //! All metadata lives in host memory, keyed by address (device memory is not host-writable).
 //!
 //! # Granularity
-//! Blocks are multiples of [`ALIGN`] (256 bytes). The global arena counts in *pages* of
-//! [`PAGE_SIZE`] (64 KiB): a superblock is at least [`SUPERBLOCK_PAGES`] pages (1 MiB, RMM's
+//! Blocks are multiples of [`ALIGN`](crate::resource::contract::size::ALIGN) (256 bytes). The
+//! global arena counts in *pages* of [`PAGE_SIZE`](consts::PAGE_SIZE) (64 KiB): a superblock is
+//! at least [`SUPERBLOCK_PAGES`](consts::SUPERBLOCK_PAGES) pages (1 MiB, RMM's
 //! `superblock::minimum_size`) and a large request takes whole pages. The wrapper converts
 //! pages to addresses.
 //!
@@ -37,6 +38,8 @@
 //! memory freed on several streams still forms one large range; whoever takes pages waits on
 //! the range's fences first.
 
+pub(crate) mod consts;
+mod fences;
 mod global;
 mod stream;
 mod tree;
@@ -46,25 +49,8 @@ pub(crate) use self::global::{GlobalArena, Use};
 use self::stream::Released;
 pub(crate) use self::stream::{Piece, StreamArena};
 pub(crate) use crate::resource::contract::size::{
-    align_to_size_class, align_up, largest_size_class_within, ALIGN,
+    align_to_size_class, align_up, largest_size_class_within,
 };
-
-/// The smallest superblock: RMM's `superblock::minimum_size`, 1 MiB. Requests above it are
-/// served by the global arena directly.
-pub(crate) const SUPERBLOCK_SIZE: usize = 1 << 20;
-/// The global arena's unit: 64 KiB.
-pub(crate) const PAGE_SIZE: usize = 64 << 10;
-/// Pages in the smallest superblock.
-pub(crate) const SUPERBLOCK_PAGES: u64 = (SUPERBLOCK_SIZE / PAGE_SIZE) as u64;
-
-/// Adds each of `from` to `into` unless it is there already.
-fn merge_fences<F: PartialEq>(into: &mut Vec<F>, from: impl IntoIterator<Item = F>) {
-    for f in from {
-        if !into.contains(&f) {
-            into.push(f);
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::core::PAGE_SIZE;
+use super::core::consts::PAGE_SIZE;
 
 /// The owner recorded for a page in the global arena (free or part of a large block), in
 /// [`Extents`]' page owners.

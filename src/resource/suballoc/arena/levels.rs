@@ -10,7 +10,8 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use super::config::ArenaDump;
-use super::core::{align_to_size_class, align_up, GlobalArena, Use, PAGE_SIZE, SUPERBLOCK_PAGES};
+use super::core::consts::{PAGE_SIZE, SUPERBLOCK_PAGES};
+use super::core::{align_to_size_class, align_up, GlobalArena, Use};
 use super::extents::{Extents, GLOBAL, LARGE_AREA};
 use super::slots::{cache_forget, Registry, SlotState, Slots};
 use crate::device::Device;

@@ -23,7 +23,8 @@ use parking_lot::{Mutex, RwLock};
 pub use self::config::{ArenaConfig, ArenaDump};
 #[cfg(test)]
 use self::core::align_up;
-use self::core::{largest_size_class_within, GlobalArena, PAGE_SIZE, SUPERBLOCK_SIZE};
+use self::core::consts::{PAGE_SIZE, SUPERBLOCK_SIZE};
+use self::core::{largest_size_class_within, GlobalArena};
 use self::extents::GLOBAL;
 use self::extents::{Extent, Extents};
 use self::levels::{Growth, Inner};

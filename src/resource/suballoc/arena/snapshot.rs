@@ -8,7 +8,8 @@
 //! [`Fragmentation`](crate::Fragmentation) reads (runs of adjacent free blocks in one segment)
 //! are exactly what the arena can serve.
 
-use super::core::{Piece, PAGE_SIZE};
+use super::core::consts::PAGE_SIZE;
+use super::core::Piece;
 use super::levels::Inner;
 use crate::ids::StreamId;
 use crate::resource::contract::memory_resource::MemoryResource;

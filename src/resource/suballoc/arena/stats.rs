@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use super::config::ArenaDump;
-use super::core::PAGE_SIZE;
+use super::core::consts::PAGE_SIZE;
 use super::levels::Inner;
 use crate::error::Error;
 use crate::resource::contract::memory_resource::MemoryResource;

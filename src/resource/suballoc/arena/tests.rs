@@ -585,7 +585,7 @@ fn run_resource_ops(ops: Vec<Op>) {
                     let pages_needed = if size > SUPERBLOCK_SIZE {
                         (size / PAGE_SIZE) as u64
                     } else {
-                        self::core::SUPERBLOCK_PAGES
+                        self::core::consts::SUPERBLOCK_PAGES
                     };
                     assert!(
                         global.largest_free_pages() < pages_needed,

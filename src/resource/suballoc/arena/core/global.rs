@@ -4,8 +4,9 @@
 
 use rustc_hash::FxHashMap;
 
+use super::consts::SUPERBLOCK_PAGES;
+use super::fences::merge_fences;
 use super::tree::{FitTree, Pos};
-use super::{merge_fences, SUPERBLOCK_PAGES};
 
 /// What the global arena hands out: a superblock lent to a stream arena, or a large block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,10 @@
 
 use rustc_hash::FxHashMap;
 
+use super::consts::SUPERBLOCK_SIZE;
+use super::fences::merge_fences;
 use super::tree::FitTree;
-use super::{merge_fences, ALIGN, SUPERBLOCK_SIZE};
+use crate::resource::contract::size::ALIGN;
 
 /// A superblock a [`StreamArena`] gives back, wholly free, with the fences of everyone that
 /// freed memory in it.

@@ -2,6 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
+use super::consts::{SUPERBLOCK_PAGES, SUPERBLOCK_SIZE};
 use super::tree::FitTree;
 use super::*;
 
