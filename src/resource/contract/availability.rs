@@ -41,10 +41,9 @@ use std::time::Duration;
 
 use crate::resource::contract::stats::WaitQueueStats;
 
-mod pending_frees;
+pub(crate) mod pending_frees;
 mod queue;
 use crate::sync::{Arc, AtomicUsize, Mutex};
-pub(crate) use pending_frees::PendingFrees;
 #[cfg(all(test, not(loom)))]
 pub(crate) use queue::STALLED_TURN;
 pub(crate) use queue::{WaitQueue, Waiter};
