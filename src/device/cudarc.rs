@@ -121,7 +121,7 @@ impl Device {
         if src.contains('\0') {
             return Err(Error::invalid("CUDA C source contains a NUL byte"));
         }
-        crate::backend::cuda::nvrtc_available()
+        crate::backend::cuda::interop::nvrtc_available()
             .map_err(|why| Error::unsupported(why, self.id()))?;
         let ptx = cudarc::nvrtc::compile_ptx(src).map_err(|e| match e {
             cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::invalid(format!(

@@ -190,7 +190,7 @@ impl Stream {
     /// ```
     pub fn cublas(&self) -> Result<cudarc::cublas::CudaBlas> {
         let stream = self.cudarc_stream()?;
-        crate::backend::cuda::cublas_available()
+        crate::backend::cuda::interop::cublas_available()
             .map_err(|why| Error::unsupported(why, self.device().id()))?;
         cudarc::cublas::CudaBlas::new(stream).map_err(|e| Error::Driver {
             call: "cublasCreate",

@@ -17,7 +17,7 @@
 mod context;
 mod event;
 mod handles;
-mod interop;
+pub(crate) mod interop;
 mod memory;
 mod mempool;
 mod reclaim;
@@ -48,10 +48,6 @@ pub(crate) use self::context::device_count;
 use self::context::{error_name, DeviceContext};
 pub(crate) use self::event::CudaEvent;
 use self::handles::RawContext;
-#[cfg(feature = "cublas")]
-pub(crate) use self::interop::cublas_available;
-#[cfg(feature = "nvrtc")]
-pub(crate) use self::interop::nvrtc_available;
 pub(crate) use self::mempool::CudaMemPool;
 pub(crate) use self::stream::CudaStream;
 
