@@ -127,6 +127,61 @@ pub(crate) fn free(mr: &impl MemoryResource, p: DevicePtr, bytes: usize, s: &Str
     unsafe { mr.deallocate(p, bytes, s) }
 }
 
+/// Runs `rounds` races of a free of one of `held` (blocks of `bytes`, filling `pool`) into
+/// `pool` on `freer` (a free that skips the notify when nobody is counted) against an awaited
+/// allocation of `bytes` on `waiter` through `mr` (the resource, or an adaptor over it), with
+/// the free at varying points of the waiter's join. Every waiter must be served.
+pub(crate) fn race<R: MemoryResource + Clone + 'static>(
+    mr: &R,
+    pool: &impl MemoryResource,
+    held: &mut Vec<DevicePtr>,
+    bytes: usize,
+    freer: &Stream,
+    waiter: &Stream,
+    rounds: usize,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut served = Vec::new();
+    for round in 0..rounds {
+        let task = {
+            let (mr, s) = (mr.clone(), waiter.clone());
+            rt.spawn(async move { mr.allocate(bytes, &s).await })
+        };
+        if round % 4 == 0 {
+            // A quarter of the rounds free only once the waiter has queued, so that waiting is
+            // exercised however the machine schedules the others.
+            let queued = std::time::Instant::now();
+            while mr.availability().unwrap().stats().waiting == 0 {
+                assert!(
+                    queued.elapsed() < Duration::from_secs(10),
+                    "round {round}: never queued"
+                );
+                std::thread::yield_now();
+            }
+        } else {
+            for _ in 0..(round * 37) % 2_000 {
+                std::hint::spin_loop();
+            }
+        }
+        free(pool, held.pop().unwrap(), bytes, freer);
+        let p = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
+            .unwrap_or_else(|_| panic!("round {round}: the waiter was never woken"))
+            .unwrap()
+            .unwrap();
+        served.push(p);
+    }
+    for p in served {
+        free(mr, p, bytes, waiter);
+    }
+    // The rounds that waited for it queued: the resource was full.
+    assert!(mr.availability().unwrap().stats().waits >= rounds as u64 / 4);
+}
+
 /// The awaiting test every adaptor passes: over a `LimitingAdaptor` of `limit` bytes, wrapped
 /// by `wrap`, a request for `wait` bytes made while `held` bytes are out waits in the wait
 /// queue (seen through the wrapper's forwarded availability) and resumes after the free; a

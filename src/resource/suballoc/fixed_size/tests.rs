@@ -239,45 +239,7 @@ fn a_free_racing_a_joining_waiter_never_loses_it() {
     let mut held: Vec<_> = (0..64)
         .map(|_| mr.try_allocate(KIB, &freer).unwrap())
         .collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut served = Vec::new();
-    for round in 0..64 {
-        let task = {
-            let (mr, s) = (mr.clone(), waiter.clone());
-            rt.spawn(async move { mr.allocate(KIB, &s).await })
-        };
-        if round % 4 == 0 {
-            // A quarter of the rounds free only once the waiter has queued, so that waiting is
-            // exercised however the machine schedules the others.
-            let queued = std::time::Instant::now();
-            while mr.availability().unwrap().stats().waiting == 0 {
-                assert!(
-                    queued.elapsed() < Duration::from_secs(10),
-                    "round {round}: never queued"
-                );
-                std::thread::yield_now();
-            }
-        } else {
-            for _ in 0..(round * 37) % 2_000 {
-                std::hint::spin_loop();
-            }
-        }
-        free(&mr, held.pop().unwrap(), KIB, &freer);
-        let p = rt
-            .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
-            .unwrap_or_else(|_| panic!("round {round}: the waiter was never woken"))
-            .unwrap()
-            .unwrap();
-        served.push(p);
-    }
-    assert!(mr.availability().unwrap().stats().waits >= 16);
-    for p in served {
-        free(&mr, p, KIB, &waiter);
-    }
+    crate::test_support::race(&mr, &mr, &mut held, KIB, &freer, &waiter, 64);
 }
 
 #[derive(Debug, Clone)]
