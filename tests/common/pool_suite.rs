@@ -567,6 +567,52 @@ pub fn bounded_pool_fills_from_any_initial_size(device: Device) {
     }
 }
 
+/// A pool made `with_peak_allocated` reports PyTorch's `memory_allocated` and
+/// `max_memory_allocated`: exact over its shards (blocks of two streams, one freed on the
+/// other stream), its large blocks, and a pool that held blocks before it started counting.
+pub fn peak_allocated_counts_every_level_and_stream(device: Device) {
+    let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    for (initial, maximum) in [(0, None), (16 * MIB, Some(64 * MIB))] {
+        let plain =
+            PoolResource::new(CudaResource::new(&device).unwrap(), initial, maximum).unwrap();
+        let before = plain.try_allocate(1000, &s1).unwrap();
+        assert_eq!(
+            plain.memory_stats().peak_allocated_bytes,
+            None,
+            "not counted by default"
+        );
+        let pool = plain.with_peak_allocated();
+        let stats = |pool: &PoolResource<CudaResource>| {
+            let m = pool.memory_stats();
+            (m.allocated_bytes.unwrap(), m.peak_allocated_bytes.unwrap())
+        };
+        assert_eq!(stats(&pool), (1024, 1024), "initial {initial}");
+        let a = pool.try_allocate(3000, &s1).unwrap();
+        let b = pool.try_allocate(5000, &s2).unwrap();
+        let large = pool.try_allocate(3 * MIB + 1, &s2).unwrap();
+        let live = 1024 + 3072 + 5120 + 3 * MIB + 256;
+        assert_eq!(stats(&pool), (live, live), "initial {initial}");
+        free(&pool, a, 3000, &s2);
+        free(&pool, large, 3 * MIB + 1, &s1);
+        assert_eq!(stats(&pool), (1024 + 5120, live), "initial {initial}");
+        pool.reset_peak();
+        assert_eq!(
+            stats(&pool),
+            (1024 + 5120, 1024 + 5120),
+            "initial {initial}"
+        );
+        free(&pool, b, 5000, &s2);
+        free(&pool, before, 1000, &s1);
+        // A double free changes nothing.
+        free(&pool, before, 1000, &s1);
+        assert_eq!(stats(&pool), (0, 1024 + 5120), "initial {initial}");
+        assert!(
+            device.take_deferred_error().is_some(),
+            "the double free is reported"
+        );
+    }
+}
+
 /// Instantiates the pool cases for one device.
 #[macro_export]
 macro_rules! pool_suite {
@@ -585,6 +631,7 @@ macro_rules! pool_suite {
             $(#[$attr])* #[test] fn cross_stream_reuse_without_growth() { suite::cross_stream_reuse_without_growth($device) }
             $(#[$attr])* #[test] fn fill_to_maximum() { suite::fill_to_maximum($device) }
             $(#[$attr])* #[test] fn bounded_pool_fills_from_any_initial_size() { suite::bounded_pool_fills_from_any_initial_size($device) }
+            $(#[$attr])* #[test] fn peak_allocated_counts_every_level_and_stream() { suite::peak_allocated_counts_every_level_and_stream($device) }
             $(#[$attr])* #[test] fn fill_to_maximum_from_threads() { suite::fill_to_maximum_from_threads($device) }
             $(#[$attr])* #[test] fn refill_from_another_shard() { suite::refill_from_another_shard($device) }
             $(#[$attr])* #[test] fn stress_awaiting_tasks() { suite::stress_awaiting_tasks($device) }

@@ -60,7 +60,8 @@ impl ResourceKind {
     }
 }
 
-/// RMM's replay pool: over `cuda`, empty at first, unbounded.
+/// RMM's replay pool: over `cuda`, empty at first, unbounded; counting its peak of
+/// allocated bytes for the table (one shared counter: nothing next to a replay's own work).
 fn pool(device: &Device) -> Result<PoolResource<CudaResource>> {
-    PoolResource::new(CudaResource::new(device)?, 0, None)
+    Ok(PoolResource::new(CudaResource::new(device)?, 0, None)?.with_peak_allocated())
 }

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::allocated_peak::PeakCounter;
 use super::core::{align_up, ALIGN};
 use super::level::{Level, SnapshotBlock};
 use super::release::ReleasePolicy;
@@ -54,6 +55,9 @@ pub(super) struct Inner<R: MemoryResource> {
     /// pool was made or its peak reset. Written only when the pool grows or serves a large
     /// block, never on the fast path.
     pub(super) peak_reserved: AtomicUsize,
+    /// Allocated bytes and their peak, counted only in pools made
+    /// [`with_peak_allocated`](super::PoolResource::with_peak_allocated).
+    pub(super) allocated: PeakCounter,
     /// Granular pools: the bytes grown so far for requests below [`GRANULE`] (a shard's
     /// sub-chunk counts as one request), which the next such growth matches up to
     /// [`MAX_SHARD_CHUNK`]: small blocks get geometrically larger chunks, large ones chunks

@@ -1,5 +1,6 @@
 //! `PoolResource`: a coalescing, stream-ordered sub-allocator over any upstream resource.
 
+mod allocated_peak;
 pub(crate) mod core;
 mod inner;
 mod level;

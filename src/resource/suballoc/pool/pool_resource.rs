@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::allocated_peak::PeakCounter;
 use super::core::align_up;
 use super::inner::{check_size, shard_layout, Inner, Shard, LARGE_BLOCK, SHARDED_CAPACITY};
 use super::level::Level;
@@ -268,6 +269,7 @@ impl<R: MemoryResource> PoolResource<R> {
                 shard_limit,
                 availability,
                 peak_reserved: AtomicUsize::new(0),
+                allocated: PeakCounter::default(),
                 small_grown: AtomicUsize::new(0),
                 granular,
                 keep_free: AtomicUsize::new(usize::MAX),
@@ -298,6 +300,47 @@ impl<R: MemoryResource> PoolResource<R> {
     /// The maximum pool size, if any.
     pub fn maximum_size(&self) -> Option<usize> {
         self.inner.maximum
+    }
+
+    /// This pool, counting its allocated bytes and their peak, which [`memory_stats`] then
+    /// reports (PyTorch's `memory_allocated` and `max_memory_allocated`, and what
+    /// [`reset_peak`] resets), counted as the pool rounds requests (to 256 bytes).
+    ///
+    /// Not by default: the count is one shared counter that every allocation and free
+    /// updates, while the pool's fast path otherwise writes nothing that threads allocating on
+    /// different streams share. A count of one thread costs a few nanoseconds per
+    /// allocation; threads on many streams at once contend for it. A
+    /// [`StatisticsAdaptor`](crate::StatisticsAdaptor) over the pool counts the same, as
+    /// requested, and more.
+    ///
+    /// ```
+    /// use streamalloc::{CudaResource, Device, MemoryResource, PoolResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = PoolResource::new(CudaResource::new(&device)?, 0, None)?.with_peak_allocated();
+    /// let a = pool.try_allocate(1000, &stream)?;
+    /// let b = pool.try_allocate(3000, &stream)?;
+    /// unsafe { pool.deallocate(a, 1000, &stream) };
+    /// let stats = pool.memory_stats();
+    /// assert_eq!(stats.allocated_bytes, Some(3072));
+    /// assert_eq!(stats.peak_allocated_bytes, Some(1024 + 3072));
+    /// pool.reset_peak();
+    /// assert_eq!(pool.memory_stats().peak_allocated_bytes, Some(3072));
+    /// unsafe { pool.deallocate(b, 3000, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    ///
+    /// [`memory_stats`]: MemoryResource::memory_stats
+    /// [`reset_peak`]: MemoryResource::reset_peak
+    #[must_use]
+    pub fn with_peak_allocated(self) -> Self {
+        // Owned, so nothing allocates meanwhile: the count starts exact.
+        let stats = self.inner.statistics_with(false);
+        self.inner
+            .allocated
+            .start(stats.reserved_bytes - stats.free_bytes);
+        self
     }
 
     /// How the pool gives memory back on its own: see [`ReleasePolicy`]. Replaces the policy
@@ -420,12 +463,16 @@ fn spawn_idle_release<R: MemoryResource + 'static>(
 
 memory_resource!(shared [R: MemoryResource] PoolResource<R>);
 
-// SAFETY: a pointer it hands out is a block carved by the pool's core out of its chunks,
-// each an allocation of the upstream held until `trim` or the drop returns it wholly free:
-// blocks are at least the request, at 256-aligned offsets of 256-aligned chunks, and the core
-// hands out no byte twice until it is freed. The properties are the upstream's.
-unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
-    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+/// The pool's rounding of a request, as its blocks have it (a live block's `bytes` rounds).
+fn rounded(bytes: usize) -> usize {
+    align_up(bytes).unwrap_or(bytes)
+}
+
+impl<R: MemoryResource> Inner<R> {
+    /// [`MemoryResource::try_allocate`], uncounted.
+    #[inline(always)]
+    fn serve(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        use crate::resource::suballoc::base::SubAllocator;
         // The fast path: a request for the stream's shard that the stream's own free blocks
         // there serve, under one lock, with no `Result` to build on the way. Anything else (a
         // 0-byte request, another device's stream, a miss) takes the full path below, which
@@ -445,7 +492,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 available: None,
                 device: self.device.id(),
             }
-            .never_fitting(self.capacity_limit()));
+            .never_fitting(SubAllocator::capacity_limit(self)));
         };
         if size > self.shard_limit && self.cannot_fit(size) {
             // Large requests are checked first: the answer comes without the work below.
@@ -493,13 +540,28 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         // try once more. Without this a pool that is all free could refuse a request within its
         // maximum for ever, and an awaited one would wait for ever. A request that could never
         // fit changes nothing.
-        let could_fit = self.capacity_limit().is_none_or(|limit| bytes <= limit);
+        let could_fit = SubAllocator::capacity_limit(self).is_none_or(|limit| bytes <= limit);
         if could_fit && self.release_empty_chunks() > 0 {
             if let Some(p) = self.global_allocate(size, stream, true, false)? {
                 return Ok(DevicePtr::from_raw(p));
             }
         }
         Err(self.out_of_memory(bytes, stream))
+    }
+}
+
+// SAFETY: a pointer it hands out is a block carved by the pool's core out of its chunks,
+// each an allocation of the upstream held until `trim` or the drop returns it wholly free:
+// blocks are at least the request, at 256-aligned offsets of 256-aligned chunks, and the core
+// hands out no byte twice until it is freed. The properties are the upstream's.
+unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for Inner<R> {
+    #[inline]
+    fn try_allocate(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        let p = self.serve(bytes, stream)?;
+        if !p.is_null() {
+            self.allocated.add(rounded(bytes));
+        }
+        Ok(p)
     }
 
     unsafe fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) {
@@ -517,6 +579,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 // Read under the shard's lock, which the join barrier takes: no fence.
                 let quiet = self.availability.nobody_to_notify();
                 self.shard_freed(shard);
+                self.allocated.sub(rounded(bytes));
                 if !quiet {
                     self.availability.notify();
                 }
@@ -551,6 +614,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
             )));
             return;
         }
+        self.allocated.sub(rounded(bytes));
         self.availability.notify();
         if in_global {
             self.apply_keep_free();
@@ -569,11 +633,17 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
     }
 
     /// Reserved: the bytes held from the upstream; allocated: the live allocations, as the
-    /// pool rounded them (it keeps no peak of those: a [`StatisticsAdaptor`] over it does).
+    /// pool rounded them. Their peak only in a pool made
+    /// [`with_peak_allocated`](PoolResource::with_peak_allocated) (a [`StatisticsAdaptor`]
+    /// over any pool has it too).
     ///
     /// [`StatisticsAdaptor`]: crate::StatisticsAdaptor
     fn memory_stats(&self) -> MemoryStats {
         let stats = self.statistics_with(false);
+        let (bytes, peak) = match self.allocated.figures() {
+            Some((bytes, peak)) => (bytes, Some(peak)),
+            None => (stats.reserved_bytes - stats.free_bytes, None),
+        };
         self.upstream
             .memory_stats()
             .with_reserved(
@@ -581,8 +651,8 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 self.peak_reserved.load(Ordering::Relaxed),
             )
             .with_allocated(Allocated {
-                bytes: stats.reserved_bytes - stats.free_bytes,
-                peak: None,
+                bytes,
+                peak,
                 allocations: Some(stats.live_allocations),
             })
     }
@@ -592,6 +662,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         let held = self.held.load(Ordering::Relaxed) + self.mapped_bytes();
         self.peak_reserved.store(held, Ordering::Relaxed);
         drop(global);
+        self.allocated.reset_peak();
         self.upstream.reset_peak();
     }
 
