@@ -3,9 +3,9 @@
 //! then `StatisticsAdaptor`, `TrackingAdaptor` and `LoggingAdaptor` (to a file in a temporary
 //! directory and to `io::sink()`), each over a fresh pool.
 //!
-//! Run: `cargo bench --bench adaptors`. It first prints a table, ns per pair and the ratio to the
+//! Run: `cargo bench --features bench --bench adaptors`. It first prints a table, ns per pair and the ratio to the
 //! bare pool (the median of five runs of 200,000 pairs, as `benches/workloads.rs` measures W1),
-//! then runs the same cases under criterion. `cargo bench --bench adaptors -- --table` prints
+//! then runs the same cases under criterion. `cargo bench --features bench --bench adaptors -- --table` prints
 //! the table alone. Issue 14's goals: statistics and tracking ≤ 1.15× the bare pool, logging
 //! ≤ 100 ns per pair.
 

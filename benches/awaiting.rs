@@ -9,7 +9,7 @@
 //! same pairs through `try_allocate` (no ledger) as the floor. Pools: over plain device memory,
 //! 50 % of free memory at first, with no maximum and with that size as the maximum.
 //!
-//! Run: `cargo bench --bench awaiting`. Prints, per case, the aggregate ns per pair (wall time
+//! Run: `cargo bench --features bench --bench awaiting`. Prints, per case, the aggregate ns per pair (wall time
 //! over all tasks' pairs, the median of five runs of `AWAITING_ITERS` pairs per task, default
 //! 200,000) and the ratio to `try_allocate` at the same worker count.
 //!
@@ -17,7 +17,7 @@
 //! case under callgrind twice with different pair counts and divide the difference:
 //!
 //! ```text
-//! cargo bench --bench awaiting --no-run   # note the binary's path
+//! cargo bench --features bench --bench awaiting --no-run   # note the binary's path
 //! for n in 20000 40000; do AWAITING_ITERS=$n AWAITING_TRIALS=1 AWAITING_WORKERS=1 \
 //!   AWAITING_POOL=unbounded AWAITING_CASE=await valgrind --tool=callgrind \
 //!   --callgrind-out-file=/tmp/cg.$n target/release/deps/awaiting-<hash> 2>&1 | grep refs; done

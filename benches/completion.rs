@@ -34,7 +34,7 @@
 //! armed on 16 other streams (63 each behind a 10 ms delay), so that the cost of what is
 //! pending shows.
 //!
-//! Run: `cargo bench --bench completion` (or the built binary with `--bench`; other arguments
+//! Run: `cargo bench --features bench --bench completion` (or the built binary with `--bench`; other arguments
 //! are ignored). Set `STREAMALLOC_BENCH_OUT=path.md` to also get the report as Markdown, and
 //! `STREAMALLOC_BENCH_ONLY=wake` or `=free` (or `wake,free`) to run only those sections (no
 //! stall, CPU or summary tables).

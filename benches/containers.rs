@@ -2,7 +2,7 @@
 //! `DeviceVec<f32>` and dropping it, against a `DeviceBuffer` of the same bytes, on a
 //! `PoolResource`. The goal is a typed layer that costs nothing: at most 1.05x the buffer.
 //!
-//! Run: `cargo bench --bench containers`. They run on `Device::default()`: the host backend
+//! Run: `cargo bench --features bench --bench containers`. They run on `Device::default()`: the host backend
 //! here, CUDA device 0 on a GPU machine. The pool serves every request from its free list, so
 //! what is measured is the container's own work (size checks, use state, the stream-ordered
 //! free) plus the pool's bookkeeping; the upstream is touched at start-up alone.

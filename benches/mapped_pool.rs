@@ -1,7 +1,7 @@
 //! The mapped pool's figures on W4 and W1 (`../shared/bench/WORKLOADS.md`), on the device
 //! `Device::default()` picks (CUDA device 0 when there is one, else the host emulation):
 //!
-//! `cargo bench --bench mapped_pool`
+//! `cargo bench --features bench --bench mapped_pool`
 //!
 //! W4: ns per step (timed pass) and peak device memory in use / peak live bytes (sampled pass,
 //! `memory_info` after every allocation), each pass on a fresh pool, for the default pool

@@ -27,7 +27,7 @@
 //! them fit in pinned memory: the cost per batch should not grow with the copies in flight.
 //! Every batch's results are checked in every version.
 //!
-//! Run: `cargo bench --bench pipeline` (the host backend here), or on the GPU machine the
+//! Run: `cargo bench --features bench --bench pipeline` (the host backend here), or on the GPU machine the
 //! bundled binary from the checkout's root: `.gpu/bench/pipeline --bench` (`bash .gpu/run.sh`
 //! runs it with the others). Arguments are ignored. Set `STREAMALLOC_BENCH_OUT=path.md` to
 //! also get the report as Markdown.

@@ -7,7 +7,7 @@
 //! up (initial size 0, no maximum) is printed first, before criterion's groups; W4's timed pass is
 //! the `W4/footprint` bench.
 //!
-//! Run: `cargo bench --bench pool`. They run on `Device::default()`: the host backend here,
+//! Run: `cargo bench --features bench --bench pool`. They run on `Device::default()`: the host backend here,
 //! CUDA device 0 on a GPU machine, where `benches/workloads.rs` prints the side-by-side table.
 //! On the host backend only the pool's own bookkeeping is measured: its upstream is touched at
 //! start-up alone.

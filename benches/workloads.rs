@@ -2,11 +2,11 @@
 //! resources, on raw `cuMemAllocFromPoolAsync` and, when the RMM anchor is bundled
 //! (`ANCHORS=1 ../shared/gpu/bundle.sh`), on RMM's resources in the same run, with the ratios.
 //!
-//! Run: `cargo bench --bench workloads` (the host backend here), or on the GPU machine the
+//! Run: `cargo bench --features bench --bench workloads` (the host backend here), or on the GPU machine the
 //! bundled binary with `--bench` from the checkout's root (`bash .gpu/run.sh` does). Set
 //! `STREAMALLOC_RMM=0` to skip RMM (its run builds it with nvcc first), and
 //! `STREAMALLOC_WORKLOADS_OUT=path.md` to also get the report as Markdown. The argument
-//! `footprint` (`cargo bench --bench workloads -- footprint`) runs W4 alone; further arguments
+//! `footprint` (`cargo bench --features bench --bench workloads -- footprint`) runs W4 alone; further arguments
 //! keep only the W4 set-ups whose names contain one of them (`-- footprint Arena Pool`).
 //! `STREAMALLOC_WORKLOADS_ONLY=Binning,FixedSize` keeps only the set-ups whose names contain one
 //! of its comma-separated parts, in W1–W3 and W4 alike; the W1–W3 pool always runs, as the
