@@ -20,6 +20,7 @@
 //! - The closure is `Send + 'static` and receives the slices for a lifetime of its call only
 //!   (`for<'k> FnOnce(views<'k>)`): nothing it returns or stores can reach them afterwards.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
@@ -461,16 +462,37 @@ fn check_slice<T>(buf: &DeviceBuffer, stream: &Stream, offset: usize, len: usize
     Ok(addr)
 }
 
+/// [`check_slice`], then `order` for the buffer (the kernel's read or hand-off), then the
+/// slice's memory appended to `out`: a slice argument's `prepare`, read or write.
+fn prepare_slice<T, B: Borrow<DeviceBuffer>>(
+    buf: B,
+    stream: &Stream,
+    offset: usize,
+    len: usize,
+    out: &mut Vec<RawSlice>,
+    order: impl FnOnce(B) -> Result<()>,
+) -> Result<()> {
+    let addr = check_slice::<T>(buf.borrow(), stream, offset, len)?;
+    order(buf)?;
+    out.push((addr, len));
+    Ok(())
+}
+
+/// The memory of the next argument, which `prepare` pushed; `None` for an empty slice (its
+/// address need not be one a slice may have).
+fn next_slice(raw: &mut std::slice::Iter<'_, RawSlice>) -> Option<RawSlice> {
+    let &(addr, len) = raw.next().expect("one raw slice per argument");
+    (len > 0).then_some((addr, len))
+}
+
 impl<T: Pod> sealed::Args for HostRead<'_, T> {
     fn check(&self, stream: &Stream) -> Result<()> {
         check_slice::<T>(self.buf, stream, self.offset, self.len).map(drop)
     }
 
     fn prepare(self, stream: &Stream, out: &mut Vec<RawSlice>) -> Result<()> {
-        let addr = check_slice::<T>(self.buf, stream, self.offset, self.len)?;
-        self.buf.begin_read(stream)?;
-        out.push((addr, self.len));
-        Ok(())
+        let order = |buf: &DeviceBuffer| buf.begin_read(stream);
+        prepare_slice::<T, _>(self.buf, stream, self.offset, self.len, out, order)
     }
 }
 
@@ -480,10 +502,8 @@ impl<T: Pod> sealed::Args for HostWrite<'_, T> {
     }
 
     fn prepare(self, stream: &Stream, out: &mut Vec<RawSlice>) -> Result<()> {
-        let addr = check_slice::<T>(self.buf, stream, self.offset, self.len)?;
-        self.buf.take_for(stream)?;
-        out.push((addr, self.len));
-        Ok(())
+        let order = |buf: &mut DeviceBuffer| buf.take_for(stream);
+        prepare_slice::<T, _>(self.buf, stream, self.offset, self.len, out, order)
     }
 }
 
@@ -502,10 +522,9 @@ impl<T: Pod> HostKernelViews for ReadShape<T> {
     type Views<'k> = &'k [T];
 
     unsafe fn views<'k>(raw: &mut std::slice::Iter<'k, RawSlice>) -> &'k [T] {
-        let &(addr, len) = raw.next().expect("one raw slice per argument");
-        if len == 0 {
+        let Some((addr, len)) = next_slice(raw) else {
             return &[];
-        }
+        };
         // SAFETY: `prepare` checked that `len` elements of `T` at `addr` lie in the buffer and
         // are aligned. The launch runs only on the host backend, whose device code is host
         // code, and the buffer's resource promised (`MemoryResource` is an unsafe trait) that
@@ -523,10 +542,9 @@ impl<T: Pod> HostKernelViews for WriteShape<T> {
     type Views<'k> = &'k mut [T];
 
     unsafe fn views<'k>(raw: &mut std::slice::Iter<'k, RawSlice>) -> &'k mut [T] {
-        let &(addr, len) = raw.next().expect("one raw slice per argument");
-        if len == 0 {
+        let Some((addr, len)) = next_slice(raw) else {
             return &mut [];
-        }
+        };
         // SAFETY: as for reads, and: the buffer was handed to the launch stream, which waited
         // for every earlier owner's work and every recorded or pending read; the buffer's later
         // work is enqueued on this stream (after this call) or on a stream that a hand-off or
@@ -703,22 +721,29 @@ impl Stream {
 
 impl<T> fmt::Debug for HostRead<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostRead")
-            .field("ptr", &self.buf.ptr)
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
+        debug_slice(f, "HostRead", self.buf, self.offset, self.len)
     }
 }
 
 impl<T> fmt::Debug for HostWrite<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostWrite")
-            .field("ptr", &self.buf.ptr)
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
+        debug_slice(f, "HostWrite", self.buf, self.offset, self.len)
     }
+}
+
+/// A slice argument's `Debug`, read or write alike.
+fn debug_slice(
+    f: &mut fmt::Formatter<'_>,
+    name: &str,
+    buf: &DeviceBuffer,
+    offset: usize,
+    len: usize,
+) -> fmt::Result {
+    f.debug_struct(name)
+        .field("ptr", &buf.ptr)
+        .field("offset", &offset)
+        .field("len", &len)
+        .finish()
 }
 
 #[cfg(all(test, feature = "gpu-tests"))]

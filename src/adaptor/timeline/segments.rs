@@ -182,31 +182,34 @@ mod tests {
             .collect()
     }
 
+    /// The changes (as [`changes`] gives them) of `s` updated to `snap(whole, mapped)` by a
+    /// call on `stream`.
+    fn update(
+        s: &mut Segments,
+        whole: &[(u64, usize)],
+        mapped: &[(u64, usize)],
+        stream: u64,
+    ) -> Vec<(&'static str, u64, usize, u64)> {
+        changes(&s.update(&snap(whole, mapped), StreamId(stream)))
+    }
+
     #[test]
     fn whole_segments_come_and_go_releases_first() {
         let mut s = Segments::baseline(&snap(&[(0x1000, 0x1000)], &[]));
-        let c = s.update(
-            &snap(&[(0x1000, 0x1000), (0x4000, 0x2000)], &[]),
-            StreamId(3),
-        );
-        assert_eq!(changes(&c), [("segment_alloc", 0x4000, 0x2000, 3)]);
+        let c = update(&mut s, &[(0x1000, 0x1000), (0x4000, 0x2000)], &[], 3);
+        assert_eq!(c, [("segment_alloc", 0x4000, 0x2000, 3)]);
         // The first one goes, one of another size comes at its address in the same call.
-        let c = s.update(
-            &snap(&[(0x1000, 0x800), (0x4000, 0x2000)], &[]),
-            StreamId(5),
-        );
+        let c = update(&mut s, &[(0x1000, 0x800), (0x4000, 0x2000)], &[], 5);
         assert_eq!(
-            changes(&c),
+            c,
             [
                 ("segment_free", 0x1000, 0x1000, 0),
                 ("segment_alloc", 0x1000, 0x800, 5)
             ]
         );
-        let c = s.update(&snap(&[(0x1000, 0x800)], &[]), StreamId(9));
-        assert_eq!(changes(&c), [("segment_free", 0x4000, 0x2000, 3)]);
-        assert!(s
-            .update(&snap(&[(0x1000, 0x800)], &[]), StreamId(9))
-            .is_empty());
+        let c = update(&mut s, &[(0x1000, 0x800)], &[], 9);
+        assert_eq!(c, [("segment_free", 0x4000, 0x2000, 3)]);
+        assert!(update(&mut s, &[(0x1000, 0x800)], &[], 9).is_empty());
     }
 
     #[test]
@@ -233,15 +236,12 @@ mod tests {
     #[test]
     fn mapped_runs_grow_and_shrink_by_the_pages_that_changed() {
         let mut s = Segments::baseline(&snap(&[], &[]));
-        let c = s.update(&snap(&[], &[(0x10_000, 0x2000)]), StreamId(4));
-        assert_eq!(changes(&c), [("segment_map", 0x10_000, 0x2000, 4)]);
+        let c = update(&mut s, &[], &[(0x10_000, 0x2000)], 4);
+        assert_eq!(c, [("segment_map", 0x10_000, 0x2000, 4)]);
         // Grows at both ends and a run apart; every range on the first mapping's stream.
-        let c = s.update(
-            &snap(&[], &[(0xF_000, 0x4000), (0x20_000, 0x1000)]),
-            StreamId(7),
-        );
+        let c = update(&mut s, &[], &[(0xF_000, 0x4000), (0x20_000, 0x1000)], 7);
         assert_eq!(
-            changes(&c),
+            c,
             [
                 ("segment_map", 0xF_000, 0x1000, 4),
                 ("segment_map", 0x12_000, 0x1000, 4),
@@ -249,12 +249,9 @@ mod tests {
             ]
         );
         // A hole in the middle, the far run gone.
-        let c = s.update(
-            &snap(&[], &[(0xF_000, 0x1000), (0x11_000, 0x2000)]),
-            StreamId(7),
-        );
+        let c = update(&mut s, &[], &[(0xF_000, 0x1000), (0x11_000, 0x2000)], 7);
         assert_eq!(
-            changes(&c),
+            c,
             [
                 ("segment_unmap", 0x10_000, 0x1000, 4),
                 ("segment_unmap", 0x20_000, 0x1000, 4)

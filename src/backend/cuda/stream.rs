@@ -262,6 +262,21 @@ unsafe extern "C" fn host_work_trampoline<W: HostWork>(user_data: *mut c_void) {
 }
 
 impl CudaStream {
+    /// Runs `enqueue`, the driver's `name` for an operation on `bytes` bytes on this stream,
+    /// with the context current; an empty operation enqueues nothing.
+    fn enqueue_bytes(
+        &self,
+        name: &'static str,
+        bytes: usize,
+        enqueue: impl FnOnce() -> sys::CUresult,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        self.ctx.check(name, enqueue())
+    }
+
     /// Enqueues `work` to run on the driver's thread once the stream's prior work is done
     /// (`cuLaunchHostFunc`). `work` must make no driver call: a completion makes none, and a
     /// user closure's is the caller's contract (`BackendStream::host_fn`).
@@ -346,37 +361,31 @@ impl BackendStream for CudaStream {
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.ctx.bind()?;
-        // SAFETY: the context is current and the stream live; both ranges are valid until the
-        // copy completes and nothing else writes them (caller, 1 and 2). With unified
-        // addressing the driver infers the direction, pageable host memory included.
-        let r = unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.raw.0) };
-        self.ctx.check("cuMemcpyAsync", r)
+        self.enqueue_bytes("cuMemcpyAsync", bytes, || {
+            // SAFETY: the context is current and the stream live; both ranges are valid until
+            // the copy completes and nothing else writes them (caller, 1 and 2). With unified
+            // addressing the driver infers the direction, pageable host memory included.
+            unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.raw.0) }
+        })
     }
 
     unsafe fn copy_peer(&self, dst: u64, src: u64, src_stream: &Self, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.ctx.bind()?;
-        // SAFETY: the context is current and the stream live; both contexts are retained by
-        // their `DeviceContext`s (borrowed here); `dst` is memory of this stream's device and
-        // `src` of `src_stream`'s, both valid until the copy completes, and nothing else writes
-        // them meanwhile (caller, 1 and 2).
-        let r = unsafe {
-            sys::cuMemcpyPeerAsync(
-                dst,
-                self.ctx.raw_context(),
-                src,
-                src_stream.ctx.raw_context(),
-                bytes,
-                self.raw.0,
-            )
-        };
-        self.ctx.check("cuMemcpyPeerAsync", r)
+        self.enqueue_bytes("cuMemcpyPeerAsync", bytes, || {
+            // SAFETY: the context is current and the stream live; both contexts are retained by
+            // their `DeviceContext`s (borrowed here); `dst` is memory of this stream's device
+            // and `src` of `src_stream`'s, both valid until the copy completes, and nothing
+            // else writes them meanwhile (caller, 1 and 2).
+            unsafe {
+                sys::cuMemcpyPeerAsync(
+                    dst,
+                    self.ctx.raw_context(),
+                    src,
+                    src_stream.ctx.raw_context(),
+                    bytes,
+                    self.raw.0,
+                )
+            }
+        })
     }
 
     unsafe fn copy_pageable(&self, dst: u64, src: u64, bytes: usize, to_host: bool) -> Result<()> {
@@ -420,14 +429,11 @@ impl BackendStream for CudaStream {
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.ctx.bind()?;
-        // SAFETY: the context is current and the stream live; the range is valid device memory
-        // until the operation completes (caller).
-        let r = unsafe { sys::cuMemsetD8Async(dst, value, bytes, self.raw.0) };
-        self.ctx.check("cuMemsetD8Async", r)
+        self.enqueue_bytes("cuMemsetD8Async", bytes, || {
+            // SAFETY: the context is current and the stream live; the range is valid device
+            // memory until the operation completes (caller).
+            unsafe { sys::cuMemsetD8Async(dst, value, bytes, self.raw.0) }
+        })
     }
 
     fn delay(&self, duration: Duration) -> Result<()> {

@@ -102,24 +102,29 @@ pub(super) enum Extents {
 impl Extents {
     /// Runs `f` on the extent that holds `addr`, if any.
     pub(super) fn by_addr<T>(&self, addr: u64, f: impl FnOnce(&Extent) -> T) -> Option<T> {
-        match self {
-            Extents::Fixed(e) => e.contains_addr(addr).then(|| f(e)),
-            Extents::Growing(g) => {
-                let g = g.read();
-                let (_, e) = g.by_addr.range(..=addr).next_back()?;
-                e.contains_addr(addr).then(|| f(e))
-            }
-        }
+        self.holding(addr, Extent::contains_addr, |g| &g.by_addr, f)
     }
 
     /// Runs `f` on the extent that holds global page `page`, if any.
     pub(super) fn by_page<T>(&self, page: u64, f: impl FnOnce(&Extent) -> T) -> Option<T> {
+        self.holding(page, Extent::contains_page, |g| &g.by_page, f)
+    }
+
+    /// Runs `f` on the extent that `holds` `key` (an address or a page): in a growing arena the
+    /// last one that starts at or below `key` in `index`, the only one that can hold it.
+    fn holding<T>(
+        &self,
+        key: u64,
+        holds: fn(&Extent, u64) -> bool,
+        index: fn(&Grown) -> &BTreeMap<u64, Arc<Extent>>,
+        f: impl FnOnce(&Extent) -> T,
+    ) -> Option<T> {
         match self {
-            Extents::Fixed(e) => e.contains_page(page).then(|| f(e)),
+            Extents::Fixed(e) => holds(e, key).then(|| f(e)),
             Extents::Growing(g) => {
                 let g = g.read();
-                let (_, e) = g.by_page.range(..=page).next_back()?;
-                e.contains_page(page).then(|| f(e))
+                let (_, e) = index(&g).range(..=key).next_back()?;
+                holds(e, key).then(|| f(e))
             }
         }
     }

@@ -162,25 +162,8 @@ impl FreeList {
     /// module docs; `None` when no block is that large.
     pub(crate) fn find(&self, size: u64) -> Option<u64> {
         let c = class_of(size);
-        let mut best: Option<u64> = None;
-        for k in self.classes_above(c) {
-            let first = *self.classes[k].first().expect("a non-empty class");
-            best = Some(best.map_or(first, |b| b.min(first)));
-        }
-        // With a larger block in hand, a few probes for a lower one; without one, the whole
-        // class, so that `None` means no block is that large (a near-full pool must not refuse
-        // a request a block in this class fits).
-        let probes = if best.is_some() { SCAN } else { usize::MAX };
-        for &start in self.classes[c].iter().take(probes) {
-            if best.is_some_and(|b| start > b) {
-                break;
-            }
-            if self.blocks[&start].len >= size {
-                best = Some(start);
-                break;
-            }
-        }
-        best
+        let best = self.ends_above(c, BTreeSet::first).min();
+        self.probe(size, best, self.classes[c].iter(), |start, b| start > b)
     }
 
     /// The start of the highest free block of at least `size` bytes (> 0): [`find`](Self::find)
@@ -190,19 +173,41 @@ impl FreeList {
     /// the bottom keeps long-lived small blocks from pinning the pages between large ones.
     pub(crate) fn find_high(&self, size: u64) -> Option<u64> {
         let c = class_of(size);
-        let mut best: Option<u64> = None;
-        for k in self.classes_above(c) {
-            let last = *self.classes[k].last().expect("a non-empty class");
-            best = Some(best.map_or(last, |b| b.max(last)));
-        }
+        let best = self.ends_above(c, BTreeSet::last).max();
+        self.probe(size, best, self.classes[c].iter().rev(), |start, b| {
+            start < b
+        })
+    }
+
+    /// The block at one `end` (first or last) of every class above `c` that has blocks.
+    fn ends_above(
+        &self,
+        c: usize,
+        end: fn(&BTreeSet<u64>) -> Option<&u64>,
+    ) -> impl Iterator<Item = u64> + '_ {
+        self.classes_above(c)
+            .map(move |k| *end(&self.classes[k]).expect("a non-empty class"))
+    }
+
+    /// The first of `starts` (the request's own class, walked from the wanted end) whose block
+    /// holds `size` bytes, before one lies `past` the `best` block of a larger class; else
+    /// `best`. With a larger block in hand, a few probes for a nearer one; without one, the
+    /// whole class, so that `None` means no block is that large (a near-full pool must not
+    /// refuse a request a block in this class fits).
+    fn probe<'a>(
+        &self,
+        size: u64,
+        best: Option<u64>,
+        starts: impl Iterator<Item = &'a u64>,
+        past: impl Fn(u64, u64) -> bool,
+    ) -> Option<u64> {
         let probes = if best.is_some() { SCAN } else { usize::MAX };
-        for &start in self.classes[c].iter().rev().take(probes) {
-            if best.is_some_and(|b| start < b) {
+        for &start in starts.take(probes) {
+            if best.is_some_and(|b| past(start, b)) {
                 break;
             }
             if self.blocks[&start].len >= size {
-                best = Some(start);
-                break;
+                return Some(start);
             }
         }
         best
