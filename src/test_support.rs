@@ -90,6 +90,19 @@ pub(crate) fn gate(stream: &Stream) -> std::sync::mpsc::Sender<()> {
     open
 }
 
+/// [`gate`] that also opens by itself after `at_most`: the stream stays busy while a test
+/// asserts that something did not wait for it, and opens when the test drops the sender; code
+/// that waited for it makes the test fail after `at_most` instead of hanging.
+pub(crate) fn hold(stream: &Stream, at_most: Duration) -> std::sync::mpsc::Sender<()> {
+    let (open, wait) = std::sync::mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = wait.recv_timeout(at_most);
+        })
+        .unwrap();
+    open
+}
+
 /// A fresh host device and a stream on it.
 pub(crate) fn host() -> (Device, Stream) {
     let device = device();

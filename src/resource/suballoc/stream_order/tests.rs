@@ -3,6 +3,7 @@ use std::time::Duration;
 use super::{FreeOrder, MAX_EVENTS};
 use crate::device::Device;
 use crate::stream::Stream;
+use crate::test_support::hold;
 
 #[test]
 fn stamps_name_frees_across_the_32_bit_wrap() {
@@ -50,7 +51,8 @@ fn a_taker_of_an_old_free_waits_on_the_event_after_it_and_not_once_it_passed() {
     let mut order = FreeOrder::new(&s);
     order.set_eager();
     order.changed_to(1);
-    s.enqueue_delay(Duration::from_millis(2_000)).unwrap();
+    // S's work between the frees, held while the test looks at what T waits for.
+    let work = hold(&s, Duration::from_secs(10));
     order.changed_to(2);
     let s_done = s.record().unwrap();
     order.order_upto(&t, 1).unwrap();
@@ -63,5 +65,6 @@ fn a_taker_of_an_old_free_waits_on_the_event_after_it_and_not_once_it_passed() {
     assert_eq!(order.waited(t.id()), 1);
     order.order_upto(&t, 2).unwrap();
     assert_eq!(order.waited(t.id()), 2);
+    drop(work);
     s.synchronize_blocking().unwrap();
 }
