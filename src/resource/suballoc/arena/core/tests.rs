@@ -108,6 +108,7 @@ fn run_tree_ops(ops: Vec<TreeOp>) {
 }
 
 proptest! {
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::default()))]
     #[test]
     fn tree_matches_a_sorted_map(ops in prop::collection::vec(any_tree_op(512), 1..300)) {
         run_tree_ops(ops);
@@ -115,7 +116,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::with_cases(16)))]
 
     /// Enough entries for three levels of nodes, so that leaves and inner nodes split, empty
     /// and the root collapses.
@@ -642,7 +643,7 @@ fn run_arena_ops(ops: Vec<ArenaOp>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::with_cases(256)))]
 
     /// Random operations against the model: every allocation is exactly the model's
     /// address-ordered first fit, frees merge exactly as the model does, pending blocks and
@@ -822,6 +823,7 @@ fn any_global_op() -> impl Strategy<Value = GlobalOp> {
 }
 
 proptest! {
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::default()))]
     /// The global arena against a page model: first fit by address, the superblock rule,
     /// merged ranges whose fences are the union of what went into them.
     #[test]
