@@ -25,7 +25,7 @@ fn an_eager_stream_keeps_a_bounded_list_of_events() {
     let mut order = FreeOrder::new(&s);
     order.set_eager();
     // The stream is held up, so no event completes and none can be pruned but by the bound.
-    s.enqueue_delay(Duration::from_millis(300)).unwrap();
+    let held = hold(&s, Duration::from_secs(10));
     for free in 1..=3 * MAX_EVENTS as u64 {
         order.changed_to(free);
     }
@@ -35,6 +35,7 @@ fn an_eager_stream_keeps_a_bounded_list_of_events() {
         Some(3 * MAX_EVENTS as u64)
     );
     // Once the stream has passed them, a new event drops the completed ones.
+    drop(held);
     s.synchronize_blocking().unwrap();
     order.changed_to(3 * MAX_EVENTS as u64 + 1);
     assert!(
