@@ -90,6 +90,29 @@ pub(crate) fn gate(stream: &Stream) -> std::sync::mpsc::Sender<()> {
     open
 }
 
+/// [`gate`] that also opens by itself after `at_most`: the stream stays busy while a test
+/// asserts that something did not wait for it, and opens when the test drops the sender; code
+/// that waited for it makes the test fail after `at_most` instead of hanging.
+pub(crate) fn hold(stream: &Stream, at_most: Duration) -> std::sync::mpsc::Sender<()> {
+    let (open, wait) = std::sync::mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = wait.recv_timeout(at_most);
+        })
+        .unwrap();
+    open
+}
+
+/// `config` on proptest's XorShift generator instead of its default, ChaCha, which runs
+/// unoptimized in test builds: it took a quarter to half of the model tests' time. As many
+/// cases, drawn from the same strategies.
+pub(crate) fn xorshift(config: proptest::test_runner::Config) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        rng_algorithm: proptest::test_runner::RngAlgorithm::XorShift,
+        ..config
+    }
+}
+
 /// A fresh host device and a stream on it.
 pub(crate) fn host() -> (Device, Stream) {
     let device = device();

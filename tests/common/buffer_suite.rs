@@ -1,9 +1,11 @@
 //! Device buffers and streams on a real backend: the same cases on the host backend (CI) and
 //! on CUDA device 0 (the GPU bundle). Device work is stood in for by `Stream::enqueue_delay`,
-//! which is a worker-thread sleep on the host backend and a spin kernel on CUDA.
+//! which is a worker-thread sleep on the host backend and a spin kernel on CUDA, or, where a
+//! test needs it pending only while it asserts, by a [`hold`] it opens then.
 
 use std::time::{Duration, Instant};
 
+use super::hold::hold;
 use futures::executor::block_on;
 use streamalloc::{
     CompletionStrategy, CudaAsyncManagedResource, CudaAsyncResource, CudaResource, Device,
@@ -375,7 +377,9 @@ pub fn handoff_waits_at_the_new_owners_first_use(device: Device) {
     let mut x1 = DeviceBuffer::try_new(n, &up, mr).unwrap();
     x0.fill(1).unwrap();
     x0.set_stream(&k).unwrap();
-    up.enqueue_delay(STALL).unwrap(); // batch 1's upload takes long
+    // Batch 1's upload takes long: held until batch 0's kernel is known to be done (at most
+    // `STALL`, which ends a kernel that waited for it well before the poll's deadline).
+    let upload_stage = hold(&up, STALL);
     x1.fill(2).unwrap();
     x1.set_stream(&k).unwrap();
     let upload1 = up.record().unwrap();
@@ -386,6 +390,7 @@ pub fn handoff_waits_at_the_new_owners_first_use(device: Device) {
         !other_done_when_complete(&kernel0, &upload1),
         "batch 0's kernel waited for batch 1's upload: the hand-off's wait was queued early"
     );
+    drop(upload_stage); // before the copies: on CUDA a pageable copy needs host functions
     assert_eq!(block_on(x0.copy_to_host(vec![0u8; n])).unwrap(), vec![3; n]);
     assert_eq!(block_on(x1.copy_to_host(vec![0u8; n])).unwrap(), vec![2; n]);
 }
@@ -486,13 +491,16 @@ pub fn pinned_drop_does_not_block(device: Device) {
             pinned.clone(),
         ))
         .unwrap();
-        s.enqueue_delay(STALL / 3).unwrap();
+        // The stream is busy until the drop is known not to have waited (at most `STALL`,
+        // which ends a drop that waits for the stream).
+        let work = hold(&s, STALL);
         let busy = s.record().unwrap();
         drop(v);
         assert!(
             !busy.is_complete().unwrap(),
             "dropping a pinned vector waited for its stream"
         );
+        drop(work);
     }
     s.synchronize_blocking().unwrap();
     // Freed meanwhile: a fresh vector of the same kind is served.

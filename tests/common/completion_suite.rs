@@ -6,7 +6,8 @@
 //! At most one gate is closed at a time: the CUDA driver runs the host functions of a context
 //! on one thread, so while one gate blocks, no other host function runs (another stream's
 //! gate, or a host-function-strategy notification). A long event is device work instead
-//! ([`Stream::enqueue_delay`]).
+//! ([`Stream::enqueue_delay`]) on CUDA, and a hold on the host backend, whose streams each run
+//! their own host functions.
 //!
 //! `completion_suite!` instantiates it for one device kind.
 
@@ -17,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use streamalloc::{CompletionStrategy, Device, Event, Stream};
+use streamalloc::{BackendKind, CompletionStrategy, Device, Event, Stream};
+
+use super::hold::hold;
 
 /// How long a test waits for wake-ups that should come at once before it fails instead of
 /// hanging (a bound against hangs, not a timing assertion).
@@ -93,18 +96,31 @@ pub fn wake_ups_follow_record_order(device: Device, strategy: CompletionStrategy
 /// opened at once), so the long event is still pending when the short one wakes its task.
 const LONG_WORK: Duration = Duration::from_secs(5);
 
+/// Keeps `a` busy before the long event: device work for `LONG_WORK` on CUDA (see below). The
+/// host backend runs each stream's host functions on the stream's own thread, so there a hold
+/// stands in, opened once the short event has woken its task: a passing run does not wait out
+/// `LONG_WORK`, and one where the short event waits for the long one still fails, after it.
+fn long_work(a: &Stream) -> Option<Sender<()>> {
+    if a.device().backend() == BackendKind::Host {
+        Some(hold(a, LONG_WORK))
+    } else {
+        a.enqueue_delay(LONG_WORK).unwrap();
+        None
+    }
+}
+
 /// With an event pending behind long device work on stream A, an event of stream B wakes its
 /// task as soon as B passes it, before A's: a completion driver that took no new arm while an
 /// older event was pending (or blocked the other stream's notification behind it) would wake
 /// them in the order 1, 2, after `LONG_WORK`.
 ///
-/// The long event is device work, not a gate: on CUDA a gate is a host function that blocks
-/// the one thread running the context's host functions, and B's gate (and, under the
+/// On CUDA the long event is device work, not a gate: there a gate is a host function that
+/// blocks the one thread running the context's host functions, and B's gate (and, under the
 /// host-function strategy, B's notification) could never run behind it.
 pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionStrategy) {
     device.set_completion_strategy(strategy);
     let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
-    a.enqueue_delay(LONG_WORK).unwrap();
+    let long_stage = long_work(&a);
     let mut long = a.record().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let waker = |id| {
@@ -134,6 +150,7 @@ pub fn short_event_beside_a_long_one_wakes(device: Device, strategy: CompletionS
         !long.is_complete().unwrap(),
         "{strategy:?}: the long event completed before the short one woke its task"
     );
+    drop(long_stage);
     wait_until("the long event's wake-up", || {
         log.lock().unwrap().len() == 2
     });

@@ -9,6 +9,7 @@ pub mod completion_suite;
 pub mod container_suite;
 pub mod deferred_suite;
 pub mod fault_suite;
+pub mod hold;
 pub mod host_data_suite;
 pub mod huge_sizes;
 pub mod multi_device_suite;

@@ -9,9 +9,13 @@ use streamalloc::{
     MemoryResource, PoolResource, Stream,
 };
 
+use super::hold::hold;
 use super::stress;
 
 const MIB: usize = 1 << 20;
+/// How long S's stage holds S at most in the cross-stream take cases: opened once T is known
+/// not to wait for it, it lasts only that long in a passing run.
+const STAGE: Duration = Duration::from_secs(10);
 /// The maximum of the fill-to-maximum cases: large enough that the pool has stream shards.
 const FILL_MAX: usize = 256 * MIB;
 
@@ -282,7 +286,8 @@ pub fn freed_on_one_stream_serves_another_within_one_miss(device: Device) {
 }
 
 /// T taking a block S freed waits for S's work up to the free, not for the work S queued
-/// after it: a long delay enqueued on S after the free does not hold T up.
+/// after it: a long stage S runs after the free (held until T is known not to wait) does not
+/// hold T up.
 pub fn a_taker_waits_only_for_work_before_the_free(device: Device) {
     let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, Some(2 * MIB)).unwrap();
     let (s, t) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
@@ -294,7 +299,7 @@ pub fn a_taker_waits_only_for_work_before_the_free(device: Device) {
     // S frees again, then queues a long delay; T takes that block.
     let b = pool.try_allocate(MIB, &s).unwrap();
     free(&pool, b, MIB, &s);
-    s.enqueue_delay(Duration::from_millis(1_000)).unwrap();
+    let stage = hold(&s, STAGE);
     let s_done = s.record().unwrap();
     let taken = pool.try_allocate(MIB, &t).unwrap();
     assert_eq!(taken, b, "T takes S's second free");
@@ -303,6 +308,7 @@ pub fn a_taker_waits_only_for_work_before_the_free(device: Device) {
         !s_done.is_complete().unwrap(),
         "T waited for S's delay, queued after the free"
     );
+    drop(stage);
     s.synchronize_blocking().unwrap();
     free(&pool, kept, MIB, &t);
     free(&pool, taken, MIB, &t);
@@ -325,7 +331,7 @@ pub fn a_taker_waits_only_for_its_blocks_free(device: Device) {
     let kept = pool.try_allocate(4 * MIB, &t).unwrap();
     assert_eq!(kept, a, "T takes S's free");
     free(&pool, b, 4 * MIB, &s);
-    s.enqueue_delay(Duration::from_millis(3_000)).unwrap();
+    let stage = hold(&s, STAGE);
     free(&pool, c, 2 * MIB, &s);
     let s_done = s.record().unwrap();
     let taken = pool.try_allocate(4 * MIB, &t).unwrap();
@@ -335,6 +341,7 @@ pub fn a_taker_waits_only_for_its_blocks_free(device: Device) {
         !s_done.is_complete().unwrap(),
         "T waited for S's stage, queued after the free of its block (for the later free of c)"
     );
+    drop(stage);
     s.synchronize_blocking().unwrap();
     free(&pool, kept, 4 * MIB, &t);
     free(&pool, taken, 4 * MIB, &t);
@@ -358,7 +365,7 @@ pub fn a_taker_takes_the_oldest_free_block(device: Device) {
     let kept = pool.try_allocate(4 * MIB, &t).unwrap(); // the first crossing
     assert_eq!(kept, a);
     free(&pool, b1, 4 * MIB, &s);
-    s.enqueue_delay(Duration::from_millis(3_000)).unwrap();
+    let stage = hold(&s, STAGE);
     free(&pool, b2, 4 * MIB, &s);
     let s_done = s.record().unwrap();
     let taken = pool.try_allocate(4 * MIB, &t).unwrap();
@@ -368,6 +375,7 @@ pub fn a_taker_takes_the_oldest_free_block(device: Device) {
         !s_done.is_complete().unwrap(),
         "T waited for S's stage, queued after the free of the block it took"
     );
+    drop(stage);
     s.synchronize_blocking().unwrap();
     for p in [kept, taken] {
         free(&pool, p, 4 * MIB, &t);
@@ -390,7 +398,7 @@ pub fn adjacent_frees_stay_apart_until_needed(device: Device) {
     free(&pool, a, 4 * MIB, &s);
     let kept = pool.try_allocate(4 * MIB, &t).unwrap(); // the first crossing
     free(&pool, b1, 4 * MIB, &s);
-    s.enqueue_delay(Duration::from_millis(3_000)).unwrap();
+    let stage = hold(&s, STAGE);
     free(&pool, b2, 4 * MIB, &s);
     let s_done = s.record().unwrap();
     let taken = pool.try_allocate(4 * MIB, &t).unwrap();
@@ -400,6 +408,7 @@ pub fn adjacent_frees_stay_apart_until_needed(device: Device) {
         !s_done.is_complete().unwrap(),
         "T waited for the free of the neighbour S freed after its stage"
     );
+    drop(stage);
     s.synchronize_blocking().unwrap();
     free(&pool, taken, 4 * MIB, &t);
     // S frees two neighbours again; its request for both is served without growing.

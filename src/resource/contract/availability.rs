@@ -44,9 +44,9 @@ use crate::resource::contract::stats::WaitQueueStats;
 pub(crate) mod pending_frees;
 mod queue;
 use crate::sync::{Arc, AtomicUsize, Mutex};
-#[cfg(all(test, not(loom)))]
-pub(crate) use queue::STALLED_TURN;
 pub(crate) use queue::{WaitQueue, Waiter};
+#[cfg(all(test, not(loom)))]
+pub(crate) use queue::{STALLED_TURN, TEST_STALLED_TURN};
 
 /// The signal a resource fires when memory may have become available (a free, growth, a
 /// stream-ordered free becoming reusable), with the FIFO queue of allocations waiting for it.

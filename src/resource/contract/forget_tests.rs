@@ -6,19 +6,26 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 
-use crate::resource::contract::availability::STALLED_TURN;
+use crate::resource::contract::availability::{STALLED_TURN, TEST_STALLED_TURN};
 use crate::test_support::free;
 use crate::{CudaResource, Device, HostConfig, LimitingAdaptor, MemoryResource, Stream};
 
 const KIB: usize = 1024;
 
+/// The stalled-turn time of these tests' queues: shorter than the real [`STALLED_TURN`], which
+/// each of them would otherwise wait out once or twice, and still far longer than a woken
+/// task takes to poll, so that the bounds below keep a wide margin under load.
+const TURN: Duration = Duration::from_millis(400);
+const _: () = assert!(TURN.as_nanos() < STALLED_TURN.as_nanos());
+
 fn limited(limit: usize) -> (LimitingAdaptor<CudaResource>, Stream) {
     let device = Device::host_with(HostConfig::default());
     let stream = Stream::new(&device).unwrap();
-    (
-        LimitingAdaptor::new(CudaResource::new(&device).unwrap(), limit),
-        stream,
-    )
+    // Only for the queues made here: the thread may run other tests after this one.
+    TEST_STALLED_TURN.set(Some(TURN));
+    let mr = LimitingAdaptor::new(CudaResource::new(&device).unwrap(), limit);
+    TEST_STALLED_TURN.set(None);
+    (mr, stream)
 }
 
 /// Polls `f` once with a no-op waker: `Some` when it is ready.
@@ -47,7 +54,7 @@ fn a_forgotten_queued_future_does_not_hold_the_queue<F: Future + Unpin>(
     // The timeout turns the hang, which was the bug, into a failure.
     let p = futures::executor::block_on(mr.allocate(KIB, s).timeout(Duration::from_secs(10)))
         .expect("a later awaited allocation is served");
-    assert!(start.elapsed() < 3 * STALLED_TURN, "{:?}", start.elapsed());
+    assert!(start.elapsed() < 3 * TURN, "{:?}", start.elapsed());
     freer.join().unwrap();
     free(mr, p, KIB, s);
     assert!(!mr.availability().unwrap().has_waiters());
@@ -95,7 +102,7 @@ fn a_forgotten_waiter_behind_the_head_passes_its_turn_on() {
     free(&mr, p, KIB, &s);
     let start = Instant::now();
     let p = futures::executor::block_on(last).expect("the last waiter is served");
-    assert!(start.elapsed() >= STALLED_TURN / 2, "{:?}", start.elapsed());
+    assert!(start.elapsed() >= TURN / 2, "{:?}", start.elapsed());
     free(&mr, p, KIB, &s);
     assert_eq!(mr.allocated_bytes(), 0);
 }
@@ -112,7 +119,7 @@ fn a_head_slow_to_poll_gets_its_place_back() {
     assert!(poll_once(&mut next).is_none());
     free(&mr, held, KIB, &s); // tells `slow` to retry; it is not polled
     let queue = mr.availability().unwrap();
-    let deadline = Instant::now() + 10 * STALLED_TURN;
+    let deadline = Instant::now() + 10 * TURN;
     while queue.stats().waiting == 2 {
         assert!(Instant::now() < deadline, "the stalled head kept its turn");
         std::thread::sleep(Duration::from_millis(10));

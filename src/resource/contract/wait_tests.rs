@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use std::future::Future;
 
-use crate::test_support::free;
+use crate::test_support::{free, hold};
 use crate::{CudaResource, Device, Error, HostConfig, LimitingAdaptor, MemoryResource, Stream};
 
 const KIB: usize = 1024;
@@ -624,7 +624,8 @@ async fn a_pending_stream_ordered_free_wakes_a_waiter_on_another_stream() {
     async fn waits_for_a_pending_free(mr: &impl MemoryResource, device: &Device) {
         let (freeing, waiting) = (Stream::new(device).unwrap(), Stream::new(device).unwrap());
         let p = mr.try_allocate(MIB, &freeing).unwrap();
-        freeing.enqueue_delay(Duration::from_millis(200)).unwrap();
+        // The free stays pending until the waiter below has queued.
+        let stage = hold(&freeing, Duration::from_secs(10));
         free(mr, p, MIB, &freeing);
         assert!(
             mr.try_allocate(MIB, &waiting)
@@ -639,6 +640,11 @@ async fn a_pending_stream_ordered_free_wakes_a_waiter_on_another_stream() {
         let waker = futures::task::waker(Arc::new(NotifyWaker(woken.clone())));
         let mut cx = std::task::Context::from_waker(&waker);
         let mut allocate = Box::pin(mr.allocate(MIB, &waiting));
+        assert!(
+            allocate.as_mut().poll(&mut cx).is_pending(),
+            "served before the free"
+        );
+        drop(stage);
         // Other frees completing (the last case's) may wake it first: each wake-up is a retry.
         let q = tokio::time::timeout(Duration::from_secs(10), async {
             loop {

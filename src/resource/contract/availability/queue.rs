@@ -30,6 +30,31 @@ use crate::sync::{fence, Arc, AtomicUsize, Mutex};
 #[cfg(not(loom))]
 pub(crate) const STALLED_TURN: Duration = Duration::from_secs(1);
 
+/// A queue's stalled-turn time: [`STALLED_TURN`], or in unit tests what
+/// [`TEST_STALLED_TURN`] held on the thread that made the queue, so that the tests of the
+/// watchdog need not wait out a second per turn while every other test keeps the real one.
+#[cfg(not(loom))]
+#[derive(Debug, Clone, Copy)]
+struct StalledTurn(Duration);
+
+#[cfg(not(loom))]
+impl Default for StalledTurn {
+    fn default() -> Self {
+        #[cfg(test)]
+        if let Some(turn) = TEST_STALLED_TURN.get() {
+            return Self(turn);
+        }
+        Self(STALLED_TURN)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// The stalled-turn time of the queues this thread makes from now on (unit tests only).
+    pub(crate) static TEST_STALLED_TURN: std::cell::Cell<Option<Duration>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// One waiting allocation.
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
@@ -210,6 +235,8 @@ struct Core {
     /// The watch on a told head, while one runs (see the module docs).
     #[cfg(not(loom))]
     watchdog: parking_lot::Mutex<Option<Watch>>,
+    #[cfg(not(loom))]
+    stalled_turn: StalledTurn,
 }
 
 /// A look, after [`STALLED_TURN`], at whether `head` took notification `told`.
@@ -459,7 +486,8 @@ impl Core {
         if slot.is_some() {
             return;
         }
-        let mut delay = futures_timer::Delay::new(STALLED_TURN.saturating_sub(since.elapsed()));
+        let mut delay =
+            futures_timer::Delay::new(self.stalled_turn.0.saturating_sub(since.elapsed()));
         let waker = futures::task::waker(std::sync::Arc::new(Watchdog(std::sync::Arc::downgrade(
             self,
         ))));
@@ -504,7 +532,7 @@ impl Core {
             } else if !Arc::ptr_eq(&head, &watch.head) || told != watch.told {
                 // Another notification, or another head, since the watch began: watch that.
                 (None, Some((head, told, Instant::now())))
-            } else if watch.since.elapsed() < STALLED_TURN {
+            } else if watch.since.elapsed() < self.stalled_turn.0 {
                 (None, Some((head, told, watch.since)))
             } else {
                 let Some(Entry { rank, .. }) = waiters.entries.pop_front() else {

@@ -3,6 +3,7 @@ use std::time::Duration;
 use super::{FreeOrder, MAX_EVENTS};
 use crate::device::Device;
 use crate::stream::Stream;
+use crate::test_support::hold;
 
 #[test]
 fn stamps_name_frees_across_the_32_bit_wrap() {
@@ -24,7 +25,7 @@ fn an_eager_stream_keeps_a_bounded_list_of_events() {
     let mut order = FreeOrder::new(&s);
     order.set_eager();
     // The stream is held up, so no event completes and none can be pruned but by the bound.
-    s.enqueue_delay(Duration::from_millis(300)).unwrap();
+    let held = hold(&s, Duration::from_secs(10));
     for free in 1..=3 * MAX_EVENTS as u64 {
         order.changed_to(free);
     }
@@ -34,6 +35,7 @@ fn an_eager_stream_keeps_a_bounded_list_of_events() {
         Some(3 * MAX_EVENTS as u64)
     );
     // Once the stream has passed them, a new event drops the completed ones.
+    drop(held);
     s.synchronize_blocking().unwrap();
     order.changed_to(3 * MAX_EVENTS as u64 + 1);
     assert!(
@@ -50,7 +52,8 @@ fn a_taker_of_an_old_free_waits_on_the_event_after_it_and_not_once_it_passed() {
     let mut order = FreeOrder::new(&s);
     order.set_eager();
     order.changed_to(1);
-    s.enqueue_delay(Duration::from_millis(2_000)).unwrap();
+    // S's work between the frees, held while the test looks at what T waits for.
+    let work = hold(&s, Duration::from_secs(10));
     order.changed_to(2);
     let s_done = s.record().unwrap();
     order.order_upto(&t, 1).unwrap();
@@ -63,5 +66,6 @@ fn a_taker_of_an_old_free_waits_on_the_event_after_it_and_not_once_it_passed() {
     assert_eq!(order.waited(t.id()), 1);
     order.order_upto(&t, 2).unwrap();
     assert_eq!(order.waited(t.id()), 2);
+    drop(work);
     s.synchronize_blocking().unwrap();
 }

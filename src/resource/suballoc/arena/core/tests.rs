@@ -35,79 +35,79 @@ fn any_tree_op(keys: u64) -> impl Strategy<Value = TreeOp> {
     ]
 }
 
-/// The tree against a `BTreeMap` of start → (length, payload): same entries in the same order,
-/// the same first fit and neighbours, every invariant after every operation.
+/// The tree against a sorted map of start → (length, payload), a `Vec` of `(start, length,
+/// payload)` (cheap to compare whole after every operation, unlike a `BTreeMap` in a debug
+/// build): same entries in the same order, the same first fit and neighbours, every invariant
+/// after every operation.
 fn run_tree_ops(ops: Vec<TreeOp>) {
     let mut tree: FitTree<u64> = FitTree::new();
-    let mut model: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-    let start_of = |model: &BTreeMap<u64, (u64, u64)>, pick: usize| {
-        *model.keys().nth(pick % model.len()).unwrap()
-    };
+    let mut model: Vec<(u64, u64, u64)> = Vec::new();
+    // Where `key` is or would go in the model.
+    let find = |model: &[(u64, u64, u64)], key: u64| model.binary_search_by_key(&key, |e| e.0);
     for op in ops {
         match op {
             TreeOp::Insert { key, size } => {
-                if model.contains_key(&key) {
+                let Err(at) = find(&model, key) else {
                     continue;
-                }
+                };
                 tree.insert(key, size, key * 10);
-                model.insert(key, (size, key * 10));
+                model.insert(at, (key, size, key * 10));
             }
             TreeOp::Remove { pick } => {
                 if model.is_empty() {
                     continue;
                 }
-                let key = start_of(&model, pick);
+                let (key, _, payload) = model.remove(pick % model.len());
                 let pos = tree.lower_bound(key).unwrap();
                 assert_eq!(tree.entry(pos).0, key);
-                let (_, payload) = model.remove(&key).unwrap();
                 assert_eq!(tree.remove(pos), payload, "payload of {key}");
             }
             TreeOp::Set { pick, size, shift } => {
                 if model.is_empty() {
                     continue;
                 }
-                let key = start_of(&model, pick);
+                let at = pick % model.len();
+                let key = model[at].0;
                 // Move the start left, but not onto or past the previous start.
-                let floor = model.range(..key).next_back().map_or(0, |(&k, _)| k + 1);
+                let floor = at.checked_sub(1).map_or(0, |prev| model[prev].0 + 1);
                 let new_key = key.saturating_sub(shift).max(floor);
                 let pos = tree.lower_bound(key).unwrap();
                 tree.set(pos, new_key, size);
                 *tree.value_mut(pos) += 1;
-                let (_, payload) = model.remove(&key).unwrap();
-                model.insert(new_key, (size, payload + 1));
+                model[at] = (new_key, size, model[at].2 + 1); // stays in order: above `floor`
             }
             TreeOp::FirstFit { size } => {
-                let expected = model.iter().find(|(_, v)| v.0 >= size).map(|(&k, _)| k);
+                let expected = model.iter().find(|e| e.1 >= size).map(|e| e.0);
                 assert_eq!(tree.first_fit(size).map(|p| tree.entry(p).0), expected);
             }
             TreeOp::Near { key } => {
-                if model.contains_key(&key) {
+                let Err(at) = find(&model, key) else {
                     continue;
-                }
+                };
                 let near = tree.near(key);
-                let below = model.range(..key).next_back().map(|(&k, v)| (k, v.0));
-                let above = model.range(key..).next().map(|(&k, v)| (k, v.0));
+                let below = at.checked_sub(1).map(|i| (model[i].0, model[i].1));
+                let above = model.get(at).map(|e| (e.0, e.1));
                 assert_eq!(near.below.map(|p| tree.entry(p)), below);
                 assert_eq!(near.above.map(|p| tree.entry(p)), above);
                 assert_eq!(tree.lower_bound(key).map(|p| tree.entry(p)), above);
                 // Inserting at the place `near` gives keeps the order.
                 tree.insert_at(near.at, key, 1, 7);
-                model.insert(key, (1, 7));
+                model.insert(at, (key, 1, 7));
             }
         }
         tree.check();
         let listed: Vec<(u64, u64, u64)> = tree.iter().map(|(k, s, &v)| (k, s, v)).collect();
-        let expected: Vec<(u64, u64, u64)> = model.iter().map(|(&k, &(s, v))| (k, s, v)).collect();
-        assert_eq!(listed, expected);
+        assert_eq!(listed, model);
         assert_eq!(tree.len(), model.len());
         assert_eq!(
             tree.max_size(),
-            model.values().map(|v| v.0).max().unwrap_or(0)
+            model.iter().map(|e| e.1).max().unwrap_or(0)
         );
     }
 }
 
 proptest! {
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::default()))]
     #[test]
     fn tree_matches_a_sorted_map(ops in prop::collection::vec(any_tree_op(512), 1..300)) {
         run_tree_ops(ops);
@@ -115,7 +115,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::with_cases(16)))]
 
     /// Enough entries for three levels of nodes, so that leaves and inner nodes split, empty
     /// and the root collapses.
@@ -642,7 +642,7 @@ fn run_arena_ops(ops: Vec<ArenaOp>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::with_cases(256)))]
 
     /// Random operations against the model: every allocation is exactly the model's
     /// address-ordered first fit, frees merge exactly as the model does, pending blocks and
@@ -822,6 +822,7 @@ fn any_global_op() -> impl Strategy<Value = GlobalOp> {
 }
 
 proptest! {
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::default()))]
     /// The global arena against a page model: first fit by address, the superblock rule,
     /// merged ranges whose fences are the union of what went into them.
     #[test]

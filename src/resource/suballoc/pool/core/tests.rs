@@ -949,7 +949,7 @@ fn run_ops(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(crate::test_support::xorshift(ProptestConfig::with_cases(512)))]
 
     #[test]
     fn matches_the_model(ops in prop::collection::vec(any_op(), 1..200)) {
