@@ -2,6 +2,9 @@
 //! and `torch/cuda/_memory_viz.py` read it by: blocks tile their segments, every block lies
 //! in a segment alive at each event of the trace (the viewer's "Allocator State History"
 //! replays the trace backwards from the snapshot), states, sizes, streams, devices, times.
+//! Where PyTorch's own `_memory_viz.py` is at hand (an installed `torch`, or the file that
+//! `TORCH_MEMORY_VIZ` names: it needs no `torch` to run), its `stats`, `trace`, `trace_plot`
+//! and `segment_plot` read the snapshot too.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -320,6 +323,67 @@ fn python_check(bytes: &[u8], tag: &str) {
     }
 }
 
+/// PyTorch's own `torch/cuda/_memory_viz.py`: the file `TORCH_MEMORY_VIZ` names, else the one
+/// of an installed `torch` (found without importing it); `None` where neither is at hand.
+fn pytorch_memory_viz() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("TORCH_MEMORY_VIZ") {
+        return Some(path.into());
+    }
+    let find = "import importlib.util, os; s = importlib.util.find_spec('torch'); \
+                print(os.path.join(os.path.dirname(s.origin), 'cuda', '_memory_viz.py') if s else '')";
+    let out = std::process::Command::new("python3")
+        .args(["-c", find])
+        .output()
+        .ok()?;
+    let path = String::from_utf8(out.stdout).ok()?;
+    let path = std::path::PathBuf::from(path.trim());
+    path.is_file().then_some(path)
+}
+
+/// Runs PyTorch's `_memory_viz.py` where it is at hand: `stats` (its `segsum`, which asserts
+/// that every segment's blocks add up) counts the snapshot's segments, `trace` its entries, and
+/// `trace_plot` and `segment_plot` (the viewer's pages) read it.
+fn pytorch_check(bytes: &[u8], f: &Figures, tag: &str) {
+    let Some(script) = pytorch_memory_viz() else {
+        eprintln!("PyTorch's _memory_viz.py is not at hand (TORCH_MEMORY_VIZ, torch): not run");
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let stem = format!("streamalloc-pytorch-{tag}-{}", std::process::id());
+    let (path, html) = (
+        dir.join(format!("{stem}.pickle")),
+        dir.join(format!("{stem}.html")),
+    );
+    std::fs::write(&path, bytes).unwrap();
+    let run = |action: &str| {
+        let mut command = std::process::Command::new("python3");
+        command.arg(&script).arg(action).arg(&path);
+        if action.ends_with("plot") {
+            command.arg("-o").arg(&html);
+        }
+        let out = command.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{script:?} {action}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let stats = run("stats");
+    assert!(
+        stats.contains(&format!("segments: {}\n", f.segments)),
+        "{stats}"
+    );
+    let trace = run("trace");
+    let entries: usize = f.actions.values().sum();
+    assert!(trace.contains(&format!("{entries} entries\n")), "{trace}");
+    run("trace_plot");
+    run("segment_plot");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&html);
+}
+
 fn host() -> Device {
     Device::host_with(HostConfig::default().capacity(16 << 30))
 }
@@ -331,6 +395,7 @@ fn a_replayed_pools_torch_snapshot_follows_the_viewers_rules() {
     let bytes = export(&pool, &device);
     python_check(&bytes, "pool");
     let f = check(&bytes, false);
+    pytorch_check(&bytes, &f, "pool");
     assert!(f.actions["segment_alloc"] >= f.segments, "{f:?}");
     // Its chunks are segments of their own; its large blocks live in its own address range,
     // whose pages it maps and unmaps (expandable segments).
@@ -349,6 +414,7 @@ fn a_replayed_arenas_torch_snapshot_follows_the_viewers_rules() {
     let bytes = export(&arena, &device);
     python_check(&bytes, "arena");
     let f = check(&bytes, false);
+    pytorch_check(&bytes, &f, "arena");
     assert!(f.actions["segment_alloc"] >= f.segments, "{f:?}");
     assert!(f.internal_free > 0, "{f:?}");
 }
@@ -360,6 +426,7 @@ fn a_replayed_mapped_pools_torch_snapshot_maps_and_unmaps_pages() {
     let bytes = export(&mapped, &device);
     python_check(&bytes, "mapped");
     let f = check(&bytes, true);
+    pytorch_check(&bytes, &f, "mapped");
     assert!(f.actions["segment_map"] > 0, "{f:?}");
     assert!(!f.actions.contains_key("segment_alloc"), "{f:?}");
     assert!(f.internal_free > 0, "{f:?}");
