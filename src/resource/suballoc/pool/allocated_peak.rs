@@ -7,7 +7,7 @@
 //! written by every allocation and free; so it is kept only when the pool is made with
 //! [`PoolResource::with_peak_allocated`](super::PoolResource::with_peak_allocated).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 
 /// Allocated bytes (as the pool rounds them) and their peak, counted while `on`. On a line of
 /// its own, so that counting does not slow reads of the pool's other fields.
@@ -15,14 +15,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[derive(Default)]
 pub(super) struct PeakCounter {
     on: AtomicBool,
-    bytes: AtomicUsize,
+    /// Signed: a free is counted out before it is checked, and a double free counted back in
+    /// afterwards, so the count may dip below zero meanwhile.
+    bytes: AtomicI64,
     peak: AtomicUsize,
 }
 
 impl PeakCounter {
     /// Counts from now on, starting from the `bytes` allocated now (which is also the peak).
     pub(super) fn start(&self, bytes: usize) {
-        self.bytes.store(bytes, Ordering::Relaxed);
+        self.bytes.store(bytes as i64, Ordering::Relaxed);
         self.peak.store(bytes, Ordering::Relaxed);
         self.on.store(true, Ordering::Relaxed);
     }
@@ -33,7 +35,13 @@ impl PeakCounter {
         if self.on.load(Ordering::Relaxed) {
             // Every count is one step of a single order of additions, so the largest value a
             // step returns is the peak of that order.
-            let now = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            // Wrapping as the atomic's own add: this runs in `deallocate`, which never panics.
+            let added = bytes as i64;
+            let now = self
+                .bytes
+                .fetch_add(added, Ordering::Relaxed)
+                .wrapping_add(added)
+                .max(0) as usize;
             if now > self.peak.load(Ordering::Relaxed) {
                 self.peak.fetch_max(now, Ordering::Relaxed);
             }
@@ -44,24 +52,24 @@ impl PeakCounter {
     #[inline]
     pub(super) fn sub(&self, bytes: usize) {
         if self.on.load(Ordering::Relaxed) {
-            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
         }
     }
 
     /// Makes the peak what is allocated now.
     pub(super) fn reset_peak(&self) {
-        self.peak
-            .store(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.peak.store(self.current(), Ordering::Relaxed);
+    }
+
+    fn current(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed).max(0) as usize
     }
 
     /// The allocated bytes and their peak, when counted.
     pub(super) fn figures(&self) -> Option<(usize, usize)> {
-        self.on.load(Ordering::Relaxed).then(|| {
-            (
-                self.bytes.load(Ordering::Relaxed),
-                self.peak.load(Ordering::Relaxed),
-            )
-        })
+        self.on
+            .load(Ordering::Relaxed)
+            .then(|| (self.current(), self.peak.load(Ordering::Relaxed)))
     }
 }
 
@@ -91,6 +99,17 @@ mod tests {
         assert_eq!(c.figures(), Some((512, 1536)));
         c.reset_peak();
         assert_eq!(c.figures(), Some((512, 512)));
+    }
+
+    #[test]
+    fn a_free_counted_back_in_leaves_the_peak_alone() {
+        let c = PeakCounter::default();
+        c.start(0);
+        // A double free with nothing live: out, then back in.
+        c.sub(4096);
+        c.add(256);
+        c.add(4096);
+        assert_eq!(c.figures(), Some((256, 256)));
     }
 
     #[test]

@@ -568,6 +568,9 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
         if ptr.is_null() {
             return;
         }
+        // Counted out before the block can serve anyone (and back in if it is not freed), so
+        // that the count never holds a block twice and its peak is never above the truth.
+        self.allocated.sub(rounded(bytes));
         // Small blocks are most likely in the stream's shard (the fast path: one lock), large
         // ones in the global level; but under pressure either may have been served by the
         // other (see `try_allocate`), and a block may be freed on another stream than the
@@ -579,7 +582,6 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
                 // Read under the shard's lock, which the join barrier takes: no fence.
                 let quiet = self.availability.nobody_to_notify();
                 self.shard_freed(shard);
-                self.allocated.sub(rounded(bytes));
                 if !quiet {
                     self.availability.notify();
                 }
@@ -607,6 +609,7 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
             (in_shard, false)
         };
         if !freed {
+            self.allocated.add(rounded(bytes));
             // A double free or a foreign pointer: nothing is freed, and the caller hears of it
             // through the device's deferred errors (a panic here could abort a `Drop`).
             self.device.defer_error(Error::invalid(format!(
@@ -614,7 +617,6 @@ unsafe impl<R: MemoryResource> crate::resource::suballoc::base::SubAllocator for
             )));
             return;
         }
-        self.allocated.sub(rounded(bytes));
         self.availability.notify();
         if in_global {
             self.apply_keep_free();
