@@ -25,7 +25,7 @@ use crate::resource::contract::availability::Availability;
 use crate::resource::contract::checks::is_empty_request;
 use crate::resource::contract::memory_resource::MemoryResource;
 use crate::resource::contract::properties::{Properties, ResourceIdentity};
-use crate::resource::contract::stats::{Allocated, MemoryStats};
+use crate::resource::contract::stats::MemoryStats;
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::{Fragmentation, MemorySnapshot};
 use crate::resource::suballoc::stream_order::FreeOrder;
@@ -177,6 +177,9 @@ struct State {
     /// The most bytes live at once (as rounded) since the pool was made or last trimmed: the
     /// default release policy keeps free pages mapped up to a 32nd above it (`keep_pages`).
     peak_live: u64,
+    /// The most bytes allocated at once (as rounded) since the pool was made or its peak
+    /// reset: `peak_allocated_bytes` in `memory_stats` (unlike `peak_live`, a trim keeps it).
+    peak_allocated: u64,
     /// Pages in status `Idle`.
     idle: BTreeSet<usize>,
     /// Pages in status `Unfenced`.
@@ -200,6 +203,7 @@ impl State {
             mapped_pages: 0,
             peak_mapped_pages: 0,
             peak_live: 0,
+            peak_allocated: 0,
             idle: BTreeSet::new(),
             unfenced: BTreeSet::new(),
             pending: Vec::new(),
@@ -293,25 +297,6 @@ impl MappedPoolResource {
         &self.inner.device
     }
 
-    /// A snapshot of the pool's accounting.
-    ///
-    /// ```
-    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
-    ///
-    /// let device = Device::host();
-    /// let stream = Stream::new(&device)?;
-    /// let pool = MappedPoolResource::new(&device)?;
-    /// let p = pool.try_allocate(1000, &stream)?;
-    /// let stats = pool.statistics();
-    /// assert_eq!((stats.allocated_bytes, stats.live_allocations), (1024, 1));
-    /// assert_eq!(stats.reserved_bytes, stats.granularity); // one page
-    /// unsafe { pool.deallocate(p, 1000, &stream) };
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn statistics(&self) -> MappedPoolStatistics {
-        self.inner.statistics(&self.inner.state.lock())
-    }
-
     /// Releases every wholly free page whose frees the streams have passed, whatever the
     /// release threshold; returns the bytes released. Pages whose frees are still queued
     /// are released by a later call once the streams pass them (or by
@@ -382,28 +367,6 @@ impl MappedPoolResource {
             e.synchronize_blocking()?;
         }
         Ok(self.trim())
-    }
-
-    /// Resets the peak of the mapped bytes to what is mapped now (what
-    /// [`reset_peak`](MemoryResource::reset_peak) does).
-    ///
-    /// ```
-    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
-    ///
-    /// let device = Device::host();
-    /// let stream = Stream::new(&device)?;
-    /// let pool = MappedPoolResource::new(&device)?;
-    /// let p = pool.try_allocate(4 << 20, &stream)?;
-    /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
-    /// pool.trim();
-    /// assert_eq!(pool.statistics().peak_reserved_bytes, 4 << 20);
-    /// pool.reset_peak_mapped();
-    /// assert_eq!(pool.statistics().peak_reserved_bytes, 0);
-    /// # Ok::<(), streamalloc::Error>(())
-    /// ```
-    pub fn reset_peak_mapped(&self) {
-        let mut state = self.inner.state.lock();
-        state.peak_mapped_pages = state.mapped_pages;
     }
 }
 
@@ -519,6 +482,7 @@ impl Inner {
         } else {
             state.list.allocate_for(block, size, me);
         }
+        state.peak_allocated = state.peak_allocated.max(state.list.live_bytes());
         let live = state.list.live_bytes() + self.outside_bytes();
         state.peak_live = state.peak_live.max(live);
         if !fresh.is_empty() {
@@ -717,23 +681,17 @@ unsafe impl MemoryResource for MappedPoolResource {
     }
 
     /// Reserved: the mapped bytes (the device memory the pool holds) and their peak;
-    /// allocated: the live allocations as the pool rounded them.
+    /// allocated: the live allocations as the pool rounded them, and their peak (PyTorch's
+    /// `max_memory_allocated`: one lock serves every stream, so it is exact at no cost).
     fn memory_stats(&self) -> MemoryStats {
-        let stats = self.statistics();
-        MemoryStats {
-            wait_queue: self.inner.availability.stats(),
-            ..MemoryStats::default()
-        }
-        .with_reserved(stats.reserved_bytes, stats.peak_reserved_bytes)
-        .with_allocated(Allocated {
-            bytes: stats.allocated_bytes,
-            peak: None,
-            allocations: Some(stats.live_allocations),
-        })
+        self.inner.memory_stats()
     }
 
+    /// Resets both peaks to what is mapped and allocated now.
     fn reset_peak(&self) {
         self.reset_peak_mapped();
+        let mut state = self.inner.state.lock();
+        state.peak_allocated = state.list.live_bytes();
     }
 }
 

@@ -2,13 +2,75 @@
 
 use super::free_list::Owner;
 use super::page_state::{Page, Status};
-use super::{Inner, MappedPoolStatistics, State};
+use super::{Inner, MappedPoolResource, MappedPoolStatistics, State};
+use crate::resource::contract::stats::{Allocated, MemoryStats};
 use crate::resource::device_ptr::DevicePtr;
 use crate::resource::inspect::{Block, BlockState, MemorySnapshot, Segment};
 use crate::resource::suballoc::stream_order::FreeOrder;
 use crate::stream::StreamId;
 
+impl MappedPoolResource {
+    /// A snapshot of the pool's accounting.
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(1000, &stream)?;
+    /// let stats = pool.statistics();
+    /// assert_eq!((stats.allocated_bytes, stats.live_allocations), (1024, 1));
+    /// assert_eq!(stats.reserved_bytes, stats.granularity); // one page
+    /// unsafe { pool.deallocate(p, 1000, &stream) };
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn statistics(&self) -> MappedPoolStatistics {
+        self.inner.statistics(&self.inner.state.lock())
+    }
+
+    /// Resets the peak of the mapped bytes to what is mapped now (what
+    /// [`reset_peak`](MemoryResource::reset_peak) does).
+    ///
+    /// ```
+    /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
+    ///
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let pool = MappedPoolResource::new(&device)?;
+    /// let p = pool.try_allocate(4 << 20, &stream)?;
+    /// unsafe { pool.deallocate(p, 4 << 20, &stream) };
+    /// pool.trim();
+    /// assert_eq!(pool.statistics().peak_reserved_bytes, 4 << 20);
+    /// pool.reset_peak_mapped();
+    /// assert_eq!(pool.statistics().peak_reserved_bytes, 0);
+    /// # Ok::<(), streamalloc::Error>(())
+    /// ```
+    pub fn reset_peak_mapped(&self) {
+        let mut state = self.inner.state.lock();
+        state.peak_mapped_pages = state.mapped_pages;
+    }
+}
+
 impl Inner {
+    /// [`MemoryResource::memory_stats`](crate::MemoryResource::memory_stats).
+    pub(super) fn memory_stats(&self) -> MemoryStats {
+        let (stats, peak) = {
+            let state = self.state.lock();
+            (self.statistics(&state), state.peak_allocated)
+        };
+        MemoryStats {
+            wait_queue: self.availability.stats(),
+            ..MemoryStats::default()
+        }
+        .with_reserved(stats.reserved_bytes, stats.peak_reserved_bytes)
+        .with_allocated(Allocated {
+            bytes: stats.allocated_bytes,
+            peak: Some(peak as usize),
+            allocations: Some(stats.live_allocations),
+        })
+    }
+
     pub(super) fn statistics(&self, state: &State) -> MappedPoolStatistics {
         let g = self.granularity;
         let pending = state

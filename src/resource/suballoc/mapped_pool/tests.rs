@@ -291,6 +291,28 @@ fn memory_stats_report_mapped_and_allocated_bytes() {
     assert_eq!(pool.memory_stats().peak_reserved_bytes, Some(0));
 }
 
+#[test]
+fn memory_stats_report_the_peak_of_allocated_bytes_across_streams_and_trims() {
+    let device = host(1 << 30);
+    let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let pool = MappedPoolResource::new(&device).unwrap();
+    let peak = |pool: &MappedPoolResource| pool.memory_stats().peak_allocated_bytes;
+    assert_eq!(peak(&pool), Some(0));
+    let a = pool.try_allocate(1000, &s1).unwrap();
+    let b = pool.try_allocate(3 * MIB, &s2).unwrap();
+    free(&pool, a, 1000, &s2);
+    let c = pool.try_allocate(MIB, &s1).unwrap();
+    // a and b were live at once, then b and c: the larger.
+    assert_eq!(peak(&pool), Some(4 * MIB));
+    free(&pool, b, 3 * MIB, &s2);
+    pool.trim();
+    assert_eq!(peak(&pool), Some(4 * MIB), "a trim keeps the peak");
+    pool.reset_peak();
+    assert_eq!(peak(&pool), Some(MIB), "reset to what is allocated now");
+    free(&pool, c, MIB, &s1);
+    assert_eq!(pool.memory_stats().allocated_bytes, Some(0));
+}
+
 /// W4 (`../shared/bench/WORKLOADS.md`) on `mr`, sampled: peak live bytes and peak device
 /// memory in use (total − free, less what was in use before the resource was built).
 pub(super) fn w4_footprint(
