@@ -30,7 +30,7 @@ impl MappedPoolResource {
     }
 
     /// Resets the peak of the mapped bytes to what is mapped now (what
-    /// [`reset_peak`](MemoryResource::reset_peak) does).
+    /// [`reset_peak`](crate::MemoryResource::reset_peak) does).
     ///
     /// ```
     /// use streamalloc::{Device, MappedPoolResource, MemoryResource, Stream};
