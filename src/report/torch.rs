@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Write};
 
 use crate::ids::{BackendKind, DeviceId, StreamId};
-use crate::resource::{Block, BlockState, MemorySnapshot, Segment, Timeline};
+use crate::resource::{Block, BlockState, MemorySnapshot, Segment, Timeline, TraceAction};
 use frames::{frames, write_frame, Frame};
 use pickle::Pickler;
 
@@ -134,8 +134,10 @@ pub fn write_torch_snapshot<W: Write>(
             ),
         ));
     }
-    let mut segments: Vec<&Segment> = snapshot.segments.iter().collect();
-    segments.sort_by_key(|s| s.address);
+    // PyTorch's segments are whole allocations from the device: parts a resource cut one
+    // into are joined again (and come in address order).
+    let whole = snapshot.whole_segments();
+    let segments: Vec<&Segment> = whole.iter().collect();
     let live = |b: &&Block| b.state == BlockState::Live;
     // Each live block's frames, parsed once: its block and its `alloc` entry show them.
     let sites: HashMap<u64, Vec<Frame>> = snapshot
@@ -151,11 +153,15 @@ pub fn write_torch_snapshot<W: Write>(
         .map(|(_, b)| b.address.addr())
         .collect();
     let entries = trace.map(|t| trace::entries(t, &pending, &sites));
+    let streams = trace.map(SegmentStreams::of).unwrap_or_default();
     let expandable = snapshot.segments.iter().any(|s| s.expandable);
     let mut p = Pickler::new(BufWriter::new(w))?;
     p.dict(|d| {
         d.entry("segments", |p| {
-            p.list(segments, |p, s| write_segment(p, s, ordinal, &sites))
+            p.list(segments, |p, s| {
+                let stream = streams.get(s);
+                write_segment(p, s, stream, ordinal, &sites)
+            })
         })?;
         d.entry("device_traces", |p| {
             p.list(0..=ordinal, |p, i| {
@@ -306,21 +312,60 @@ impl Piece<'_> {
     }
 }
 
-/// The stream a segment is shown on: its own; else its first live block's (the segment
-/// belongs to the stream whose allocation it holds first); else 0, PyTorch's default.
-fn segment_stream(s: &Segment, pieces: &[Piece<'_>]) -> u64 {
+/// The streams the trace's segment events gave the segments: PyTorch's viewer steps back
+/// through those events from the snapshot's segments, and joins mapped ranges only where
+/// their streams agree, so a segment must be shown on the stream its events name.
+#[derive(Default)]
+struct SegmentStreams {
+    /// Each whole segment's latest `segment_alloc`, by address.
+    whole: HashMap<u64, StreamId>,
+    /// The stream of the mapped ranges' events (one for all of them).
+    mapped: Option<StreamId>,
+}
+
+impl SegmentStreams {
+    fn of(trace: &Timeline) -> Self {
+        let mut streams = SegmentStreams::default();
+        for e in trace.events() {
+            match e.action {
+                TraceAction::SegmentAlloc => {
+                    streams.whole.insert(e.address.addr(), e.stream);
+                }
+                TraceAction::SegmentMap | TraceAction::SegmentUnmap => {
+                    streams.mapped.get_or_insert(e.stream);
+                }
+                _ => {}
+            }
+        }
+        streams
+    }
+
+    fn get(&self, s: &Segment) -> Option<StreamId> {
+        if s.expandable {
+            self.mapped
+        } else {
+            self.whole.get(&s.address.addr()).copied()
+        }
+    }
+}
+
+/// The stream a segment is shown on: the one its trace events gave it; else its own; else
+/// its first live block's (the segment belongs to the stream whose allocation it holds
+/// first); else 0, PyTorch's default.
+fn segment_stream(s: &Segment, traced: Option<StreamId>, pieces: &[Piece<'_>]) -> u64 {
     let first_live = || {
         pieces
             .iter()
             .filter(|b| b.state() == BlockState::Live)
             .find_map(|b| b.stream)
     };
-    s.stream.or_else(first_live).map_or(0, |s| s.0)
+    traced.or(s.stream).or_else(first_live).map_or(0, |s| s.0)
 }
 
 fn write_segment<W: Write>(
     p: &mut Pickler<W>,
     s: &Segment,
+    traced: Option<StreamId>,
     ordinal: u32,
     sites: &HashMap<u64, Vec<Frame>>,
 ) -> io::Result<()> {
@@ -348,7 +393,7 @@ fn write_segment<W: Write>(
         d.entry("allocated_size", |p| int(p, allocated))?;
         d.entry("active_size", |p| int(p, active))?;
         d.entry("requested_size", |p| int(p, requested))?;
-        d.entry("stream", |p| p.uint(segment_stream(s, &pieces)))?;
+        d.entry("stream", |p| p.uint(segment_stream(s, traced, &pieces)))?;
         d.entry("segment_type", |p| {
             p.name(if s.bytes >= LARGE_SEGMENT {
                 "large"

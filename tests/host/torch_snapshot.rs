@@ -78,18 +78,29 @@ fn export(mr: &dyn MemoryResource, device: &Device) -> Vec<u8> {
 #[derive(Default)]
 struct State {
     whole: BTreeMap<u64, u64>,
-    mapped: BTreeMap<u64, u64>,
+    /// Mapped runs: start → (end, stream). The viewer joins neighbouring ranges only where
+    /// their streams agree, and takes an unmapped range out of the one run that holds it.
+    mapped: BTreeMap<u64, (u64, u64)>,
     blocks: BTreeMap<u64, u64>,
 }
 
 impl State {
+    /// The end of the whole segment or mapped run that starts at or before `start`, of each.
+    fn ends_before(&self, start: u64) -> [Option<u64>; 2] {
+        [
+            self.whole.range(..=start).next_back().map(|(_, &e)| e),
+            self.mapped
+                .range(..=start)
+                .next_back()
+                .map(|(_, &(e, _))| e),
+        ]
+    }
+
     /// Whether `start..end` lies in one segment.
     fn covered(&self, start: u64, end: u64) -> bool {
-        [&self.whole, &self.mapped].iter().any(|m| {
-            m.range(..=start)
-                .next_back()
-                .is_some_and(|(_, &e)| end <= e)
-        })
+        self.ends_before(start)
+            .iter()
+            .any(|e| e.is_some_and(|e| end <= e))
     }
 
     /// Whether a block overlaps `start..end`.
@@ -99,35 +110,40 @@ impl State {
     }
 
     fn overlaps_segments(&self, start: u64, end: u64) -> bool {
-        [&self.whole, &self.mapped]
+        let last_whole = self.whole.range(..end).next_back().map(|(_, &e)| e);
+        let last_run = self.mapped.range(..end).next_back().map(|(_, &(e, _))| e);
+        [last_whole, last_run]
             .iter()
-            .any(|m| m.range(..end).next_back().is_some_and(|(_, &e)| e > start))
+            .any(|e| e.is_some_and(|e| e > start))
     }
 
-    /// Adds a mapped range, joined to its neighbours.
-    fn map(&mut self, mut start: u64, mut end: u64) {
-        if let Some((&s, &e)) = self.mapped.range(..start).next_back() {
-            if e == start {
+    /// Adds a mapped range of `stream`, joined to its neighbours of the same stream.
+    fn map(&mut self, mut start: u64, mut end: u64, stream: u64) {
+        if let Some((&s, &(e, st))) = self.mapped.range(..start).next_back() {
+            if e == start && st == stream {
                 self.mapped.remove(&s);
                 start = s;
             }
         }
-        if let Some(e) = self.mapped.remove(&end) {
-            end = e;
+        if let Some(&(e, st)) = self.mapped.get(&end) {
+            if st == stream {
+                self.mapped.remove(&end);
+                end = e;
+            }
         }
-        self.mapped.insert(start, end);
+        self.mapped.insert(start, (end, stream));
     }
 
     /// Takes a mapped range out of the run that holds it.
     fn unmap(&mut self, start: u64, end: u64) {
-        let (&s, &e) = self.mapped.range(..=start).next_back().expect("a run");
+        let (&s, &(e, stream)) = self.mapped.range(..=start).next_back().expect("a run");
         assert!(end <= e, "unmapped {start:#x}..{end:#x} outside a run");
         self.mapped.remove(&s);
         if s < start {
-            self.mapped.insert(s, start);
+            self.mapped.insert(s, (start, stream));
         }
         if end < e {
-            self.mapped.insert(end, e);
+            self.mapped.insert(end, (e, stream));
         }
     }
 }
@@ -139,15 +155,17 @@ struct Figures {
     actions: HashMap<String, usize>,
     segment_streams: std::collections::HashSet<u64>,
     internal_free: u64,
+    /// Segments that are expandable (runs of mapped pages).
+    expandable: usize,
 }
 
-/// Checks every rule; `mapped`: the resource maps pages (expandable segments).
-fn check(bytes: &[u8], mapped: bool) -> Figures {
+/// Checks every rule. Whole segments and expandable ones (runs of mapped pages) may mix: a
+/// pool keeps its large blocks in mapped pages.
+fn check(bytes: &[u8]) -> Figures {
     let d = serde_pickle::value_from_slice(bytes, serde_pickle::DeOptions::new()).unwrap();
     let mut f = Figures::default();
     // Top-level keys PyTorch's `_snapshot()` has.
     let settings = get(&d, "allocator_settings");
-    assert_eq!(get(settings, "expandable_segments"), &Value::Bool(mapped));
     assert_eq!(text(get(settings, "PYTORCH_CUDA_ALLOC_CONF")), "");
     assert!(list(get(&d, "external_annotations")).is_empty());
     // A host device is device 0: one trace list, every segment on it.
@@ -161,7 +179,8 @@ fn check(bytes: &[u8], mapped: bool) -> Figures {
         f.segments += 1;
         assert_eq!(int(get(s, "device")), 0);
         let (address, total) = (int(get(s, "address")), int(get(s, "total_size")));
-        assert_eq!(get(s, "is_expandable"), &Value::Bool(mapped));
+        let mapped = get(s, "is_expandable") == &Value::Bool(true);
+        f.expandable += usize::from(mapped);
         f.segment_streams.insert(int(get(s, "stream")));
         let (mut at, mut allocated, mut active, mut requested) = (address, 0, 0, 0);
         let mut last_free = false;
@@ -201,11 +220,16 @@ fn check(bytes: &[u8], mapped: bool) -> Figures {
         assert_eq!(int(get(s, "active_size")), active);
         assert_eq!(int(get(s, "requested_size")), requested);
         if mapped {
-            state.map(address, address + total);
+            state.map(address, address + total, int(get(s, "stream")));
         } else {
             assert!(state.whole.insert(address, address + total).is_none());
         }
     }
+    assert_eq!(
+        get(settings, "expandable_segments"),
+        &Value::Bool(f.expandable > 0),
+        "expandable_segments is whether any segment is"
+    );
 
     // Times never go back; a live block's requested size is its allocation's.
     let times: Vec<u64> = trace.iter().map(|e| int(get(e, "time_us"))).collect();
@@ -275,7 +299,7 @@ fn check(bytes: &[u8], mapped: bool) -> Figures {
                 if action == "segment_free" {
                     state.whole.insert(addr, end);
                 } else {
-                    state.map(addr, end);
+                    state.map(addr, end, int(get(e, "stream")));
                 }
             }
             "segment_alloc" | "segment_map" => {
@@ -394,8 +418,9 @@ fn a_replayed_pools_torch_snapshot_follows_the_viewers_rules() {
     let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
     let bytes = export(&pool, &device);
     python_check(&bytes, "pool");
-    let f = check(&bytes, false);
+    let f = check(&bytes);
     pytorch_check(&bytes, &f, "pool");
+    assert_eq!(f.expandable, 0, "no large block is live at the peak: {f:?}");
     assert!(f.actions["segment_alloc"] >= f.segments, "{f:?}");
     // Its chunks are segments of their own; its large blocks live in its own address range,
     // whose pages it maps and unmaps (expandable segments).
@@ -413,8 +438,9 @@ fn a_replayed_arenas_torch_snapshot_follows_the_viewers_rules() {
     let arena = ArenaResource::new(CudaResource::new(&device).unwrap(), None).unwrap();
     let bytes = export(&arena, &device);
     python_check(&bytes, "arena");
-    let f = check(&bytes, false);
+    let f = check(&bytes);
     pytorch_check(&bytes, &f, "arena");
+    assert_eq!(f.expandable, 0, "{f:?}");
     assert!(f.actions["segment_alloc"] >= f.segments, "{f:?}");
     assert!(f.internal_free > 0, "{f:?}");
 }
@@ -425,9 +451,34 @@ fn a_replayed_mapped_pools_torch_snapshot_maps_and_unmaps_pages() {
     let mapped = MappedPoolResource::new(&device).unwrap();
     let bytes = export(&mapped, &device);
     python_check(&bytes, "mapped");
-    let f = check(&bytes, true);
+    let f = check(&bytes);
     pytorch_check(&bytes, &f, "mapped");
+    assert_eq!(
+        f.expandable, f.segments,
+        "every segment is mapped pages: {f:?}"
+    );
     assert!(f.actions["segment_map"] > 0, "{f:?}");
     assert!(!f.actions.contains_key("segment_alloc"), "{f:?}");
+    assert!(f.internal_free > 0, "{f:?}");
+}
+
+/// Binning shows its bins as segments cut out of its upstream pool's memory; PyTorch's
+/// segments are whole device allocations, so the export joins the parts again: the trace's
+/// segment events are the pool's memory coming and going, never a part resized under live
+/// blocks (which PyTorch's viewer could not step back through).
+#[test]
+fn a_replayed_binnings_torch_snapshot_joins_its_bins_into_the_pools_segments() {
+    let device = host();
+    let pool = PoolResource::new(CudaResource::new(&device).unwrap(), 0, None).unwrap();
+    let binning = BinningResource::with_range(pool, 18, 22).unwrap();
+    let bytes = export(&binning, &device);
+    python_check(&bytes, "binning");
+    let f = check(&bytes);
+    pytorch_check(&bytes, &f, "binning");
+    // The bins' chunks and the large blocks are all large: the pool keeps them in mapped
+    // pages, so every segment is a run of them, growing and shrinking by pages.
+    assert_eq!(f.expandable, f.segments, "{f:?}");
+    assert!(f.actions["segment_map"] > 0, "{f:?}");
+    // Bins' rounding shows as internal fragmentation.
     assert!(f.internal_free > 0, "{f:?}");
 }

@@ -50,7 +50,9 @@ impl Segments {
     pub(super) fn update(&mut self, snapshot: &MemorySnapshot, stream: StreamId) -> Vec<Change> {
         let mut whole: BTreeMap<u64, (usize, Option<StreamId>)> = BTreeMap::new();
         let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
-        for s in &snapshot.segments {
+        // Whole segments: the parts a resource cut one into (a binning resource's pieces and
+        // bins) change as bins come and go, while the memory stays where it is.
+        for s in &snapshot.whole_segments() {
             let (start, bytes) = (s.address.addr(), s.bytes);
             if s.expandable {
                 mapped.insert(start, start.saturating_add(bytes as u64));

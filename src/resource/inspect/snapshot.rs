@@ -160,6 +160,11 @@ pub struct Segment {
     /// and shrinks page by page (a mapped pool's; PyTorch's expandable segments) rather than
     /// coming and going whole.
     pub expandable: bool,
+    /// Where a resource shows one segment cut into parts, the address of the segment this one
+    /// is a part of: a binning resource's bins are blocks of its upstream's segments, shown as
+    /// segments of their own with the upstream's pieces around them. The parts tile the
+    /// segment and keep its `expandable`; [`MemorySnapshot::whole_segments`] joins them again.
+    pub cut_from: Option<DevicePtr>,
     /// The blocks, in address order. They need not cover the whole segment: a range no block
     /// covers is not described (counted neither live nor free).
     pub blocks: Vec<Block>,
@@ -174,6 +179,7 @@ impl Segment {
             stream: None,
             coalesces: true,
             expandable: false,
+            cut_from: None,
             blocks: Vec::new(),
         }
     }
@@ -265,5 +271,63 @@ impl MemorySnapshot {
         for s in &mut self.segments {
             s.blocks.sort_unstable_by_key(|b| b.address);
         }
+    }
+
+    /// The segments as their memory came from the upstream or the device, in address order:
+    /// the parts cut from one segment ([`Segment::cut_from`]) joined into it again, with its
+    /// address and every part's blocks, no stream of its own (its parts may be different
+    /// streams'; one that came and went with them would make the segment seem to change), and
+    /// free neighbours that join (what joins inside a part, a bin's slots, is the part's to
+    /// say). So formats whose segments come and go whole (PyTorch's) see none of the cutting.
+    ///
+    /// ```
+    /// use streamalloc::{Block, BlockState, Device, DevicePtr, MemorySnapshot, Segment};
+    ///
+    /// let base = DevicePtr::from_raw(0x10000);
+    /// let mut snap = MemorySnapshot::new(Device::host().id(), "binning");
+    /// for (offset, bytes, state) in [(0, 1024, BlockState::Free), (1024, 3072, BlockState::Live)] {
+    ///     let mut part = Segment::new(base.offset(offset), bytes);
+    ///     part.cut_from = Some(base);
+    ///     part.blocks.push(Block::new(base.offset(offset), bytes, state));
+    ///     snap.segments.push(part);
+    /// }
+    /// let whole = snap.whole_segments();
+    /// assert_eq!((whole.len(), whole[0].address, whole[0].bytes), (1, base, 4096));
+    /// assert_eq!(whole[0].cut_from, None);
+    /// assert_eq!((whole[0].live_bytes(), whole[0].free_bytes()), (3072, 1024));
+    /// ```
+    pub fn whole_segments(&self) -> Vec<Segment> {
+        let mut whole: Vec<Segment> = Vec::with_capacity(self.segments.len());
+        let mut parts: Vec<&Segment> = self.segments.iter().collect();
+        parts.sort_by_key(|s| (s.cut_from.unwrap_or(s.address), s.address));
+        // The segment the last whole one was joined from, while parts of it follow.
+        let mut joining = None;
+        for part in parts {
+            let Some(from) = part.cut_from else {
+                joining = None;
+                whole.push(part.clone());
+                continue;
+            };
+            let bytes = (part.address.addr().saturating_add(part.bytes as u64))
+                .saturating_sub(from.addr()) as usize;
+            match whole.last_mut() {
+                Some(w) if joining == Some(from) => {
+                    w.bytes = w.bytes.max(bytes);
+                    w.blocks.extend(part.blocks.iter().cloned());
+                }
+                _ => {
+                    joining = Some(from);
+                    whole.push(Segment {
+                        address: from,
+                        bytes,
+                        stream: None,
+                        coalesces: true,
+                        cut_from: None,
+                        ..part.clone()
+                    });
+                }
+            }
+        }
+        whole
     }
 }

@@ -1,5 +1,7 @@
 //! The binning resource's [`MemorySnapshot`]: the upstream's, with each bin's segments in place
-//! of the upstream's live blocks that hold them, so that no byte is counted twice.
+//! of the upstream's live blocks that hold them, so that no byte is counted twice. Every part
+//! of a cut upstream segment says so ([`Segment::cut_from`]), so that exports whose segments
+//! come and go whole (PyTorch's) join them again.
 
 use crate::device::DeviceId;
 use crate::resource::device_ptr::DevicePtr;
@@ -40,6 +42,8 @@ pub(super) fn nest(
             let mut s = Segment::new(DevicePtr::from_raw(at), 0);
             s.stream = u.stream;
             s.coalesces = u.coalesces;
+            s.expandable = u.expandable;
+            s.cut_from = Some(u.address);
             s
         };
         let mut current = piece(u.address.addr());
@@ -76,7 +80,11 @@ pub(super) fn nest(
                 }
                 let bin_end = end_of(&bins[i]);
                 close(&mut current, start, &mut snap.segments, bin_end);
-                snap.segments.push(bins[i].clone());
+                snap.segments.push(Segment {
+                    cut_from: Some(u.address),
+                    expandable: u.expandable,
+                    ..bins[i].clone()
+                });
                 placed[i] = true;
                 at = bin_end;
             }
