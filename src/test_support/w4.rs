@@ -120,6 +120,21 @@ impl fmt::Display for W4 {
     }
 }
 
+/// One W4 step's allocation, if the step makes one: (bytes, steps it lives). Half the steps
+/// take up to 64 KiB for up to 1,000 steps, one in twenty 1–64 MiB for up to 50.
+pub(crate) fn w4_block(rng: &mut SplitMix64) -> Option<(usize, usize)> {
+    let k = rng.next() % 100;
+    if k < 50 {
+        let bytes = 1 + (rng.next() % 65_536) as usize;
+        Some((bytes, 1 + (rng.next() % 1_000) as usize))
+    } else if k < 55 {
+        let bytes = (1 << 20) + (rng.next() % (63 << 20)) as usize;
+        Some((bytes, 1 + (rng.next() % 50) as usize))
+    } else {
+        None
+    }
+}
+
 /// Runs W4 (seed 9, [`W4_STEPS`] steps, one stream) on `mr` of the host device `device`;
 /// `held` reads what it holds of the device after each allocation.
 pub(crate) fn w4<R: MemoryResource>(
@@ -138,17 +153,7 @@ pub(crate) fn w4<R: MemoryResource>(
         if i == W4_STEPS / 2 {
             half = DriverCalls::of(device);
         }
-        let k = rng.next() % 100;
-        let block = if k < 50 {
-            let bytes = 1 + (rng.next() % 65_536) as usize;
-            Some((bytes, 1 + (rng.next() % 1_000) as usize))
-        } else if k < 55 {
-            let bytes = (1 << 20) + (rng.next() % (63 << 20)) as usize;
-            Some((bytes, 1 + (rng.next() % 50) as usize))
-        } else {
-            None
-        };
-        if let Some((bytes, lifetime)) = block {
+        if let Some((bytes, lifetime)) = w4_block(&mut rng) {
             let p = mr
                 .try_allocate(bytes, stream)
                 .unwrap_or_else(|e| panic!("W4 step {i}: {e}"));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::device::HostConfig;
-use crate::test_support::w4::w4;
+use crate::test_support::w4::{w4, w4_block};
 use crate::test_support::SplitMix64;
 use crate::FaultPoint;
 
@@ -330,22 +330,15 @@ pub(super) fn w4_footprint(
     let mut expiring: BTreeMap<u64, Vec<(DevicePtr, usize)>> = BTreeMap::new();
     let (mut live, mut peak_live, mut peak_used) = (0usize, 0usize, 0usize);
     for i in 0..20_000u64 {
-        let k = rng.next() % 100;
-        let block = if k < 50 {
-            let size = 1 + (rng.next() % 65_536) as usize;
-            Some((size, 1 + rng.next() % 1_000))
-        } else if k < 55 {
-            let size = (1 << 20) + (rng.next() % (63 << 20)) as usize;
-            Some((size, 1 + rng.next() % 50))
-        } else {
-            None
-        };
-        if let Some((size, lifetime)) = block {
+        if let Some((size, lifetime)) = w4_block(&mut rng) {
             let p = mr.try_allocate(size, &s).unwrap();
             live += size;
             peak_live = peak_live.max(live);
             peak_used = peak_used.max(used() - before);
-            expiring.entry(i + lifetime).or_default().push((p, size));
+            expiring
+                .entry(i + lifetime as u64)
+                .or_default()
+                .push((p, size));
         }
         for (p, size) in expiring.remove(&i).unwrap_or_default() {
             free(&mr, p, size, &s);
