@@ -52,7 +52,7 @@ impl Segments {
         let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
         // Whole segments: the parts a resource cut one into (a binning resource's pieces and
         // bins) change as bins come and go, while the memory stays where it is.
-        for s in &snapshot.whole_segments() {
+        for s in snapshot.whole_extents() {
             let (start, bytes) = (s.address.addr(), s.bytes);
             if s.expandable {
                 mapped.insert(start, start.saturating_add(bytes as u64));

@@ -297,37 +297,52 @@ impl MemorySnapshot {
     /// assert_eq!((whole[0].live_bytes(), whole[0].free_bytes()), (3072, 1024));
     /// ```
     pub fn whole_segments(&self) -> Vec<Segment> {
-        let mut whole: Vec<Segment> = Vec::with_capacity(self.segments.len());
+        self.joined()
+            .into_iter()
+            .map(|(mut whole, parts)| {
+                whole.blocks = parts
+                    .iter()
+                    .flat_map(|p| p.blocks.iter().cloned())
+                    .collect();
+                whole
+            })
+            .collect()
+    }
+
+    /// [`whole_segments`](Self::whole_segments) without their blocks: what a comparison of
+    /// two snapshots' segments reads, at no copy of the blocks.
+    pub(crate) fn whole_extents(&self) -> impl Iterator<Item = Segment> + '_ {
+        self.joined().into_iter().map(|(whole, _)| whole)
+    }
+
+    /// Each whole segment, without blocks, with the parts it joins (itself where uncut), in
+    /// address order.
+    fn joined(&self) -> Vec<(Segment, Vec<&Segment>)> {
         let mut parts: Vec<&Segment> = self.segments.iter().collect();
         parts.sort_by_key(|s| (s.cut_from.unwrap_or(s.address), s.address));
-        // The segment the last whole one was joined from, while parts of it follow.
-        let mut joining = None;
+        let mut joined: Vec<(Segment, Vec<&Segment>)> = Vec::with_capacity(parts.len());
         for part in parts {
-            let Some(from) = part.cut_from else {
-                joining = None;
-                whole.push(part.clone());
-                continue;
-            };
-            let bytes = (part.address.addr().saturating_add(part.bytes as u64))
-                .saturating_sub(from.addr()) as usize;
-            match whole.last_mut() {
-                Some(w) if joining == Some(from) => {
-                    w.bytes = w.bytes.max(bytes);
-                    w.blocks.extend(part.blocks.iter().cloned());
+            let from = part.cut_from;
+            let end = part.address.addr().saturating_add(part.bytes as u64);
+            match joined.last_mut() {
+                Some((whole, of)) if from.is_some() && of[0].cut_from == from => {
+                    let bytes = end.saturating_sub(whole.address.addr()) as usize;
+                    whole.bytes = whole.bytes.max(bytes);
+                    of.push(part);
                 }
                 _ => {
-                    joining = Some(from);
-                    whole.push(Segment {
-                        address: from,
-                        bytes,
-                        stream: None,
-                        coalesces: true,
-                        cut_from: None,
-                        ..part.clone()
-                    });
+                    let mut whole = Segment::new(from.unwrap_or(part.address), 0);
+                    whole.bytes = end.saturating_sub(whole.address.addr()) as usize;
+                    whole.expandable = part.expandable;
+                    if from.is_none() {
+                        // Not cut: the segment itself.
+                        whole.stream = part.stream;
+                        whole.coalesces = part.coalesces;
+                    }
+                    joined.push((whole, vec![part]));
                 }
             }
         }
-        whole
+        joined
     }
 }
