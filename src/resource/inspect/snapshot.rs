@@ -331,13 +331,17 @@ impl MemorySnapshot {
                     of.push(part);
                 }
                 _ => {
-                    let mut whole = Segment::new(from.unwrap_or(part.address), 0);
-                    whole.bytes = end.saturating_sub(whole.address.addr()) as usize;
+                    let mut whole = Segment::new(from.unwrap_or(part.address), part.bytes);
                     whole.expandable = part.expandable;
-                    if from.is_none() {
-                        // Not cut: the segment itself.
-                        whole.stream = part.stream;
-                        whole.coalesces = part.coalesces;
+                    match from {
+                        // Cut: from its start to the part's end.
+                        Some(from) => whole.bytes = end.saturating_sub(from.addr()) as usize,
+                        // Not cut: the segment itself (its size exact, even at the top of
+                        // the address space, where its end does not fit).
+                        None => {
+                            whole.stream = part.stream;
+                            whole.coalesces = part.coalesces;
+                        }
                     }
                     joined.push((whole, vec![part]));
                 }
